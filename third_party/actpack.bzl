@@ -1,0 +1,91 @@
+"""Shared build settings for actpack: compiler flags, test/benchmark macros, CUDA via nvcc."""
+
+load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
+
+# -ffp-contract=off: the CPU reference must round exactly like the CUDA kernels (built with
+# --fmad=false), so that both write byte-identical buffers.
+ACTPACK_COPTS = [
+    "-std=c++17",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Wno-sign-compare",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+]
+
+CUDA_DEFINES = select({
+    "//third_party:cuda_enabled": ["ACTPACK_WITH_CUDA=1"],
+    "//conditions:default": [],
+})
+
+NVCC_FLAGS = " ".join([
+    "-std=c++17",
+    "-O3",
+    "--fmad=false",
+    "-Xcompiler=-fPIC",
+    "-Xcompiler=-ffp-contract=off",
+    "-DACTPACK_WITH_CUDA=1",
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+])
+
+def actpack_cc_library(name, copts = [], defines = [], **kwargs):
+    cc_library(
+        name = name,
+        copts = ACTPACK_COPTS + copts,
+        local_defines = CUDA_DEFINES + defines,
+        **kwargs
+    )
+
+def actpack_cc_test(name, deps = [], size = "small", copts = [], **kwargs):
+    cc_test(
+        name = name,
+        size = size,
+        copts = ACTPACK_COPTS + copts,
+        local_defines = CUDA_DEFINES,
+        deps = deps + ["@system//:gtest_main"],
+        **kwargs
+    )
+
+def actpack_cc_benchmark(name, deps = [], copts = [], tags = [], **kwargs):
+    cc_binary(
+        name = name,
+        copts = ACTPACK_COPTS + copts,
+        local_defines = CUDA_DEFINES,
+        tags = tags + ["benchmark"],
+        deps = deps + ["@system//:benchmark_main"],
+        **kwargs
+    )
+
+def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
+    """Compiles .cu sources with nvcc when --config=cuda is on; an empty library otherwise.
+
+    The objects are position independent so they link into tests and the Python extension.
+    """
+    objects = []
+    for src in srcs:
+        obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
+        native.genrule(
+            name = obj + "_nvcc",
+            srcs = [src] + hdrs + native.glob(["**/*.h"]),
+            outs = [obj],
+            cmd = "/usr/local/cuda/bin/nvcc %s -I. -I$(GENDIR) -c $(location %s) -o $@" % (NVCC_FLAGS, src),
+            tags = ["cuda"],
+        )
+        objects.append(obj)
+    cc_library(
+        name = name,
+        srcs = select({
+            "//third_party:cuda_enabled": objects,
+            "//conditions:default": [],
+        }),
+        hdrs = hdrs,
+        deps = deps + select({
+            "//third_party:cuda_enabled": ["@cuda//:cudart"],
+            "//conditions:default": [],
+        }),
+        **kwargs
+    )
