@@ -70,10 +70,11 @@ def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
         obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
         native.genrule(
             name = obj + "_nvcc",
-            srcs = [src] + hdrs + native.glob(["**/*.h"]),
+            # nvcc sees the package's headers (deduplicated: hdrs are among them).
+            srcs = depset([src] + hdrs + native.glob(["**/*.h", "**/*.cuh"])).to_list(),
             outs = [obj],
             cmd = "/usr/local/cuda/bin/nvcc %s -I. -I$(GENDIR) -c $(location %s) -o $@" % (NVCC_FLAGS, src),
-            tags = ["cuda"],
+            tags = ["cuda", "manual"],  # built only through the select() below
         )
         objects.append(obj)
     cc_library(

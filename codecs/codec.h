@@ -1,0 +1,125 @@
+// The codec interface and the two calls everything else uses: Encode and Decode.
+//
+// A codec turns a contiguous tensor into a self-describing buffer (format.h) and back. Encoding
+// is two-phase, as in nvCOMP: ask MaxEncodedSize, provide that much memory on the tensor's
+// device, then Encode writes the buffer (on the GPU, on the context's stream) and returns the
+// bytes used. Decode validates the whole header and the checksum before it writes a byte of the
+// output; a corrupt or truncated buffer is kDataLoss, never a crash.
+//
+// Usage:
+//   absl::StatusOr<CodecParams> params = ParseCodecSpec("quant2");
+//   TensorView input{data, DType::kFloat32, {64, 256}, Device::kCpu};
+//   std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), *params));
+//   absl::StatusOr<size_t> used = Encode(input, *params, buffer.data(), buffer.size(), {});
+//   MutableTensorView output{out_data, DType::kFloat32, {64, 256}, Device::kCpu};
+//   absl::Status ok = Decode(buffer.data(), *used, output, {});
+#ifndef ACTPACK_CODECS_CODEC_H_
+#define ACTPACK_CODECS_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "codecs/dtype.h"
+#include "codecs/format.h"
+
+namespace actpack::codecs {
+
+enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
+
+// Where and how a codec runs. `stream` is a cudaStream_t (nullptr: the default stream).
+struct ExecContext {
+  Device device = Device::kCpu;
+  int device_index = 0;
+  void* stream = nullptr;
+};
+
+// The shape and type of a tensor, without its data.
+struct TensorSpec {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  uint64_t numel() const;
+};
+
+// A contiguous, row-major tensor in memory on `device`.
+struct TensorView {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  Device device = Device::kCpu;
+  TensorSpec Spec() const { return {dtype, shape}; }
+};
+
+struct MutableTensorView {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  Device device = Device::kCpu;
+  TensorSpec Spec() const { return {dtype, shape}; }
+};
+
+// What to encode with. Fields a codec does not use are ignored by it.
+struct CodecParams {
+  CodecId codec = CodecId::kIdentity;
+  int bits = 2;            // quant: bits per value, 1, 2, 4 or 8
+  int group_size = 256;    // quant: values per (min, step) pair; a multiple of 32
+  uint64_t seed = 0;       // stochastic rounding: the same seed gives the same bytes
+};
+
+// What a codec's encoder reports back to Encode.
+struct PayloadInfo {
+  uint64_t payload_size = 0;
+  uint64_t payload_checksum = 0;  // PayloadChecksum of the bytes written
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+
+  virtual CodecId id() const = 0;
+  virtual absl::string_view name() const = 0;
+
+  // OK when this codec can encode `spec` with `params`; kInvalidArgument naming the bad value
+  // otherwise (an unsupported dtype, bits outside the allowed set, ...).
+  virtual absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const = 0;
+
+  // An upper bound of the payload (not counting the header) for `spec` under `params`.
+  virtual uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams& params) const = 0;
+
+  // Writes the codec's parameters into `header->params` and the payload into `payload`, which
+  // is on the input's device and holds at least MaxPayloadSize bytes.
+  // kFailedPrecondition when the data cannot be encoded by this codec (the caller keeps the
+  // tensor some other way), e.g. non-finite values for a codec that cannot keep them exact.
+  virtual absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input,
+                                                    const CodecParams& params, Header* header,
+                                                    uint8_t* payload,
+                                                    const ExecContext& context) const = 0;
+
+  // Decodes a payload whose header was validated and whose checksum matched. Must still
+  // validate its own parameters and payload size (kDataLoss) before writing any output.
+  virtual absl::Status DecodePayload(const Header& header, const uint8_t* payload,
+                                     const MutableTensorView& output,
+                                     const ExecContext& context) const = 0;
+};
+
+// kHeaderSize + the codec's MaxPayloadSize; errors as Codec::CheckEncodable.
+absl::StatusOr<size_t> MaxEncodedSize(const TensorSpec& spec, const CodecParams& params);
+
+// Encodes `input` into `out` (on the input's device, `capacity` bytes); returns the bytes used.
+absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params, uint8_t* out,
+                              size_t capacity, const ExecContext& context);
+
+// Reads and validates the header of an encoded buffer in memory on `context.device`.
+absl::StatusOr<Header> ReadHeader(const uint8_t* buffer, size_t size, const ExecContext& context);
+
+// Decodes a buffer into `output`, whose dtype and shape must match the buffer's.
+absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,
+                    const ExecContext& context);
+
+}  // namespace actpack::codecs
+
+#endif  // ACTPACK_CODECS_CODEC_H_

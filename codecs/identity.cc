@@ -1,0 +1,79 @@
+#include "codecs/identity.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "codecs/internal/cuda_status.h"
+
+#ifdef ACTPACK_WITH_CUDA
+#include "codecs/cuda/kernels.h"
+#endif
+
+namespace actpack::codecs {
+namespace {
+
+class Identity final : public Codec {
+ public:
+  CodecId id() const override { return CodecId::kIdentity; }
+  absl::string_view name() const override { return "identity"; }
+
+  absl::Status CheckEncodable(const TensorSpec&, const CodecParams&) const override {
+    return absl::OkStatus();
+  }
+
+  uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams&) const override {
+    return spec.numel() * ElementSize(spec.dtype);
+  }
+
+  absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
+                                            Header* header, uint8_t* payload,
+                                            const ExecContext& context) const override {
+    const uint64_t bytes = MaxPayloadSize(input.Spec(), params);
+    header->params.fill(0);
+    if (input.device == Device::kCuda) {
+#ifdef ACTPACK_WITH_CUDA
+      // Device-to-device: CopyToDevice from a device pointer is a plain cudaMemcpy.
+      absl::Status status =
+          internal::CudaStatus(cuda::CopyToDevice(payload, input.data, bytes, context.stream));
+      if (!status.ok()) return status;
+      uint64_t checksum = 0;
+      status = internal::CudaStatus(cuda::PayloadChecksum(payload, bytes, context.stream, &checksum));
+      if (!status.ok()) return status;
+      return PayloadInfo{bytes, checksum};
+#else
+      return internal::CudaNotCompiledIn("identity encode");
+#endif
+    }
+    if (bytes > 0) std::memcpy(payload, input.data, bytes);
+    return PayloadInfo{bytes, PayloadChecksum(payload, bytes)};
+  }
+
+  absl::Status DecodePayload(const Header& header, const uint8_t* payload,
+                             const MutableTensorView& output,
+                             const ExecContext& context) const override {
+    const uint64_t bytes = header.numel * ElementSize(header.dtype);
+    if (header.payload_size != bytes) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt identity buffer: payload of ",
+                                              header.payload_size, " bytes, expected ", bytes));
+    }
+    if (output.device == Device::kCuda) {
+#ifdef ACTPACK_WITH_CUDA
+      return internal::CudaStatus(
+          cuda::CopyToDevice(output.data, payload, bytes, context.stream));
+#else
+      return internal::CudaNotCompiledIn("identity decode");
+#endif
+    }
+    if (bytes > 0) std::memcpy(output.data, payload, bytes);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+const Codec* IdentityCodec() {
+  static const Identity* const codec = new Identity();
+  return codec;
+}
+
+}  // namespace actpack::codecs

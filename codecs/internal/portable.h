@@ -1,0 +1,188 @@
+// Arithmetic shared by the CPU reference and the CUDA kernels.
+//
+// Every codec computes its encoded bytes with the functions here, on both devices, so that a
+// buffer encoded on the CPU is byte-identical to one encoded on the GPU for the same input and
+// seed. That rules out anything whose rounding may differ between compilers: no fused
+// multiply-add (the CPU build uses -ffp-contract=off, nvcc --fmad=false, and the device path
+// below uses the explicitly rounded intrinsics anyway), no library transcendental functions,
+// and half/bfloat16 conversions done here in integer arithmetic.
+//
+// This header is included by nvcc: it must not include Abseil or anything nvcc cannot parse.
+#ifndef ACTPACK_CODECS_INTERNAL_PORTABLE_H_
+#define ACTPACK_CODECS_INTERNAL_PORTABLE_H_
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define ACTPACK_HD __host__ __device__ __forceinline__
+#else
+#define ACTPACK_HD inline
+#endif
+
+namespace actpack::codecs::portable {
+
+ACTPACK_HD uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+ACTPACK_HD float BitsToFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+ACTPACK_HD bool IsFinite(float f) { return (FloatBits(f) & 0x7f800000u) != 0x7f800000u; }
+
+// IEEE single-precision operations with round-to-nearest-even, never contracted.
+ACTPACK_HD float Add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+ACTPACK_HD float Sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+ACTPACK_HD float Mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+ACTPACK_HD float Div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// floor() for floats in the code range; exact for |x| < 2^23, which every caller guarantees.
+ACTPACK_HD float Floor(float x) {
+  const float t = static_cast<float>(static_cast<int32_t>(x));
+  return (t > x) ? t - 1.0f : t;
+}
+
+ACTPACK_HD float Min(float a, float b) { return b < a ? b : a; }
+ACTPACK_HD float Max(float a, float b) { return a < b ? b : a; }
+
+// ---- bfloat16 (the top 16 bits of a float) ----
+
+ACTPACK_HD float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest even; NaN stays NaN (quiet).
+ACTPACK_HD uint16_t FloatToBf16(float f) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+
+// Largest bfloat16 <= f (f finite). Used for a group's minimum so no value falls below it.
+ACTPACK_HD uint16_t FloatToBf16Down(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t truncated = static_cast<uint16_t>(u >> 16);  // rounds toward zero
+  const bool inexact = (u & 0xffffu) != 0;
+  const bool negative = (u >> 31) != 0;
+  return (inexact && negative) ? static_cast<uint16_t>(truncated + 1) : truncated;
+}
+
+// Smallest bfloat16 >= f (f finite, f >= 0). Used for a group's step so the top code covers
+// the group's maximum.
+ACTPACK_HD uint16_t FloatToBf16Up(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t truncated = static_cast<uint16_t>(u >> 16);
+  const bool inexact = (u & 0xffffu) != 0;
+  return inexact ? static_cast<uint16_t>(truncated + 1) : truncated;
+}
+
+// ---- IEEE half ----
+
+ACTPACK_HD float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0) return BitsToFloat(sign);
+    // Subnormal half: normalise into a float.
+    exponent = 113;  // 127 - 15 + 1
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    mantissa &= 0x3ffu;
+    return BitsToFloat(sign | (exponent << 23) | (mantissa << 13));
+  }
+  return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// Round to nearest even, overflow to infinity, NaN stays NaN.
+ACTPACK_HD uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs_bits = u & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (abs_bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs_bits < 0x38800000u) {
+    // Result is subnormal (or zero) in half: shift the full mantissa and round to even.
+    if (abs_bits < 0x33000000u) return sign;  // below half the smallest subnormal
+    const uint32_t exponent = abs_bits >> 23;
+    const uint32_t mantissa = (abs_bits & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // 14..24
+    const uint32_t result = mantissa >> shift;
+    const uint32_t remainder = mantissa & ((1u << shift) - 1u);
+    const uint32_t halfway = 1u << (shift - 1);
+    const uint32_t rounded =
+        result + ((remainder > halfway || (remainder == halfway && (result & 1u))) ? 1u : 0u);
+    return static_cast<uint16_t>(sign | rounded);
+  }
+  const uint32_t rounded = abs_bits + 0xfffu + ((abs_bits >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
+}
+
+// ---- counter-based randomness ----
+
+ACTPACK_HD uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A uniform draw in [0, 1) for element `index` under `seed`, with 24 random bits so that the
+// result is exact in float. Counter-based: any thread can draw any element's number.
+ACTPACK_HD float UniformFloat(uint64_t seed, uint64_t index) {
+  const uint64_t r = SplitMix64(seed ^ (index * 0xd1b54a32d192ed03ull));
+  return static_cast<float>(static_cast<uint32_t>(r >> 40)) * (1.0f / 16777216.0f);
+}
+
+// ---- checksum ----
+//
+// The checksum of a buffer is a sum (mod 2^64) of a bijective mix of every 32-bit word with its
+// index. A sum is order-free, so a GPU computes it with one atomic add per thread block while it
+// writes the payload; a changed, swapped or truncated word changes it.
+ACTPACK_HD uint64_t ChecksumTerm(uint32_t word, uint64_t word_index) {
+  return SplitMix64((word_index << 32) ^ word ^ 0x5851f42d4c957f2dull);
+}
+
+}  // namespace actpack::codecs::portable
+
+#endif  // ACTPACK_CODECS_INTERNAL_PORTABLE_H_

@@ -1,0 +1,64 @@
+#include "codecs/internal/portable.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace actpack::codecs::portable {
+namespace {
+
+TEST(HalfTest, RoundTripsEveryHalf) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f))));
+      continue;
+    }
+    EXPECT_EQ(FloatToHalf(f), h) << "half 0x" << std::hex << h;
+  }
+}
+
+TEST(HalfTest, RoundsToNearestEven) {
+  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // halfway to the next binade: rounds to inf
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);          // tie, even stays
+  EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);          // tie, odd rounds up
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);       // smallest subnormal
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -26)), 0x0000);       // below half of it
+  EXPECT_EQ(FloatToHalf(-std::numeric_limits<float>::infinity()), 0xfc00);
+}
+
+TEST(Bf16Test, DirectedRounding) {
+  const float x = 1.0f + 1.0f / 1024;  // not representable in bf16 (7 mantissa bits)
+  EXPECT_LT(Bf16ToFloat(FloatToBf16Down(x)), x);
+  EXPECT_GT(Bf16ToFloat(FloatToBf16Up(x)), x);
+  EXPECT_LT(Bf16ToFloat(FloatToBf16Down(-x)), -x);
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16Down(2.0f)), 2.0f);
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16Up(2.0f)), 2.0f);
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+}
+
+TEST(UniformTest, InUnitIntervalWithMeanOneHalf) {
+  double sum = 0;
+  const int n = 1 << 20;
+  for (int i = 0; i < n; ++i) {
+    const float u = UniformFloat(42, i);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 1e-3);
+  EXPECT_NE(UniformFloat(1, 7), UniformFloat(2, 7));
+}
+
+TEST(FloorTest, MatchesStdFloor) {
+  for (float x : {0.0f, 0.5f, 1.0f, 2.999f, 3.0f, -0.5f, 255.9f, 1e6f + 0.5f}) {
+    EXPECT_EQ(Floor(x), std::floor(x)) << x;
+  }
+}
+
+}  // namespace
+}  // namespace actpack::codecs::portable

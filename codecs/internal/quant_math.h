@@ -1,0 +1,71 @@
+// Per-group stochastic quantization (ActNN/GACT), the arithmetic shared by the CPU reference
+// (quant.cc) and the CUDA kernel (cuda/quant_kernels.cu).
+//
+// A group stores its minimum rounded down to bfloat16 and its step (range / levels) rounded up
+// to bfloat16, so every finite value of the group maps into [0, levels]. A value's code is
+// floor((x - min) / step + u) with u uniform in [0, 1): E[code * step + min] = x, so gradients
+// computed from decoded activations stay unbiased.
+#ifndef ACTPACK_CODECS_INTERNAL_QUANT_MATH_H_
+#define ACTPACK_CODECS_INTERNAL_QUANT_MATH_H_
+
+#include <cstdint>
+
+#include "codecs/internal/portable.h"
+
+namespace actpack::codecs::quant_math {
+
+struct GroupParams {
+  uint32_t packed;   // min bf16 in the low half, step bf16 in the high half: the stored word
+  float min;         // the stored minimum as a float
+  float step;        // the stored step as a float
+  float inv_step;    // 1 / step, 0 when step is 0 (a constant group)
+  bool ok;           // false when the range overflows float
+};
+
+// Parameters of a group whose finite values lie in [lo, hi]. An empty group has lo > hi.
+ACTPACK_HD GroupParams MakeGroupParams(float lo, float hi, int bits) {
+  GroupParams p;
+  if (lo > hi) {  // no finite value in the group
+    lo = 0.0f;
+    hi = 0.0f;
+  }
+  // -0 and +0 compare equal, so which one a min/max reduction returns depends on its order;
+  // adding +0 turns -0 into +0 and makes the stored minimum independent of that order.
+  lo = portable::Add(lo, 0.0f);
+  const uint16_t min_bf16 = portable::FloatToBf16Down(lo);
+  p.min = portable::Bf16ToFloat(min_bf16);
+  const float range = portable::Sub(hi, p.min);
+  const float levels = static_cast<float>((1 << bits) - 1);
+  const uint16_t step_bf16 =
+      range > 0.0f ? portable::FloatToBf16Up(portable::Div(range, levels)) : uint16_t{0};
+  p.step = portable::Bf16ToFloat(step_bf16);
+  p.ok = portable::IsFinite(range) && portable::IsFinite(p.step);
+  p.inv_step = p.step > 0.0f ? portable::Div(1.0f, p.step) : 0.0f;
+  p.packed = static_cast<uint32_t>(min_bf16) | (static_cast<uint32_t>(step_bf16) << 16);
+  return p;
+}
+
+ACTPACK_HD GroupParams UnpackGroupParams(uint32_t packed) {
+  GroupParams p;
+  p.packed = packed;
+  p.min = portable::Bf16ToFloat(static_cast<uint16_t>(packed & 0xffffu));
+  p.step = portable::Bf16ToFloat(static_cast<uint16_t>(packed >> 16));
+  p.inv_step = 0.0f;
+  p.ok = true;
+  return p;
+}
+
+// The code of value x (finite) with uniform draw u.
+ACTPACK_HD uint32_t Quantize(float x, const GroupParams& p, float u, uint32_t levels) {
+  const float scaled = portable::Add(portable::Mul(portable::Sub(x, p.min), p.inv_step), u);
+  const float code = portable::Floor(portable::Min(scaled, static_cast<float>(levels)));
+  return code <= 0.0f ? 0u : static_cast<uint32_t>(code);
+}
+
+ACTPACK_HD float Dequantize(uint32_t code, const GroupParams& p) {
+  return portable::Add(portable::Mul(static_cast<float>(code), p.step), p.min);
+}
+
+}  // namespace actpack::codecs::quant_math
+
+#endif  // ACTPACK_CODECS_INTERNAL_QUANT_MATH_H_
