@@ -1,0 +1,434 @@
+#include "allocator/caching_pool.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace actpack::allocator {
+
+// A block is a run of bytes inside a segment. Blocks of a segment form a doubly linked list by
+// address; a block is in exactly one of: allocated_ (handed out), a free index (cached), or
+// waiting for stream events (pending_events > 0).
+struct CachingPool::Block {
+  uintptr_t address = 0;
+  size_t size = 0;
+  size_t requested_size = 0;
+  Stream stream = nullptr;  // the stream of its segment
+  bool is_small = false;
+  bool allocated = false;
+  int pending_events = 0;
+  std::vector<Stream> stream_uses;  // other streams that used it (RecordStream)
+  Block* prev = nullptr;
+  Block* next = nullptr;
+
+  bool IsCached() const { return !allocated && pending_events == 0; }
+};
+
+bool CachingPool::BlockOrder::operator()(const Block* a, const Block* b) const {
+  const auto stream_a = reinterpret_cast<uintptr_t>(a->stream);
+  const auto stream_b = reinterpret_cast<uintptr_t>(b->stream);
+  if (stream_a != stream_b) return stream_a < stream_b;
+  if (a->size != b->size) return a->size < b->size;
+  return a->address < b->address;
+}
+
+namespace {
+
+// Invariant violations are the caller's bug (a pointer this pool never handed out) or ours; going
+// on would corrupt memory, so stop loudly.
+[[noreturn]] void Die(const char* what, const void* ptr) {
+  std::fprintf(stderr, "actpack: caching pool: %s (%p)\n", what, ptr);
+  std::abort();
+}
+
+// A copy of `status` with `context` in front of its message and the same payloads, so that a
+// reserve-limit error stays recognisable.
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  absl::Status result(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload([&result](absl::string_view url, const absl::Cord& payload) {
+    result.SetPayload(url, payload);
+  });
+  return result;
+}
+
+}  // namespace
+
+size_t RoundBlockSize(size_t bytes) {
+  return bytes < kMinBlockSize ? kMinBlockSize : RoundUp(bytes, kMinBlockSize);
+}
+
+size_t SegmentSizeFor(size_t block_size) {
+  if (block_size <= kSmallSize) return kSmallSegmentSize;
+  if (block_size < kMinLargeAlloc) return kLargeSegmentSize;
+  return RoundUp(block_size, kRoundLarge);
+}
+
+CachingPool::CachingPool(MemoryResource* upstream, StreamEvents* events)
+    : upstream_(upstream), events_(events) {}
+
+CachingPool::~CachingPool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  WaitForAllEvents();
+  while (!segments_.empty()) ReleaseSegment(segments_.begin()->second.head);
+  allocated_.clear();
+  small_free_.clear();
+  large_free_.clear();
+}
+
+absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) {
+  const size_t size = RoundBlockSize(bytes);
+  const bool is_small = size <= kSmallSize;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pending_event_count_ > 0) ProcessCompletedEvents();
+
+  Block* block = TakeBestFit(size, stream, is_small);
+  if (block == nullptr) {
+    absl::StatusOr<Block*> segment = ReserveSegment(size, bytes, stream, is_small, reserve_limit);
+    if (!segment.ok()) return segment.status();
+    block = *segment;
+  }
+
+  // Split off the tail when it is big enough to serve another request of the same pool. Large
+  // remainders of <= 1 MiB are not worth a block: they would only serve small requests, which
+  // the large pool never does.
+  const size_t remaining = block->size - size;
+  if (is_small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+    auto* tail = new Block;
+    tail->address = block->address + size;
+    tail->size = remaining;
+    tail->stream = block->stream;
+    tail->is_small = block->is_small;
+    tail->prev = block;
+    tail->next = block->next;
+    if (block->next != nullptr) block->next->prev = tail;
+    block->next = tail;
+    block->size = size;
+    FreeBlocksFor(is_small).insert(tail);
+  }
+
+  block->allocated = true;
+  block->requested_size = bytes;
+  allocated_.emplace(block->address, block);
+  allocated_bytes_.store(allocated_bytes_.load(std::memory_order_relaxed) + block->size,
+                         std::memory_order_relaxed);
+  Notify({MemoryAction::kAlloc, block->address, block->size, bytes, stream});
+  return reinterpret_cast<void*>(block->address);
+}
+
+CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is_small) {
+  FreeBlocks& free_blocks = FreeBlocksFor(is_small);
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = free_blocks.lower_bound(&key);
+  if (it == free_blocks.end() || (*it)->stream != stream) return nullptr;
+  Block* block = *it;
+  free_blocks.erase(it);
+  return block;
+}
+
+absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_size, size_t bytes,
+                                                                Stream stream, bool is_small,
+                                                                size_t reserve_limit) {
+  const size_t segment_size = SegmentSizeFor(block_size);
+  auto try_reserve = [&]() -> absl::StatusOr<void*> {
+    const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+    if (reserved + segment_size > reserve_limit) {
+      return ReserveLimitExceeded(absl::StrCat(
+          "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),
+          " segment within the reserve limit of ", FormatBytes(reserve_limit), " (",
+          FormatBytes(reserved), " reserved)"));
+    }
+    return upstream_->Allocate(segment_size, stream);
+  };
+
+  absl::StatusOr<void*> memory = try_reserve();
+  if (!memory.ok()) {
+    // Free what the cache holds and try once more, as PyTorch does before raising OOM. Blocks
+    // waiting for events are waited for first: they may complete a fully free segment.
+    const bool freed_blocks = WaitForAllEvents();
+    if (freed_blocks) {
+      if (Block* block = TakeBestFit(block_size, stream, is_small)) return block;
+    }
+    if (ReleaseFreeSegments() > 0 || freed_blocks) {
+      Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
+      memory = try_reserve();
+    }
+    if (!memory.ok()) {
+      return WithContext(
+          memory.status(),
+          absl::StrCat("actpack: caching pool could not reserve a ", FormatBytes(segment_size),
+                       " segment for a ", FormatBytes(bytes), " request (",
+                       FormatBytes(reserved_bytes_.load(std::memory_order_relaxed)),
+                       " reserved, ",
+                       FormatBytes(allocated_bytes_.load(std::memory_order_relaxed)),
+                       " allocated)"));
+    }
+  }
+
+  auto* block = new Block;
+  block->address = reinterpret_cast<uintptr_t>(*memory);
+  block->size = segment_size;
+  block->stream = stream;
+  block->is_small = is_small;
+  segments_.emplace(block->address, Segment{segment_size, stream, is_small, block});
+  reserved_bytes_.store(reserved_bytes_.load(std::memory_order_relaxed) + segment_size,
+                        std::memory_order_relaxed);
+  Notify({MemoryAction::kSegmentAlloc, block->address, segment_size, segment_size, stream});
+  return block;
+}
+
+void CachingPool::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocated_.end()) Die("Deallocate of a pointer that is not allocated", ptr);
+  Block* block = it->second;
+  allocated_.erase(it);
+  block->allocated = false;
+  allocated_bytes_.store(allocated_bytes_.load(std::memory_order_relaxed) - block->size,
+                         std::memory_order_relaxed);
+  Notify({MemoryAction::kFreeRequested, block->address, block->size, block->requested_size,
+          block->stream});
+
+  if (block->stream_uses.empty()) {
+    FreeBlock(block);
+    return;
+  }
+  for (Stream use : block->stream_uses) {
+    absl::StatusOr<StreamEvents::Event> event = events_->Record(use);
+    if (!event.ok()) {
+      // Without an event we cannot know when `use` is done with the block; keeping it out of the
+      // cache for good is the only choice that never hands out memory still in use.
+      std::fprintf(stderr, "actpack: caching pool: keeping a %s block out of the cache: %s\n",
+                   FormatBytes(block->size).c_str(), event.status().ToString().c_str());
+      ++block->pending_events;
+      continue;
+    }
+    ++block->pending_events;
+    ++pending_event_count_;
+    pending_events_[use].emplace_back(*event, block);
+  }
+  block->stream_uses.clear();
+  // Record may have failed for every stream; then the block is parked for good, nothing to do.
+}
+
+void CachingPool::FreeBlock(Block* block) {
+  Notify({MemoryAction::kFreeCompleted, block->address, block->size, block->requested_size,
+          block->stream});
+  block->requested_size = 0;
+  FreeBlocks& free_blocks = FreeBlocksFor(block->is_small);
+  if (Block* prev = block->prev; prev != nullptr && prev->IsCached()) {
+    free_blocks.erase(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next != nullptr) block->next->prev = prev;
+    delete block;
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && next->IsCached()) {
+    free_blocks.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    delete next;
+  }
+  free_blocks.insert(block);
+}
+
+void CachingPool::ProcessCompletedEvents() {
+  for (auto it = pending_events_.begin(); it != pending_events_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty() && events_->IsComplete(queue.front().first)) {
+      auto [event, block] = queue.front();
+      queue.pop_front();
+      events_->Release(event);
+      --pending_event_count_;
+      if (--block->pending_events == 0) FreeBlock(block);
+    }
+    if (queue.empty()) {
+      pending_events_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool CachingPool::WaitForAllEvents() {
+  bool freed = false;
+  for (auto& [stream, queue] : pending_events_) {
+    for (auto [event, block] : queue) {
+      events_->Wait(event);
+      events_->Release(event);
+      --pending_event_count_;
+      if (--block->pending_events == 0) {
+        FreeBlock(block);
+        freed = true;
+      }
+    }
+  }
+  pending_events_.clear();
+  return freed;
+}
+
+size_t CachingPool::ReleaseFreeSegments() {
+  size_t released = 0;
+  for (FreeBlocks* free_blocks : {&small_free_, &large_free_}) {
+    for (auto it = free_blocks->begin(); it != free_blocks->end();) {
+      Block* block = *it;
+      if (block->prev == nullptr && block->next == nullptr) {
+        it = free_blocks->erase(it);
+        released += block->size;
+        ReleaseSegment(block);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return released;
+}
+
+// Returns the segment starting at `head` to the upstream and deletes its blocks. The caller has
+// taken the blocks out of every index.
+void CachingPool::ReleaseSegment(Block* head) {
+  const uintptr_t address = head->address;
+  auto it = segments_.find(address);
+  const Segment segment = it->second;
+  segments_.erase(it);
+  for (Block* block = head; block != nullptr;) {
+    Block* next = block->next;
+    delete block;
+    block = next;
+  }
+  Notify({MemoryAction::kSegmentFree, address, segment.size, segment.size, segment.stream});
+  upstream_->Deallocate(reinterpret_cast<void*>(address), segment.size, segment.stream);
+  reserved_bytes_.store(reserved_bytes_.load(std::memory_order_relaxed) - segment.size,
+                        std::memory_order_relaxed);
+}
+
+size_t CachingPool::DoEmptyCache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  WaitForAllEvents();
+  return ReleaseFreeSegments();
+}
+
+MemoryUsage CachingPool::DoGetUsage() const {
+  return {reserved_bytes_.load(std::memory_order_relaxed),
+          allocated_bytes_.load(std::memory_order_relaxed)};
+}
+
+absl::Status CachingPool::RecordStream(const void* ptr, Stream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocated_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("actpack: RecordStream: %p is not a live allocation", ptr));
+  }
+  Block* block = it->second;
+  // Its own stream orders reuse already.
+  if (stream == block->stream) return absl::OkStatus();
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AllocationInfo> CachingPool::Lookup(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocated_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("actpack: Lookup: %p is not a live allocation", ptr));
+  }
+  return AllocationInfo{it->second->size, it->second->requested_size, it->second->stream};
+}
+
+std::vector<SegmentInfo> CachingPool::Segments() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<SegmentInfo> segments;
+  segments.reserve(segments_.size());
+  for (const auto& [address, segment] : segments_) {
+    SegmentInfo info;
+    info.address = address;
+    info.total_size = segment.size;
+    info.stream = segment.stream;
+    info.is_small = segment.is_small;
+    for (const Block* block = segment.head; block != nullptr; block = block->next) {
+      BlockState state = block->allocated            ? BlockState::kActiveAllocated
+                         : block->pending_events > 0 ? BlockState::kActivePendingFree
+                                                     : BlockState::kInactive;
+      info.blocks.push_back({block->address, block->size, block->requested_size, state});
+    }
+    segments.push_back(std::move(info));
+  }
+  return segments;
+}
+
+absl::Status CachingPool::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  size_t reserved = 0, allocated = 0, cached_blocks = 0, allocated_blocks = 0, pending = 0;
+  for (const auto& [address, segment] : segments_) {
+    reserved += segment.size;
+    if (segment.head == nullptr || segment.head->address != address ||
+        segment.head->prev != nullptr) {
+      return fail("segment ", address, " has a bad head block");
+    }
+    uintptr_t expected_address = address;
+    const Block* prev = nullptr;
+    for (const Block* block = segment.head; block != nullptr; block = block->next) {
+      if (block->address != expected_address) return fail("blocks of ", address, " leave a gap");
+      if (block->prev != prev) return fail("broken prev link in segment ", address);
+      if (block->size == 0 || block->size % kMinBlockSize != 0) {
+        return fail("block ", block->address, " has size ", block->size);
+      }
+      if (block->stream != segment.stream || block->is_small != segment.is_small) {
+        return fail("block ", block->address, " disagrees with its segment");
+      }
+      const FreeBlocks& free_blocks = block->is_small ? small_free_ : large_free_;
+      const bool indexed = free_blocks.count(const_cast<Block*>(block)) > 0;
+      if (block->IsCached()) {
+        ++cached_blocks;
+        if (!indexed) return fail("cached block ", block->address, " is not in the free index");
+        if (prev != nullptr && prev->IsCached()) {
+          return fail("cached neighbours at ", prev->address, " were not merged");
+        }
+      } else if (indexed) {
+        return fail("block ", block->address, " in use is in the free index");
+      }
+      if (block->allocated) {
+        ++allocated_blocks;
+        allocated += block->size;
+        auto it = allocated_.find(block->address);
+        if (it == allocated_.end() || it->second != block) {
+          return fail("allocated block ", block->address, " is not indexed");
+        }
+      }
+      if (block->pending_events > 0) pending += block->pending_events;
+      expected_address += block->size;
+      prev = block;
+    }
+    if (expected_address != address + segment.size) {
+      return fail("blocks of ", address, " do not cover its ", segment.size, " bytes");
+    }
+  }
+  if (cached_blocks != small_free_.size() + large_free_.size()) {
+    return fail("free index holds ", small_free_.size() + large_free_.size(), " blocks, ",
+                cached_blocks, " are cached");
+  }
+  if (allocated_blocks != allocated_.size()) return fail("allocated index is stale");
+  if (reserved != reserved_bytes_.load()) {
+    return fail("reserved_bytes ", reserved_bytes_.load(), " but segments hold ", reserved);
+  }
+  if (allocated != allocated_bytes_.load()) {
+    return fail("allocated_bytes ", allocated_bytes_.load(), " but blocks hold ", allocated);
+  }
+  if (pending < pending_event_count_) return fail("more pending events than waiting blocks");
+  return absl::OkStatus();
+}
+
+}  // namespace actpack::allocator

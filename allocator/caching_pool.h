@@ -1,0 +1,185 @@
+// caching_pool.h — a caching allocator on a backend, modelled on PyTorch's CUDACachingAllocator.
+//
+// The pool reserves large *segments* from its upstream (a backend) and carves them into *blocks*.
+// A freed block stays cached for the next request on the same stream instead of going back to
+// the device, because cudaMalloc/cudaFree are slow and synchronise the device. The policy is
+// PyTorch's, so that memory behaves the way PyTorch users expect:
+//  * requests are rounded up to a multiple of 512 B;
+//  * blocks of <= 1 MiB come from the small pool, carved from 2 MiB segments; larger blocks come
+//    from the large pool: requests of 1-10 MiB get 20 MiB segments, larger ones a segment of
+//    their size rounded up to 2 MiB;
+//  * a request takes the best-fitting (smallest, then lowest-address) cached block of its stream
+//    and pool; the rest of the block is split off when it is large enough to be useful (>= 512 B
+//    in the small pool, > 1 MiB in the large pool); a freed block merges with free neighbours;
+//  * when the upstream cannot provide a new segment (or the segment would pass the reserve limit
+//    of AllocateWithin), the pool waits for pending stream events, returns every fully free
+//    segment to the upstream and tries once more before failing.
+// Blocks used on other streams (RecordStream) are reused only after events on those streams
+// have completed; see the contract in memory_resource.h. One mutex guards the pool.
+//
+// Example:
+//   HostMemoryResource host;
+//   HostStreamEvents events;
+//   CachingPool pool(&host, &events);
+//   void* p = *pool.Allocate(3_MiB, stream_a);  // reserves a 20 MiB segment
+//   pool.RecordStream(p, stream_b);              // p is also used on stream_b
+//   pool.Deallocate(p, 3_MiB, stream_a);         // reusable once stream_b's event completes
+//   pool.EmptyCache();                           // returns the free segment to `host`
+#ifndef ACTPACK_ALLOCATOR_CACHING_POOL_H_
+#define ACTPACK_ALLOCATOR_CACHING_POOL_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/memory_resource.h"
+#include "allocator/stream_events.h"
+#include "allocator/units.h"
+
+namespace actpack::allocator {
+
+// PyTorch's size classes (c10/cuda/CUDACachingAllocator.cpp).
+inline constexpr size_t kMinBlockSize = 512;           // every block is a multiple of this
+inline constexpr size_t kSmallSize = 1 * kMiB;         // largest request of the small pool
+inline constexpr size_t kSmallSegmentSize = 2 * kMiB;  // segment size of the small pool
+inline constexpr size_t kMinLargeAlloc = 10 * kMiB;    // requests below share 20 MiB segments
+inline constexpr size_t kLargeSegmentSize = 20 * kMiB;
+inline constexpr size_t kRoundLarge = 2 * kMiB;  // larger requests are rounded up to this
+
+// RoundBlockSize
+//
+// The block size the pool hands out for a request of `bytes` (> 0).
+size_t RoundBlockSize(size_t bytes);
+
+// SegmentSizeFor
+//
+// The segment the pool reserves when no cached block fits a block of `block_size`.
+size_t SegmentSizeFor(size_t block_size);
+
+// BlockState
+//
+// The states of PyTorch's snapshot: handed out; freed but waiting for stream events; cached.
+enum class BlockState { kActiveAllocated, kActivePendingFree, kInactive };
+
+// BlockInfo / SegmentInfo
+//
+// A read-only view of the pool for snapshots and tests.
+struct BlockInfo {
+  uintptr_t address = 0;
+  size_t size = 0;
+  size_t requested_size = 0;  // 0 for cached blocks
+  BlockState state = BlockState::kInactive;
+};
+
+struct SegmentInfo {
+  uintptr_t address = 0;
+  size_t total_size = 0;
+  Stream stream = nullptr;
+  bool is_small = false;         // from the small pool
+  std::vector<BlockInfo> blocks;  // by address, covering the segment
+};
+
+// AllocationInfo
+//
+// What the pool knows about a live allocation.
+struct AllocationInfo {
+  size_t size = 0;            // block size after rounding
+  size_t requested_size = 0;  // what the caller asked for
+  Stream stream = nullptr;    // the stream it was allocated on
+};
+
+// CachingPool
+//
+// See the file comment. `upstream` and `events` are not owned and must outlive the pool. The
+// destructor returns every segment to the upstream, including segments with blocks still
+// allocated (using such a block afterwards is the caller's bug).
+class CachingPool final : public MemoryResource {
+ public:
+  CachingPool(MemoryResource* upstream, StreamEvents* events);
+  ~CachingPool() override;
+
+  // RecordStream
+  //
+  // Marks the live allocation `ptr` as used on `stream` too (torch's Tensor.record_stream): when
+  // it is freed, the pool records an event on `stream` and reuses the block only after it has
+  // completed. kNotFound if `ptr` is not a live allocation of this pool.
+  absl::Status RecordStream(const void* ptr, Stream stream);
+
+  // Lookup
+  //
+  // The size and stream of the live allocation `ptr`; kNotFound if there is none. Lets callers
+  // that only keep the pointer (torch's CPU allocator) free with the right arguments.
+  absl::StatusOr<AllocationInfo> Lookup(const void* ptr) const;
+
+  // Segments
+  //
+  // Every segment with its blocks, by address.
+  std::vector<SegmentInfo> Segments() const;
+
+  // CheckInvariants
+  //
+  // Walks every segment and index and returns kInternal describing the first inconsistency
+  // (blocks that do not tile their segment, unmerged free neighbours, a cached block missing from
+  // the free index, counters that disagree with the blocks). For tests; O(blocks).
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Block;
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using FreeBlocks = std::set<Block*, BlockOrder>;
+  struct Segment {
+    size_t size = 0;
+    Stream stream = nullptr;
+    bool is_small = false;
+    Block* head = nullptr;  // the block at the segment's start
+  };
+
+  absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
+  void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
+  size_t DoEmptyCache() override;
+  MemoryUsage DoGetUsage() const override;
+
+  // All of the following need mutex_ held.
+  FreeBlocks& FreeBlocksFor(bool is_small) { return is_small ? small_free_ : large_free_; }
+  Block* TakeBestFit(size_t size, Stream stream, bool is_small);
+  absl::StatusOr<Block*> ReserveSegment(size_t block_size, size_t bytes, Stream stream,
+                                        bool is_small, size_t reserve_limit);
+  void FreeBlock(Block* block);
+  void ProcessCompletedEvents();
+  // Waits for every pending event; returns whether a block became free.
+  bool WaitForAllEvents();
+  // Returns every fully free segment to the upstream; returns the bytes released.
+  size_t ReleaseFreeSegments();
+  void ReleaseSegment(Block* head);
+
+  MemoryResource* const upstream_;
+  StreamEvents* const events_;
+
+  mutable std::mutex mutex_;
+  FreeBlocks small_free_;
+  FreeBlocks large_free_;
+  absl::flat_hash_map<uintptr_t, Block*> allocated_;
+  std::map<uintptr_t, Segment> segments_;
+  // Events recorded at free time, per stream in recording order (a stream completes them in
+  // order, so only the front of each queue needs to be asked).
+  absl::flat_hash_map<Stream, std::deque<std::pair<StreamEvents::Event, Block*>>> pending_events_;
+  size_t pending_event_count_ = 0;
+  // Written under mutex_; read without it by GetUsage.
+  std::atomic<size_t> reserved_bytes_{0};
+  std::atomic<size_t> allocated_bytes_{0};
+};
+
+}  // namespace actpack::allocator
+
+#endif  // ACTPACK_ALLOCATOR_CACHING_POOL_H_

@@ -1,0 +1,174 @@
+#include "allocator/cuda_memory_resource.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/units.h"
+
+#if ACTPACK_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "allocator/cuda_check.h"
+#endif
+
+namespace actpack::allocator {
+
+#if ACTPACK_WITH_CUDA
+
+namespace {
+
+// Makes `device` current for a scope and restores the previous device, so that allocating for
+// one device never changes the caller's current device.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) status_ = ACTPACK_CUDA_STATUS(cudaSetDevice(device));
+  }
+  ~ScopedDevice() {
+    if (status_.ok() && previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  absl::Status status_;
+};
+
+// Errors in the void paths (free, event release) cannot be returned; they are reported once per
+// call site and otherwise ignored, as PyTorch does for errors during teardown.
+void ReportCudaError(const absl::Status& status) {
+  if (!status.ok()) std::fprintf(stderr, "actpack: %s\n", status.ToString().c_str());
+}
+
+}  // namespace
+
+bool CudaSupportCompiledIn() { return true; }
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int count = 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  return count;
+}
+
+absl::StatusOr<size_t> CudaDeviceTotalMemory(int device) {
+  ScopedDevice scoped(device);
+  if (!scoped.status().ok()) return scoped.status();
+  size_t free_bytes = 0, total_bytes = 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes;
+}
+
+absl::StatusOr<void*> CudaMemoryResource::DoAllocate(size_t bytes, Stream stream,
+                                                     size_t reserve_limit) {
+  const size_t size = RoundUp(bytes, kAllocationAlignment);
+  const size_t before = reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+  if (before + size > reserve_limit || before + size < before) {
+    reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return ReserveLimitExceeded(absl::StrCat(
+        "actpack: cudaMalloc of ", FormatBytes(size), " on device ", device_,
+        " would pass the reserve limit of ", FormatBytes(reserve_limit)));
+  }
+  ScopedDevice scoped(device_);
+  void* ptr = nullptr;
+  absl::Status status = scoped.status();
+  if (status.ok()) status = ACTPACK_CUDA_STATUS(cudaMalloc(&ptr, size));
+  if (!status.ok()) {
+    reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return status;
+  }
+  if (HasObservers()) {
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    Notify({MemoryAction::kSegmentAlloc, address, size, size, stream});
+    Notify({MemoryAction::kAlloc, address, size, bytes, stream});
+  }
+  return ptr;
+}
+
+void CudaMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
+  const size_t size = RoundUp(bytes, kAllocationAlignment);
+  if (HasObservers()) {
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    Notify({MemoryAction::kFreeRequested, address, size, bytes, stream});
+    Notify({MemoryAction::kFreeCompleted, address, size, bytes, stream});
+    Notify({MemoryAction::kSegmentFree, address, size, size, stream});
+  }
+  ScopedDevice scoped(device_);
+  ReportCudaError(scoped.status());
+  // cudaFree synchronises the device, so work still using `ptr` on any stream has finished.
+  ReportCudaError(ACTPACK_CUDA_STATUS(cudaFree(ptr)));
+  reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
+}
+
+absl::StatusOr<StreamEvents::Event> CudaStreamEvents::Record(Stream stream) {
+  ScopedDevice scoped(device_);
+  if (!scoped.status().ok()) return scoped.status();
+  cudaEvent_t event = nullptr;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  absl::Status status =
+      ACTPACK_CUDA_STATUS(cudaEventRecord(event, static_cast<cudaStream_t>(stream)));
+  if (!status.ok()) {
+    (void)cudaEventDestroy(event);
+    return status;
+  }
+  return static_cast<Event>(event);
+}
+
+bool CudaStreamEvents::IsComplete(Event event) {
+  const cudaError_t error = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (error == cudaSuccess) return true;
+  if (error == cudaErrorNotReady) return false;
+  // A real error: waiting is the only answer that never reuses memory too early.
+  ReportCudaError(ACTPACK_CUDA_STATUS(error));
+  Wait(event);
+  return true;
+}
+
+void CudaStreamEvents::Wait(Event event) {
+  ReportCudaError(ACTPACK_CUDA_STATUS(cudaEventSynchronize(static_cast<cudaEvent_t>(event))));
+}
+
+void CudaStreamEvents::Release(Event event) {
+  ReportCudaError(ACTPACK_CUDA_STATUS(cudaEventDestroy(static_cast<cudaEvent_t>(event))));
+}
+
+#else  // !ACTPACK_WITH_CUDA
+
+namespace {
+
+absl::Status NotCompiledIn() {
+  return absl::UnimplementedError("actpack: CUDA support not compiled in");
+}
+
+}  // namespace
+
+bool CudaSupportCompiledIn() { return false; }
+
+absl::StatusOr<int> CudaDeviceCount() { return NotCompiledIn(); }
+
+absl::StatusOr<size_t> CudaDeviceTotalMemory(int device) { return NotCompiledIn(); }
+
+absl::StatusOr<void*> CudaMemoryResource::DoAllocate(size_t bytes, Stream stream,
+                                                     size_t reserve_limit) {
+  return NotCompiledIn();
+}
+
+// Allocate never succeeds without CUDA, so there is nothing that could be freed.
+void CudaMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {}
+
+absl::StatusOr<StreamEvents::Event> CudaStreamEvents::Record(Stream stream) {
+  return NotCompiledIn();
+}
+
+bool CudaStreamEvents::IsComplete(Event event) { return true; }
+void CudaStreamEvents::Wait(Event event) {}
+void CudaStreamEvents::Release(Event event) {}
+
+#endif  // ACTPACK_WITH_CUDA
+
+MemoryUsage CudaMemoryResource::DoGetUsage() const {
+  const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+  return {reserved, reserved};
+}
+
+}  // namespace actpack::allocator

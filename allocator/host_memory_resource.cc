@@ -1,0 +1,54 @@
+#include "allocator/host_memory_resource.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/units.h"
+
+namespace actpack::allocator {
+
+absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream,
+                                                     size_t reserve_limit) {
+  const size_t size = RoundUp(bytes, kAllocationAlignment);
+  // Reserve first, then allocate: the limit check and the accounting are one atomic step, so
+  // concurrent callers cannot pass the limit together.
+  const size_t before = reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+  if (before + size > reserve_limit || before + size < before) {
+    reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return ReserveLimitExceeded(absl::StrCat("actpack: host allocation of ", FormatBytes(size),
+                                             " would pass the reserve limit of ",
+                                             FormatBytes(reserve_limit), " (",
+                                             FormatBytes(before), " reserved)"));
+  }
+  void* ptr = nullptr;
+  if (posix_memalign(&ptr, kAllocationAlignment, size) != 0) {
+    reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("actpack: host allocation of ", FormatBytes(size), " failed"));
+  }
+  if (HasObservers()) {
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    Notify({MemoryAction::kSegmentAlloc, address, size, size, stream});
+    Notify({MemoryAction::kAlloc, address, size, bytes, stream});
+  }
+  return ptr;
+}
+
+void HostMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
+  const size_t size = RoundUp(bytes, kAllocationAlignment);
+  if (HasObservers()) {
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    Notify({MemoryAction::kFreeRequested, address, size, bytes, stream});
+    Notify({MemoryAction::kFreeCompleted, address, size, bytes, stream});
+    Notify({MemoryAction::kSegmentFree, address, size, size, stream});
+  }
+  std::free(ptr);
+  reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
+}
+
+MemoryUsage HostMemoryResource::DoGetUsage() const {
+  const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+  return {reserved, reserved};
+}
+
+}  // namespace actpack::allocator

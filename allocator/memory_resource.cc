@@ -1,0 +1,61 @@
+#include "allocator/memory_resource.h"
+
+#include <algorithm>
+
+#include "absl/strings/cord.h"
+
+namespace actpack::allocator {
+namespace {
+
+constexpr absl::string_view kReserveLimitPayloadUrl = "actpack.allocator/reserve_limit_exceeded";
+
+}  // namespace
+
+absl::string_view MemoryActionName(MemoryAction action) {
+  switch (action) {
+    case MemoryAction::kAlloc:
+      return "alloc";
+    case MemoryAction::kFreeRequested:
+      return "free_requested";
+    case MemoryAction::kFreeCompleted:
+      return "free_completed";
+    case MemoryAction::kSegmentAlloc:
+      return "segment_alloc";
+    case MemoryAction::kSegmentFree:
+      return "segment_free";
+    case MemoryAction::kOom:
+      return "oom";
+    case MemoryAction::kAllocRetry:
+      return "alloc_retry";
+  }
+  return "unknown";
+}
+
+void MemoryResource::DoAddObserver(MemoryObserver* observer) { observers_.push_back(observer); }
+
+void MemoryResource::DoRemoveObserver(MemoryObserver* observer) {
+  observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
+}
+
+void ResourceAdaptor::DoAddObserver(MemoryObserver* observer) {
+  MemoryResource::DoAddObserver(observer);
+  upstream_->AddObserver(observer);
+}
+
+void ResourceAdaptor::DoRemoveObserver(MemoryObserver* observer) {
+  upstream_->RemoveObserver(observer);
+  MemoryResource::DoRemoveObserver(observer);
+}
+
+absl::Status ReserveLimitExceeded(absl::string_view message) {
+  absl::Status status = absl::ResourceExhaustedError(message);
+  status.SetPayload(kReserveLimitPayloadUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsReserveLimitExceeded(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         status.GetPayload(kReserveLimitPayloadUrl).has_value();
+}
+
+}  // namespace actpack::allocator

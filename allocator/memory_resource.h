@@ -1,0 +1,226 @@
+// memory_resource.h — the interface every piece of actpack's allocator implements.
+//
+// The allocator is a stack of small pieces in the shape of RAPIDS RMM. A *resource* owns memory:
+// a backend (HostMemoryResource, CudaMemoryResource) or the CachingPool, which keeps freed blocks
+// of its backend for reuse. An *adaptor* wraps an upstream it does not own and adds one concern:
+// BudgetAdaptor (a hard cap), StatisticsAdaptor (torch.cuda.memory_stats-shaped counters),
+// TracingAdaptor (a ring buffer of actions). Every piece is a MemoryResource, so they stack in
+// any order; the usual stack is trace(stats(budget(pool(backend)))).
+//
+// Example:
+//   HostMemoryResource host;
+//   HostStreamEvents events;
+//   CachingPool pool(&host, &events);
+//   StatisticsAdaptor stats(&pool);
+//   absl::StatusOr<void*> p = stats.Allocate(4_MiB, stream);
+//   if (!p.ok()) return p.status();
+//   ...
+//   stats.Deallocate(*p, 4_MiB, stream);
+#ifndef ACTPACK_ALLOCATOR_MEMORY_RESOURCE_H_
+#define ACTPACK_ALLOCATOR_MEMORY_RESOURCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace actpack::allocator {
+
+// Stream
+//
+// An opaque stream handle: a `cudaStream_t` for CUDA resources, any tag for host resources
+// (nullptr is the default stream). Opaque so that no allocator header needs CUDA.
+using Stream = void*;
+
+// Every pointer a resource returns is aligned to at least this many bytes (cudaMalloc's
+// guarantee, and enough for any vectorised CPU load).
+inline constexpr size_t kAllocationAlignment = 256;
+
+// Passed as a reserve limit: no limit.
+inline constexpr size_t kNoReserveLimit = std::numeric_limits<size_t>::max();
+
+// MemoryUsage
+//
+// What a resource holds right now. `reserved_bytes` is memory taken from the layer below (the
+// device or the OS): the footprint a budget is about. `allocated_bytes` is the part handed out to
+// callers (sizes after rounding); the rest (`reserved - allocated`) is cached.
+struct MemoryUsage {
+  size_t reserved_bytes = 0;
+  size_t allocated_bytes = 0;
+
+  size_t cached_bytes() const { return reserved_bytes - allocated_bytes; }
+};
+
+// MemoryAction
+//
+// The actions resources report to observers. The first six are the actions of PyTorch's memory
+// trace (`torch.cuda.memory._snapshot()["device_traces"]`); kAllocRetry counts the times an
+// allocation had to release cached memory and try again (torch's `num_alloc_retries`).
+enum class MemoryAction : uint8_t {
+  kAlloc,          // a block was handed out
+  kFreeRequested,  // the caller freed a block; it may still wait for other streams
+  kFreeCompleted,  // the block is back in the cache and can be reused
+  kSegmentAlloc,   // memory was reserved from the layer below
+  kSegmentFree,    // reserved memory was returned to the layer below
+  kOom,            // an allocation failed (recorded by adaptors, not emitted by resources)
+  kAllocRetry,     // cached memory was released so that an allocation could be retried
+};
+
+// The name PyTorch's trace uses for `action` ("alloc", "free_requested", ..., "oom").
+absl::string_view MemoryActionName(MemoryAction action);
+
+// MemoryEvent
+//
+// One action. For block actions `size` is the block size after rounding and `requested_size`
+// the size the caller asked for; for segment actions both are the segment size.
+struct MemoryEvent {
+  MemoryAction action;
+  uintptr_t address = 0;
+  size_t size = 0;
+  size_t requested_size = 0;
+  Stream stream = nullptr;
+};
+
+// MemoryObserver
+//
+// Receives the events of a resource. Resources call it with their internal lock held, in the
+// order the actions happened, possibly from many threads: an observer must be thread safe, fast,
+// and must not call back into the resource.
+class MemoryObserver {
+ public:
+  virtual ~MemoryObserver() = default;
+  virtual void OnMemoryEvent(const MemoryEvent& event) = 0;
+};
+
+// MemoryResource
+//
+// The base class: a non-virtual public interface forwarding to private virtuals.
+//
+// Stream-ordering contract (the same as RMM's and PyTorch's caching allocator):
+//  * `Allocate(bytes, stream)` returns memory that is ready for work enqueued on `stream` after the
+//    call. Work on another stream must first be ordered after `stream` by the caller.
+//  * `Deallocate(ptr, bytes, stream)` may be called while work on `stream` that uses `ptr` is still
+//    pending: the memory is reused only by later allocations on the same `stream` (so the reuse is
+//    ordered after that work), or — for a block the caller handed to other streams with
+//    `CachingPool::RecordStream` — once an event recorded on each of those streams at free time has
+//    completed. `bytes` and `stream` must be the values the memory was allocated with.
+//  * Host resources have no asynchronous work: streams are tags and every event has completed.
+//
+// `Allocate(0, ...)` returns nullptr and `Deallocate(nullptr, ...)` does nothing. All resources
+// are thread safe. A resource must outlive every adaptor stacked on it.
+class MemoryResource {
+ public:
+  MemoryResource() = default;
+  MemoryResource(const MemoryResource&) = delete;
+  MemoryResource& operator=(const MemoryResource&) = delete;
+  virtual ~MemoryResource() = default;
+
+  // Allocate
+  //
+  // At least `bytes` bytes aligned to kAllocationAlignment, ready on `stream`. Fails with
+  // kResourceExhausted when memory (or the budget) runs out.
+  absl::StatusOr<void*> Allocate(size_t bytes, Stream stream = nullptr) {
+    return AllocateWithin(bytes, stream, kNoReserveLimit);
+  }
+
+  // AllocateWithin
+  //
+  // Like Allocate, but fails with a reserve-limit error (see IsReserveLimitExceeded) instead of
+  // letting this resource's reserved bytes exceed `reserve_limit`. A caching resource first
+  // releases cached memory to stay under the limit. This is how BudgetAdaptor caps the footprint
+  // of the resources below it: the check and the reservation happen under the lock of the
+  // resource that reserves, so concurrent allocations cannot overshoot together.
+  absl::StatusOr<void*> AllocateWithin(size_t bytes, Stream stream, size_t reserve_limit) {
+    if (bytes == 0) return nullptr;
+    return DoAllocate(bytes, stream, reserve_limit);
+  }
+
+  // Deallocate
+  //
+  // Returns memory from Allocate; see the stream-ordering contract above.
+  void Deallocate(void* ptr, size_t bytes, Stream stream = nullptr) {
+    if (ptr == nullptr) return;
+    DoDeallocate(ptr, bytes, stream);
+  }
+
+  // EmptyCache
+  //
+  // Returns cached memory to the layer below (torch.cuda.empty_cache); memory still allocated or
+  // waiting for stream events stays. Returns the bytes released. Non-caching resources return 0.
+  size_t EmptyCache() { return DoEmptyCache(); }
+
+  // GetUsage
+  //
+  // Reserved and allocated bytes of the resource at the bottom of the caching (adaptors report
+  // their upstream's usage).
+  MemoryUsage GetUsage() const { return DoGetUsage(); }
+
+  // AddObserver / RemoveObserver
+  //
+  // Subscribes `observer` (not owned) to the events of this resource; adaptors also subscribe it
+  // to their upstream. Not synchronised with allocation: call both before the resource is shared
+  // between threads and after it is no longer used (adaptors do it in their constructor and
+  // destructor).
+  void AddObserver(MemoryObserver* observer) { DoAddObserver(observer); }
+  void RemoveObserver(MemoryObserver* observer) { DoRemoveObserver(observer); }
+
+ protected:
+  // Sends `event` to this resource's observers.
+  void Notify(const MemoryEvent& event) const {
+    for (MemoryObserver* observer : observers_) observer->OnMemoryEvent(event);
+  }
+  bool HasObservers() const { return !observers_.empty(); }
+
+  // The default observer handling: keep them in this resource's own list.
+  virtual void DoAddObserver(MemoryObserver* observer);
+  virtual void DoRemoveObserver(MemoryObserver* observer);
+
+ private:
+  virtual absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) = 0;
+  virtual void DoDeallocate(void* ptr, size_t bytes, Stream stream) = 0;
+  virtual size_t DoEmptyCache() { return 0; }
+  virtual MemoryUsage DoGetUsage() const = 0;
+
+  std::vector<MemoryObserver*> observers_;
+};
+
+// ResourceAdaptor
+//
+// Base of the adaptors: holds the upstream (not owned) and forwards everything an adaptor does not
+// change. Observers subscribe to the adaptor and to everything below it.
+class ResourceAdaptor : public MemoryResource {
+ public:
+  explicit ResourceAdaptor(MemoryResource* upstream) : upstream_(upstream) {}
+
+  MemoryResource* upstream() const { return upstream_; }
+
+ protected:
+  void DoAddObserver(MemoryObserver* observer) override;
+  void DoRemoveObserver(MemoryObserver* observer) override;
+
+ private:
+  size_t DoEmptyCache() override { return upstream_->EmptyCache(); }
+  MemoryUsage DoGetUsage() const override { return upstream_->GetUsage(); }
+
+  MemoryResource* const upstream_;
+};
+
+// ReserveLimitExceeded
+//
+// The kResourceExhausted status a resource returns when an allocation would push its reserved
+// bytes past the limit given to AllocateWithin. It carries a payload so that the budget can tell
+// its own limit from a device that ran out of memory.
+absl::Status ReserveLimitExceeded(absl::string_view message);
+
+// IsReserveLimitExceeded
+//
+// True for a status made by ReserveLimitExceeded.
+bool IsReserveLimitExceeded(const absl::Status& status);
+
+}  // namespace actpack::allocator
+
+#endif  // ACTPACK_ALLOCATOR_MEMORY_RESOURCE_H_
