@@ -3,18 +3,17 @@
 // A mismatch aborts, so the fuzzer reports it as a crash.
 //
 // One file, three builds:
-//  - libFuzzer (clang; the real fuzzing run, ~30 s finds nothing on a clean tree):
-//      clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -I. \
-//        runtime/json.cc runtime/json_fuzz.cc \
-//        -labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cord_internal \
-//        -labsl_cordz_functions -labsl_cordz_handle -labsl_synchronization \
-//        -labsl_str_format_internal -labsl_strings -labsl_strings_internal -labsl_int128 \
-//        -labsl_raw_hash_set -labsl_hash -labsl_city -labsl_low_level_hash \
-//        -labsl_throw_delegate -labsl_raw_logging_internal -labsl_base \
-//        -o /tmp/json_fuzz
-//      mkdir -p /tmp/json_corpus && \
-//        /tmp/json_fuzz -max_total_time=30 /tmp/json_corpus runtime/testdata/json_corpus
-//    (the first directory collects new inputs, so the checked-in seeds stay as they are).
+//  - libFuzzer (clang), the real fuzzing run, from the repository root:
+//      clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -I.
+//        runtime/json.cc runtime/json_fuzz.cc
+//        -labsl_statusor -labsl_status -labsl_str_format_internal -labsl_strings
+//        -labsl_raw_hash_set -labsl_hash -labsl_throw_delegate -o /tmp/json_fuzz
+//      mkdir -p /tmp/json_corpus
+//      /tmp/json_fuzz -max_total_time=30 /tmp/json_corpus runtime/testdata/json_corpus
+//    (one command line each; no trailing backslashes here, as they would splice comments).
+//    Debian's absl .so files pull in their own dependencies, so only the libraries json uses
+//    directly are named; clang 14 takes its fuzzer and sanitizer runtimes from
+//    libclang-rt-14-dev. New inputs go to the first directory, so the checked-in seeds stay.
 //  - `bazel test //runtime:json_fuzz_replay_test` (gcc, -DACTPACK_JSON_FUZZ_REPLAY): a gtest
 //    that runs the entry over runtime/testdata/json_corpus and 20k deterministic mutations.
 //  - `bazel run //runtime:json_fuzz -- FILE...` (gcc, -DACTPACK_JSON_FUZZ_MAIN): replays the

@@ -1,0 +1,102 @@
+#include "runtime/config.h"
+
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace actpack::runtime {
+namespace {
+
+struct Unit {
+  const char* name;
+  double multiplier;
+};
+
+constexpr Unit kUnits[] = {
+    {"", 1.0},           {"b", 1.0},
+    {"k", 1024.0},       {"kib", 1024.0},      {"kb", 1e3},
+    {"m", 1048576.0},    {"mib", 1048576.0},   {"mb", 1e6},
+    {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+    {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+};
+
+absl::Status BadSize(absl::string_view text, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "actpack: invalid memory size '", text, "': ", why,
+      "; expected a positive number with a unit, e.g. '6GiB', '512MiB', '1.5GB' or '80%'"));
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t split = 0;
+  while (split < trimmed.size() &&
+         (absl::ascii_isdigit(trimmed[split]) || trimmed[split] == '.' || trimmed[split] == '-' ||
+          trimmed[split] == '+')) {
+    ++split;
+  }
+  const absl::string_view number_text = trimmed.substr(0, split);
+  const std::string unit_text =
+      absl::AsciiStrToLower(absl::StripAsciiWhitespace(trimmed.substr(split)));
+  double number = 0;
+  if (number_text.empty() || !absl::SimpleAtod(number_text, &number) || !std::isfinite(number)) {
+    return BadSize(text, "no number");
+  }
+  if (number <= 0) return BadSize(text, "the size must be positive");
+  for (const Unit& unit : kUnits) {
+    if (unit_text == unit.name) {
+      const double bytes = number * unit.multiplier;
+      if (bytes < 1 || bytes > 1.8e19) return BadSize(text, "out of range");
+      return static_cast<uint64_t>(std::llround(bytes));
+    }
+  }
+  return BadSize(text, absl::StrCat("unknown unit '", unit_text, "'"));
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* const kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.2f %s", value, kNames[unit]);
+}
+
+uint64_t Budget::Resolve(uint64_t device_total) const {
+  if (bytes != 0) return bytes;
+  return static_cast<uint64_t>(fraction * static_cast<double>(device_total));
+}
+
+std::string Budget::ToString() const {
+  if (bytes != 0) return FormatBytes(bytes);
+  return absl::StrFormat("%g%% of the device", fraction * 100.0);
+}
+
+absl::StatusOr<Budget> ParseBudget(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  Budget budget;
+  if (!trimmed.empty() && trimmed.back() == '%') {
+    double percent = 0;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(trimmed.substr(0, trimmed.size() - 1)),
+                          &percent) ||
+        !(percent > 0 && percent <= 100)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "actpack: invalid budget '", text, "': a share of the device must be in (0%, 100%]"));
+    }
+    budget.fraction = percent / 100.0;
+    return budget;
+  }
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(trimmed);
+  if (!bytes.ok()) return bytes.status();
+  budget.bytes = *bytes;
+  return budget;
+}
+
+}  // namespace actpack::runtime

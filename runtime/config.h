@@ -1,0 +1,40 @@
+// Parsing what users write: byte sizes ("6GiB", "512 MiB", "1.5GB", "4096") and budgets
+// (a byte size, or a share of the device such as "80%").
+//
+// Usage:
+//   absl::StatusOr<uint64_t> bytes = ParseByteSize("6GiB");        // 6 << 30
+//   absl::StatusOr<Budget> budget = ParseBudget("80%");            // fraction 0.8
+//   uint64_t cap = budget->Resolve(device_total_bytes);
+#ifndef ACTPACK_RUNTIME_CONFIG_H_
+#define ACTPACK_RUNTIME_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace actpack::runtime {
+
+// Binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) units, or plain bytes ("B" optional).
+// kInvalidArgument naming the text and what was expected for anything else, negative or zero
+// sizes included.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+
+// "1.50 GiB": a size for people, with two decimals above 1 KiB.
+std::string FormatBytes(uint64_t bytes);
+
+struct Budget {
+  uint64_t bytes = 0;     // an absolute budget, or 0
+  double fraction = 0.0;  // a share of the device's memory in (0, 1], or 0
+
+  // The budget in bytes for a device with `device_total` bytes.
+  uint64_t Resolve(uint64_t device_total) const;
+  std::string ToString() const;
+};
+
+absl::StatusOr<Budget> ParseBudget(absl::string_view text);
+
+}  // namespace actpack::runtime
+
+#endif  // ACTPACK_RUNTIME_CONFIG_H_

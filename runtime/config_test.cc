@@ -1,0 +1,47 @@
+#include "runtime/config.h"
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace actpack::runtime {
+namespace {
+
+TEST(ParseByteSizeTest, UnitsAndSpaces) {
+  EXPECT_EQ(*ParseByteSize("6GiB"), 6ull << 30);
+  EXPECT_EQ(*ParseByteSize("512 MiB"), 512ull << 20);
+  EXPECT_EQ(*ParseByteSize("1.5GB"), 1500000000ull);
+  EXPECT_EQ(*ParseByteSize("4096"), 4096ull);
+  EXPECT_EQ(*ParseByteSize("2g"), 2ull << 30);
+  EXPECT_EQ(*ParseByteSize("64KiB"), 65536ull);
+}
+
+TEST(ParseByteSizeTest, BadSizesNameTheText) {
+  for (const char* bad : {"6 gigs", "-1GiB", "0", "GiB", "", "1e400GiB", "nan", "3 parsecs"}) {
+    const absl::StatusOr<uint64_t> size = ParseByteSize(bad);
+    ASSERT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(size.status().message().find(absl::StrCat("'", bad, "'")), absl::string_view::npos)
+        << size.status();
+  }
+  EXPECT_NE(ParseByteSize("-1GiB").status().message().find("positive"), absl::string_view::npos);
+  EXPECT_NE(ParseByteSize("6 gigs").status().message().find("unit 'gigs'"),
+            absl::string_view::npos);
+}
+
+TEST(ParseBudgetTest, BytesAndShares) {
+  EXPECT_EQ(ParseBudget("2GiB")->Resolve(100), 2ull << 30);
+  EXPECT_EQ(ParseBudget("80%")->Resolve(1000), 800u);
+  EXPECT_EQ(ParseBudget("80%")->ToString(), "80% of the device");
+  EXPECT_EQ(ParseBudget("1.5GiB")->ToString(), "1.50 GiB");
+  EXPECT_FALSE(ParseBudget("120%").ok());
+  EXPECT_FALSE(ParseBudget("0%").ok());
+  EXPECT_FALSE(ParseBudget("x%").ok());
+}
+
+TEST(FormatBytesTest, HumanUnits) {
+  EXPECT_EQ(FormatBytes(12), "12 B");
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(6ull << 30), "6.00 GiB");
+}
+
+}  // namespace
+}  // namespace actpack::runtime

@@ -1,0 +1,169 @@
+#include "runtime/session.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "codecs/registry.h"
+#include "gtest/gtest.h"
+
+namespace actpack::runtime {
+namespace {
+
+class VectorBuffer : public Buffer {
+ public:
+  explicit VectorBuffer(size_t n) : bytes_(n) {}
+  uint8_t* data() override { return bytes_.data(); }
+  size_t size() const override { return bytes_.size(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+BufferFactory HostFactory() {
+  return [](size_t bytes, const codecs::ExecContext&) -> absl::StatusOr<std::unique_ptr<Buffer>> {
+    return std::unique_ptr<Buffer>(new VectorBuffer(bytes));
+  };
+}
+
+SessionOptions Options(const char* codec, uint64_t min_bytes = 1024) {
+  SessionOptions options;
+  options.codec = *codecs::ParseCodecSpec(codec);
+  options.min_bytes = min_bytes;
+  return options;
+}
+
+struct Saved {
+  std::vector<float> values;
+  SavedTensorInfo info;
+  codecs::TensorView view() const {
+    return {values.data(), codecs::DType::kFloat32, info.shape, codecs::Device::kCpu};
+  }
+};
+
+Saved MakeSaved(int64_t rows, int64_t cols, uintptr_t storage, uint32_t seed = 1) {
+  Saved s;
+  s.values.resize(rows * cols);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  for (float& v : s.values) v = dist(rng);
+  s.info.shape = {rows, cols};
+  s.info.strides = {cols, 1};
+  s.info.storage = storage;
+  s.info.producer = "MmBackward0";
+  return s;
+}
+
+TEST(SessionTest, PacksDecodesAndCountsBytes) {
+  Session session(Options("quant2"), HostFactory());
+  Saved saved = MakeSaved(64, 256, 1);
+  PackPlan plan = session.Plan(saved.info);
+  ASSERT_EQ(plan.action, PackAction::kPack);
+  absl::StatusOr<std::shared_ptr<PackedTensor>> packed = session.Pack(saved.info, plan, saved.view(), {});
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ((*packed)->raw_bytes(), 64u * 256 * 4);
+  EXPECT_LT((*packed)->stored_bytes() * 14, (*packed)->raw_bytes());  // 14.6x with the header
+  std::vector<float> out(64 * 256);
+  ASSERT_TRUE(session.Unpack(**packed, {out.data(), codecs::DType::kFloat32, {64, 256}, codecs::Device::kCpu}, {}).ok());
+  double err = 0;
+  for (size_t i = 0; i < out.size(); ++i) err = std::max<double>(err, std::abs(out[i] - saved.values[i]));
+  EXPECT_LT(err, 3.0);  // 2 bits over a Gaussian group
+  EXPECT_GT(err, 0.0);
+  SessionTotals totals = session.Totals();
+  EXPECT_EQ(totals.packs, 1u);
+  EXPECT_EQ(totals.live_stored, (*packed)->stored_bytes());
+  packed->reset();
+  totals = session.Totals();
+  EXPECT_EQ(totals.live_stored, 0u);
+  EXPECT_EQ(totals.peak_live_raw, 64u * 256 * 4);
+  ASSERT_EQ(session.Steps().size(), 1u);  // the last packed tensor released ends the step
+}
+
+TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
+  Session session(Options("quant2", 4096), HostFactory());
+  Saved param = MakeSaved(64, 64, 1);
+  param.info.is_parameter = true;
+  EXPECT_EQ(session.Plan(param.info).reason, KeepReason::kParameter);
+  Saved ints = MakeSaved(64, 64, 2);
+  ints.info.dtype = codecs::DType::kInt64;
+  EXPECT_EQ(session.Plan(ints.info).reason, KeepReason::kNotFloatingPoint);
+  Saved small = MakeSaved(2, 2, 3);
+  EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kTooSmall);
+  Saved big = MakeSaved(64, 64, 4);
+  EXPECT_EQ(session.Plan(big.info).action, PackAction::kPack);
+}
+
+TEST(SessionTest, DisabledSessionKeepsEverything) {
+  SessionOptions options = Options("quant2");
+  options.enabled = false;
+  Session session(options, HostFactory());
+  Saved saved = MakeSaved(64, 256, 1);
+  EXPECT_EQ(session.Plan(saved.info).reason, KeepReason::kDisabled);
+}
+
+TEST(SessionTest, DedupsTheSameTensorSavedTwice) {
+  Session session(Options("quant2"), HostFactory());
+  Saved saved = MakeSaved(64, 256, 7);
+  PackPlan first = session.Plan(saved.info);
+  std::shared_ptr<PackedTensor> packed = *session.Pack(saved.info, first, saved.view(), {});
+  PackPlan second = session.Plan(saved.info);
+  ASSERT_EQ(second.action, PackAction::kReuse);
+  EXPECT_EQ(second.duplicate, packed);
+  // A new version of the same storage (an in-place op ran) is a different tensor.
+  saved.info.version = 1;
+  EXPECT_EQ(session.Plan(saved.info).action, PackAction::kPack);
+  EXPECT_EQ(session.Totals().packs, 1u);
+  EXPECT_EQ(session.Totals().reused_bytes, 64u * 256 * 4);
+}
+
+TEST(SessionTest, NonFiniteTensorsArePackedExactly) {
+  Session session(Options("quant2"), HostFactory());
+  Saved saved = MakeSaved(64, 256, 1);
+  saved.values[5] = std::nanf("");
+  saved.values[6] = -INFINITY;
+  PackPlan plan = session.Plan(saved.info);
+  std::shared_ptr<PackedTensor> packed = *session.Pack(saved.info, plan, saved.view(), {});
+  std::vector<float> out(64 * 256);
+  ASSERT_TRUE(session.Unpack(*packed, {out.data(), codecs::DType::kFloat32, {64, 256}, codecs::Device::kCpu}, {}).ok());
+  EXPECT_TRUE(std::isnan(out[5]));
+  EXPECT_EQ(out[6], -INFINITY);
+  EXPECT_EQ(out[100], saved.values[100]);
+  EXPECT_EQ(session.Totals().exact_fallbacks, 1u);
+  EXPECT_EQ(session.Records()[0].codec, "identity");
+}
+
+TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
+  Session session(Options("quant2"), HostFactory());
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::shared_ptr<PackedTensor>> live;
+    for (int i = 0; i < 4; ++i) {
+      Saved saved = MakeSaved(32, 256, 100 + i, step * 10 + i);
+      PackPlan plan = session.Plan(saved.info);
+      live.push_back(*session.Pack(saved.info, plan, saved.view(), {}));
+    }
+    live.clear();  // backward consumed everything
+  }
+  EXPECT_EQ(session.Steps().size(), 3u);
+  ASSERT_EQ(session.Records().size(), 4u);
+  EXPECT_EQ(session.Records()[2].occurrences, 3u);
+  const json::Value report = session.ActivationReport();
+  ASSERT_NE(report.Find("totals"), nullptr);
+  EXPECT_EQ(report.Find("totals")->Find("packs")->as_int(), 12);
+  EXPECT_GT(report.Find("totals")->Find("ratio")->as_double(), 14.0);
+  EXPECT_EQ(report.Find("steps")->size(), 3u);
+  EXPECT_EQ(report.Find("saved_tensors")->size(), 4u);
+  EXPECT_EQ(report.Find("steps")->elements()[0].Find("peak_live_raw_bytes")->as_int(), 4 * 32 * 256 * 4);
+}
+
+TEST(SessionTest, PackedTensorMayOutliveTheSession) {
+  std::shared_ptr<PackedTensor> packed;
+  Saved saved = MakeSaved(64, 256, 1);
+  {
+    Session session(Options("quant2"), HostFactory());
+    packed = *session.Pack(saved.info, session.Plan(saved.info), saved.view(), {});
+  }
+  packed.reset();  // must not touch the destroyed session
+}
+
+}  // namespace
+}  // namespace actpack::runtime
