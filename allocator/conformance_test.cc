@@ -1,0 +1,365 @@
+// The conformance suite every allocator stack must pass (RMM's mr_tests): alignment, no overlap,
+// usage accounting, statistics against a shadow model, and — for stacks that cache — reuse,
+// split and coalesce, and stream rules.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "allocator/budget_adaptor.h"
+#include "allocator/caching_pool.h"
+#include "allocator/host_memory_resource.h"
+#include "allocator/memory_resource.h"
+#include "allocator/statistics_adaptor.h"
+#include "allocator/stream_events.h"
+#include "allocator/tracing_adaptor.h"
+#include "allocator/units.h"
+#include "gtest/gtest.h"
+
+namespace actpack::allocator {
+namespace {
+
+using namespace literals;
+
+const Stream kStreamA = reinterpret_cast<Stream>(0xA);
+const Stream kStreamB = reinterpret_cast<Stream>(0xB);
+
+// A stack of resources, bottom first; destroyed top first.
+struct Stack {
+  std::unique_ptr<StreamEvents> events = std::make_unique<HostStreamEvents>();
+  std::vector<std::unique_ptr<MemoryResource>> layers;
+  bool caches = false;
+  // The smallest block the stack hands out for a request, and how much larger it may be: the
+  // pool does not split off large-pool remainders of <= 1 MiB, so such blocks keep them.
+  size_t (*block_size)(size_t bytes) = nullptr;
+  size_t (*block_slack)(size_t bytes) = nullptr;
+
+  template <typename T, typename... Args>
+  T* Push(Args&&... args) {
+    auto layer = std::make_unique<T>(std::forward<Args>(args)...);
+    T* raw = layer.get();
+    layers.push_back(std::move(layer));
+    return raw;
+  }
+  MemoryResource* top() const { return layers.back().get(); }
+  ~Stack() {
+    while (!layers.empty()) layers.pop_back();
+  }
+};
+
+size_t HostBlockSize(size_t bytes) { return RoundUp(bytes, kAllocationAlignment); }
+size_t NoSlack(size_t bytes) { return 0; }
+size_t PoolSlack(size_t bytes) { return RoundBlockSize(bytes) > kSmallSize ? kSmallSize : 0; }
+
+struct StackFactory {
+  std::string name;
+  std::function<std::unique_ptr<Stack>()> make;
+};
+
+std::vector<StackFactory> Factories() {
+  return {
+      {"Host",
+       [] {
+         auto stack = std::make_unique<Stack>();
+         stack->Push<HostMemoryResource>();
+         stack->block_size = HostBlockSize;
+         stack->block_slack = NoSlack;
+         return stack;
+       }},
+      {"StatsBudgetOnHost",
+       [] {
+         auto stack = std::make_unique<Stack>();
+         auto* host = stack->Push<HostMemoryResource>();
+         auto* budget = stack->Push<BudgetAdaptor>(host, 4_GiB);
+         stack->Push<StatisticsAdaptor>(budget);
+         stack->block_size = HostBlockSize;
+         stack->block_slack = NoSlack;
+         return stack;
+       }},
+      {"CachingPoolOnHost",
+       [] {
+         auto stack = std::make_unique<Stack>();
+         auto* host = stack->Push<HostMemoryResource>();
+         stack->Push<CachingPool>(host, stack->events.get());
+         stack->caches = true;
+         stack->block_size = RoundBlockSize;
+         stack->block_slack = PoolSlack;
+         return stack;
+       }},
+      {"TraceStatsBudgetPoolOnHost",
+       [] {
+         auto stack = std::make_unique<Stack>();
+         auto* host = stack->Push<HostMemoryResource>();
+         auto* pool = stack->Push<CachingPool>(host, stack->events.get());
+         auto* budget = stack->Push<BudgetAdaptor>(pool, 4_GiB);
+         auto* stats = stack->Push<StatisticsAdaptor>(budget);
+         stack->Push<TracingAdaptor>(stats, 1024);
+         stack->caches = true;
+         stack->block_size = RoundBlockSize;
+         stack->block_slack = PoolSlack;
+         return stack;
+       }},
+  };
+}
+
+class ConformanceTest : public ::testing::TestWithParam<StackFactory> {
+ protected:
+  void SetUp() override {
+    stack_ = GetParam().make();
+    mr_ = stack_->top();
+  }
+
+  void* MustAllocate(size_t bytes, Stream stream = nullptr) {
+    absl::StatusOr<void*> p = mr_->Allocate(bytes, stream);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : nullptr;
+  }
+
+  std::unique_ptr<Stack> stack_;
+  MemoryResource* mr_ = nullptr;
+};
+
+// Sizes around every boundary of the pool's size classes.
+const size_t kEdgeSizes[] = {1,          7,          255,        256,       257,
+                             511,        512,        513,        4095,      1_MiB - 1,
+                             1_MiB,      1_MiB + 1,  2_MiB,      3_MiB,     10_MiB - 1,
+                             10_MiB,     10_MiB + 5, 20_MiB + 1, 25_MiB};
+
+// Log-uniform sizes from 1 B to `max`: mostly small, like real tensors.
+size_t RandomSize(std::mt19937_64& rng, size_t max) {
+  std::uniform_real_distribution<double> log_size(0.0, std::log2(static_cast<double>(max)));
+  return std::max<size_t>(1, static_cast<size_t>(std::exp2(log_size(rng))));
+}
+
+TEST_P(ConformanceTest, ZeroBytesGiveNullAndNullFreesNothing) {
+  absl::StatusOr<void*> p = mr_->Allocate(0, kStreamA);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(*p, nullptr);
+  mr_->Deallocate(nullptr, 0, kStreamA);
+  EXPECT_EQ(mr_->GetUsage().allocated_bytes, 0u);
+}
+
+TEST_P(ConformanceTest, EveryPointerIsAligned) {
+  for (size_t bytes : kEdgeSizes) {
+    void* p = MustAllocate(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kAllocationAlignment, 0u) << bytes;
+    mr_->Deallocate(p, bytes);
+  }
+}
+
+TEST_P(ConformanceTest, UsageCountsRoundedBlocks) {
+  std::vector<void*> live;
+  size_t at_least = 0, at_most = 0;
+  for (size_t bytes : kEdgeSizes) {
+    live.push_back(MustAllocate(bytes, kStreamA));
+    at_least += stack_->block_size(bytes);
+    at_most += stack_->block_size(bytes) + stack_->block_slack(bytes);
+    const MemoryUsage usage = mr_->GetUsage();
+    EXPECT_GE(usage.allocated_bytes, at_least) << bytes;
+    EXPECT_LE(usage.allocated_bytes, at_most) << bytes;
+    EXPECT_GE(usage.reserved_bytes, usage.allocated_bytes);
+  }
+  for (size_t i = 0; i < live.size(); ++i) mr_->Deallocate(live[i], kEdgeSizes[i], kStreamA);
+  EXPECT_EQ(mr_->GetUsage().allocated_bytes, 0u);
+  mr_->EmptyCache();
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 0u);
+}
+
+// Live allocations never overlap: every allocation is filled with its own byte and checked
+// before it is freed, and address ranges are checked against each other on allocation.
+TEST_P(ConformanceTest, LiveAllocationsDoNotOverlap) {
+  struct Live {
+    uint8_t* ptr;
+    size_t bytes;
+    uint8_t fill;
+    Stream stream;
+  };
+  std::mt19937_64 rng(42);
+  std::vector<Live> live;
+  std::map<uintptr_t, uintptr_t> ranges;  // begin -> end of live allocations
+  auto check_and_free = [&](size_t index) {
+    Live entry = live[index];
+    const bool intact = std::all_of(entry.ptr, entry.ptr + entry.bytes,
+                                    [&](uint8_t byte) { return byte == entry.fill; });
+    EXPECT_TRUE(intact) << "allocation of " << entry.bytes << " bytes was overwritten";
+    ranges.erase(reinterpret_cast<uintptr_t>(entry.ptr));
+    mr_->Deallocate(entry.ptr, entry.bytes, entry.stream);
+    live[index] = live.back();
+    live.pop_back();
+  };
+  for (int op = 0; op < 600; ++op) {
+    if (live.size() >= 40 || (!live.empty() && rng() % 3 == 0)) {
+      check_and_free(rng() % live.size());
+      continue;
+    }
+    const size_t bytes = RandomSize(rng, 8_MiB);
+    const Stream stream = rng() % 2 ? kStreamA : kStreamB;
+    auto* p = static_cast<uint8_t*>(MustAllocate(bytes, stream));
+    ASSERT_NE(p, nullptr);
+    const auto begin = reinterpret_cast<uintptr_t>(p);
+    auto next = ranges.lower_bound(begin);
+    if (next != ranges.end()) ASSERT_LE(begin + bytes, next->first) << "overlaps the next range";
+    if (next != ranges.begin()) ASSERT_LE(std::prev(next)->second, begin) << "overlaps the prev";
+    ranges[begin] = begin + bytes;
+    const auto fill = static_cast<uint8_t>(op);
+    std::memset(p, fill, bytes);
+    live.push_back({p, bytes, fill, stream});
+  }
+  while (!live.empty()) check_and_free(live.size() - 1);
+  EXPECT_EQ(mr_->GetUsage().allocated_bytes, 0u);
+}
+
+TEST_P(ConformanceTest, FreedBlockIsReusedOnItsStream) {
+  if (!stack_->caches) GTEST_SKIP() << GetParam().name << " does not cache";
+  void* first = MustAllocate(1_MiB, kStreamA);
+  mr_->Deallocate(first, 1_MiB, kStreamA);
+  const size_t reserved = mr_->GetUsage().reserved_bytes;
+  void* second = MustAllocate(1_MiB - 100, kStreamA);
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, reserved);
+  mr_->Deallocate(second, 1_MiB - 100, kStreamA);
+}
+
+TEST_P(ConformanceTest, BlocksSplitAndCoalesce) {
+  if (!stack_->caches) GTEST_SKIP() << GetParam().name << " does not cache";
+  // Small pool: two blocks carved from one 2 MiB segment, merged again when both are free.
+  auto* a = static_cast<char*>(MustAllocate(256_KiB, kStreamA));
+  auto* b = static_cast<char*>(MustAllocate(256_KiB, kStreamA));
+  EXPECT_EQ(b, a + 256_KiB);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 2_MiB);
+  mr_->Deallocate(a, 256_KiB, kStreamA);
+  mr_->Deallocate(b, 256_KiB, kStreamA);
+  void* whole = MustAllocate(1_MiB, kStreamA);  // fits only in the merged block's start
+  EXPECT_EQ(whole, a);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 2_MiB);
+  mr_->Deallocate(whole, 1_MiB, kStreamA);
+
+  // Large pool: 3 and 5 MiB share a 20 MiB segment; 8 MiB reuses the merged space.
+  auto* x = static_cast<char*>(MustAllocate(3_MiB, kStreamA));
+  auto* y = static_cast<char*>(MustAllocate(5_MiB, kStreamA));
+  EXPECT_EQ(y, x + 3_MiB);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 22_MiB);
+  mr_->Deallocate(y, 5_MiB, kStreamA);
+  mr_->Deallocate(x, 3_MiB, kStreamA);
+  void* z = MustAllocate(8_MiB, kStreamA);
+  EXPECT_EQ(z, x);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 22_MiB);
+  mr_->Deallocate(z, 8_MiB, kStreamA);
+  EXPECT_EQ(mr_->EmptyCache(), 22_MiB);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 0u);
+}
+
+TEST_P(ConformanceTest, CachedBlocksStayWithTheirStream) {
+  if (!stack_->caches) GTEST_SKIP() << GetParam().name << " does not cache";
+  void* on_a = MustAllocate(4_MiB, kStreamA);
+  mr_->Deallocate(on_a, 4_MiB, kStreamA);
+  // Reusing A's block on B could overwrite memory A's pending work still reads.
+  void* on_b = MustAllocate(4_MiB, kStreamB);
+  EXPECT_NE(on_b, on_a);
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 40_MiB);
+  void* again_on_a = MustAllocate(4_MiB, kStreamA);
+  EXPECT_EQ(again_on_a, on_a);
+  mr_->Deallocate(on_b, 4_MiB, kStreamB);
+  mr_->Deallocate(again_on_a, 4_MiB, kStreamA);
+}
+
+TEST_P(ConformanceTest, EmptyCacheKeepsLiveMemory) {
+  auto* keep = static_cast<uint8_t*>(MustAllocate(3_MiB, kStreamA));
+  std::memset(keep, 0x5A, 3_MiB);
+  void* drop = MustAllocate(12_MiB, kStreamA);
+  mr_->Deallocate(drop, 12_MiB, kStreamA);
+  mr_->EmptyCache();
+  const MemoryUsage usage = mr_->GetUsage();
+  EXPECT_EQ(usage.allocated_bytes, stack_->block_size(3_MiB));
+  // Only the segment holding `keep` stays.
+  EXPECT_EQ(usage.reserved_bytes, stack_->caches ? 20_MiB : stack_->block_size(3_MiB));
+  EXPECT_TRUE(std::all_of(keep, keep + 3_MiB, [](uint8_t b) { return b == 0x5A; }));
+  mr_->Deallocate(keep, 3_MiB, kStreamA);
+  mr_->EmptyCache();
+  EXPECT_EQ(mr_->GetUsage().reserved_bytes, 0u);
+}
+
+// A StatisticsAdaptor over the stack agrees with a model that knows only the requests and the
+// stack's rounding rule, after every operation.
+TEST_P(ConformanceTest, StatisticsMatchShadowModel) {
+  StatisticsAdaptor stats(mr_);
+  struct Live {
+    void* ptr;
+    size_t bytes;
+    Stream stream;
+  };
+  std::vector<Live> live;
+  int64_t live_blocks = 0, live_requested = 0, allocs = 0, frees = 0;
+  // The model knows block sizes up to the stack's slack: it tracks the bounds.
+  int64_t live_min = 0, live_max = 0, peak_min = 0, peak_max = 0;
+  std::mt19937_64 rng(7);
+  for (int op = 0; op < 3000; ++op) {
+    if (!live.empty() && (live.size() >= 64 || rng() % 2 == 0)) {
+      const size_t index = rng() % live.size();
+      const Live entry = live[index];
+      live[index] = live.back();
+      live.pop_back();
+      stats.Deallocate(entry.ptr, entry.bytes, entry.stream);
+      --live_blocks;
+      live_min -= stack_->block_size(entry.bytes);
+      live_max -= stack_->block_size(entry.bytes) + stack_->block_slack(entry.bytes);
+      live_requested -= entry.bytes;
+      ++frees;
+    } else {
+      const size_t bytes = RandomSize(rng, 24_MiB);
+      const Stream stream = rng() % 2 ? kStreamA : kStreamB;
+      absl::StatusOr<void*> p = stats.Allocate(bytes, stream);
+      ASSERT_TRUE(p.ok()) << p.status();
+      live.push_back({*p, bytes, stream});
+      ++live_blocks;
+      live_min += stack_->block_size(bytes);
+      live_max += stack_->block_size(bytes) + stack_->block_slack(bytes);
+      live_requested += bytes;
+      ++allocs;
+    }
+    if (op % 500 == 250) stats.EmptyCache();
+    peak_min = std::max(peak_min, live_min);
+    peak_max = std::max(peak_max, live_max);
+    const MemoryStats s = stats.GetStats();
+    const MemoryUsage usage = stats.GetUsage();
+    ASSERT_EQ(s.allocation.current, live_blocks) << "op " << op;
+    ASSERT_GE(s.allocated_bytes.current, live_min) << "op " << op;
+    ASSERT_LE(s.allocated_bytes.current, live_max) << "op " << op;
+    ASSERT_GE(s.allocated_bytes.peak, peak_min) << "op " << op;
+    ASSERT_LE(s.allocated_bytes.peak, peak_max) << "op " << op;
+    ASSERT_GE(s.allocated_bytes.peak, s.allocated_bytes.current) << "op " << op;
+    ASSERT_EQ(s.requested_bytes.current, live_requested) << "op " << op;
+    // Host events complete at once: nothing waits, so active equals allocated.
+    ASSERT_EQ(s.active_bytes.current, s.allocated_bytes.current) << "op " << op;
+    ASSERT_EQ(s.active.current, live_blocks) << "op " << op;
+    ASSERT_EQ(s.reserved_bytes.current, static_cast<int64_t>(usage.reserved_bytes)) << op;
+    ASSERT_EQ(s.allocated_bytes.current, static_cast<int64_t>(usage.allocated_bytes)) << op;
+    ASSERT_EQ(s.num_allocs, allocs);
+    ASSERT_EQ(s.num_frees, frees);
+    ASSERT_EQ(s.allocated_bytes.allocated - s.allocated_bytes.freed, s.allocated_bytes.current);
+    ASSERT_EQ(s.reserved_bytes.allocated - s.reserved_bytes.freed, s.reserved_bytes.current);
+    ASSERT_GE(s.reserved_bytes.peak, s.reserved_bytes.current);
+  }
+  for (const Live& entry : live) stats.Deallocate(entry.ptr, entry.bytes, entry.stream);
+  stats.EmptyCache();
+  const MemoryStats s = stats.GetStats();
+  EXPECT_EQ(s.allocated_bytes.current, 0);
+  EXPECT_EQ(s.reserved_bytes.current, 0);
+  EXPECT_EQ(s.segment.current, 0);
+  EXPECT_EQ(s.num_ooms, 0);
+  stats.ResetPeak();
+  EXPECT_EQ(stats.GetStats().allocated_bytes.peak, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStacks, ConformanceTest, ::testing::ValuesIn(Factories()),
+                         [](const ::testing::TestParamInfo<StackFactory>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace actpack::allocator
