@@ -1,0 +1,294 @@
+#include "allocator/caching_pool.h"
+
+#include <cstring>
+#include <vector>
+
+#include "allocator/budget_adaptor.h"
+#include "allocator/host_memory_resource.h"
+#include "allocator/internal/manual_stream_events.h"
+#include "allocator/statistics_adaptor.h"
+#include "allocator/units.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace actpack::allocator {
+namespace {
+
+using internal::ManualStreamEvents;
+using ::testing::HasSubstr;
+using namespace literals;
+
+const Stream kStreamA = reinterpret_cast<Stream>(0xA);
+const Stream kStreamB = reinterpret_cast<Stream>(0xB);
+const Stream kStreamC = reinterpret_cast<Stream>(0xC);
+
+class CachingPoolTest : public ::testing::Test {
+ protected:
+  void* Alloc(size_t bytes, Stream stream = kStreamA) {
+    absl::StatusOr<void*> p = pool_.Allocate(bytes, stream);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : nullptr;
+  }
+  size_t BlockSize(const void* p) {
+    absl::StatusOr<AllocationInfo> info = pool_.Lookup(p);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->size : 0;
+  }
+  void ExpectConsistent() { EXPECT_TRUE(pool_.CheckInvariants().ok()) << pool_.CheckInvariants(); }
+
+  HostMemoryResource host_;
+  ManualStreamEvents events_;
+  CachingPool pool_{&host_, &events_};
+};
+
+TEST(CachingPoolSizesTest, RoundsLikePyTorch) {
+  EXPECT_EQ(RoundBlockSize(1), 512u);
+  EXPECT_EQ(RoundBlockSize(512), 512u);
+  EXPECT_EQ(RoundBlockSize(513), 1024u);
+  EXPECT_EQ(RoundBlockSize(1_MiB + 1), 1_MiB + 512);
+  EXPECT_EQ(SegmentSizeFor(512), 2_MiB);
+  EXPECT_EQ(SegmentSizeFor(1_MiB), 2_MiB);
+  EXPECT_EQ(SegmentSizeFor(1_MiB + 512), 20_MiB);
+  EXPECT_EQ(SegmentSizeFor(10_MiB - 512), 20_MiB);
+  EXPECT_EQ(SegmentSizeFor(10_MiB), 10_MiB);
+  EXPECT_EQ(SegmentSizeFor(11_MiB), 12_MiB);
+}
+
+TEST_F(CachingPoolTest, SmallRequestsShareTwoMiBSegments) {
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(Alloc(512_KiB));
+  EXPECT_EQ(pool_.Segments().size(), 1u);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 2_MiB);
+  blocks.push_back(Alloc(1));
+  EXPECT_EQ(pool_.Segments().size(), 2u);
+  EXPECT_EQ(BlockSize(blocks.back()), 512u);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 4_MiB);
+  ExpectConsistent();
+  for (void* p : blocks) pool_.Deallocate(p, 0, kStreamA);
+  ExpectConsistent();
+}
+
+TEST_F(CachingPoolTest, LargeRequestsGetTheirOwnRoundedSegment) {
+  void* p = Alloc(11_MiB);
+  ASSERT_EQ(pool_.Segments().size(), 1u);
+  EXPECT_EQ(pool_.Segments()[0].total_size, 12_MiB);
+  // The 1 MiB tail is not worth a large-pool block: the block keeps it.
+  EXPECT_EQ(BlockSize(p), 12_MiB);
+  EXPECT_FALSE(pool_.Segments()[0].is_small);
+  pool_.Deallocate(p, 11_MiB, kStreamA);
+}
+
+TEST_F(CachingPoolTest, BestFitTakesTheSmallestCachedBlock) {
+  // One 20 MiB segment: a(3) s1(2) b(6) s2(2) rest(7); freeing a and b leaves holes of 3 and 6.
+  auto* a = static_cast<char*>(Alloc(3_MiB));
+  void* s1 = Alloc(2_MiB);
+  auto* b = static_cast<char*>(Alloc(6_MiB));
+  void* s2 = Alloc(2_MiB);
+  EXPECT_EQ(b, a + 5_MiB);
+  EXPECT_EQ(pool_.Segments().size(), 1u);
+  pool_.Deallocate(a, 3_MiB, kStreamA);
+  pool_.Deallocate(b, 6_MiB, kStreamA);
+  ExpectConsistent();
+
+  void* five = Alloc(5_MiB);  // the 6 MiB hole fits best; its 1 MiB rest is not split off
+  EXPECT_EQ(five, b);
+  EXPECT_EQ(BlockSize(five), 6_MiB);
+  void* two_and_half = Alloc(2_MiB + 512_KiB);  // then the 3 MiB hole
+  EXPECT_EQ(two_and_half, a);
+  void* seven = Alloc(7_MiB);  // the tail
+  EXPECT_EQ(seven, a + 13_MiB);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 20_MiB);
+  ExpectConsistent();
+  for (void* p : {five, two_and_half, seven, s1, s2}) pool_.Deallocate(p, 0, kStreamA);
+  ExpectConsistent();
+  ASSERT_EQ(pool_.Segments().size(), 1u);
+  EXPECT_EQ(pool_.Segments()[0].blocks.size(), 1u);  // everything merged back
+}
+
+TEST_F(CachingPoolTest, FreeMergesWithBothNeighbours) {
+  auto* a = static_cast<char*>(Alloc(256_KiB));
+  auto* b = static_cast<char*>(Alloc(256_KiB));
+  auto* c = static_cast<char*>(Alloc(256_KiB));
+  ASSERT_EQ(b, a + 256_KiB);
+  ASSERT_EQ(c, b + 256_KiB);
+  pool_.Deallocate(a, 256_KiB, kStreamA);
+  pool_.Deallocate(c, 256_KiB, kStreamA);
+  EXPECT_EQ(pool_.Segments()[0].blocks.size(), 3u);  // a | b | c+tail
+  pool_.Deallocate(b, 256_KiB, kStreamA);
+  ASSERT_EQ(pool_.Segments()[0].blocks.size(), 1u);
+  EXPECT_EQ(pool_.Segments()[0].blocks[0].size, 2_MiB);
+  EXPECT_EQ(pool_.Segments()[0].blocks[0].state, BlockState::kInactive);
+  ExpectConsistent();
+}
+
+TEST_F(CachingPoolTest, RecordedStreamDelaysReuseUntilItsEventCompletes) {
+  void* p = Alloc(1_MiB, kStreamA);
+  ASSERT_TRUE(pool_.RecordStream(p, kStreamB).ok());
+  pool_.Deallocate(p, 1_MiB, kStreamA);
+  EXPECT_EQ(events_.recorded(), 1);
+  ASSERT_EQ(pool_.Segments()[0].blocks[0].state, BlockState::kActivePendingFree);
+  ExpectConsistent();
+
+  // Stream B may still be reading p: the next request must not get it.
+  void* q = Alloc(1_MiB, kStreamA);
+  EXPECT_NE(q, p);
+  pool_.Deallocate(q, 1_MiB, kStreamA);
+
+  events_.CompleteStream(kStreamB);
+  void* r = Alloc(1_MiB, kStreamA);
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(events_.live(), 0);  // the event was released
+  pool_.Deallocate(r, 1_MiB, kStreamA);
+  ExpectConsistent();
+}
+
+TEST_F(CachingPoolTest, RecordStreamOnTheOwnStreamRecordsNothing) {
+  void* p = Alloc(4_KiB, kStreamA);
+  ASSERT_TRUE(pool_.RecordStream(p, kStreamA).ok());
+  pool_.Deallocate(p, 4_KiB, kStreamA);
+  EXPECT_EQ(events_.recorded(), 0);
+  EXPECT_EQ(Alloc(4_KiB, kStreamA), p);
+}
+
+TEST_F(CachingPoolTest, EveryRecordedStreamMustComplete) {
+  void* p = Alloc(64_KiB, kStreamA);
+  ASSERT_TRUE(pool_.RecordStream(p, kStreamB).ok());
+  ASSERT_TRUE(pool_.RecordStream(p, kStreamC).ok());
+  ASSERT_TRUE(pool_.RecordStream(p, kStreamC).ok());  // once is enough
+  pool_.Deallocate(p, 64_KiB, kStreamA);
+  EXPECT_EQ(events_.recorded(), 2);
+  events_.CompleteStream(kStreamB);
+  EXPECT_NE(Alloc(64_KiB, kStreamA), p);
+  events_.CompleteStream(kStreamC);
+  EXPECT_EQ(Alloc(64_KiB, kStreamA), p);
+  ExpectConsistent();
+}
+
+TEST_F(CachingPoolTest, RecordStreamOfUnknownPointerIsNotFound) {
+  int not_from_pool = 0;
+  absl::Status status = pool_.RecordStream(&not_from_pool, kStreamB);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool_.Lookup(&not_from_pool).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CachingPoolTest, LookupReportsSizeAndStream) {
+  void* p = Alloc(1000, kStreamB);
+  absl::StatusOr<AllocationInfo> info = pool_.Lookup(p);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->size, 1024u);
+  EXPECT_EQ(info->requested_size, 1000u);
+  EXPECT_EQ(info->stream, kStreamB);
+}
+
+TEST_F(CachingPoolTest, EmptyCacheWaitsForPendingBlocksAndKeepsLiveOnes) {
+  void* live = Alloc(3_MiB, kStreamA);
+  void* pending = Alloc(1_MiB, kStreamA);
+  ASSERT_TRUE(pool_.RecordStream(pending, kStreamB).ok());
+  pool_.Deallocate(pending, 1_MiB, kStreamA);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 22_MiB);
+  EXPECT_EQ(pool_.EmptyCache(), 2_MiB);
+  EXPECT_EQ(events_.waits(), 1);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 20_MiB);
+  EXPECT_EQ(pool_.GetUsage().allocated_bytes, 3_MiB);
+  ExpectConsistent();
+  pool_.Deallocate(live, 3_MiB, kStreamA);
+  EXPECT_EQ(pool_.EmptyCache(), 20_MiB);
+  EXPECT_EQ(host_.GetUsage().reserved_bytes, 0u);
+}
+
+TEST_F(CachingPoolTest, ReserveLimitReleasesCachedSegmentsAndRetries) {
+  StatisticsAdaptor stats(&pool_);
+  pool_.Deallocate(Alloc(3_MiB, kStreamA), 3_MiB, kStreamA);
+  pool_.Deallocate(Alloc(3_MiB, kStreamB), 3_MiB, kStreamB);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 40_MiB);
+  // Stream C has no cached block; a new segment fits the limit only after the cache is released.
+  absl::StatusOr<void*> p = pool_.AllocateWithin(12_MiB, kStreamC, 40_MiB);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 12_MiB);
+  EXPECT_EQ(stats.GetStats().num_alloc_retries, 1);
+  ExpectConsistent();
+  pool_.Deallocate(*p, 12_MiB, kStreamC);
+}
+
+TEST_F(CachingPoolTest, UpstreamFailureReleasesCachedSegmentsAndRetries) {
+  // The pool's upstream itself refuses to pass 40 MiB.
+  BudgetAdaptor capped_host(&host_, 40_MiB);
+  CachingPool pool(&capped_host, &events_);
+  pool.Deallocate(*pool.Allocate(3_MiB, kStreamA), 3_MiB, kStreamA);
+  pool.Deallocate(*pool.Allocate(3_MiB, kStreamB), 3_MiB, kStreamB);
+  absl::StatusOr<void*> p = pool.Allocate(12_MiB, kStreamC);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(host_.GetUsage().reserved_bytes, 12_MiB);
+  pool.Deallocate(*p, 12_MiB, kStreamC);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST_F(CachingPoolTest, FailureOverTheLimitLeavesThePoolConsistent) {
+  void* live = Alloc(4_KiB);
+  absl::StatusOr<void*> p = pool_.AllocateWithin(30_MiB, kStreamA, 20_MiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(IsReserveLimitExceeded(p.status())) << p.status();
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("could not reserve a 30.00 MiB segment for a 30.00 MiB request"));
+  ExpectConsistent();
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 2_MiB);
+  EXPECT_EQ(Alloc(4_KiB), static_cast<char*>(live) + 4_KiB);
+}
+
+TEST_F(CachingPoolTest, FailedEventRecordKeepsTheBlockOutOfTheCache) {
+  void* p = Alloc(8_KiB, kStreamA);
+  ASSERT_TRUE(pool_.RecordStream(p, kStreamB).ok());
+  events_.set_fail_records(true);
+  pool_.Deallocate(p, 8_KiB, kStreamA);
+  events_.set_fail_records(false);
+  EXPECT_EQ(pool_.Segments()[0].blocks[0].state, BlockState::kActivePendingFree);
+  EXPECT_NE(Alloc(8_KiB, kStreamA), p);
+  pool_.EmptyCache();
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 2_MiB);  // its segment can never be released
+  ExpectConsistent();
+}
+
+TEST_F(CachingPoolTest, SegmentsDescribeEveryBlock) {
+  void* a = Alloc(100, kStreamA);
+  void* b = Alloc(3_MiB, kStreamB);
+  std::vector<SegmentInfo> segments = pool_.Segments();
+  ASSERT_EQ(segments.size(), 2u);
+  const SegmentInfo& small = segments[0].is_small ? segments[0] : segments[1];
+  const SegmentInfo& large = segments[0].is_small ? segments[1] : segments[0];
+  EXPECT_EQ(small.total_size, 2_MiB);
+  EXPECT_EQ(small.stream, kStreamA);
+  ASSERT_EQ(small.blocks.size(), 2u);
+  EXPECT_EQ(small.blocks[0].address, reinterpret_cast<uintptr_t>(a));
+  EXPECT_EQ(small.blocks[0].size, 512u);
+  EXPECT_EQ(small.blocks[0].requested_size, 100u);
+  EXPECT_EQ(small.blocks[0].state, BlockState::kActiveAllocated);
+  EXPECT_EQ(small.blocks[1].size, 2_MiB - 512);
+  EXPECT_EQ(small.blocks[1].state, BlockState::kInactive);
+  EXPECT_EQ(large.total_size, 20_MiB);
+  EXPECT_EQ(large.blocks[0].address, reinterpret_cast<uintptr_t>(b));
+}
+
+TEST(CachingPoolLifetimeTest, DestructorReturnsEverySegment) {
+  HostMemoryResource host;
+  HostStreamEvents events;
+  {
+    CachingPool pool(&host, &events);
+    ASSERT_TRUE(pool.Allocate(5_MiB).ok());  // never freed
+    pool.Deallocate(*pool.Allocate(100), 100);
+    EXPECT_EQ(host.GetUsage().reserved_bytes, 22_MiB);
+  }
+  EXPECT_EQ(host.GetUsage().reserved_bytes, 0u);
+}
+
+TEST(CachingPoolDeathTest, FreeingAPointerThatIsNotAllocatedAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  HostMemoryResource host;
+  HostStreamEvents events;
+  CachingPool pool(&host, &events);
+  void* p = *pool.Allocate(100);
+  pool.Deallocate(p, 100);
+  EXPECT_DEATH(pool.Deallocate(p, 100), "not allocated");
+}
+
+}  // namespace
+}  // namespace actpack::allocator
