@@ -1,0 +1,228 @@
+#include "allocator/budget_adaptor.h"
+
+#include <vector>
+
+#include "allocator/caching_pool.h"
+#include "allocator/host_memory_resource.h"
+#include "allocator/statistics_adaptor.h"
+#include "allocator/units.h"
+#include "gtest/gtest.h"
+
+namespace actpack::allocator {
+namespace {
+
+using namespace literals;
+
+// The production stack: stats(budget(pool(host))).
+class BudgetAdaptorTest : public ::testing::Test {
+ protected:
+  void* Alloc(size_t bytes) {
+    absl::StatusOr<void*> p = stats_.Allocate(bytes);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : nullptr;
+  }
+  void ExpectConsistent() { EXPECT_TRUE(pool_.CheckInvariants().ok()) << pool_.CheckInvariants(); }
+
+  HostMemoryResource host_;
+  HostStreamEvents events_;
+  CachingPool pool_{&host_, &events_};
+  BudgetAdaptor budget_{&pool_, 64_MiB};
+  StatisticsAdaptor stats_{&budget_};
+};
+
+TEST_F(BudgetAdaptorTest, AllocationsUpToTheBudgetSucceedAndOneByteMoreFails) {
+  void* a = Alloc(32_MiB);
+  void* b = Alloc(32_MiB);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 64_MiB);
+
+  absl::StatusOr<void*> over = stats_.Allocate(1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().message(),
+            "actpack: out of budget: requested 1 B with 64.00 MiB in use and 0 B cached; "
+            "budget 64.00 MiB");
+  EXPECT_EQ(stats_.GetStats().num_ooms, 1);
+
+  // Nothing changed, and the allocator still works.
+  ExpectConsistent();
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 64_MiB);
+  EXPECT_EQ(pool_.GetUsage().allocated_bytes, 64_MiB);
+  stats_.Deallocate(b, 32_MiB);
+  void* c = Alloc(32_MiB);
+  EXPECT_EQ(c, b);
+  stats_.Deallocate(a, 32_MiB);
+  stats_.Deallocate(c, 32_MiB);
+  ExpectConsistent();
+}
+
+TEST_F(BudgetAdaptorTest, OneRequestOneByteOverTheBudgetFails) {
+  absl::StatusOr<void*> over = stats_.Allocate(64_MiB + 1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().message(),
+            "actpack: out of budget: requested 64.00 MiB with 0 B in use and 0 B cached; "
+            "budget 64.00 MiB");
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 0u);
+  void* exact = Alloc(64_MiB);
+  EXPECT_NE(exact, nullptr);
+  stats_.Deallocate(exact, 64_MiB);
+  ExpectConsistent();
+}
+
+TEST_F(BudgetAdaptorTest, CachedMemoryIsReleasedBeforeCallbacksRun) {
+  int calls = 0;
+  budget_.AddPressureCallback([&](size_t) {
+    ++calls;
+    return size_t{0};
+  });
+  stats_.Deallocate(Alloc(40_MiB), 40_MiB);  // 40 MiB cached
+  void* p = Alloc(50_MiB);                   // fits once the cache is released
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 50_MiB);
+  EXPECT_GE(stats_.GetStats().num_alloc_retries, 1);
+  stats_.Deallocate(p, 50_MiB);
+}
+
+TEST_F(BudgetAdaptorTest, PressureCallbackCanFreeEnoughForTheRequest) {
+  void* a = Alloc(30_MiB);
+  void* b = Alloc(30_MiB);
+  std::vector<size_t> needed_seen;
+  budget_.AddPressureCallback([&](size_t needed) -> size_t {
+    needed_seen.push_back(needed);
+    if (b == nullptr) return 0;
+    stats_.Deallocate(b, 30_MiB);  // what the runtime does: free memory it can rebuild
+    b = nullptr;
+    return 30_MiB;
+  });
+  void* const b_address = b;
+  void* c = Alloc(20_MiB);  // 60 + 20 > 64: needs the callback
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(needed_seen.size(), 1u);
+  EXPECT_EQ(needed_seen[0], 16_MiB);  // 60 in use + 20 requested - 64 budget
+  EXPECT_EQ(c, b_address);            // the freed block is split, not released
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 60_MiB);
+  stats_.Deallocate(a, 30_MiB);
+  stats_.Deallocate(c, 20_MiB);
+  ExpectConsistent();
+}
+
+TEST_F(BudgetAdaptorTest, CallbacksRunInOrderBeforeTheFailure) {
+  void* a = Alloc(60_MiB);
+  std::vector<int> order;
+  budget_.AddPressureCallback([&](size_t) {
+    order.push_back(1);
+    return size_t{0};
+  });
+  const BudgetAdaptor::CallbackId removed = budget_.AddPressureCallback([&](size_t) {
+    order.push_back(99);
+    return size_t{0};
+  });
+  budget_.AddPressureCallback([&](size_t) {
+    order.push_back(2);
+    return size_t{1};  // claims progress; the retry still fails
+  });
+  budget_.RemovePressureCallback(removed);
+  absl::StatusOr<void*> p = stats_.Allocate(8_MiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_EQ(p.status().message(),
+            "actpack: out of budget: requested 8.00 MiB with 60.00 MiB in use and 0 B cached; "
+            "budget 64.00 MiB");
+  stats_.Deallocate(a, 60_MiB);
+}
+
+TEST_F(BudgetAdaptorTest, CallbackThatAllocatesAndFailsDoesNotRecurse) {
+  void* a = Alloc(60_MiB);
+  int calls = 0;
+  budget_.AddPressureCallback([&](size_t) {
+    ++calls;
+    EXPECT_FALSE(stats_.Allocate(32_MiB).ok());
+    return size_t{0};
+  });
+  EXPECT_FALSE(stats_.Allocate(8_MiB).ok());
+  EXPECT_EQ(calls, 1);
+  stats_.Deallocate(a, 60_MiB);
+}
+
+TEST_F(BudgetAdaptorTest, MessageCountsCachedBytesThatCannotHelp) {
+  // Fragmentation: a cached hole in a segment that also holds live memory cannot be released.
+  void* a = Alloc(3_MiB);
+  void* b = Alloc(17_MiB);  // the rest of a's 20 MiB segment
+  ASSERT_EQ(pool_.GetUsage().reserved_bytes, 20_MiB);
+  stats_.Deallocate(a, 3_MiB);
+  void* big = Alloc(44_MiB);  // 20 + 44 = 64
+  absl::StatusOr<void*> p = stats_.Allocate(4_MiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message(),
+            "actpack: out of budget: requested 4.00 MiB with 61.00 MiB in use and 3.00 MiB "
+            "cached; budget 64.00 MiB");
+  ExpectConsistent();
+  stats_.Deallocate(b, 17_MiB);
+  stats_.Deallocate(big, 44_MiB);
+}
+
+TEST_F(BudgetAdaptorTest, BudgetCanChangeAtAnyTime) {
+  void* a = Alloc(30_MiB);
+  budget_.SetBudget(32_MiB);
+  EXPECT_FALSE(stats_.Allocate(4_MiB).ok());
+  budget_.SetBudget(kNoReserveLimit);
+  void* b = Alloc(1_GiB);
+  stats_.Deallocate(a, 30_MiB);
+  stats_.Deallocate(b, 1_GiB);
+}
+
+TEST(BudgetAdaptorOverBackendTest, CapsANonCachingBackend) {
+  HostMemoryResource host;
+  BudgetAdaptor budget(&host, 1_MiB);
+  void* a = *budget.Allocate(1_MiB - 256);
+  void* b = *budget.Allocate(1);  // rounded to 256: exactly at the budget
+  absl::StatusOr<void*> c = budget.Allocate(1);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "actpack: out of budget: requested 1 B with 1.00 MiB in use and 0 B cached; "
+            "budget 1.00 MiB");
+  budget.Deallocate(a, 1_MiB - 256);
+  budget.Deallocate(b, 1);
+  EXPECT_EQ(host.GetUsage().reserved_bytes, 0u);
+}
+
+// A device that is full before the budget is: the message says so and keeps the device's words.
+class FullDevice final : public MemoryResource {
+ private:
+  absl::StatusOr<void*> DoAllocate(size_t, Stream, size_t) override {
+    return absl::ResourceExhaustedError("device is full");
+  }
+  void DoDeallocate(void*, size_t, Stream) override {}
+  MemoryUsage DoGetUsage() const override { return {}; }
+};
+
+TEST(BudgetAdaptorOverBackendTest, DeviceOutOfMemoryIsNotCalledOutOfBudget) {
+  FullDevice device;
+  BudgetAdaptor budget(&device, 1_GiB);
+  int calls = 0;
+  budget.AddPressureCallback([&](size_t needed) {
+    EXPECT_EQ(needed, 4_MiB);  // the budget has room: the request size
+    ++calls;
+    return size_t{0};
+  });
+  absl::StatusOr<void*> p = budget.Allocate(4_MiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(p.status().message(),
+            "actpack: out of memory within the budget: requested 4.00 MiB with 0 B in use and "
+            "0 B cached; budget 1.00 GiB: device is full");
+}
+
+TEST(BudgetAdaptorOverBackendTest, InnerBudgetPassesATighterOuterLimitUp) {
+  HostMemoryResource host;
+  BudgetAdaptor inner(&host, 1_GiB);
+  BudgetAdaptor outer(&inner, 1_MiB);
+  absl::StatusOr<void*> p = outer.Allocate(2_MiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message(),
+            "actpack: out of budget: requested 2.00 MiB with 0 B in use and 0 B cached; "
+            "budget 1.00 MiB");
+}
+
+}  // namespace
+}  // namespace actpack::allocator
