@@ -1,0 +1,318 @@
+#include "allocator/pluggable.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/cuda_memory_resource.h"
+#include "allocator/host_memory_resource.h"
+#include "allocator/units.h"
+
+namespace actpack::allocator {
+
+absl::string_view BackendName(Backend backend) {
+  return backend == Backend::kCuda ? "cuda" : "host";
+}
+
+namespace {
+
+std::unique_ptr<MemoryResource> MakeBackend(Backend backend, int device) {
+  if (backend == Backend::kCuda) return std::make_unique<CudaMemoryResource>(device);
+  return std::make_unique<HostMemoryResource>();
+}
+
+std::unique_ptr<StreamEvents> MakeEvents(Backend backend, int device) {
+  if (backend == Backend::kCuda) return std::make_unique<CudaStreamEvents>(device);
+  return std::make_unique<HostStreamEvents>();
+}
+
+}  // namespace
+
+AllocatorStack::AllocatorStack(Backend backend, int device, const AllocatorConfig& config)
+    : backend_(backend),
+      device_(device),
+      events_(MakeEvents(backend, device)),
+      backend_resource_(MakeBackend(backend, device)),
+      pool_(backend_resource_.get(), events_.get()),
+      budget_(&pool_, config.budget_bytes),
+      stats_(&budget_),
+      trace_(&stats_, config.trace_capacity) {}
+
+AllocatorStack::~AllocatorStack() = default;
+
+void AllocatorStack::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  absl::StatusOr<AllocationInfo> info = pool_.Lookup(ptr);
+  if (!info.ok()) {
+    std::fprintf(stderr, "actpack: Free: %s\n", info.status().ToString().c_str());
+    std::abort();
+  }
+  top().Deallocate(ptr, info->requested_size, info->stream);
+}
+
+MemorySnapshot AllocatorStack::Snapshot() const {
+  MemorySnapshot snapshot;
+  AddToSnapshot(device_, pool_, &trace_, snapshot);
+  snapshot.allocator_settings = {
+      {"backend", std::string(BackendName(backend_))},
+      {"budget_bytes", budget_.budget() == kNoReserveLimit ? std::string("unlimited")
+                                                           : absl::StrCat(budget_.budget())},
+  };
+  return snapshot;
+}
+
+// ---- The device allocator ----
+
+namespace {
+
+// Process-wide state. Never destroyed: torch frees tensors during process exit, after static
+// destructors would have run.
+struct DeviceAllocatorState {
+  std::mutex mutex;  // guards building stacks and the configuration
+  AllocatorConfig config;
+  std::array<size_t, kMaxDevices> budgets;  // per device; starts as config.budget_bytes
+  std::array<std::atomic<AllocatorStack*>, kMaxDevices> stacks{};
+
+  DeviceAllocatorState() { budgets.fill(config.budget_bytes); }
+};
+
+DeviceAllocatorState& DeviceState() {
+  static auto* state = new DeviceAllocatorState;
+  return *state;
+}
+
+bool AnyDeviceStackLocked(const DeviceAllocatorState& state) {
+  for (const auto& stack : state.stacks) {
+    if (stack.load(std::memory_order_acquire) != nullptr) return true;
+  }
+  return false;
+}
+
+thread_local std::string last_error;
+
+void SetLastError(const absl::Status& status) { last_error = std::string(status.message()); }
+
+size_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * page_size : 0;
+}
+
+}  // namespace
+
+absl::Status ConfigureDeviceAllocator(const AllocatorConfig& config) {
+  if (config.backend == Backend::kCuda && !CudaSupportCompiledIn()) {
+    return absl::InvalidArgumentError(
+        "actpack: the CUDA backend needs CUDA support, which is not compiled in");
+  }
+  DeviceAllocatorState& state = DeviceState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (AnyDeviceStackLocked(state)) {
+    return absl::FailedPreconditionError(
+        "actpack: the device allocator is already in use; configure it before the first "
+        "allocation");
+  }
+  state.config = config;
+  state.budgets.fill(config.budget_bytes);
+  return absl::OkStatus();
+}
+
+AllocatorConfig DeviceAllocatorConfig() {
+  DeviceAllocatorState& state = DeviceState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.config;
+}
+
+AllocatorStack* FindDeviceAllocator(int device) {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  return DeviceState().stacks[device].load(std::memory_order_acquire);
+}
+
+absl::StatusOr<AllocatorStack*> DeviceAllocator(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("actpack: device ", device, " is outside [0, ", kMaxDevices, ")"));
+  }
+  DeviceAllocatorState& state = DeviceState();
+  if (AllocatorStack* stack = state.stacks[device].load(std::memory_order_acquire)) return stack;
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (AllocatorStack* stack = state.stacks[device].load(std::memory_order_acquire)) return stack;
+  AllocatorConfig config = state.config;
+  config.budget_bytes = state.budgets[device];
+  auto* stack = new AllocatorStack(config.backend, device, config);
+  state.stacks[device].store(stack, std::memory_order_release);
+  return stack;
+}
+
+void SetDeviceBudget(int device, size_t budget_bytes) {
+  DeviceAllocatorState& state = DeviceState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (device != -1 && d != device) continue;
+    state.budgets[d] = budget_bytes;
+    if (AllocatorStack* stack = state.stacks[d].load(std::memory_order_acquire)) {
+      stack->budget().SetBudget(budget_bytes);
+    }
+  }
+}
+
+std::string DeviceSnapshotJson() {
+  MemorySnapshot snapshot;
+  for (int device = 0; device < kMaxDevices; ++device) {
+    if (const AllocatorStack* stack = FindDeviceAllocator(device)) {
+      AddToSnapshot(device, stack->pool(), &stack->trace(), snapshot);
+    }
+  }
+  const AllocatorConfig config = DeviceAllocatorConfig();
+  snapshot.allocator_settings = {{"backend", std::string(BackendName(config.backend))}};
+  return SnapshotToJson(snapshot);
+}
+
+void ResetDeviceAllocatorForTesting() {
+  DeviceAllocatorState& state = DeviceState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  for (auto& slot : state.stacks) delete slot.exchange(nullptr);
+  state.config = AllocatorConfig{};
+  state.budgets.fill(state.config.budget_bytes);
+}
+
+// ---- The host pool ----
+
+namespace {
+
+struct HostPoolState {
+  std::mutex mutex;
+  size_t budget_bytes = kNoReserveLimit;
+  size_t trace_capacity = TracingAdaptor::kDefaultCapacity;
+  std::atomic<AllocatorStack*> stack{nullptr};
+};
+
+HostPoolState& HostState() {
+  static auto* state = new HostPoolState;
+  return *state;
+}
+
+}  // namespace
+
+absl::Status ConfigureHostPool(size_t budget_bytes, size_t trace_capacity) {
+  HostPoolState& state = HostState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (state.stack.load(std::memory_order_acquire) != nullptr) {
+    return absl::FailedPreconditionError(
+        "actpack: the host pool is already in use; configure it before the first allocation "
+        "(change its budget with HostPool().budget().SetBudget)");
+  }
+  state.budget_bytes = budget_bytes;
+  state.trace_capacity = trace_capacity;
+  return absl::OkStatus();
+}
+
+AllocatorStack& HostPool() {
+  HostPoolState& state = HostState();
+  if (AllocatorStack* stack = state.stack.load(std::memory_order_acquire)) return *stack;
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (AllocatorStack* stack = state.stack.load(std::memory_order_acquire)) return *stack;
+  AllocatorConfig config;
+  config.backend = Backend::kHost;
+  config.budget_bytes = state.budget_bytes;
+  config.trace_capacity = state.trace_capacity;
+  auto* stack = new AllocatorStack(Backend::kHost, 0, config);
+  state.stack.store(stack, std::memory_order_release);
+  return *stack;
+}
+
+std::string HostSnapshotJson() { return SnapshotToJson(HostPool().Snapshot()); }
+
+}  // namespace actpack::allocator
+
+// ---- The C ABI ----
+
+using actpack::allocator::AllocatorStack;
+using actpack::allocator::Backend;
+
+extern "C" {
+
+void* actpack_alloc(size_t size, int device, void* stream) {
+  actpack::allocator::last_error.clear();
+  absl::StatusOr<AllocatorStack*> stack = actpack::allocator::DeviceAllocator(device);
+  if (!stack.ok()) {
+    actpack::allocator::SetLastError(stack.status());
+    return nullptr;
+  }
+  absl::StatusOr<void*> ptr = (*stack)->Allocate(size, stream);
+  if (!ptr.ok()) {
+    actpack::allocator::SetLastError(ptr.status());
+    return nullptr;
+  }
+  return *ptr;
+}
+
+void actpack_free(void* ptr, size_t size, int device, void* stream) {
+  if (ptr == nullptr) return;
+  AllocatorStack* stack = actpack::allocator::FindDeviceAllocator(device);
+  if (stack == nullptr) {
+    std::fprintf(stderr, "actpack: actpack_free(%p) on device %d, which has no allocations\n",
+                 ptr, device);
+    std::abort();
+  }
+  stack->Deallocate(ptr, size, stream);
+}
+
+void actpack_init(int device_count) {
+  if (device_count > actpack::allocator::kMaxDevices) {
+    std::fprintf(stderr, "actpack: %d devices; only the first %d are served\n", device_count,
+                 actpack::allocator::kMaxDevices);
+  }
+}
+
+void actpack_empty_cache(void) {
+  for (int device = 0; device < actpack::allocator::kMaxDevices; ++device) {
+    if (AllocatorStack* stack = actpack::allocator::FindDeviceAllocator(device)) {
+      stack->EmptyCache();
+    }
+  }
+}
+
+void actpack_memory_fraction(double fraction, int device) {
+  using namespace actpack::allocator;
+  last_error.clear();
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    SetLastError(absl::InvalidArgumentError(
+        absl::StrCat("actpack: memory fraction ", fraction, " is outside (0, 1]")));
+    return;
+  }
+  size_t total = 0;
+  if (DeviceAllocatorConfig().backend == Backend::kCuda) {
+    absl::StatusOr<size_t> device_total = CudaDeviceTotalMemory(device);
+    if (!device_total.ok()) {
+      SetLastError(device_total.status());
+      return;
+    }
+    total = *device_total;
+  } else {
+    total = PhysicalMemoryBytes();
+  }
+  SetDeviceBudget(device, static_cast<size_t>(fraction * static_cast<double>(total)));
+}
+
+void actpack_record_stream(void* ptr, void* stream) {
+  using namespace actpack::allocator;
+  last_error.clear();
+  for (int device = 0; device < kMaxDevices; ++device) {
+    AllocatorStack* stack = FindDeviceAllocator(device);
+    if (stack != nullptr && stack->pool().RecordStream(ptr, stream).ok()) return;
+  }
+  SetLastError(absl::NotFoundError(
+      absl::StrCat("actpack: record_stream: ", reinterpret_cast<uintptr_t>(ptr),
+                   " is not a live allocation")));
+}
+
+const char* actpack_last_error(void) { return actpack::allocator::last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,154 @@
+#include "allocator/pluggable.h"
+
+#include <cstring>
+#include <string>
+
+#include "allocator/cuda_memory_resource.h"
+#include "allocator/units.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace actpack::allocator {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using namespace literals;
+
+void* const kStream = reinterpret_cast<void*>(0x77);
+
+// The device allocator on the host backend: the C ABI's logic without a GPU.
+class DeviceAllocatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ResetDeviceAllocatorForTesting();
+    AllocatorConfig config;
+    config.backend = Backend::kHost;
+    config.budget_bytes = 64_MiB;
+    ASSERT_TRUE(ConfigureDeviceAllocator(config).ok());
+  }
+  void TearDown() override { ResetDeviceAllocatorForTesting(); }
+};
+
+TEST_F(DeviceAllocatorTest, AllocAndFreeThroughTheCAbi) {
+  void* p = actpack_alloc(3_MiB, 0, kStream);
+  ASSERT_NE(p, nullptr) << actpack_last_error();
+  std::memset(p, 1, 3_MiB);
+  AllocatorStack* stack = FindDeviceAllocator(0);
+  ASSERT_NE(stack, nullptr);
+  EXPECT_EQ(stack->stats().GetStats().allocated_bytes.current, static_cast<int64_t>(3_MiB));
+  EXPECT_EQ(stack->stats().GetStats().reserved_bytes.current, static_cast<int64_t>(20_MiB));
+  EXPECT_EQ(FindDeviceAllocator(1), nullptr);  // only used devices get a stack
+
+  actpack_free(p, 3_MiB, 0, kStream);
+  EXPECT_EQ(stack->stats().GetStats().allocated_bytes.current, 0);
+  actpack_empty_cache();
+  EXPECT_EQ(stack->stats().GetStats().reserved_bytes.current, 0);
+}
+
+TEST_F(DeviceAllocatorTest, ConfiguringAfterTheFirstAllocationFails) {
+  void* p = actpack_alloc(1, 0, kStream);
+  ASSERT_NE(p, nullptr);
+  absl::Status status = ConfigureDeviceAllocator(AllocatorConfig{Backend::kHost});
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("before the first allocation"));
+  actpack_free(p, 1, 0, kStream);
+}
+
+TEST_F(DeviceAllocatorTest, OverBudgetReturnsNullWithTheReason) {
+  void* p = actpack_alloc(64_MiB + 1, 0, kStream);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_STREQ(actpack_last_error(),
+               "actpack: out of budget: requested 64.00 MiB with 0 B in use and 0 B cached; "
+               "budget 64.00 MiB");
+  EXPECT_EQ(FindDeviceAllocator(0)->stats().GetStats().num_ooms, 1);
+}
+
+TEST_F(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
+  void* p = actpack_alloc(1_MiB, 2, kStream);
+  ASSERT_NE(p, nullptr);
+  actpack_memory_fraction(0.5, 2);
+  const size_t budget = FindDeviceAllocator(2)->budget().budget();
+  EXPECT_GT(budget, 64_MiB);  // half of this machine's memory
+  EXPECT_NE(budget, kNoReserveLimit);
+  actpack_memory_fraction(1.5, 2);
+  EXPECT_THAT(actpack_last_error(), HasSubstr("outside (0, 1]"));
+  EXPECT_EQ(FindDeviceAllocator(2)->budget().budget(), budget);
+  SetDeviceBudget(-1, 1_GiB);
+  EXPECT_EQ(FindDeviceAllocator(2)->budget().budget(), 1_GiB);
+  actpack_free(p, 1_MiB, 2, kStream);
+}
+
+TEST_F(DeviceAllocatorTest, RecordStreamFindsTheAllocation) {
+  void* p = actpack_alloc(4_KiB, 1, kStream);
+  ASSERT_NE(p, nullptr);
+  actpack_record_stream(p, reinterpret_cast<void*>(0x99));
+  EXPECT_STREQ(actpack_last_error(), "");
+  int not_allocated = 0;
+  actpack_record_stream(&not_allocated, kStream);
+  EXPECT_THAT(actpack_last_error(), HasSubstr("not a live allocation"));
+  actpack_free(p, 4_KiB, 1, kStream);
+}
+
+TEST_F(DeviceAllocatorTest, DeviceOutOfRangeFails) {
+  EXPECT_EQ(actpack_alloc(1, kMaxDevices, kStream), nullptr);
+  EXPECT_THAT(actpack_last_error(), HasSubstr("outside [0, 64)"));
+}
+
+TEST_F(DeviceAllocatorTest, SnapshotCoversEveryDevice) {
+  void* a = actpack_alloc(1000, 0, kStream);
+  void* b = actpack_alloc(2000, 3, kStream);
+  const std::string json = DeviceSnapshotJson();
+  EXPECT_THAT(json, StartsWith("{\"segments\":[{\"device\":0,"));
+  EXPECT_THAT(json, HasSubstr("{\"device\":3,"));
+  EXPECT_THAT(json, HasSubstr("\"requested_size\":2000"));
+  EXPECT_THAT(json, HasSubstr("\"device_traces\":[[{\"action\":\"segment_alloc\""));
+  EXPECT_THAT(json, HasSubstr("\"allocator_settings\":{\"backend\":\"host\"}"));
+  actpack_free(a, 1000, 0, kStream);
+  actpack_free(b, 2000, 3, kStream);
+}
+
+TEST(DeviceAllocatorConfigTest, CudaBackendNeedsCuda) {
+  ResetDeviceAllocatorForTesting();
+  const absl::Status status = ConfigureDeviceAllocator(AllocatorConfig{Backend::kCuda});
+  if (CudaSupportCompiledIn()) {
+    EXPECT_TRUE(status.ok()) << status;
+  } else {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  }
+  ResetDeviceAllocatorForTesting();
+}
+
+// The host pool cannot be reset (it lives for the process), so its life is one test.
+TEST(HostPoolTest, ConfiguredOnceThenServesWithBudgetAndStats) {
+  ASSERT_TRUE(ConfigureHostPool(32_MiB, 128).ok());
+  AllocatorStack& pool = HostPool();
+  EXPECT_EQ(&pool, &HostPool());
+  EXPECT_EQ(pool.backend(), Backend::kHost);
+  EXPECT_EQ(ConfigureHostPool(1_GiB).code(), absl::StatusCode::kFailedPrecondition);
+
+  absl::StatusOr<void*> a = pool.Allocate(12_MiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<void*> b = pool.Allocate(10);
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<void*> over = pool.Allocate(20_MiB);
+  ASSERT_FALSE(over.ok());
+  EXPECT_THAT(std::string(over.status().message()), StartsWith("actpack: out of budget"));
+
+  pool.Free(*a);  // c10's deleter knows only the pointer
+  pool.Free(*b);
+  const MemoryStats stats = pool.stats().GetStats();
+  EXPECT_EQ(stats.allocated_bytes.current, 0);
+  EXPECT_EQ(stats.requested_bytes.current, 0);
+  EXPECT_EQ(stats.num_ooms, 1);
+  EXPECT_EQ(stats.allocated_bytes.peak, static_cast<int64_t>(12_MiB + 512));
+
+  const std::string json = HostSnapshotJson();
+  EXPECT_THAT(json, HasSubstr("\"budget_bytes\":\"33554432\""));
+  EXPECT_THAT(json, HasSubstr("\"action\":\"oom\""));
+  pool.EmptyCache();
+  EXPECT_EQ(pool.pool().GetUsage().reserved_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace actpack::allocator
