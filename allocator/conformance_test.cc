@@ -203,8 +203,12 @@ TEST_P(ConformanceTest, LiveAllocationsDoNotOverlap) {
     ASSERT_NE(p, nullptr);
     const auto begin = reinterpret_cast<uintptr_t>(p);
     auto next = ranges.lower_bound(begin);
-    if (next != ranges.end()) ASSERT_LE(begin + bytes, next->first) << "overlaps the next range";
-    if (next != ranges.begin()) ASSERT_LE(std::prev(next)->second, begin) << "overlaps the prev";
+    if (next != ranges.end()) {
+      ASSERT_LE(begin + bytes, next->first) << "overlaps the next range";
+    }
+    if (next != ranges.begin()) {
+      ASSERT_LE(std::prev(next)->second, begin) << "overlaps the previous range";
+    }
     ranges[begin] = begin + bytes;
     const auto fill = static_cast<uint8_t>(op);
     std::memset(p, fill, bytes);
