@@ -106,8 +106,8 @@ class MemoryObserver {
 //  * `Deallocate(ptr, bytes, stream)` may be called while work on `stream` that uses `ptr` is still
 //    pending: the memory is reused only by later allocations on the same `stream` (so the reuse is
 //    ordered after that work), or — for a block the caller handed to other streams with
-//    `CachingPool::RecordStream` — once an event recorded on each of those streams at free time has
-//    completed. `bytes` and `stream` must be the values the memory was allocated with.
+//    `CachingPool::RecordStream` — once an event recorded on each of those streams at free time
+//    has completed. `bytes` and `stream` must be the values the memory was allocated with.
 //  * Host resources have no asynchronous work: streams are tags and every event has completed.
 //
 // `Allocate(0, ...)` returns nullptr and `Deallocate(nullptr, ...)` does nothing. All resources

@@ -1,8 +1,9 @@
 // tracing_adaptor.h — a ring buffer of the allocator's recent actions.
 //
 // TracingAdaptor records the actions of the stack below it — alloc, free_requested,
-// free_completed, segment_alloc, segment_free — and an `oom` entry for each allocation that failed
-// through it, with address, size, stream and time, keeping the most recent `capacity` entries.
+// free_completed, segment_alloc, segment_free — and an `oom` entry for each allocation that
+// failed through it, with address, size, stream and time, keeping the most recent `capacity`
+// entries.
 // This is the "device_traces" part of torch.cuda.memory._snapshot(), which memory_viz draws as a
 // timeline (see snapshot.h).
 //
