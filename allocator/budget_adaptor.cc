@@ -56,7 +56,11 @@ absl::StatusOr<void*> BudgetAdaptor::DoAllocate(size_t bytes, Stream stream,
       std::lock_guard<std::mutex> lock(callbacks_mutex_);
       for (const auto& entry : callbacks_) callbacks.push_back(entry.second);
     }
-    in_pressure_callbacks = true;
+    // Cleared on every way out, a throwing callback included.
+    struct PressureScope {
+      PressureScope() { in_pressure_callbacks = true; }
+      ~PressureScope() { in_pressure_callbacks = false; }
+    } scope;
     for (const auto& callback : callbacks) {
       const MemoryUsage usage = upstream()->GetUsage();
       const size_t wanted = usage.allocated_bytes + bytes;
@@ -64,10 +68,8 @@ absl::StatusOr<void*> BudgetAdaptor::DoAllocate(size_t bytes, Stream stream,
       if ((*callback)(needed) == 0) continue;
       Notify({MemoryAction::kAllocRetry, 0, bytes, bytes, stream});
       result = attempt();
-      if (result.ok()) break;
+      if (result.ok()) return result;
     }
-    in_pressure_callbacks = false;
-    if (result.ok()) return result;
   }
 
   // 3. Fail with what a user needs to decide what to do. A tighter limit from an outer budget is

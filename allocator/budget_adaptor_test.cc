@@ -1,5 +1,6 @@
 #include "allocator/budget_adaptor.h"
 
+#include <stdexcept>
 #include <vector>
 
 #include "allocator/caching_pool.h"
@@ -140,6 +141,22 @@ TEST_F(BudgetAdaptorTest, CallbackThatAllocatesAndFailsDoesNotRecurse) {
   });
   EXPECT_FALSE(stats_.Allocate(8_MiB).ok());
   EXPECT_EQ(calls, 1);
+  stats_.Deallocate(a, 60_MiB);
+}
+
+TEST_F(BudgetAdaptorTest, ThrowingCallbackDoesNotDisableLaterPressureHandling) {
+  void* a = Alloc(60_MiB);
+  bool throw_now = true;
+  int calls = 0;
+  budget_.AddPressureCallback([&](size_t) -> size_t {
+    ++calls;
+    if (throw_now) throw std::runtime_error("callback failed");
+    return 0;
+  });
+  EXPECT_THROW((void)stats_.Allocate(8_MiB), std::runtime_error);
+  throw_now = false;
+  EXPECT_FALSE(stats_.Allocate(8_MiB).ok());
+  EXPECT_EQ(calls, 2);  // the second request ran the callbacks again
   stats_.Deallocate(a, 60_MiB);
 }
 

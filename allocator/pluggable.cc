@@ -42,7 +42,9 @@ AllocatorStack::AllocatorStack(Backend backend, int device, const AllocatorConfi
       pool_(backend_resource_.get(), events_.get()),
       budget_(&pool_, config.budget_bytes),
       stats_(&budget_),
-      trace_(&stats_, config.trace_capacity) {}
+      trace_(&stats_, config.trace_capacity) {
+  trace_.SetEnabled(config.record_trace);
+}
 
 AllocatorStack::~AllocatorStack() = default;
 
@@ -190,6 +192,7 @@ struct HostPoolState {
   std::mutex mutex;
   size_t budget_bytes = kNoReserveLimit;
   size_t trace_capacity = TracingAdaptor::kDefaultCapacity;
+  bool record_trace = true;
   std::atomic<AllocatorStack*> stack{nullptr};
 };
 
@@ -200,7 +203,7 @@ HostPoolState& HostState() {
 
 }  // namespace
 
-absl::Status ConfigureHostPool(size_t budget_bytes, size_t trace_capacity) {
+absl::Status ConfigureHostPool(size_t budget_bytes, size_t trace_capacity, bool record_trace) {
   HostPoolState& state = HostState();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (state.stack.load(std::memory_order_acquire) != nullptr) {
@@ -210,6 +213,7 @@ absl::Status ConfigureHostPool(size_t budget_bytes, size_t trace_capacity) {
   }
   state.budget_bytes = budget_bytes;
   state.trace_capacity = trace_capacity;
+  state.record_trace = record_trace;
   return absl::OkStatus();
 }
 
@@ -222,6 +226,7 @@ AllocatorStack& HostPool() {
   config.backend = Backend::kHost;
   config.budget_bytes = state.budget_bytes;
   config.trace_capacity = state.trace_capacity;
+  config.record_trace = state.record_trace;
   auto* stack = new AllocatorStack(Backend::kHost, 0, config);
   state.stack.store(stack, std::memory_order_release);
   return *stack;
