@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "codecs/identity.h"
 #include "codecs/quant.h"
 
@@ -101,7 +102,7 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
   absl::Status encodable = (*codec)->CheckEncodable(TensorSpec{DType::kFloat32, {}}, params);
   if (!encodable.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("actpack: codec spec '", spec, "': ", encodable.message()));
+        absl::StrCat("actpack: codec spec '", spec, "': ", absl::StripPrefix(encodable.message(), "actpack: ")));
   }
   return params;
 }

@@ -23,6 +23,10 @@ codecs::CodecParams IdentityParams() {
   return params;
 }
 
+// The log-probabilities a cross-entropy loss saves: backward exponentiates them, so any error
+// there lands in the gradient of every logit (2-bit log-probs made training diverge).
+bool IsLossInput(const std::string& producer) { return producer == "LogSoftmaxBackward0"; }
+
 json::Value ShapeJson(const std::vector<int64_t>& shape) {
   json::Value array = json::Value::Array();
   for (int64_t d : shape) array.Append(d);
@@ -45,9 +49,10 @@ absl::string_view KeepReasonName(KeepReason reason) {
   switch (reason) {
     case KeepReason::kNone: return "";
     case KeepReason::kDisabled: return "packing disabled";
-    case KeepReason::kParameter: return "parameter or buffer";
+    case KeepReason::kParameter: return "leaf or view of a leaf (parameter, buffer, input)";
     case KeepReason::kNotFloatingPoint: return "not floating point";
     case KeepReason::kTooSmall: return "below min_bytes";
+    case KeepReason::kLossInput: return "log-probabilities of the loss";
   }
   return "";
 }
@@ -103,6 +108,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {
     plan.reason = KeepReason::kTooSmall;
+  } else if (IsLossInput(info.producer)) {
+    plan.reason = KeepReason::kLossInput;
   }
   if (plan.reason != KeepReason::kNone) {
     plan.action = PackAction::kKeep;
@@ -162,6 +169,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   packed->raw_bytes_ = info.Bytes();
   packed->stored_bytes_ = (*buffer)->size();
   packed->encoded_size_ = *used;
+  packed->storage_guard_ = info.storage_guard;
   packed->buffer_ = std::move(*buffer);
 
   absl::MutexLock lock(&mu_);

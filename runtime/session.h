@@ -63,8 +63,12 @@ struct SavedTensorInfo {
   bool is_parameter = false;  // a parameter or buffer of the model: it lives anyway
   bool supported_dtype = true;  // false for dtypes the plugin cannot describe
   // Identity of the saved data, for dedup: the same storage, offset, shape, strides and
-  // version is the same tensor.
+  // version is the same tensor. `storage` must name the storage object, not its data pointer
+  // (freed data is handed out again at the same address); `storage_guard` keeps that name
+  // from being reused while a packed copy exists (the plugin holds a weak reference to the
+  // storage object in it).
   uintptr_t storage = 0;
+  std::shared_ptr<const void> storage_guard;
   int64_t storage_offset = 0;
   uint32_t version = 0;
   std::string producer;  // the autograd node that saved it, e.g. "ConvolutionBackward0"
@@ -75,7 +79,7 @@ struct SavedTensorInfo {
 enum class PackAction { kKeep, kReuse, kPack };
 
 // Why a tensor is kept as it is. Values are the report's strings.
-enum class KeepReason { kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall };
+enum class KeepReason { kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput };
 
 class PackedTensor;
 
@@ -110,6 +114,7 @@ class PackedTensor {
   PackedTensor() = default;
 
   std::shared_ptr<Ledger> ledger_;
+  std::shared_ptr<const void> storage_guard_;
   std::unique_ptr<Buffer> buffer_;
   std::vector<int64_t> shape_;
   codecs::DType dtype_ = codecs::DType::kFloat32;

@@ -89,6 +89,9 @@ TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
   EXPECT_EQ(session.Plan(ints.info).reason, KeepReason::kNotFloatingPoint);
   Saved small = MakeSaved(2, 2, 3);
   EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kTooSmall);
+  Saved log_probs = MakeSaved(64, 64, 5);
+  log_probs.info.producer = "LogSoftmaxBackward0";
+  EXPECT_EQ(session.Plan(log_probs.info).reason, KeepReason::kLossInput);
   Saved big = MakeSaved(64, 64, 4);
   EXPECT_EQ(session.Plan(big.info).action, PackAction::kPack);
 }
@@ -153,6 +156,18 @@ TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
   EXPECT_EQ(report.Find("steps")->size(), 3u);
   EXPECT_EQ(report.Find("saved_tensors")->size(), 4u);
   EXPECT_EQ(report.Find("steps")->elements()[0].Find("peak_live_raw_bytes")->as_int(), 4 * 32 * 256 * 4);
+}
+
+TEST(SessionTest, StorageNameReusedAfterFreeIsNotADuplicate) {
+  // The plugin names storages by object and guards the name; two different guards with the
+  // same name cannot happen while a packed copy lives. Here the first copy is gone, so the
+  // same name and shape is a new tensor and must be packed anew.
+  Session session(Options("quant2"), HostFactory());
+  Saved first = MakeSaved(64, 256, 42, 1);
+  std::shared_ptr<PackedTensor> packed = *session.Pack(first.info, session.Plan(first.info), first.view(), {});
+  packed.reset();
+  Saved second = MakeSaved(64, 256, 42, 2);
+  EXPECT_EQ(session.Plan(second.info).action, PackAction::kPack);
 }
 
 TEST(SessionTest, PackedTensorMayOutliveTheSession) {

@@ -1,0 +1,77 @@
+"""pip install --no-build-isolation .  — builds actpack._C against the installed torch.
+
+CPU-only against a CPU torch; with the CUDA kernels (codecs/cuda/*.cu) against a CUDA torch.
+The sources are the same ones Bazel builds. Abseil comes from Debian's libabsl-dev: the
+shared libraries named in third_party/system/BUILD.system (one list for both builds), found
+at run time through an rpath. ACTPACK_ABSL_PREFIX points at another install (the GPU script
+unpacks the .debs there). Debian's static archives cannot go into a shared object (their
+thread-locals are not position independent).
+"""
+import glob
+import os
+import re
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources(*patterns):
+    found = []
+    for pattern in patterns:
+        found += glob.glob(os.path.join(ROOT, pattern))
+    excluded = ("_test.cc", "_benchmark.cc", "_fuzz.cc")
+    return sorted(os.path.relpath(f, ROOT) for f in found if not f.endswith(excluded))
+
+
+def absl_link_args(prefix):
+    """-L, rpath and the -labsl_* flags of Bazel's @system//:absl target."""
+    with open(os.path.join(ROOT, "third_party", "system", "BUILD.system")) as f:
+        libraries = re.findall(r'"(-labsl_\w+)"', f.read())
+    for libdir in (os.path.join(prefix, "lib", "x86_64-linux-gnu"), os.path.join(prefix, "lib")):
+        if glob.glob(os.path.join(libdir, "libabsl_status.so*")):
+            return [f"-L{libdir}", f"-Wl,-rpath,{libdir}", *libraries]
+    raise SystemExit(
+        f"actpack: no Abseil libraries (libabsl_status.so) under {prefix}; install libabsl-dev "
+        "(apt-get install libabsl-dev) or set ACTPACK_ABSL_PREFIX")
+
+
+absl_prefix = os.environ.get("ACTPACK_ABSL_PREFIX", "/usr")
+with_cuda = cpp_extension.CUDA_HOME is not None and __import__("torch").version.cuda is not None
+if os.environ.get("ACTPACK_FORCE_CPU") == "1":
+    with_cuda = False
+
+cc_sources = sources("codecs/*.cc", "codecs/internal/*.cc", "runtime/*.cc",
+                     "torch_plugin/csrc/*.cc")
+cu_sources = sources("codecs/cuda/*.cu") if with_cuda else []
+defines = [("ACTPACK_WITH_CUDA", "1")] if with_cuda else []
+extension_type = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+
+extension = extension_type(
+    name="actpack._C",
+    sources=cc_sources + cu_sources,
+    include_dirs=[ROOT, os.path.join(absl_prefix, "include")],
+    define_macros=defines,
+    extra_compile_args={
+        "cxx": ["-O2", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter"],
+        "nvcc": ["-O3", "--fmad=false", "-Xcompiler=-ffp-contract=off",
+                 "-gencode=arch=compute_80,code=sm_80",
+                 "-gencode=arch=compute_90,code=sm_90",
+                 "-gencode=arch=compute_90,code=compute_90"],
+    },
+    extra_link_args=absl_link_args(absl_prefix),
+)
+
+setup(
+    name="actpack",
+    version="0.1.0",
+    description="Train PyTorch models under a fixed memory budget: packed activations, a "
+                "budget-aware caching allocator, memory reports",
+    package_dir={"actpack": "torch_plugin/python/actpack"},
+    packages=["actpack"],
+    ext_modules=[extension],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    entry_points={"console_scripts": ["actpack=actpack.cli:main"]},
+    python_requires=">=3.9",
+)

@@ -1,0 +1,273 @@
+// The Python module actpack._C and the torch ops actpack::encode / actpack::decode.
+//
+// Session wraps runtime::Session for saved_tensors_hooks: pack() returns the tensor itself when
+// it is kept, or an opaque PackedTensor; unpack() turns either back into a tensor. Buffers are
+// torch uint8 tensors on the saved tensor's device, so their bytes come from (and are counted
+// by) the same allocator as every other tensor of the step.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+
+#include "codecs/codec.h"
+#include "codecs/registry.h"
+#include "runtime/config.h"
+#include "runtime/json.h"
+#include "runtime/session.h"
+#include "torch_plugin/csrc/tensor_adapter.h"
+
+namespace actpack::torch_plugin {
+namespace {
+
+namespace py = pybind11;
+
+class TensorBuffer final : public runtime::Buffer {
+ public:
+  explicit TensorBuffer(at::Tensor bytes) : bytes_(std::move(bytes)) {}
+  uint8_t* data() override { return bytes_.data_ptr<uint8_t>(); }
+  size_t size() const override { return static_cast<size_t>(bytes_.numel()); }
+  const at::Tensor& tensor() const { return bytes_; }
+
+ private:
+  at::Tensor bytes_;
+};
+
+at::TensorOptions BufferOptions(const codecs::ExecContext& context) {
+  at::TensorOptions options = at::TensorOptions().dtype(at::kByte);
+  if (context.device == codecs::Device::kCuda) {
+    return options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(context.device_index)));
+  }
+  return options.device(at::kCPU);
+}
+
+runtime::BufferFactory TorchBufferFactory() {
+  return [](size_t bytes, const codecs::ExecContext& context)
+             -> absl::StatusOr<std::unique_ptr<runtime::Buffer>> {
+    at::Tensor storage = at::empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
+    return std::unique_ptr<runtime::Buffer>(new TensorBuffer(std::move(storage)));
+  };
+}
+
+// What pack() hands to autograd for a packed tensor.
+struct PackedHandle {
+  std::shared_ptr<runtime::PackedTensor> packed;
+  at::TensorOptions options;  // dtype and device of the original
+};
+
+runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
+  runtime::SavedTensorInfo info;
+  const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
+  info.supported_dtype = dtype.has_value() && (tensor.is_cpu() || tensor.is_cuda());
+  info.dtype = dtype.value_or(codecs::DType::kUInt8);
+  info.shape = tensor.sizes().vec();
+  info.strides = tensor.strides().vec();
+  info.device = tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
+  info.device_index = tensor.is_cuda() ? tensor.get_device() : 0;
+  // A leaf lives anyway (a parameter, a buffer, or the user's input batch), and so does a view
+  // of one (linear layers save weight.t()): packing either would add a copy, not save one.
+  info.is_parameter = tensor.is_leaf() || (tensor.is_view() && tensor._base().is_leaf());
+  if (tensor.has_storage()) {
+    // The storage object, held weakly: its address cannot be reused while the guard lives,
+    // unlike the data pointer, which the allocator hands out again once the data is freed.
+    c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    info.storage = reinterpret_cast<uintptr_t>(storage);
+    info.storage_guard = std::make_shared<c10::weak_intrusive_ptr<c10::StorageImpl>>(
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+    info.storage_offset = tensor.storage_offset();
+  }
+  info.version = static_cast<uint32_t>(tensor._version());
+  if (const auto node = tensor.grad_fn()) {
+    info.producer = node->name();
+  } else {
+    info.producer = tensor.is_leaf() ? "leaf" : "";
+  }
+  return info;
+}
+
+class PySession {
+ public:
+  PySession(const std::string& codec, int64_t min_bytes, uint64_t seed, bool enabled) {
+    absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(codec);
+    ThrowIfError(params.status());
+    TORCH_CHECK_VALUE(min_bytes >= 0, "actpack: min_bytes must be >= 0, got ", min_bytes);
+    runtime::SessionOptions options;
+    options.codec = *params;
+    options.min_bytes = static_cast<uint64_t>(min_bytes);
+    options.seed = seed;
+    options.enabled = enabled;
+    session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
+  }
+
+  py::object Pack(const at::Tensor& tensor) {
+    const runtime::SavedTensorInfo info = Describe(tensor);
+    runtime::PackPlan plan = session_->Plan(info);
+    if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
+    PackedHandle handle;
+    handle.options = tensor.options();
+    if (plan.action == runtime::PackAction::kReuse) {
+      handle.packed = std::move(plan.duplicate);
+      return py::cast(std::move(handle));
+    }
+    const at::Tensor contiguous = tensor.detach().contiguous();
+    absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
+        session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
+    ThrowIfError(packed.status());
+    handle.packed = std::move(*packed);
+    return py::cast(std::move(handle));
+  }
+
+  at::Tensor Unpack(const py::object& handle) {
+    if (THPVariable_Check(handle.ptr())) return THPVariable_Unpack(handle.ptr());
+    const PackedHandle& packed = handle.cast<const PackedHandle&>();
+    at::Tensor output = at::empty(packed.packed->shape(), packed.options);
+    ThrowIfError(session_->Unpack(*packed.packed, ToMutableView(output), ContextFor(output)));
+    return output;
+  }
+
+  std::string ActivationReport() const {
+    return json::Serialize(session_->ActivationReport(), 0);
+  }
+
+  py::dict Totals() const {
+    const runtime::SessionTotals t = session_->Totals();
+    py::dict d;
+    d["packed_raw_bytes"] = t.packed_raw_bytes;
+    d["packed_stored_bytes"] = t.packed_stored_bytes;
+    d["kept_bytes"] = t.kept_bytes;
+    d["reused_bytes"] = t.reused_bytes;
+    d["packs"] = t.packs;
+    d["unpacks"] = t.unpacks;
+    d["exact_fallbacks"] = t.exact_fallbacks;
+    d["live_stored_bytes"] = t.live_stored;
+    d["peak_live_stored_bytes"] = t.peak_live_stored;
+    d["live_raw_bytes"] = t.live_raw;
+    d["peak_live_raw_bytes"] = t.peak_live_raw;
+    return d;
+  }
+
+ private:
+  std::unique_ptr<runtime::Session> session_;
+};
+
+// ---- torch ops: one schema, one implementation for every device (the codecs dispatch) ----
+
+at::Tensor EncodeOp(const at::Tensor& input, c10::string_view codec, int64_t seed) {
+  absl::StatusOr<codecs::CodecParams> params =
+      codecs::ParseCodecSpec(absl::string_view(codec.data(), codec.size()));
+  ThrowIfError(params.status());
+  params->seed = static_cast<uint64_t>(seed);
+  TORCH_CHECK_TYPE(ToCodecDType(input.scalar_type()).has_value(), "actpack: unsupported dtype ",
+                   input.scalar_type(), "; expected a float, integer or bool tensor");
+  const at::Tensor contiguous = input.detach().contiguous();
+  const codecs::TensorView view = ToView(contiguous);
+  const codecs::ExecContext context = ContextFor(contiguous);
+  absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(view.Spec(), *params);
+  ThrowIfError(capacity.status());
+  at::Tensor buffer = at::empty({static_cast<int64_t>(*capacity)}, BufferOptions(context));
+  absl::StatusOr<size_t> used =
+      codecs::Encode(view, *params, buffer.data_ptr<uint8_t>(), *capacity, context);
+  ThrowIfError(used.status());
+  return buffer.narrow(0, 0, static_cast<int64_t>(*used));
+}
+
+at::Tensor DecodeOp(const at::Tensor& buffer) {
+  TORCH_CHECK_VALUE(buffer.scalar_type() == at::kByte && buffer.dim() == 1,
+                    "actpack: decode expects a 1-D uint8 buffer from actpack.encode, got a ",
+                    buffer.dim(), "-D ", buffer.scalar_type(), " tensor");
+  const at::Tensor bytes = buffer.contiguous();
+  const codecs::ExecContext context = ContextFor(bytes);
+  absl::StatusOr<codecs::Header> header =
+      codecs::ReadHeader(bytes.data_ptr<uint8_t>(), bytes.numel(), context);
+  ThrowIfError(header.status());
+  at::Tensor output =
+      at::empty(header->Shape(), bytes.options().dtype(ToTorchDType(header->dtype)));
+  ThrowIfError(codecs::Decode(bytes.data_ptr<uint8_t>(), bytes.numel(), ToMutableView(output),
+                              context));
+  return output;
+}
+
+std::string ParseBudgetToJson(const std::string& text) {
+  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(text);
+  ThrowIfError(budget.status());
+  json::Value v = json::Value::Object();
+  v.Set("bytes", budget->bytes);
+  v.Set("fraction", budget->fraction);
+  v.Set("text", budget->ToString());
+  return json::Serialize(v, 0);
+}
+
+// The run report: the runtime's activation section under the caller's run metadata.
+std::string BuildReport(const std::string& run_json, const PySession& session) {
+  absl::StatusOr<json::Value> run = json::Parse(run_json);
+  ThrowIfError(run.status());
+  absl::StatusOr<json::Value> activations = json::Parse(session.ActivationReport());
+  ThrowIfError(activations.status());
+  json::Value report = json::Value::Object();
+  report.Set("schema", "actpack.report");
+  report.Set("schema_version", 1);
+  report.Set("run", std::move(*run));
+  report.Set("activations", std::move(*activations));
+  return json::Serialize(report, 2);
+}
+
+}  // namespace
+}  // namespace actpack::torch_plugin
+
+using actpack::torch_plugin::DecodeOp;
+using actpack::torch_plugin::EncodeOp;
+using actpack::torch_plugin::PackedHandle;
+using actpack::torch_plugin::PySession;
+namespace py = pybind11;
+
+TORCH_LIBRARY(actpack, m) {
+  m.def("encode(Tensor input, str codec, int seed=0) -> Tensor");
+  m.def("decode(Tensor buffer) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(actpack, CPU, m) {
+  m.impl("encode", &EncodeOp);
+  m.impl("decode", &DecodeOp);
+}
+
+#ifdef ACTPACK_WITH_CUDA
+TORCH_LIBRARY_IMPL(actpack, CUDA, m) {
+  m.impl("encode", &EncodeOp);
+  m.impl("decode", &DecodeOp);
+}
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "actpack's C++ runtime: codecs, the saved-tensor session and the report";
+#ifdef ACTPACK_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  py::class_<PackedHandle>(m, "PackedTensor")
+      .def_property_readonly("raw_bytes", [](const PackedHandle& h) { return h.packed->raw_bytes(); })
+      .def_property_readonly("stored_bytes",
+                             [](const PackedHandle& h) { return h.packed->stored_bytes(); });
+  py::class_<PySession>(m, "Session")
+      .def(py::init<const std::string&, int64_t, uint64_t, bool>(), py::arg("codec"),
+           py::arg("min_bytes"), py::arg("seed"), py::arg("enabled"))
+      .def("pack", &PySession::Pack)
+      .def("unpack", &PySession::Unpack)
+      .def("totals", &PySession::Totals)
+      .def("activation_report", &PySession::ActivationReport);
+  m.def("build_report", &actpack::torch_plugin::BuildReport, py::arg("run_json"), py::arg("session"));
+  m.def("parse_budget", &actpack::torch_plugin::ParseBudgetToJson, py::arg("text"));
+  m.def("parse_size", [](const std::string& text) {
+    absl::StatusOr<uint64_t> bytes = actpack::runtime::ParseByteSize(text);
+    actpack::torch_plugin::ThrowIfError(bytes.status());
+    return *bytes;
+  });
+  m.def("format_bytes", &actpack::runtime::FormatBytes);
+  m.def("codec_names", [] {
+    std::vector<std::string> names;
+    for (const actpack::codecs::Codec* codec : actpack::codecs::AllCodecs()) {
+      names.emplace_back(codec->name());
+    }
+    return names;
+  });
+}

@@ -1,0 +1,103 @@
+#include "torch_plugin/csrc/tensor_adapter.h"
+
+#include <string>
+
+#ifdef ACTPACK_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace actpack::torch_plugin {
+
+std::optional<codecs::DType> ToCodecDType(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return codecs::DType::kFloat32;
+    case at::kHalf: return codecs::DType::kFloat16;
+    case at::kBFloat16: return codecs::DType::kBFloat16;
+    case at::kDouble: return codecs::DType::kFloat64;
+    case at::kByte: return codecs::DType::kUInt8;
+    case at::kChar: return codecs::DType::kInt8;
+    case at::kShort: return codecs::DType::kInt16;
+    case at::kInt: return codecs::DType::kInt32;
+    case at::kLong: return codecs::DType::kInt64;
+    case at::kBool: return codecs::DType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+at::ScalarType ToTorchDType(codecs::DType dtype) {
+  switch (dtype) {
+    case codecs::DType::kFloat32: return at::kFloat;
+    case codecs::DType::kFloat16: return at::kHalf;
+    case codecs::DType::kBFloat16: return at::kBFloat16;
+    case codecs::DType::kFloat64: return at::kDouble;
+    case codecs::DType::kUInt8: return at::kByte;
+    case codecs::DType::kInt8: return at::kChar;
+    case codecs::DType::kInt16: return at::kShort;
+    case codecs::DType::kInt32: return at::kInt;
+    case codecs::DType::kInt64: return at::kLong;
+    case codecs::DType::kBool: return at::kBool;
+  }
+  TORCH_CHECK(false, "actpack: unknown dtype code ", static_cast<int>(dtype));
+}
+
+namespace {
+
+codecs::DType CheckedDType(const at::Tensor& tensor) {
+  const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
+  TORCH_CHECK_TYPE(dtype.has_value(), "actpack: unsupported dtype ", tensor.scalar_type(),
+                   "; expected a float, integer or bool tensor");
+  return *dtype;
+}
+
+codecs::Device DeviceOf(const at::Tensor& tensor) {
+  TORCH_CHECK_VALUE(tensor.is_cpu() || tensor.is_cuda(), "actpack: tensors on ",
+                    tensor.device(), " are not supported; expected a CPU or CUDA tensor");
+  return tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
+}
+
+}  // namespace
+
+codecs::TensorView ToView(const at::Tensor& contiguous) {
+  TORCH_INTERNAL_ASSERT(contiguous.is_contiguous());
+  return {contiguous.data_ptr(), CheckedDType(contiguous), contiguous.sizes().vec(),
+          DeviceOf(contiguous)};
+}
+
+codecs::MutableTensorView ToMutableView(at::Tensor& contiguous) {
+  TORCH_INTERNAL_ASSERT(contiguous.is_contiguous());
+  return {contiguous.data_ptr(), CheckedDType(contiguous), contiguous.sizes().vec(),
+          DeviceOf(contiguous)};
+}
+
+codecs::ExecContext ContextFor(const at::Tensor& tensor) {
+  codecs::ExecContext context;
+  context.device = DeviceOf(tensor);
+  if (tensor.is_cuda()) {
+#ifdef ACTPACK_WITH_CUDA
+    context.device_index = tensor.get_device();
+    context.stream = at::cuda::getCurrentCUDAStream(tensor.get_device()).stream();
+#else
+    TORCH_CHECK_NOT_IMPLEMENTED(false,
+                                "actpack: this build has no CUDA support; reinstall actpack "
+                                "against a CUDA build of torch to pack CUDA tensors");
+#endif
+  }
+  return context;
+}
+
+void ThrowIfError(const absl::Status& status) {
+  if (status.ok()) return;
+  const std::string message(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      TORCH_CHECK_VALUE(false, message);
+    case absl::StatusCode::kResourceExhausted:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    case absl::StatusCode::kUnimplemented:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+    default:
+      TORCH_CHECK(false, message);
+  }
+}
+
+}  // namespace actpack::torch_plugin

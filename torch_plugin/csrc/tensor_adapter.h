@@ -1,0 +1,34 @@
+// Conversions between torch tensors and the torch-free views of codecs/ and runtime/, and
+// between absl::Status and PyTorch errors. The only place that maps types across that line.
+#ifndef ACTPACK_TORCH_PLUGIN_CSRC_TENSOR_ADAPTER_H_
+#define ACTPACK_TORCH_PLUGIN_CSRC_TENSOR_ADAPTER_H_
+
+#include <torch/types.h>
+
+#include <optional>
+
+#include "absl/status/status.h"
+#include "codecs/codec.h"
+
+namespace actpack::torch_plugin {
+
+// The codec dtype of a torch dtype, or nullopt for types actpack does not describe (complex,
+// float8, ...).
+std::optional<codecs::DType> ToCodecDType(at::ScalarType type);
+at::ScalarType ToTorchDType(codecs::DType dtype);
+
+// A view of a contiguous tensor's data.
+codecs::TensorView ToView(const at::Tensor& contiguous);
+codecs::MutableTensorView ToMutableView(at::Tensor& contiguous);
+
+// The device and current stream of `tensor`.
+codecs::ExecContext ContextFor(const at::Tensor& tensor);
+
+// Throws the PyTorch error matching `status` (ValueError for kInvalidArgument,
+// torch.OutOfMemoryError for kResourceExhausted, NotImplementedError for kUnimplemented,
+// RuntimeError otherwise) with its message; returns when OK.
+void ThrowIfError(const absl::Status& status);
+
+}  // namespace actpack::torch_plugin
+
+#endif  // ACTPACK_TORCH_PLUGIN_CSRC_TENSOR_ADAPTER_H_

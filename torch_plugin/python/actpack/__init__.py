@@ -1,0 +1,27 @@
+"""actpack: train PyTorch models under a fixed memory budget.
+
+    import actpack
+    with actpack.budget("2GiB", codec="quant2", report="run.json") as run:
+        for x, y in loader:
+            loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+    print(run.report["activations"]["totals"]["ratio"])
+
+Saved activations are packed by actpack's C++ codecs while autograd holds them and unpacked
+for backward; the report says how many bytes were saved raw and stored.
+"""
+from actpack._budget import Run, budget
+from actpack._codec import codec_names, decode, encode
+from actpack._units import format_bytes, parse_budget, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Run",
+    "budget",
+    "codec_names",
+    "decode",
+    "encode",
+    "format_bytes",
+    "parse_budget",
+    "parse_size",
+]
