@@ -49,7 +49,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
   switch (reason) {
     case KeepReason::kNone: return "";
     case KeepReason::kDisabled: return "packing disabled";
-    case KeepReason::kParameter: return "leaf or view of a leaf (parameter, buffer, input)";
+    case KeepReason::kParameter: return "parameter (or a view of one)";
     case KeepReason::kNotFloatingPoint: return "not floating point";
     case KeepReason::kTooSmall: return "below min_bytes";
     case KeepReason::kLossInput: return "log-probabilities of the loss";

@@ -64,9 +64,12 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
   info.strides = tensor.strides().vec();
   info.device = tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
   info.device_index = tensor.is_cuda() ? tensor.get_device() : 0;
-  // A leaf lives anyway (a parameter, a buffer, or the user's input batch), and so does a view
-  // of one (linear layers save weight.t()): packing either would add a copy, not save one.
-  info.is_parameter = tensor.is_leaf() || (tensor.is_view() && tensor._base().is_leaf());
+  // A parameter lives anyway, and so does a view of one (linear layers save weight.t()):
+  // packing either would add a copy, not save one. Other leaves (tensors that do not require
+  // grad) are usually intermediates that die after forward, so they are packed.
+  const auto is_parameter = [](const at::TensorBase& t) { return t.is_leaf() && t.requires_grad(); };
+  info.is_parameter =
+      is_parameter(tensor) || (tensor.is_view() && is_parameter(tensor._base()));
   if (tensor.has_storage()) {
     // The storage object, held weakly: its address cannot be reused while the guard lives,
     // unlike the data pointer, which the allocator hands out again once the data is freed.

@@ -1,0 +1,159 @@
+"""actpack.budget(): parity with plain PyTorch, the demo's compression and loss, the report."""
+import json
+import statistics
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import actpack
+import demo
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(32, 10))
+
+
+def gradients(model, x, y, **budget_args):
+    model.zero_grad()
+    if budget_args:
+        with actpack.budget("1GiB", **budget_args):
+            F.cross_entropy(model(x), y).backward()
+    else:
+        F.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("budget_args", [{"codec": "identity", "min_bytes": 1},
+                                         {"codec": "quant2", "enabled": False}])
+def test_lossless_packing_gives_bitwise_equal_gradients(budget_args):
+    model = small_cnn()
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    plain = gradients(model, x, y)
+    packed = gradients(model, x, y, **budget_args)
+    for a, b in zip(plain, packed):
+        assert torch.equal(a, b)
+
+
+def test_identity_training_matches_plain_bitwise_over_steps():
+    corpus = demo.load_corpus(1 << 20)
+    device = torch.device("cpu")
+    plain, _, _, _ = demo.train(corpus, 8, 8, 64, device, seed=3)
+    packed, _, report, _ = demo.train(corpus, 8, 8, 64, device, seed=3, budget="1GiB",
+                                      codec="identity")
+    assert plain == packed
+    assert report["activations"]["totals"]["packs"] > 0
+
+
+def test_demo_quant2_compresses_12x_and_trains_within_5_percent(tmp_path):
+    corpus = demo.load_corpus()
+    device = torch.device("cpu")
+    plain, _, _, _ = demo.train(corpus, 60, 32, 128, device, seed=0)
+    packed, _, report, _ = demo.train(corpus, 60, 32, 128, device, seed=0, budget="1GiB",
+                                      codec="quant2", report=tmp_path / "run.json")
+    totals = report["activations"]["totals"]
+    # Every packed fp32 activation is stored in at most 1/12 of its bytes.
+    assert totals["packed_stored_bytes"] * 12 <= totals["packed_raw_bytes"]
+    for saved in report["activations"]["saved_tensors"]:
+        if saved["codec"].startswith("quant2") and saved["dtype"] == "float32":
+            assert saved["stored_bytes"] * 12 <= saved["raw_bytes"], saved
+    final_plain = statistics.mean(plain[-5:])
+    final_packed = statistics.mean(packed[-5:])
+    assert final_packed <= final_plain * 1.05, (final_plain, final_packed)
+    assert json.loads((tmp_path / "run.json").read_text()) == report
+
+
+def test_report_document(tmp_path):
+    model = small_cnn()
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    with actpack.budget("256MiB", codec="quant4", report=tmp_path / "r.json", min_bytes="4KiB") as run:
+        for _ in range(3):
+            F.cross_entropy(model(x), y).backward()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report == run.report
+    assert report["schema"] == "actpack.report" and report["schema_version"] == 1
+    assert report["run"]["budget"] == "256.00 MiB"
+    assert report["run"]["budget_bytes"] == 256 << 20
+    activations = report["activations"]
+    assert len(activations["steps"]) == 3
+    assert activations["totals"]["packs"] == 3 * sum(
+        1 for s in activations["saved_tensors"] if s["codec"].startswith("quant4"))
+    kept = {s["note"] for s in activations["saved_tensors"] if s["codec"] == "kept"}
+    assert any("parameter" in note for note in kept)  # weights stay as they are
+    assert activations["totals"]["ratio"] > 7
+
+
+def test_a_tensor_saved_twice_is_packed_once():
+    x = torch.randn(64, 1024, requires_grad=True)
+    h = x * 3
+    (h * h).sum().backward()
+    plain = x.grad.clone()
+    x.grad = None
+    with actpack.budget("1GiB", codec="identity") as run:
+        h = x * 3
+        (h * h).sum().backward()  # mul saves h as both operands
+    totals = run.report["activations"]["totals"]
+    assert totals["packs"] == 1
+    assert totals["reused_bytes"] == 64 * 1024 * 4
+    assert torch.equal(x.grad, plain)
+
+
+def test_non_finite_activations_are_kept_exact():
+    torch.manual_seed(0)
+    x = torch.randn(64, 256)
+    x[0, 0], x[5, 7] = float("inf"), float("nan")
+    w = torch.randn(64, 256, requires_grad=True)
+    with actpack.budget("1GiB", codec="quant2", min_bytes="1KiB") as run:
+        h = x * 2  # non-finite, saved by the product below
+        (h * w).sum().backward()
+    assert run.report["activations"]["totals"]["exact_fallbacks"] == 1
+    assert torch.equal(w.grad.isnan(), (2 * x).isnan())
+    finite = ~w.grad.isnan()
+    assert torch.equal(w.grad[finite], (2 * x)[finite])
+
+
+def test_hooks_are_removed_and_report_written_after_an_exception(tmp_path):
+    model = small_cnn()
+    x = torch.randn(4, 3, 16, 16)
+    budget = actpack.budget("1GiB", report=tmp_path / "r.json", min_bytes=1)
+    with pytest.raises(ZeroDivisionError):
+        with budget:
+            model(x).sum()
+            1 / 0
+    assert (tmp_path / "r.json").exists()
+    packs = budget.run.report["activations"]["totals"]["packs"]
+    model(x).sum().backward()  # outside the context: nothing more is packed
+    assert budget.run.totals()["packs"] == packs
+
+
+def test_bad_arguments_fail_before_training():
+    with pytest.raises(ValueError, match="'6 gigs'"):
+        actpack.budget("6 gigs")
+    with pytest.raises(ValueError, match="'-1GiB'"):
+        actpack.budget("-1GiB")
+    with pytest.raises(ValueError, match="unknown codec 'zstd'"):
+        actpack.budget("1GiB", codec="zstd")
+    with pytest.raises(TypeError, match="codec must be a str"):
+        actpack.budget("1GiB", codec=2)
+    with pytest.raises(ValueError, match="'12 apples'"):
+        actpack.budget("1GiB", min_bytes="12 apples")
+
+
+@pytest.mark.gpu
+def test_cuda_training_with_quant2_tracks_plain():
+    corpus = demo.load_corpus()
+    device = torch.device("cuda")
+    plain, _, _, _ = demo.train(corpus, 60, 32, 128, device, seed=0)
+    packed, _, report, _ = demo.train(corpus, 60, 32, 128, device, seed=0, budget="1GiB",
+                                      codec="quant2")
+    assert statistics.mean(packed[-5:]) <= statistics.mean(plain[-5:]) * 1.05
+    assert report["run"]["peak_allocated_bytes"] > 0
+    identity, _, _, _ = demo.train(corpus, 10, 32, 128, device, seed=0, budget="1GiB",
+                                   codec="identity")
+    again, _, _, _ = demo.train(corpus, 10, 32, 128, device, seed=0)
+    assert identity == again
