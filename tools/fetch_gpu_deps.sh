@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run on a machine with apt (this one), before tools/gpu_check.sh on a GPU machine without a
+# network: downloads the Debian packages the GPU machine lacks into .deps/ (git-ignored), which
+# travels with the working tree.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mkdir -p .deps
+cd .deps
+rm -f ./*.deb
+apt-get download libabsl-dev libabsl20220623
+ls -l

@@ -1,0 +1,51 @@
+"""Codec throughput on the GPU as a fraction of a device-to-device copy of the same bytes,
+both measured in this run (CUDA events, warm-up, median of repeats, 64 MiB and 256 MiB fp32).
+
+    python3 tools/gpu_benchmark.py            # prints a table; run by tools/gpu_check.sh
+"""
+import statistics
+
+import torch
+
+import actpack
+
+
+def time_ms(fn, repeats=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_benchmark: no CUDA device")
+    print(f"device: {torch.cuda.get_device_name()}")
+    print(f"{'codec':<22} {'size':>8} {'copy GB/s':>10} {'enc GB/s':>9} {'dec GB/s':>9} "
+          f"{'enc/copy':>9} {'dec/copy':>9} {'e+d/copy':>9} {'ratio':>7}")
+    for mib in (64, 256):
+        n = mib * (1 << 20) // 4
+        x = torch.randn(n, device="cuda").relu_()
+        y = torch.empty_like(x)
+        copy = time_ms(lambda: y.copy_(x))
+        nbytes = x.numel() * 4
+        for spec in ("identity", "quant2", "quant4", "quant8"):
+            buffer = actpack.encode(x, spec)
+            encode = time_ms(lambda: actpack.encode(x, spec))
+            decode = time_ms(lambda: actpack.decode(buffer))
+            gbs = lambda ms: nbytes / ms / 1e6
+            print(f"{spec:<22} {mib:>5}MiB {gbs(copy):>10.0f} {gbs(encode):>9.0f} "
+                  f"{gbs(decode):>9.0f} {copy / encode:>9.2f} {copy / decode:>9.2f} "
+                  f"{2 * copy / (encode + decode):>9.2f} {nbytes / buffer.numel():>7.2f}")
+
+
+if __name__ == "__main__":
+    main()

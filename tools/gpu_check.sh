@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU, a CUDA build of torch and no network: builds actpack
+# against that torch (with the CUDA kernels) and runs every GPU test and GPU benchmark,
+# writing results under $OUT (default ./gpu-results). What the machine lacks (Abseil) comes
+# from .deps/, filled beforehand by tools/fetch_gpu_deps.sh on a machine with apt.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/gpu-results}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if [ ! -e /usr/include/absl/status/status.h ]; then
+  ls .deps/*.deb >/dev/null 2>&1 || { echo "actpack: no Abseil here and no .deps/*.deb; run tools/fetch_gpu_deps.sh on a machine with apt first"; exit 1; }
+  mkdir -p .deps/root
+  for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
+  export ACTPACK_ABSL_PREFIX="$PWD/.deps/root/usr"
+fi
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/device.txt"
+
+SITE=/tmp/actpack-site
+rm -rf "$SITE" build
+echo "== build (CUDA) =="
+MAX_JOBS="$(nproc)" python3 -m pip install -q --no-build-isolation --no-deps --target "$SITE" . \
+  > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+export PYTHONPATH="$SITE"
+python3 -c 'import actpack, actpack._C as c; assert c.with_cuda, "built without CUDA"; print("actpack", actpack.__file__)'
+
+status=0
+echo "== GPU tests =="
+(cd tests && python3 -m pytest -q -p no:cacheprovider -m gpu -rs .) 2>&1 | tee "$OUT/gpu_tests.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== CPU tests against the CUDA build =="
+(cd tests && python3 -m pytest -q -p no:cacheprovider -m "not gpu" .) 2>&1 | tail -5 | tee "$OUT/cpu_tests.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== codec benchmark =="
+python3 tools/gpu_benchmark.py 2>&1 | tee "$OUT/benchmark.txt"
+echo "== demo on the GPU =="
+python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json" 2>&1 | tee "$OUT/demo.txt"
+exit $status

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing, then
+#   1. bazel test //...                      (C++ unit tests, CPU)
+#   2. bazel build --config=cuda //...       (CUDA sources compile with nvcc; nothing runs)
+#   3. pytest tests/                         (the installed package; GPU tests skip without CUDA)
+# and ends with pytest's summary line. Exits non-zero if any stage failed.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash tools/setup_env.sh || exit 1
+
+failed=()
+echo "== bazel test //... =="
+bazel test //... || failed+=("bazel test")
+echo "== bazel build --config=cuda //... (compile check) =="
+bazel build --config=cuda //... || failed+=("bazel build --config=cuda")
+echo "== pytest =="
+(cd tests && python3 -m pytest -q -p no:cacheprovider .) || failed+=("pytest")
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "actpack: FAILED stages: ${failed[*]}"
+  exit 1
+fi
+echo "actpack: all stages passed"
