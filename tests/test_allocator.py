@@ -110,6 +110,13 @@ def test_bad_device_names_the_value(device):
         actpack.memory_stats(device)
 
 
+@pytest.mark.parametrize("budget", ["lots", -5, 1.5])
+def test_bad_cpu_budget_is_refused_before_installing(budget):
+    with pytest.raises((ValueError, TypeError), match="actpack"):
+        actpack.install_cpu_allocator(budget=budget)
+    assert not actpack.cpu_allocator_installed()
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and actpack._C.with_cuda,
                     reason="CUDA is available here")
 def test_install_allocator_without_cuda_is_a_clear_error():
