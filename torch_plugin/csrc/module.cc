@@ -15,6 +15,7 @@
 #include "runtime/config.h"
 #include "runtime/json.h"
 #include "runtime/session.h"
+#include "torch_plugin/csrc/allocator_bindings.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -273,4 +274,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     return names;
   });
+  actpack::torch_plugin::BindAllocator(m);
 }

@@ -12,6 +12,26 @@ for backward; the report says how many bytes were saved raw and stored.
 from actpack._budget import Run, budget
 from actpack._codec import codec_names, decode, encode
 from actpack._units import format_bytes, parse_budget, parse_size
+from actpack.memory import (
+    cpu_allocator_installed,
+    dump_snapshot,
+    empty_cache,
+    install_allocator,
+    install_cpu_allocator,
+    last_allocator_error,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_pool,
+    memory_allocated,
+    memory_budget,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    memory_summary,
+    reset_peak_memory_stats,
+    set_cpu_budget,
+    uninstall_cpu_allocator,
+)
 
 __version__ = "0.1.0"
 
@@ -19,9 +39,27 @@ __all__ = [
     "Run",
     "budget",
     "codec_names",
+    "cpu_allocator_installed",
     "decode",
+    "dump_snapshot",
+    "empty_cache",
     "encode",
     "format_bytes",
+    "install_allocator",
+    "install_cpu_allocator",
+    "last_allocator_error",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_pool",
+    "memory_allocated",
+    "memory_budget",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_summary",
     "parse_budget",
     "parse_size",
+    "reset_peak_memory_stats",
+    "set_cpu_budget",
+    "uninstall_cpu_allocator",
 ]

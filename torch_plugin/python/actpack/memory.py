@@ -1,0 +1,260 @@
+"""actpack's caching allocator under PyTorch: CPU and CUDA, with a budget, stats and snapshots.
+
+    import actpack
+    actpack.install_allocator(budget="6GiB")       # before the first CUDA allocation
+    ... train ...
+    print(actpack.max_memory_allocated())
+    actpack.dump_snapshot("mem.pickle")             # open in pytorch.org/memory_viz
+
+On a CPU-only machine `install_cpu_allocator` puts the same pool (budget, stats, snapshots)
+under torch's CPU tensors. Through torch's CUDAPluggableAllocator, torch.cuda.memory_stats and
+torch.cuda.memory._snapshot do not work: read them here instead (same names and shapes).
+
+A `device` argument is "cpu" (the host pool behind install_cpu_allocator), "cuda" or "cuda:N",
+an int N, or a torch.device; None means the current CUDA device when CUDA is available, else
+"cpu".
+"""
+import json
+import os
+import pickle
+
+import torch
+
+from actpack import _C
+from actpack._units import format_bytes, parse_budget
+
+_HOST = _C._HOST_DEVICE
+
+
+def _budget_bytes(budget, total_bytes):
+    """Bytes for `budget` ("6GiB", "80%" of `total_bytes`, an int), or None (no cap)."""
+    if budget is None:
+        return None
+    parsed = parse_budget(budget)
+    if parsed["bytes"]:
+        return parsed["bytes"]
+    if total_bytes is None:
+        raise ValueError(f"actpack: a budget of {budget!r} needs a byte size here, like '6GiB'")
+    return int(parsed["fraction"] * total_bytes)
+
+
+def _physical_memory_bytes():
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _device_index(device):
+    """-1 for the host pool, else the CUDA device index."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, bool):
+        raise TypeError(f"actpack: expected a device like 'cpu', 'cuda:0' or 0, got {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"actpack: device index {device} is negative; expected 0, 1, ...")
+        return device
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"actpack: expected a device like 'cpu', 'cuda:0' or 0, got {device!r}") from error
+    if device.type == "cpu":
+        return _HOST
+    if device.type != "cuda":
+        raise ValueError(f"actpack: actpack allocates for 'cpu' and 'cuda', not {device.type!r}")
+    if device.index is not None:
+        return device.index
+    # current_device() would initialise CUDA, which must not happen before install_allocator.
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
+
+# ---- CPU ----
+
+def install_cpu_allocator(budget=None):
+    """Serve every new CPU tensor from actpack's host pool, capped at `budget`.
+
+    `budget` is a size ("512MiB", an int in bytes), a share of physical memory ("50%"), or None
+    for no cap. Process-wide: tensors allocated before stay with torch's allocator, tensors
+    allocated after are freed by actpack even after uninstall_cpu_allocator. A request over the
+    budget raises torch.OutOfMemoryError saying what was asked, what is in use, and the budget.
+    Calling it again changes the budget.
+    """
+    _C._set_host_budget(_budget_bytes(budget, _physical_memory_bytes()))
+    _C._install_cpu_allocator()
+
+
+def uninstall_cpu_allocator():
+    """Give CPU allocation back to the allocator torch had before; True if actpack's was installed.
+
+    Tensors actpack allocated stay valid and return to actpack's pool when freed.
+    """
+    return _C._uninstall_cpu_allocator()
+
+
+def cpu_allocator_installed():
+    """Whether torch's CPU allocator is actpack's host pool now."""
+    return _C._cpu_allocator_installed()
+
+
+def set_cpu_budget(budget):
+    """Change the host pool's cap (same forms as install_cpu_allocator; None: no cap).
+
+    Memory already reserved above a lowered budget stays until it is freed; empty_cache("cpu")
+    releases what is cached.
+    """
+    _C._set_host_budget(_budget_bytes(budget, _physical_memory_bytes()))
+
+
+# ---- CUDA ----
+
+_ALLOC_FN = "actpack_alloc"
+_FREE_FN = "actpack_free"
+
+
+def _check_cuda_usable(what):
+    if not _C.with_cuda:
+        raise RuntimeError(
+            f"actpack.{what}: this actpack build has no CUDA support (it was built against a "
+            f"CPU-only torch {torch.__version__} or without nvcc); reinstall actpack against a "
+            "CUDA torch, or use actpack.install_cpu_allocator for CPU training")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"actpack.{what}: no CUDA device is available (torch.cuda.is_available() is False)")
+
+
+def _configure_cuda(budget):
+    """Configure the device stacks (before their first allocation) and set `budget` on all."""
+    parsed = None if budget is None else parse_budget(budget)
+    if not _C._device_allocator_in_use():
+        _C._configure_device_allocator("cuda", parsed["bytes"] if parsed else None)
+    if parsed is None:
+        _C._set_device_budget(-1, None)
+    elif parsed["bytes"]:
+        _C._set_device_budget(-1, parsed["bytes"])
+    else:
+        for device in range(torch.cuda.device_count()):
+            _C._set_device_budget_fraction(device, parsed["fraction"])
+
+
+def _pluggable_allocator():
+    return torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, _ALLOC_FN, _FREE_FN)
+
+
+def install_allocator(budget=None):
+    """Serve all CUDA memory of this process from actpack's caching allocator, capped at `budget`.
+
+    `budget` is per device: a size ("6GiB", an int in bytes), a share of the device's memory
+    ("80%"), or None for no cap. It must run before the first CUDA allocation (torch cannot swap
+    an allocator in use). When a request does not fit, torch raises its own
+    torch.OutOfMemoryError; last_allocator_error() tells actpack's reason (request, in use,
+    budget). torch.cuda.memory_stats and snapshots do not work through a pluggable allocator:
+    use actpack.memory_stats and actpack.dump_snapshot.
+    """
+    _check_cuda_usable("install_allocator")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "actpack: install_allocator must run before the first CUDA allocation; CUDA is "
+            "already initialised in this process. Call it at the start of the program, before "
+            "any tensor or model is moved to the GPU, or use actpack.mem_pool(budget=...) for a "
+            "region")
+    _configure_cuda(budget)
+    torch.cuda.memory.change_current_allocator(_pluggable_allocator())
+
+
+def mem_pool(budget=None):
+    """A torch.cuda.MemPool served by actpack, for `with torch.cuda.use_mem_pool(pool):`.
+
+    Unlike install_allocator this works after CUDA is initialised: only the region's
+    allocations go through actpack. The pool shares actpack's per-device stacks (and so their
+    budget and stats) with install_allocator; `budget` (as there) sets that budget, None leaves
+    it as it is.
+    """
+    _check_cuda_usable("mem_pool")
+    if budget is not None or not _C._device_allocator_in_use():
+        _configure_cuda(budget)
+    return torch.cuda.MemPool(_pluggable_allocator().allocator())
+
+
+def last_allocator_error():
+    """Why this thread's last actpack CUDA allocation failed ("" when it succeeded).
+
+    torch reports a failed pluggable allocation as a generic out-of-memory error; this is
+    actpack's message: "actpack: out of budget: requested ... with ... in use and ... cached;
+    budget ...".
+    """
+    return _C._last_allocator_error()
+
+
+# ---- Stats and snapshots (either device kind) ----
+
+def memory_stats(device=None):
+    """Allocator counters under torch.cuda.memory_stats' names ("allocated_bytes.all.peak", ...).
+
+    Each of allocation, active, segment, allocated_bytes, active_bytes, requested_bytes,
+    reserved_bytes has .all.{current,peak,allocated,freed}; plus num_alloc_retries, num_ooms,
+    num_device_alloc, num_device_free and actpack's num_allocs, num_frees. All zero for a device
+    actpack has not allocated on.
+    """
+    return dict(_C._memory_stats(_device_index(device)))
+
+
+def memory_allocated(device=None):
+    """Bytes in tensors actpack has handed out on `device` now (after rounding)."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    """The most bytes handed out on `device` at once since start or reset_peak_memory_stats."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    """Bytes actpack holds from the system on `device` (handed out and cached)."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    """The most bytes actpack held on `device` at once since start or reset_peak_memory_stats."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """Set every peak counter of `device` to its current value."""
+    _C._reset_peak_memory_stats(_device_index(device))
+
+
+def empty_cache(device=None):
+    """Return `device`'s cached free segments to the system; returns the bytes released."""
+    return _C._empty_cache(_device_index(device))
+
+
+def memory_budget(device=None):
+    """`device`'s budget in bytes, or None when it has no cap."""
+    return _C._budget(_device_index(device))
+
+
+def memory_snapshot(device=None):
+    """The allocator's state as torch.cuda.memory._snapshot() returns it.
+
+    A dict with "segments" (each with its "blocks"), "device_traces" (recent alloc/free
+    actions per device) and "allocator_settings". For "cpu" the host pool appears as device 0.
+    Stack frames are not recorded.
+    """
+    return json.loads(_C._snapshot_json(_device_index(device)))
+
+
+def dump_snapshot(path, device=None):
+    """Pickle memory_snapshot(device) to `path`, for pytorch.org/memory_viz."""
+    snapshot = memory_snapshot(device)
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    return snapshot
+
+
+def memory_summary(device=None):
+    """A short human-readable line of `device`'s allocated, reserved and budget."""
+    stats = memory_stats(device)
+    cap = memory_budget(device)
+    return (f"allocated {format_bytes(stats['allocated_bytes.all.current'])} "
+            f"(peak {format_bytes(stats['allocated_bytes.all.peak'])}), "
+            f"reserved {format_bytes(stats['reserved_bytes.all.current'])} "
+            f"(peak {format_bytes(stats['reserved_bytes.all.peak'])}), "
+            f"budget {'none' if cap is None else format_bytes(cap)}")
