@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/units.h"
 
 namespace actpack::runtime {
 namespace {
@@ -57,25 +58,13 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   return BadSize(text, absl::StrCat("unknown unit '", unit_text, "'"));
 }
 
-std::string FormatBytes(uint64_t bytes) {
-  static const char* const kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.2f %s", value, kNames[unit]);
-}
-
 uint64_t Budget::Resolve(uint64_t device_total) const {
   if (bytes != 0) return bytes;
   return static_cast<uint64_t>(fraction * static_cast<double>(device_total));
 }
 
 std::string Budget::ToString() const {
-  if (bytes != 0) return FormatBytes(bytes);
+  if (bytes != 0) return allocator::FormatBytes(bytes);
   return absl::StrFormat("%g%% of the device", fraction * 100.0);
 }
 

@@ -21,9 +21,6 @@ namespace actpack::runtime {
 // sizes included.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
-// "1.50 GiB": a size for people, with two decimals above 1 KiB.
-std::string FormatBytes(uint64_t bytes);
-
 struct Budget {
   uint64_t bytes = 0;     // an absolute budget, or 0
   double fraction = 0.0;  // a share of the device's memory in (0, 1], or 0

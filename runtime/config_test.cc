@@ -37,11 +37,5 @@ TEST(ParseBudgetTest, BytesAndShares) {
   EXPECT_FALSE(ParseBudget("x%").ok());
 }
 
-TEST(FormatBytesTest, HumanUnits) {
-  EXPECT_EQ(FormatBytes(12), "12 B");
-  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
-  EXPECT_EQ(FormatBytes(6ull << 30), "6.00 GiB");
-}
-
 }  // namespace
 }  // namespace actpack::runtime

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "allocator/units.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "runtime/config.h"
@@ -266,7 +267,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     actpack::torch_plugin::ThrowIfError(bytes.status());
     return *bytes;
   });
-  m.def("format_bytes", &actpack::runtime::FormatBytes);
+  m.def("format_bytes", [](uint64_t bytes) { return actpack::allocator::FormatBytes(bytes); });
   m.def("codec_names", [] {
     std::vector<std::string> names;
     for (const actpack::codecs::Codec* codec : actpack::codecs::AllCodecs()) {
