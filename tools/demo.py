@@ -181,15 +181,18 @@ def main(argv=None):
     print(f"{args.steps - 1:>6} {plain[-1]:>12.4f} {packed[-1]:>13.4f}")
 
     totals = report["activations"]["totals"]
-    steps = report["activations"]["steps"]
-    per_step_raw = max(s["peak_live_raw_bytes"] for s in steps)
-    per_step_stored = max(s["peak_live_stored_bytes"] for s in steps)
+    last = report["activations"]["steps"][-1]
+    per_step_raw = max(s["peak_live_raw_bytes"] for s in report["activations"]["steps"])
+    per_step_stored = max(s["peak_live_stored_bytes"] for s in report["activations"]["steps"])
     fmt = actpack.format_bytes
-    print("\nactivation memory per step (saved for backward, at the step's peak):")
-    print(f"  plain PyTorch       {fmt(per_step_raw):>12}")
-    print(f"  actpack {args.codec:<11} {fmt(per_step_stored):>12}   ratio {totals['ratio']:.1f}x "
-          f"({totals['packs']} tensors packed, {fmt(totals['kept_bytes'])} kept as they are, "
-          f"{totals['exact_fallbacks']} kept exact)")
+    print("\nactivation memory of one step (what autograd saves for backward):")
+    print(f"  plain PyTorch        {fmt(last['saved_raw_bytes']):>12}")
+    print(f"  actpack {args.codec:<12} {fmt(last['stored_bytes']):>12}   "
+          f"({last['saved_raw_bytes'] / last['stored_bytes']:.1f}x overall)")
+    print(f"  of which packed      {fmt(per_step_raw):>12} -> {fmt(per_step_stored)}   "
+          f"(ratio {totals['ratio']:.1f}x; {totals['exact_fallbacks']} tensors kept exact)")
+    print(f"  kept as they are     {fmt(last['stored_bytes'] - per_step_stored):>12}   "
+          "(parameters, small tensors, the loss's log-probabilities)")
     if plain_peak is not None:
         print(f"peak device memory: plain {fmt(plain_peak)}, actpack {fmt(packed_peak)}")
     print(f"wall time: plain {plain_wall:.1f} s, actpack {packed_wall:.1f} s "
@@ -203,8 +206,8 @@ def main(argv=None):
         torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0))
     fixed = model_state_bytes(model)
     if budget:
-        plain_batch = max(0, (budget - fixed) * args.batch // per_step_raw)
-        packed_batch = max(0, (budget - fixed) * args.batch // per_step_stored)
+        plain_batch = max(0, (budget - fixed) * args.batch // last['saved_raw_bytes'])
+        packed_batch = max(0, (budget - fixed) * args.batch // last['stored_bytes'])
         print(f"\nsupported batch size under {fmt(budget)} (model state {fmt(fixed)} + saved "
               f"activations; estimate): plain {plain_batch}, actpack {args.codec} {packed_batch}")
     print(f"report written to {args.report}")
