@@ -922,7 +922,7 @@ std::string RenderMemorySvg(const RunReport& report) {
   // Panel 2: per-producer bytes per step, raw vs stored, as horizontal bars.
   const uint64_t steps = report.StepCountForAverages();
   const double bars_left = kProducerLeft;
-  const double bars_width = kWidth - kProducerLeft - kRight - 90;  // room for value labels
+  const double bars_width = kWidth - kProducerLeft - kRight - 170;  // room for value labels
   const double bars_bottom = producer_top + producer_height;
   AppendText(&svg, plot_left, producer_top - 30,
              absl::StrCat("top consumers by producer (bytes per step, average over ", steps,
@@ -952,7 +952,7 @@ std::string RenderMemorySvg(const RunReport& report) {
                  absl::StrCat(p.producer, ": stored ", FormatBytes(p.stored_bytes / steps), " (",
                               absl::StrJoin(p.codecs, "+"), ")"));
       AppendText(&svg, x_of(raw) + 6, y + 14,
-                 absl::StrCat(FormatBytes(p.stored_bytes / steps), " / ",
+                 absl::StrCat(FormatBytes(p.stored_bytes / steps), " stored of ",
                               FormatBytes(p.raw_bytes / steps)),
                  "start", " font-size=\"10\" fill=\"#555555\"");
     }
