@@ -17,6 +17,7 @@
 #include "runtime/json.h"
 #include "runtime/session.h"
 #include "torch_plugin/csrc/allocator_bindings.h"
+#include "torch_plugin/csrc/cli_bindings.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -244,6 +245,7 @@ TORCH_LIBRARY_IMPL(actpack, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "actpack's C++ runtime: codecs, the saved-tensor session and the report";
+  actpack::torch_plugin::BindCli(m);
 #ifdef ACTPACK_WITH_CUDA
   m.attr("with_cuda") = true;
 #else
