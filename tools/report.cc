@@ -905,10 +905,11 @@ std::string RenderMemorySvg(const RunReport& report) {
                    absl::StrCat("budget ", FormatBytes(*report.budget_bytes)), "end",
                    absl::StrCat(" fill=\"", kBudgetColor, "\""));
       } else {
-        AppendText(&svg, plot_left + plot_width - 4, kStepTop + 14,
+        // Above the plot area, under the legend, so that it never covers a bar.
+        AppendText(&svg, plot_left + plot_width, kStepTop - 8,
                    absl::StrCat("budget ", FormatBytes(*report.budget_bytes),
                                 " is far above this scale"),
-                   "end", absl::StrCat(" fill=\"", kBudgetColor, "\""));
+                   "end", absl::StrCat(" font-size=\"11\" fill=\"", kBudgetColor, "\""));
       }
     }
   }
