@@ -13,12 +13,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "allocator/units.h"
 #include "runtime/config.h"
 
 namespace actpack::tools {
 namespace {
 
-using runtime::FormatBytes;
+using allocator::FormatBytes;
 
 constexpr absl::string_view kUsage =
     "usage: actpack <command> [options]\n"
