@@ -12,6 +12,7 @@ import os
 import re
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +65,16 @@ extension = extension_type(
     extra_link_args=absl_link_args(absl_prefix),
 )
 
+class BuildPyWithPth(build_py):
+    """Also puts actpack-env.pth at the root of the install (site-packages), where Python's
+    site module runs it at start: it activates actpack when ACTPACK_CONF is set."""
+
+    def run(self):
+        super().run()
+        self.copy_file(os.path.join(ROOT, "torch_plugin", "python", "actpack-env.pth"),
+                       os.path.join(self.build_lib, "actpack-env.pth"))
+
+
 setup(
     name="actpack",
     version="0.1.0",
@@ -72,7 +83,8 @@ setup(
     package_dir={"actpack": "torch_plugin/python/actpack"},
     packages=["actpack"],
     ext_modules=[extension],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True),
+              "build_py": BuildPyWithPth},
     entry_points={"console_scripts": ["actpack=actpack.cli:main"]},
     python_requires=">=3.9",
 )

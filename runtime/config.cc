@@ -6,6 +6,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "allocator/units.h"
 
 namespace actpack::runtime {
@@ -86,6 +88,40 @@ absl::StatusOr<Budget> ParseBudget(absl::string_view text) {
   if (!bytes.ok()) return bytes.status();
   budget.bytes = *bytes;
   return budget;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
+    absl::string_view text, const std::vector<std::string>& allowed, absl::string_view source) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  const std::string known = absl::StrJoin(allowed, ", ");
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    const size_t equals = item.find('=');
+    if (equals == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("actpack: ", source, ": '", item,
+                                                     "' is not key=value; known keys: ", known));
+    }
+    const std::string key(absl::StripAsciiWhitespace(item.substr(0, equals)));
+    const std::string value(absl::StripAsciiWhitespace(item.substr(equals + 1)));
+    bool is_allowed = false;
+    for (const std::string& name : allowed) is_allowed = is_allowed || name == key;
+    if (!is_allowed) {
+      return absl::InvalidArgumentError(absl::StrCat("actpack: ", source, ": unknown key '", key,
+                                                     "'; known keys: ", known));
+    }
+    for (const auto& [seen, unused] : pairs) {
+      if (seen == key) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("actpack: ", source, ": key '", key, "' is given twice"));
+      }
+    }
+    if (value.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("actpack: ", source, ": key '", key, "' has no value"));
+    }
+    pairs.emplace_back(key, value);
+  }
+  return pairs;
 }
 
 }  // namespace actpack::runtime

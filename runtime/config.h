@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -31,6 +33,12 @@ struct Budget {
 };
 
 absl::StatusOr<Budget> ParseBudget(absl::string_view text);
+
+// Parses "key=value,key=value" (the ACTPACK_CONF environment variable) into ordered pairs.
+// Every key must be one of `allowed`; kInvalidArgument names the bad key or item, the
+// allowed keys, and where the text came from (`source`, e.g. "ACTPACK_CONF").
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
+    absl::string_view text, const std::vector<std::string>& allowed, absl::string_view source);
 
 }  // namespace actpack::runtime
 

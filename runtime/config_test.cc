@@ -37,5 +37,26 @@ TEST(ParseBudgetTest, BytesAndShares) {
   EXPECT_FALSE(ParseBudget("x%").ok());
 }
 
+TEST(ParseKeyValuesTest, PairsInOrder) {
+  const auto pairs = ParseKeyValues(" budget=6GiB, codec = quant2 ,report=run.json",
+                                    {"budget", "codec", "report"}, "ACTPACK_CONF");
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  ASSERT_EQ(pairs->size(), 3u);
+  EXPECT_EQ((*pairs)[1], std::make_pair(std::string("codec"), std::string("quant2")));
+}
+
+TEST(ParseKeyValuesTest, BadItemsNameTheKey) {
+  const std::vector<std::string> allowed = {"budget", "codec"};
+  const auto unknown = ParseKeyValues("budget=1GiB,codek=quant2", allowed, "ACTPACK_CONF");
+  EXPECT_NE(unknown.status().message().find("unknown key 'codek'"), absl::string_view::npos);
+  EXPECT_NE(unknown.status().message().find("ACTPACK_CONF"), absl::string_view::npos);
+  EXPECT_NE(ParseKeyValues("budget", allowed, "X").status().message().find("'budget' is not key=value"),
+            absl::string_view::npos);
+  EXPECT_NE(ParseKeyValues("budget=1,budget=2", allowed, "X").status().message().find("twice"),
+            absl::string_view::npos);
+  EXPECT_NE(ParseKeyValues("codec=", allowed, "X").status().message().find("no value"),
+            absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace actpack::runtime

@@ -269,6 +269,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     actpack::torch_plugin::ThrowIfError(bytes.status());
     return *bytes;
   });
+  m.def("parse_key_values", [](const std::string& text, const std::vector<std::string>& allowed,
+                               const std::string& source) {
+    auto pairs = actpack::runtime::ParseKeyValues(text, allowed, source);
+    actpack::torch_plugin::ThrowIfError(pairs.status());
+    return *pairs;
+  });
   m.def("format_bytes", [](uint64_t bytes) { return actpack::allocator::FormatBytes(bytes); });
   m.def("codec_names", [] {
     std::vector<std::string> names;

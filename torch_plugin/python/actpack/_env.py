@@ -1,0 +1,86 @@
+"""Activation from the environment: ACTPACK_CONF enables actpack for an unmodified script.
+
+    ACTPACK_CONF="budget=6GiB,codec=quant2,report=run.json" python train.py
+
+The file actpack-env.pth, installed beside the package, calls activate_from_env() at
+interpreter start only when ACTPACK_CONF is set (otherwise it imports nothing). Activation
+installs actpack's allocator under the budget (allocator=auto picks CUDA when a GPU is
+present, the CPU otherwise; allocator=none leaves torch's) and the saved-tensor hooks on the
+main thread, and writes the report when the interpreter exits. A malformed value stops the
+interpreter at once with exit code 2 and a message naming the bad key.
+"""
+import atexit
+import os
+import sys
+
+KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator"]
+_ALLOCATORS = ("auto", "cpu", "cuda", "none")
+_active = None
+
+
+def _parse(text):
+    from actpack import _C
+    options = dict(_C.parse_key_values(text, KEYS, "ACTPACK_CONF"))
+    if "budget" not in options:
+        raise ValueError("actpack: ACTPACK_CONF: key 'budget' is required, e.g. "
+                         "ACTPACK_CONF=\"budget=6GiB,codec=quant2\"")
+    allocator = options.get("allocator", "auto")
+    if allocator not in _ALLOCATORS:
+        raise ValueError(f"actpack: ACTPACK_CONF: key 'allocator' is '{allocator}'; expected one "
+                         f"of {', '.join(_ALLOCATORS)}")
+    for key, kind in (("seed", int), ("enabled", bool)):
+        if key in options:
+            value = options[key]
+            if kind is bool:
+                if value not in ("0", "1", "true", "false"):
+                    raise ValueError(f"actpack: ACTPACK_CONF: key 'enabled' is '{value}'; "
+                                     "expected true or false")
+                options[key] = value in ("1", "true")
+            else:
+                try:
+                    options[key] = int(value)
+                except ValueError:
+                    raise ValueError(f"actpack: ACTPACK_CONF: key 'seed' is '{value}'; expected "
+                                     "an integer") from None
+    return options
+
+
+def activate(text):
+    """Parses `text` like ACTPACK_CONF and enters a budget for the rest of the process."""
+    global _active
+    import torch
+
+    import actpack
+
+    options = _parse(text)
+    allocator = options.pop("allocator", "auto")
+    if allocator == "auto":
+        allocator = "cuda" if torch.cuda.is_available() else "cpu"
+    budget = actpack.budget(options.pop("budget"), **options)
+    if allocator == "cuda":
+        actpack.install_allocator(budget=budget.run.budget["text"] if budget.run.budget["bytes"] else None)
+    elif allocator == "cpu":
+        actpack.install_cpu_allocator(budget=budget.run.budget["bytes"] or None)
+    budget.__enter__()
+    _active = budget
+    atexit.register(_finish)
+    return budget
+
+
+def _finish():
+    if _active is not None:
+        _active.__exit__(None, None, None)
+
+
+def activate_from_env():
+    """Called by actpack-env.pth at interpreter start when ACTPACK_CONF is set."""
+    text = os.environ.get("ACTPACK_CONF")
+    if not text:
+        return None
+    try:
+        return activate(text)
+    except (ValueError, TypeError, RuntimeError) as error:
+        print(str(error), file=sys.stderr, flush=True)
+        # Nothing has run yet; exiting here (not raising SystemExit, which the site module turns
+        # into a fatal error with a traceback) leaves the one line above as the whole message.
+        os._exit(2)
