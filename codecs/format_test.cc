@@ -53,7 +53,8 @@ TEST(FormatTest, RejectsTooManyDimsAndNegativeDims) {
 }
 
 TEST(FormatTest, EveryTruncationIsDataLoss) {
-  for (const char* spec : {"identity", "quant2", "quant8", "cast:fp16", "bf16", "pool4", "pool:k=7"}) {
+  for (const char* spec :
+       {"identity", "quant2", "quant8", "cast:fp16", "bf16", "pool4", "pool:k=7"}) {
     const std::vector<uint8_t> buffer = EncodeRamp(spec, {3, 100});
     std::vector<float> out(300);
     MutableTensorView output{out.data(), DType::kFloat32, {3, 100}, Device::kCpu};

@@ -107,17 +107,14 @@ class Mask final : public Codec {
     } else {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
+      const void* data = input.data;
       internal::ParallelFor(PayloadWords(numel), kWordGrain,
                             [&](int chunk, int64_t begin, int64_t end) {
+                              Partial& p = partials[chunk];
                               switch (width) {
-                                case 4:
-                                  partials[chunk] = EncodeWords<4>(input.data, numel, words, begin, end);
-                                  break;
-                                case 2:
-                                  partials[chunk] = EncodeWords<2>(input.data, numel, words, begin, end);
-                                  break;
-                                default:
-                                  partials[chunk] = EncodeWords<1>(input.data, numel, words, begin, end);
+                                case 4: p = EncodeWords<4>(data, numel, words, begin, end); break;
+                                case 2: p = EncodeWords<2>(data, numel, words, begin, end); break;
+                                default: p = EncodeWords<1>(data, numel, words, begin, end);
                               }
                             });
       for (const Partial& p : partials) {

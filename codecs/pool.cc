@@ -50,14 +50,18 @@ Partial EncodeWords(const void* input, const pool_math::Shape& s, uint32_t* word
   return p;
 }
 
+// Output elements [begin, end): each is its window's mean, copied bit for bit.
 template <int Width>
-void DecodeRows(const uint8_t* payload, const pool_math::Shape& s, void* output, uint64_t begin,
-                uint64_t end) {
-  for (uint64_t row = begin; row < end; ++row) {
-    for (uint64_t c = 0; c < s.row_length; ++c) {
-      const uint32_t bits =
-          elements::LoadBits<Width>(payload, row * s.means_per_row + c / s.window);
-      elements::StoreBits<Width>(output, row * s.row_length + c, bits);
+void DecodeElements(const uint8_t* payload, const pool_math::Shape& s, void* output,
+                    uint64_t begin, uint64_t end) {
+  uint64_t row = begin / s.row_length;
+  uint64_t column = begin - row * s.row_length;
+  for (uint64_t i = begin; i < end; ++i) {
+    const uint64_t mean = row * s.means_per_row + column / s.window;
+    elements::StoreBits<Width>(output, i, elements::LoadBits<Width>(payload, mean));
+    if (++column == s.row_length) {
+      column = 0;
+      ++row;
     }
   }
 }
@@ -166,12 +170,11 @@ class Pool final : public Codec {
       return internal::CudaNotCompiledIn("pool decode");
 #endif
     }
-    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<uint64_t>(1, s.row_length));
-    internal::ParallelFor(s.rows, grain, [&](int, int64_t begin, int64_t end) {
+    internal::ParallelFor(s.rows * s.row_length, 65536, [&](int, int64_t begin, int64_t end) {
       if (header.dtype == DType::kFloat32) {
-        DecodeRows<4>(payload, s, output.data, begin, end);
+        DecodeElements<4>(payload, s, output.data, begin, end);
       } else {
-        DecodeRows<2>(payload, s, output.data, begin, end);
+        DecodeElements<2>(payload, s, output.data, begin, end);
       }
     });
     return absl::OkStatus();

@@ -64,7 +64,8 @@ int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, vo
   unsigned long long* counters = nullptr;
   int error = GetScratch(stream, &counters);
   if (error != 0) return error;
-  const pool_math::Shape shape = pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
+  const pool_math::Shape shape =
+      pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t words = PayloadWords(shape, layout.element_kind);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* out = reinterpret_cast<uint32_t*>(payload);
@@ -94,7 +95,8 @@ int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, vo
 }
 
 int PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output, void* stream) {
-  const pool_math::Shape shape = pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
+  const pool_math::Shape shape =
+      pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t numel = shape.rows * shape.row_length;
   if (numel == 0) return 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

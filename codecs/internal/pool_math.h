@@ -36,7 +36,9 @@ ACTPACK_HD float WindowMean(const void* input, const Shape& s, uint64_t m) {
   const uint64_t count = rest < s.window ? rest : s.window;
   const uint64_t first = row * s.row_length + start;
   float sum = 0.0f;
-  for (uint64_t j = 0; j < count; ++j) sum = portable::Add(sum, elements::Load<K>(input, first + j));
+  for (uint64_t j = 0; j < count; ++j) {
+    sum = portable::Add(sum, elements::Load<K>(input, first + j));
+  }
   return portable::Div(sum, static_cast<float>(count));
 }
 
