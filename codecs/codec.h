@@ -68,6 +68,8 @@ struct CodecParams {
   int bits = 2;            // quant: bits per value, 1, 2, 4 or 8
   int group_size = 256;    // quant: values per (min, step) pair; a multiple of 32
   uint64_t seed = 0;       // stochastic rounding: the same seed gives the same bytes
+  DType cast_to = DType::kFloat16;  // cast: the storage type, float16 or bfloat16
+  int pool_window = 4;     // pool: values averaged into one stored mean, 2..64
 };
 
 // What a codec's encoder reports back to Encode.

@@ -2,10 +2,12 @@
 // measured in the same run. Counters: bytes_per_second (of the raw tensor) and ratio
 // (raw bytes / encoded bytes).
 //   bazel run -c opt //codecs:codecs_benchmark
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "benchmark/benchmark.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
@@ -13,11 +15,15 @@
 namespace actpack::codecs {
 namespace {
 
-std::vector<float> Activations(size_t n) {
+// Post-ReLU-like values; for `mask`, the ReLU's mask scaled like a dropout mask.
+std::vector<float> Activations(size_t n, absl::string_view spec = "") {
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> v(n);
-  for (float& x : v) x = std::max(0.0f, dist(rng));  // post-ReLU-like
+  for (float& x : v) x = std::max(0.0f, dist(rng));
+  if (spec == "mask") {
+    for (float& x : v) x = x > 0.0f ? 2.0f : 0.0f;
+  }
   return v;
 }
 
@@ -34,7 +40,7 @@ void BM_Memcpy(benchmark::State& state) {
 
 void BM_Encode(benchmark::State& state, const char* spec) {
   const size_t n = state.range(0);
-  const std::vector<float> x = Activations(n);
+  const std::vector<float> x = Activations(n, spec);
   const CodecParams params = *ParseCodecSpec(spec);
   TensorView input{x.data(), DType::kFloat32, {static_cast<int64_t>(n)}, Device::kCpu};
   std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), params));
@@ -49,7 +55,7 @@ void BM_Encode(benchmark::State& state, const char* spec) {
 
 void BM_Decode(benchmark::State& state, const char* spec) {
   const size_t n = state.range(0);
-  const std::vector<float> x = Activations(n);
+  const std::vector<float> x = Activations(n, spec);
   const CodecParams params = *ParseCodecSpec(spec);
   TensorView input{x.data(), DType::kFloat32, {static_cast<int64_t>(n)}, Device::kCpu};
   std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), params));
@@ -70,6 +76,12 @@ BENCHMARK_CAPTURE(BM_Encode, quant8, "quant8")->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Decode, quant8, "quant8")->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Encode, identity, "identity")->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Decode, identity, "identity")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, cast_bf16, "cast:bf16")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, cast_bf16, "cast:bf16")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, mask, "mask")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, mask, "mask")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, pool4, "pool4")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, pool4, "pool4")->Arg(1 << 20)->Arg(16 << 20);
 
 }  // namespace
 }  // namespace actpack::codecs

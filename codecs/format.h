@@ -44,6 +44,9 @@ inline constexpr size_t kParamBytes = 24;
 enum class CodecId : uint16_t {
   kIdentity = 1,
   kQuant = 2,
+  kCast = 3,
+  kMask = 4,
+  kPool = 5,
 };
 
 struct Header {

@@ -53,7 +53,8 @@ TEST(FormatTest, RejectsTooManyDimsAndNegativeDims) {
 }
 
 TEST(FormatTest, EveryTruncationIsDataLoss) {
-  for (const char* spec : {"identity", "quant2", "quant8"}) {
+  for (const char* spec :
+       {"identity", "quant2", "quant8", "cast:fp16", "bf16", "pool4", "pool:k=7"}) {
     const std::vector<uint8_t> buffer = EncodeRamp(spec, {3, 100});
     std::vector<float> out(300);
     MutableTensorView output{out.data(), DType::kFloat32, {3, 100}, Device::kCpu};
@@ -66,7 +67,8 @@ TEST(FormatTest, EveryTruncationIsDataLoss) {
 }
 
 TEST(FormatTest, EveryByteFlipIsDetected) {
-  for (const char* spec : {"identity", "quant2", "quant4"}) {
+  for (const char* spec : {"identity", "quant2", "quant4", "cast:fp16", "cast:bf16", "pool4",
+                           "pool:k=3"}) {
     std::vector<uint8_t> buffer = EncodeRamp(spec, {2, 64});
     std::vector<float> out(128);
     MutableTensorView output{out.data(), DType::kFloat32, {2, 64}, Device::kCpu};
@@ -77,6 +79,40 @@ TEST(FormatTest, EveryByteFlipIsDetected) {
         EXPECT_FALSE(status.ok()) << spec << " byte " << i << " flip " << int{flip};
         buffer[i] ^= flip;
       }
+    }
+  }
+}
+
+// mask sees a ramp as many values: encode a dropout-like mask instead.
+std::vector<uint8_t> EncodeMask(std::vector<int64_t> shape) {
+  static std::vector<float> values;
+  TensorView input{nullptr, DType::kFloat32, shape, Device::kCpu};
+  values.assign(input.Spec().numel(), 0.0f);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = (i * 7) % 3 == 0 ? 0.0f : 2.0f;
+  input.data = values.data();
+  const CodecParams params = *ParseCodecSpec("mask");
+  std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), params));
+  absl::StatusOr<size_t> used = Encode(input, params, buffer.data(), buffer.size(), {});
+  EXPECT_TRUE(used.ok()) << used.status();
+  buffer.resize(*used);
+  return buffer;
+}
+
+TEST(FormatTest, MaskTruncationsAndByteFlipsAreDetected) {
+  std::vector<uint8_t> buffer = EncodeMask({3, 50});
+  std::vector<float> out(150);
+  MutableTensorView output{out.data(), DType::kFloat32, {3, 50}, Device::kCpu};
+  ASSERT_TRUE(Decode(buffer.data(), buffer.size(), output, {}).ok());
+  for (size_t size = 0; size < buffer.size(); ++size) {
+    EXPECT_EQ(Decode(buffer.data(), size, output, {}).code(), absl::StatusCode::kDataLoss)
+        << "size " << size;
+  }
+  for (size_t i = 0; i < buffer.size(); ++i) {
+    for (uint8_t flip : {0x01, 0x80, 0xff}) {
+      buffer[i] ^= flip;
+      EXPECT_FALSE(Decode(buffer.data(), buffer.size(), output, {}).ok())
+          << "byte " << i << " flip " << int{flip};
+      buffer[i] ^= flip;
     }
   }
 }

@@ -9,7 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "codecs/cast.h"
 #include "codecs/identity.h"
+#include "codecs/mask.h"
+#include "codecs/pool.h"
 #include "codecs/quant.h"
 
 namespace actpack::codecs {
@@ -21,12 +24,37 @@ std::string KnownNames() {
   return absl::StrJoin(names, ", ");
 }
 
+// "fp16", "float16", "bf16", "bfloat16": a storage type of `cast`.
+bool ParseCastTarget(absl::string_view name, DType* dtype) {
+  if (name == "fp16" || name == "float16") {
+    *dtype = DType::kFloat16;
+  } else if (name == "bf16" || name == "bfloat16") {
+    *dtype = DType::kBFloat16;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::string_view value,
                        CodecParams* params) {
+  // cast takes its storage type as a bare option ("cast:bf16") or as to=bf16.
+  if (params->codec == CodecId::kCast && (key == "to" || value.empty())) {
+    if (ParseCastTarget(value.empty() ? key : value, &params->cast_to)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec,
+                                                   "': cast stores fp16 or bf16, not '",
+                                                   value.empty() ? key : value, "'"));
+  }
   int64_t number = 0;
   if (!absl::SimpleAtoi(value, &number)) {
     return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec, "': option '",
                                                    key, "' needs an integer, got '", value, "'"));
+  }
+  if (number < -(int64_t{1} << 31) || number > (int64_t{1} << 31) - 1) {
+    if (key != "seed") {
+      return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec,
+                                                     "': option '", key, "' is out of range"));
+    }
   }
   if (key == "bits") {
     params->bits = static_cast<int>(number);
@@ -34,10 +62,13 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
     params->group_size = static_cast<int>(number);
   } else if (key == "seed") {
     params->seed = static_cast<uint64_t>(number);
+  } else if (key == "k") {
+    params->pool_window = static_cast<int>(number);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec,
                                                    "': unknown option '", key,
-                                                   "'; known: bits, group, seed"));
+                                                   "'; known: bits, group, seed (quant), "
+                                                   "k (pool), to (cast)"));
   }
   return absl::OkStatus();
 }
@@ -46,7 +77,8 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
 
 const std::vector<const Codec*>& AllCodecs() {
   static const std::vector<const Codec*>* const codecs =
-      new std::vector<const Codec*>{IdentityCodec(), QuantCodec()};
+      new std::vector<const Codec*>{IdentityCodec(), QuantCodec(), CastCodec(), MaskCodec(),
+                                    PoolCodec()};
   return *codecs;
 }
 
@@ -71,11 +103,20 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
       absl::StrSplit(trimmed, absl::MaxSplits(':', 1));
   absl::string_view name = name_and_options.first;
   CodecParams params;
-  // A strength suffix: "quant2" is "quant" with 2 bits.
-  int suffix_bits = 0;
+  // "fp16" and "bf16" are short for "cast:fp16" and "cast:bf16".
+  if (ParseCastTarget(name, &params.cast_to)) {
+    if (!name_and_options.second.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("actpack: codec spec '", spec, "': ", name, " takes no options"));
+    }
+    params.codec = CodecId::kCast;
+    return params;
+  }
+  // A strength suffix: "quant2" is "quant" with 2 bits, "pool4" is "pool" with k = 4.
+  int suffix = 0;
   const size_t digits = name.find_first_of("0123456789");
   if (digits != absl::string_view::npos && digits > 0) {
-    if (!absl::SimpleAtoi(name.substr(digits), &suffix_bits)) {
+    if (!absl::SimpleAtoi(name.substr(digits), &suffix)) {
       return absl::InvalidArgumentError(absl::StrCat("actpack: unknown codec '", spec,
                                                      "'; known codecs: ", KnownNames()));
     }
@@ -85,10 +126,20 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
   if (!codec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("actpack: unknown codec '", spec,
                                                    "'; known codecs: ", KnownNames(),
-                                                   " (quant takes a bit suffix: quant2)"));
+                                                   " (quant and pool take a suffix: quant2, "
+                                                   "pool4; cast: fp16, bf16)"));
   }
   params.codec = (*codec)->id();
-  if (suffix_bits != 0) params.bits = suffix_bits;
+  if (digits != absl::string_view::npos && digits > 0) {
+    if (params.codec == CodecId::kQuant) {
+      params.bits = suffix;
+    } else if (params.codec == CodecId::kPool) {
+      params.pool_window = suffix;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec, "': ", name,
+                                                     " takes no number suffix"));
+    }
+  }
   if (!name_and_options.second.empty()) {
     for (absl::string_view option : absl::StrSplit(name_and_options.second, ',')) {
       std::pair<absl::string_view, absl::string_view> kv =
@@ -114,6 +165,10 @@ std::string FormatCodecSpec(const CodecParams& params) {
     std::string spec = absl::StrCat(name, params.bits);
     if (params.group_size != 256) absl::StrAppend(&spec, ":group=", params.group_size);
     return spec;
+  }
+  if (params.codec == CodecId::kPool) return absl::StrCat(name, params.pool_window);
+  if (params.codec == CodecId::kCast) {
+    return absl::StrCat(name, params.cast_to == DType::kBFloat16 ? ":bf16" : ":fp16");
   }
   return name;
 }

@@ -3,6 +3,7 @@
 #ifndef ACTPACK_CODECS_CUDA_DEVICE_OPS_CUH_
 #define ACTPACK_CODECS_CUDA_DEVICE_OPS_CUH_
 
+#include <algorithm>
 #include <cstdint>
 
 namespace actpack::codecs::cuda {
@@ -23,6 +24,23 @@ __device__ __forceinline__ void WarpSumToGlobal(uint64_t value, unsigned long lo
   if ((threadIdx.x & 31) == 0 && value != 0) {
     atomicAdd(target, static_cast<unsigned long long>(value));
   }
+}
+
+// Takes the warp's maximum of `value` into *target once per warp.
+__device__ __forceinline__ void WarpMaxToGlobal(uint64_t value, unsigned long long* target) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = other > value ? other : value;
+  }
+  if ((threadIdx.x & 31) == 0 && value != 0) {
+    atomicMax(target, static_cast<unsigned long long>(value));
+  }
+}
+
+// Blocks for a grid-stride loop over `work_items` items, `per_block` per block per pass.
+inline int BlocksFor(uint64_t work_items, int per_block) {
+  return static_cast<int>(std::max<uint64_t>(
+      1, std::min<uint64_t>(65535 * 16, (work_items + per_block - 1) / per_block)));
 }
 
 }  // namespace actpack::codecs::cuda

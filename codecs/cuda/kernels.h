@@ -37,6 +37,40 @@ int QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload, 
 // Asynchronous on `stream`.
 int QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output, void* stream);
 
+// `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc. Waits for
+// `stream` to report the checksum and the count of finite values that became infinite.
+int CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload, void* stream,
+               uint64_t* payload_checksum, uint64_t* overflow);
+
+// Asynchronous on `stream`.
+int CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
+               void* stream);
+
+// `mask`: one bit per element (set where the element's `width`-byte bits are not zero), the
+// payload of mask.cc. Waits for `stream` to report the checksum and the largest and smallest
+// nonzero element bits (both 0 when every element is zero).
+int MaskEncode(const void* input, uint64_t numel, int width, uint8_t* payload, void* stream,
+               uint64_t* payload_checksum, uint32_t* max_bits, uint32_t* min_bits);
+
+// Writes `value` where a bit is set and zero elsewhere; asynchronous on `stream`.
+int MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value, void* output,
+               void* stream);
+
+struct PoolLayout {
+  uint64_t rows;
+  uint64_t row_length;
+  uint32_t window;
+  int element_kind;  // elements::Kind
+};
+
+// `pool`: window means along the rows, the payload of pool.cc. Waits for `stream` to report the
+// checksum and the count of non-finite means.
+int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, void* stream,
+               uint64_t* payload_checksum, uint64_t* nonfinite);
+
+// Repeats each mean over its window; asynchronous on `stream`.
+int PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output, void* stream);
+
 }  // namespace actpack::codecs::cuda
 
 #endif  // ACTPACK_CODECS_CUDA_KERNELS_H_

@@ -108,11 +108,6 @@ __global__ void QuantDecodeKernel(const uint32_t* __restrict__ payload, QuantLay
   }
 }
 
-int BlocksFor(uint64_t work_items, int per_block) {
-  return static_cast<int>(std::max<uint64_t>(
-      1, std::min<uint64_t>(65535 * 16, (work_items + per_block - 1) / per_block)));
-}
-
 }  // namespace
 
 int QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload, void* stream,

@@ -33,6 +33,29 @@ ACTPACK_HD void Store(void* base, uint64_t i, float v) {
   }
 }
 
+// The raw bits of element `i` of a tensor of `Width`-byte elements (1, 2 or 4), zero-extended.
+template <int Width>
+ACTPACK_HD uint32_t LoadBits(const void* base, uint64_t i) {
+  if constexpr (Width == 4) {
+    return static_cast<const uint32_t*>(base)[i];
+  } else if constexpr (Width == 2) {
+    return static_cast<const uint16_t*>(base)[i];
+  } else {
+    return static_cast<const uint8_t*>(base)[i];
+  }
+}
+
+template <int Width>
+ACTPACK_HD void StoreBits(void* base, uint64_t i, uint32_t bits) {
+  if constexpr (Width == 4) {
+    static_cast<uint32_t*>(base)[i] = bits;
+  } else if constexpr (Width == 2) {
+    static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(bits);
+  } else {
+    static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(bits);
+  }
+}
+
 }  // namespace actpack::codecs::elements
 
 #endif  // ACTPACK_CODECS_INTERNAL_ELEMENTS_H_

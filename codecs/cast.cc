@@ -1,0 +1,144 @@
+#include "codecs/cast.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codecs/internal/cast_math.h"
+#include "codecs/internal/cuda_status.h"
+#include "codecs/internal/parallel.h"
+#include "codecs/internal/portable.h"
+
+#ifdef ACTPACK_WITH_CUDA
+#include "codecs/cuda/kernels.h"
+#endif
+
+namespace actpack::codecs {
+namespace {
+
+uint64_t PayloadWords(uint64_t numel) { return (numel + 1) / 2; }
+
+constexpr int64_t kWordGrain = 32768;
+
+struct Partial {
+  uint64_t checksum = 0;
+  uint64_t overflow = 0;
+};
+
+class Cast final : public Codec {
+ public:
+  CodecId id() const override { return CodecId::kCast; }
+  absl::string_view name() const override { return "cast"; }
+
+  absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const override {
+    if (params.cast_to != DType::kFloat16 && params.cast_to != DType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("actpack: cast stores float16 or bfloat16, not ",
+                       DTypeName(params.cast_to)));
+    }
+    if (spec.dtype != DType::kFloat32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("actpack: cast encodes float32 tensors, not ", DTypeName(spec.dtype)));
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams&) const override {
+    return 4 * PayloadWords(spec.numel());
+  }
+
+  absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
+                                            Header* header, uint8_t* payload,
+                                            const ExecContext& context) const override {
+    const uint64_t numel = header->numel;
+    const bool to_bf16 = params.cast_to == DType::kBFloat16;
+    header->params.fill(0);
+    header->params[0] = static_cast<uint8_t>(params.cast_to);
+    const float* values = static_cast<const float*>(input.data);
+    Partial total;
+    if (input.device == Device::kCuda) {
+#ifdef ACTPACK_WITH_CUDA
+      absl::Status status = internal::CudaStatus(cuda::CastEncode(
+          values, numel, to_bf16 ? 1 : 0, payload, context.stream, &total.checksum,
+          &total.overflow));
+      if (!status.ok()) return status;
+#else
+      return internal::CudaNotCompiledIn("cast encode");
+#endif
+    } else {
+      std::vector<Partial> partials(internal::MaxParallelChunks());
+      uint32_t* words = reinterpret_cast<uint32_t*>(payload);
+      internal::ParallelFor(PayloadWords(numel), kWordGrain,
+                            [&](int chunk, int64_t begin, int64_t end) {
+                              Partial p;
+                              for (int64_t w = begin; w < end; ++w) {
+                                words[w] = cast_math::EncodeWord(values, numel, to_bf16, w,
+                                                                 &p.overflow);
+                                p.checksum += portable::ChecksumTerm(words[w], w);
+                              }
+                              partials[chunk] = p;
+                            });
+      for (const Partial& p : partials) {
+        total.checksum += p.checksum;
+        total.overflow += p.overflow;
+      }
+    }
+    if (total.overflow > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "actpack: cast to ", DTypeName(params.cast_to), " would turn ", total.overflow,
+          " finite values into infinity; keep exact"));
+    }
+    return PayloadInfo{4 * PayloadWords(numel), total.checksum};
+  }
+
+  absl::Status DecodePayload(const Header& header, const uint8_t* payload,
+                             const MutableTensorView& output,
+                             const ExecContext& context) const override {
+    const DType stored = static_cast<DType>(header.params[0]);
+    if (stored != DType::kFloat16 && stored != DType::kBFloat16) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt cast buffer: storage dtype code ",
+                                              header.params[0]));
+    }
+    for (size_t i = 1; i < kParamBytes; ++i) {
+      if (header.params[i] != 0) {
+        return absl::DataLossError(
+            absl::StrCat("actpack: corrupt cast buffer: parameter byte ", i, " is not zero"));
+      }
+    }
+    if (header.dtype != DType::kFloat32) {
+      return absl::DataLossError(
+          absl::StrCat("actpack: corrupt cast buffer: dtype ", DTypeName(header.dtype)));
+    }
+    const uint64_t expected = 4 * PayloadWords(header.numel);
+    if (header.payload_size != expected) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt cast buffer: payload of ",
+                                              header.payload_size, " bytes, expected ",
+                                              expected));
+    }
+    const bool from_bf16 = stored == DType::kBFloat16;
+    float* out = static_cast<float*>(output.data);
+    if (output.device == Device::kCuda) {
+#ifdef ACTPACK_WITH_CUDA
+      return internal::CudaStatus(
+          cuda::CastDecode(payload, header.numel, from_bf16 ? 1 : 0, out, context.stream));
+#else
+      return internal::CudaNotCompiledIn("cast decode");
+#endif
+    }
+    const uint16_t* halves = reinterpret_cast<const uint16_t*>(payload);
+    internal::ParallelFor(header.numel, 2 * kWordGrain, [&](int, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        out[i] = cast_math::DecodeElement(halves, from_bf16, i);
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+const Codec* CastCodec() {
+  static const Cast* const codec = new Cast();
+  return codec;
+}
+
+}  // namespace actpack::codecs

@@ -1,0 +1,78 @@
+// CUDA kernels of the `cast` codec. They write exactly the payload of the CPU reference
+// (cast.cc): both compute each payload word with cast_math::EncodeWord.
+//
+// Encode: one thread per payload word (two neighbouring floats, an 8-byte coalesced load) in a
+// grid-stride loop; the checksum and the overflow count are summed per warp into global
+// accumulators. Decode: one thread per element.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "codecs/cuda/cuda_check.cuh"
+#include "codecs/cuda/device_ops.cuh"
+#include "codecs/cuda/kernels.h"
+#include "codecs/internal/cast_math.h"
+#include "codecs/internal/portable.h"
+
+namespace actpack::codecs::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads)
+    CastEncodeKernel(const float* __restrict__ input, uint64_t numel, bool to_bf16,
+                     uint32_t* __restrict__ payload, unsigned long long* __restrict__ counters) {
+  const uint64_t words = (numel + 1) / 2;
+  uint64_t checksum = 0;
+  uint64_t overflow = 0;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < words; w += stride) {
+    const uint32_t word = cast_math::EncodeWord(input, numel, to_bf16, w, &overflow);
+    payload[w] = word;
+    checksum += portable::ChecksumTerm(word, w);
+  }
+  WarpSumToGlobal(checksum, &counters[0]);
+  WarpSumToGlobal(overflow, &counters[1]);
+}
+
+__global__ void CastDecodeKernel(const uint16_t* __restrict__ halves, uint64_t numel,
+                                 bool from_bf16, float* __restrict__ output) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
+    output[i] = cast_math::DecodeElement(halves, from_bf16, i);
+  }
+}
+
+}  // namespace
+
+int CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload, void* stream,
+               uint64_t* payload_checksum, uint64_t* overflow) {
+  unsigned long long* counters = nullptr;
+  int error = GetScratch(stream, &counters);
+  if (error != 0) return error;
+  const uint64_t words = (numel + 1) / 2;
+  if (words > 0) {
+    CastEncodeKernel<<<BlocksFor(words, kThreads), kThreads, 0,
+                       static_cast<cudaStream_t>(stream)>>>(
+        input, numel, to_bf16 != 0, reinterpret_cast<uint32_t*>(payload), counters);
+    ACTPACK_CUDA_TRY_LAUNCH();
+  }
+  uint64_t values[2] = {0, 0};
+  error = ReadScratch(counters, stream, values, 2);
+  if (error != 0) return error;
+  *payload_checksum = values[0];
+  *overflow = values[1];
+  return 0;
+}
+
+int CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
+               void* stream) {
+  if (numel == 0) return 0;
+  CastDecodeKernel<<<BlocksFor(numel, kThreads), kThreads, 0,
+                     static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const uint16_t*>(payload), numel, from_bf16 != 0, output);
+  ACTPACK_CUDA_TRY_LAUNCH();
+  return 0;
+}
+
+}  // namespace actpack::codecs::cuda

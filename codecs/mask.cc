@@ -1,0 +1,197 @@
+#include "codecs/mask.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "codecs/internal/cuda_status.h"
+#include "codecs/internal/elements.h"
+#include "codecs/internal/parallel.h"
+#include "codecs/internal/portable.h"
+
+#ifdef ACTPACK_WITH_CUDA
+#include "codecs/cuda/kernels.h"
+#endif
+
+namespace actpack::codecs {
+namespace {
+
+uint64_t PayloadWords(uint64_t numel) { return (numel + 31) / 32; }
+
+bool IsMaskable(DType dtype) {
+  return IsLossyFloat(dtype) || dtype == DType::kBool || dtype == DType::kUInt8;
+}
+
+bool IsNaNBits(DType dtype, uint32_t bits) {
+  switch (dtype) {
+    case DType::kFloat32: return (bits & 0x7fffffffu) > 0x7f800000u;
+    case DType::kFloat16: return (bits & 0x7fffu) > 0x7c00u;
+    case DType::kBFloat16: return (bits & 0x7fffu) > 0x7f80u;
+    default: return false;
+  }
+}
+
+constexpr int64_t kWordGrain = 4096;
+
+struct Partial {
+  uint64_t checksum = 0;
+  uint32_t max_bits = 0;           // largest nonzero element bits
+  uint32_t min_bits = 0xffffffffu;  // smallest nonzero element bits
+};
+
+template <int Width>
+Partial EncodeWords(const void* input, uint64_t numel, uint32_t* words, uint64_t begin,
+                    uint64_t end) {
+  Partial p;
+  for (uint64_t w = begin; w < end; ++w) {
+    uint32_t word = 0;
+    const uint64_t first = 32 * w;
+    const uint64_t count = numel - first < 32 ? numel - first : 32;
+    for (uint64_t j = 0; j < count; ++j) {
+      const uint32_t bits = elements::LoadBits<Width>(input, first + j);
+      if (bits == 0) continue;
+      word |= 1u << j;
+      p.max_bits = bits > p.max_bits ? bits : p.max_bits;
+      p.min_bits = bits < p.min_bits ? bits : p.min_bits;
+    }
+    words[w] = word;
+    p.checksum += portable::ChecksumTerm(word, w);
+  }
+  return p;
+}
+
+template <int Width>
+void DecodeElements(const uint32_t* words, uint32_t value, void* output, uint64_t begin,
+                    uint64_t end) {
+  for (uint64_t i = begin; i < end; ++i) {
+    const bool set = (words[i / 32] >> (i % 32)) & 1u;
+    elements::StoreBits<Width>(output, i, set ? value : 0u);
+  }
+}
+
+class Mask final : public Codec {
+ public:
+  CodecId id() const override { return CodecId::kMask; }
+  absl::string_view name() const override { return "mask"; }
+
+  absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams&) const override {
+    if (!IsMaskable(spec.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "actpack: mask encodes float32, float16, bfloat16, bool and uint8 tensors, not ",
+          DTypeName(spec.dtype)));
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams&) const override {
+    return 4 * PayloadWords(spec.numel());
+  }
+
+  absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams&,
+                                            Header* header, uint8_t* payload,
+                                            const ExecContext& context) const override {
+    const uint64_t numel = header->numel;
+    const int width = static_cast<int>(ElementSize(input.dtype));
+    Partial total;
+    if (input.device == Device::kCuda) {
+#ifdef ACTPACK_WITH_CUDA
+      absl::Status status = internal::CudaStatus(
+          cuda::MaskEncode(input.data, numel, width, payload, context.stream, &total.checksum,
+                           &total.max_bits, &total.min_bits));
+      if (!status.ok()) return status;
+      if (total.max_bits == 0) total.min_bits = 0xffffffffu;
+#else
+      return internal::CudaNotCompiledIn("mask encode");
+#endif
+    } else {
+      std::vector<Partial> partials(internal::MaxParallelChunks());
+      uint32_t* words = reinterpret_cast<uint32_t*>(payload);
+      const void* data = input.data;
+      internal::ParallelFor(PayloadWords(numel), kWordGrain,
+                            [&](int chunk, int64_t begin, int64_t end) {
+                              Partial& p = partials[chunk];
+                              switch (width) {
+                                case 4: p = EncodeWords<4>(data, numel, words, begin, end); break;
+                                case 2: p = EncodeWords<2>(data, numel, words, begin, end); break;
+                                default: p = EncodeWords<1>(data, numel, words, begin, end);
+                              }
+                            });
+      for (const Partial& p : partials) {
+        total.checksum += p.checksum;
+        total.max_bits = p.max_bits > total.max_bits ? p.max_bits : total.max_bits;
+        total.min_bits = p.min_bits < total.min_bits ? p.min_bits : total.min_bits;
+      }
+    }
+    const uint32_t value = total.max_bits;  // 0 when every element is zero
+    if (value != 0 && total.min_bits != value) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "actpack: mask needs a tensor of zeros and one other value; this %s tensor has at "
+          "least two (bits 0x%x and 0x%x)",
+          DTypeName(input.dtype), total.min_bits, total.max_bits));
+    }
+    if (IsNaNBits(input.dtype, value)) {
+      return absl::FailedPreconditionError(
+          "actpack: mask cannot encode a tensor whose nonzero value is NaN");
+    }
+    header->params.fill(0);
+    std::memcpy(header->params.data(), &value, 4);
+    return PayloadInfo{4 * PayloadWords(numel), total.checksum};
+  }
+
+  absl::Status DecodePayload(const Header& header, const uint8_t* payload,
+                             const MutableTensorView& output,
+                             const ExecContext& context) const override {
+    if (!IsMaskable(header.dtype)) {
+      return absl::DataLossError(
+          absl::StrCat("actpack: corrupt mask buffer: dtype ", DTypeName(header.dtype)));
+    }
+    const int width = static_cast<int>(ElementSize(header.dtype));
+    uint32_t value;
+    std::memcpy(&value, header.params.data(), 4);
+    if ((width < 4 && (value >> (8 * width)) != 0) || IsNaNBits(header.dtype, value) ||
+        (header.dtype == DType::kBool && value > 1)) {
+      return absl::DataLossError(
+          absl::StrFormat("actpack: corrupt mask buffer: value bits 0x%x for %s", value,
+                          DTypeName(header.dtype)));
+    }
+    for (size_t i = 4; i < kParamBytes; ++i) {
+      if (header.params[i] != 0) {
+        return absl::DataLossError(
+            absl::StrCat("actpack: corrupt mask buffer: parameter byte ", i, " is not zero"));
+      }
+    }
+    const uint64_t expected = 4 * PayloadWords(header.numel);
+    if (header.payload_size != expected) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt mask buffer: payload of ",
+                                              header.payload_size, " bytes, expected ",
+                                              expected));
+    }
+    if (output.device == Device::kCuda) {
+#ifdef ACTPACK_WITH_CUDA
+      return internal::CudaStatus(
+          cuda::MaskDecode(payload, header.numel, width, value, output.data, context.stream));
+#else
+      return internal::CudaNotCompiledIn("mask decode");
+#endif
+    }
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
+    internal::ParallelFor(header.numel, 32 * kWordGrain, [&](int, int64_t begin, int64_t end) {
+      switch (width) {
+        case 4: DecodeElements<4>(words, value, output.data, begin, end); break;
+        case 2: DecodeElements<2>(words, value, output.data, begin, end); break;
+        default: DecodeElements<1>(words, value, output.data, begin, end);
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+const Codec* MaskCodec() {
+  static const Mask* const codec = new Mask();
+  return codec;
+}
+
+}  // namespace actpack::codecs
