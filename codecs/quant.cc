@@ -1,6 +1,7 @@
 #include "codecs/quant.h"
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -63,67 +64,109 @@ struct Partial {
   uint64_t overflow_groups = 0;
 };
 
-template <int K>
+// The CPU reference runs in three flat passes per group (load + min/max, quantize into a code
+// array, pack with shifts known at compile time) so that the compiler can vectorize each one;
+// the arithmetic per value is quant_math's, as on the GPU.
+template <int K, int kBits>
 Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64_t g_begin,
                      uint64_t g_end) {
+  constexpr uint32_t kPerWord = 32 / kBits;
+  constexpr uint32_t kLevels = (1u << kBits) - 1;
   Partial partial;
-  const uint32_t levels = (1u << l.bits) - 1;
-  const uint32_t per_word = 32 / l.bits;
   uint32_t* codes = words + l.groups;
+  std::vector<float> values(l.group_size);
+  std::vector<uint32_t> group_codes(l.group_size);
   for (uint64_t g = g_begin; g < g_end; ++g) {
     const uint64_t first = g * l.group_size;
-    const uint64_t last = std::min<uint64_t>(first + l.group_size, l.numel);
-    float lo = 3.4e38f * 10.0f;  // +inf
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.group_size, l.numel - first));
+    float lo = portable::BitsToFloat(0x7f800000u);  // +inf
     float hi = -lo;
-    for (uint64_t i = first; i < last; ++i) {
-      const float v = elements::Load<K>(input, i);
-      if (!portable::IsFinite(v)) {
-        ++partial.nonfinite;
-        continue;
-      }
-      lo = portable::Min(lo, v);
-      hi = portable::Max(hi, v);
+    uint32_t nonfinite = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const float v = elements::Load<K>(input, first + i);
+      const bool finite = portable::IsFinite(v);
+      nonfinite += finite ? 0u : 1u;
+      lo = finite ? portable::Min(lo, v) : lo;
+      hi = finite ? portable::Max(hi, v) : hi;
+      values[i] = v;
     }
-    const quant_math::GroupParams p = quant_math::MakeGroupParams(lo, hi, l.bits);
+    partial.nonfinite += nonfinite;
+    const quant_math::GroupParams p = quant_math::MakeGroupParams(lo, hi, kBits);
     if (!p.ok) ++partial.overflow_groups;
     words[g] = p.packed;
     partial.checksum += portable::ChecksumTerm(p.packed, g);
+    // Stochastic rounding. A group lies in one 2^32-element stream of draws unless it straddles
+    // a stream boundary (only past 2^32 elements): then each value takes the general draw.
+    const auto quantize = [&](uint32_t i, float u) {
+      const float v = values[i];
+      // Non-finite values never reach a tensor that encodes (the caller refuses it); give
+      // them code 0 without feeding NaN to the float-to-int conversion.
+      const bool finite = portable::IsFinite(v);
+      const uint32_t code = quant_math::Quantize(finite ? v : p.min, p, u, kLevels);
+      group_codes[i] = finite ? code : 0u;
+    };
+    if ((first >> 32) == ((first + n - 1) >> 32)) {
+      const uint32_t key = portable::UniformKey(l.seed, first);
+      for (uint32_t i = 0; i < n; ++i) {
+        quantize(i, portable::UniformFromKey(key, first + i));
+      }
+    } else {
+      for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFloat(l.seed, first + i));
+    }
+    for (uint32_t i = n; i < l.group_size; ++i) group_codes[i] = 0;
+    uint32_t* out = codes + g * l.words_per_group;
     for (uint64_t w = 0; w < l.words_per_group; ++w) {
       uint32_t word = 0;
-      const uint64_t base = first + w * per_word;
-      for (uint32_t j = 0; j < per_word; ++j) {
-        const uint64_t i = base + j;
-        if (i >= last) break;
-        const float v = elements::Load<K>(input, i);
-        if (!portable::IsFinite(v)) continue;
-        const uint32_t code =
-            quant_math::Quantize(v, p, portable::UniformFloat(l.seed, i), levels);
-        word |= code << (j * l.bits);
-      }
-      const uint64_t index = g * l.words_per_group + w;
-      codes[index] = word;
-      partial.checksum += portable::ChecksumTerm(word, l.groups + index);
+      for (uint32_t j = 0; j < kPerWord; ++j) word |= group_codes[w * kPerWord + j] << (j * kBits);
+      out[w] = word;
+      partial.checksum += portable::ChecksumTerm(word, l.groups + g * l.words_per_group + w);
     }
   }
   return partial;
 }
 
-template <int K>
+template <int K, int kBits>
 void DecodeGroups(const uint32_t* words, const Layout& l, void* output, uint64_t g_begin,
                   uint64_t g_end) {
-  const uint32_t mask = (1u << l.bits) - 1;
-  const uint32_t per_word = 32 / l.bits;
+  constexpr uint32_t kPerWord = 32 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
   const uint32_t* codes = words + l.groups;
   for (uint64_t g = g_begin; g < g_end; ++g) {
     const quant_math::GroupParams p = quant_math::UnpackGroupParams(words[g]);
     const uint64_t first = g * l.group_size;
-    const uint64_t last = std::min<uint64_t>(first + l.group_size, l.numel);
-    for (uint64_t i = first; i < last; ++i) {
-      const uint64_t k = i - first;
-      const uint32_t word = codes[g * l.words_per_group + k / per_word];
-      const uint32_t code = (word >> ((k % per_word) * l.bits)) & mask;
-      elements::Store<K>(output, i, quant_math::Dequantize(code, p));
+    const uint64_t n = std::min<uint64_t>(l.group_size, l.numel - first);
+    const uint32_t* in = codes + g * l.words_per_group;
+    const uint64_t full_words = n / kPerWord;
+    for (uint64_t w = 0; w < full_words; ++w) {
+      const uint32_t word = in[w];
+      for (uint32_t j = 0; j < kPerWord; ++j) {
+        elements::Store<K>(output, first + w * kPerWord + j,
+                           quant_math::Dequantize((word >> (j * kBits)) & kMask, p));
+      }
     }
+    for (uint64_t k = full_words * kPerWord; k < n; ++k) {
+      const uint32_t code = (in[k / kPerWord] >> ((k % kPerWord) * kBits)) & kMask;
+      elements::Store<K>(output, first + k, quant_math::Dequantize(code, p));
+    }
+  }
+}
+
+// Calls fn.template operator()<K, kBits>() for the dtype's element kind and the bit width.
+template <typename Fn>
+void DispatchKindAndBits(DType dtype, uint32_t bits, Fn&& fn) {
+  auto with_kind = [&](auto kind) {
+    constexpr int K = decltype(kind)::value;
+    switch (bits) {
+      case 1: fn.template operator()<K, 1>(); break;
+      case 2: fn.template operator()<K, 2>(); break;
+      case 4: fn.template operator()<K, 4>(); break;
+      default: fn.template operator()<K, 8>(); break;
+    }
+  };
+  switch (dtype) {
+    case DType::kFloat16: with_kind(std::integral_constant<int, elements::kF16>()); break;
+    case DType::kBFloat16: with_kind(std::integral_constant<int, elements::kBF16>()); break;
+    default: with_kind(std::integral_constant<int, elements::kF32>()); break;
   }
 }
 
@@ -178,16 +221,9 @@ class Quant final : public Codec {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
-        switch (input.dtype) {
-          case DType::kFloat16:
-            partials[chunk] = EncodeGroups<elements::kF16>(input.data, l, words, begin, end);
-            break;
-          case DType::kBFloat16:
-            partials[chunk] = EncodeGroups<elements::kBF16>(input.data, l, words, begin, end);
-            break;
-          default:
-            partials[chunk] = EncodeGroups<elements::kF32>(input.data, l, words, begin, end);
-        }
+        DispatchKindAndBits(input.dtype, l.bits, [&]<int K, int kBits>() {
+          partials[chunk] = EncodeGroups<K, kBits>(input.data, l, words, begin, end);
+        });
       });
       for (const Partial& p : partials) {
         total.checksum += p.checksum;
@@ -234,16 +270,9 @@ class Quant final : public Codec {
     }
     const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
     internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
-      switch (header.dtype) {
-        case DType::kFloat16:
-          DecodeGroups<elements::kF16>(words, l, output.data, begin, end);
-          break;
-        case DType::kBFloat16:
-          DecodeGroups<elements::kBF16>(words, l, output.data, begin, end);
-          break;
-        default:
-          DecodeGroups<elements::kF32>(words, l, output.data, begin, end);
-      }
+      DispatchKindAndBits(header.dtype, l.bits, [&]<int K, int kBits>() {
+        DecodeGroups<K, kBits>(words, l, output.data, begin, end);
+      });
     });
     return absl::OkStatus();
   }

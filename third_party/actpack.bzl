@@ -5,8 +5,8 @@ load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
 # -ffp-contract=off: the CPU reference must round exactly like the CUDA kernels (built with
 # --fmad=false), so that both write byte-identical buffers.
 ACTPACK_COPTS = [
-    "-std=c++17",
-    "-O2",
+    "-std=c++20",
+    "-O3",
     "-Wall",
     "-Wextra",
     "-Wno-unused-parameter",

@@ -75,9 +75,10 @@ ACTPACK_HD float Div(float a, float b) {
 }
 
 // floor() for floats in the code range; exact for |x| < 2^23, which every caller guarantees.
+// Branch-free so that CPU loops using it vectorize.
 ACTPACK_HD float Floor(float x) {
   const float t = static_cast<float>(static_cast<int32_t>(x));
-  return (t > x) ? t - 1.0f : t;
+  return t - static_cast<float>(t > x);
 }
 
 ACTPACK_HD float Min(float a, float b) { return b < a ? b : a; }
@@ -167,11 +168,32 @@ ACTPACK_HD uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A uniform draw in [0, 1) for element `index` under `seed`, with 24 random bits so that the
-// result is exact in float. Counter-based: any thread can draw any element's number.
+// A 32-bit integer hash with low bias (Wellons' "lowbias32"): cheap enough to run per element
+// and vectorizable (32-bit multiplies only).
+ACTPACK_HD uint32_t Hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// The per-stream key of the draws of elements [k * 2^32, (k + 1) * 2^32) under `seed`.
+ACTPACK_HD uint32_t UniformKey(uint64_t seed, uint64_t index) {
+  return static_cast<uint32_t>(SplitMix64(seed ^ ((index >> 32) * 0xd1b54a32d192ed03ull)));
+}
+
+// A uniform draw in [0, 1) for element `index` under the key of its stream, with 24 random
+// bits so that the result is exact in float. Counter-based: any thread can draw any element's
+// number, and the CPU and the GPU draw the same one.
+ACTPACK_HD float UniformFromKey(uint32_t key, uint64_t index) {
+  const uint32_t r = Hash32(static_cast<uint32_t>(index) ^ Hash32(key));
+  return static_cast<float>(r >> 8) * (1.0f / 16777216.0f);
+}
+
 ACTPACK_HD float UniformFloat(uint64_t seed, uint64_t index) {
-  const uint64_t r = SplitMix64(seed ^ (index * 0xd1b54a32d192ed03ull));
-  return static_cast<float>(static_cast<uint32_t>(r >> 40)) * (1.0f / 16777216.0f);
+  return UniformFromKey(UniformKey(seed, index), index);
 }
 
 // ---- checksum ----

@@ -59,7 +59,7 @@ ACTPACK_HD GroupParams UnpackGroupParams(uint32_t packed) {
 ACTPACK_HD uint32_t Quantize(float x, const GroupParams& p, float u, uint32_t levels) {
   const float scaled = portable::Add(portable::Mul(portable::Sub(x, p.min), p.inv_step), u);
   const float code = portable::Floor(portable::Min(scaled, static_cast<float>(levels)));
-  return code <= 0.0f ? 0u : static_cast<uint32_t>(code);
+  return static_cast<uint32_t>(static_cast<int32_t>(portable::Max(code, 0.0f)));
 }
 
 ACTPACK_HD float Dequantize(uint32_t code, const GroupParams& p) {
