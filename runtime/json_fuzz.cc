@@ -64,40 +64,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
 #if defined(ACTPACK_JSON_FUZZ_REPLAY)
 
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <random>
-#include <sstream>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/fuzz_replay.h"
 
 namespace {
-
-std::vector<std::string> ReadCorpus() {
-  // Bazel runs tests from the runfiles root of the workspace.
-  const std::filesystem::path dir = "runtime/testdata/json_corpus";
-  std::vector<std::filesystem::path> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) paths.push_back(entry.path());
-  std::sort(paths.begin(), paths.end());  // directory order is not stable; the mutations must be
-  std::vector<std::string> corpus;
-  for (const auto& path : paths) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    corpus.push_back(text.str());
-  }
-  return corpus;
-}
 
 int RunOne(const std::string& input) {
   return LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(input.data()), input.size());
 }
 
 TEST(JsonFuzzReplayTest, SeedCorpus) {
-  const std::vector<std::string> corpus = ReadCorpus();
+  const std::vector<std::string> corpus = actpack::fuzz::ReadCorpus("runtime/testdata/json_corpus");
   ASSERT_GE(corpus.size(), 5u);
   int parsed = 0;
   for (const std::string& input : corpus) {
@@ -109,56 +88,22 @@ TEST(JsonFuzzReplayTest, SeedCorpus) {
   EXPECT_LT(parsed, static_cast<int>(corpus.size()));
 }
 
-// A small structure-aware mutator in the spirit of libFuzzer's: byte edits, JSON tokens,
-// splices of two seeds, truncation. Fixed seed, so a failure reproduces.
+// Byte edits, JSON tokens, splices of two seeds, truncation (tests/fuzz_replay.h). Fixed
+// seed, so a failure reproduces.
 TEST(JsonFuzzReplayTest, DeterministicMutations) {
-  const std::vector<std::string> corpus = ReadCorpus();
+  const std::vector<std::string> corpus = actpack::fuzz::ReadCorpus("runtime/testdata/json_corpus");
   ASSERT_FALSE(corpus.empty());
-  static const char* const kTokens[] = {
-      "[",     "]",      "{",      "}",      ",",       ":",     "\"",      "\\",
-      "\\u",   "\\ud83d", "\\ude00", "null",  "true",    "false", "-",       "0",
-      "1e308", "1e400",  "-0.0",   "1.5",    "9223372036854775808", "\xC3\xA9", "\xFF", "\xED\xA0\x80",
-      " ",     "\n",     "{\"a\":", "[[[[",   "]]]]",    "\x01",  "\"k\":1,", "e-",
-  };
-  std::mt19937_64 rng(0x6a736f6e);  // "json"
-  const auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  actpack::fuzz::Mutator mutator(
+      0x6a736f6e,  // "json"
+      corpus,
+      {"[",     "]",      "{",      "}",      ",",       ":",     "\"",      "\\",
+       "\\u",   "\\ud83d", "\\ude00", "null",  "true",    "false", "-",       "0",
+       "1e308", "1e400",  "-0.0",   "1.5",    "9223372036854775808", "\xC3\xA9", "\xFF",
+       "\xED\xA0\x80", " ",     "\n",     "{\"a\":", "[[[[",   "]]]]",    "\x01",  "\"k\":1,", "e-"});
   int parsed = 0;
   constexpr int kInputs = 20000;
   for (int i = 0; i < kInputs; ++i) {
-    std::string s = corpus[pick(corpus.size())];
-    const int edits = 1 + static_cast<int>(pick(4));
-    for (int e = 0; e < edits; ++e) {
-      const size_t at = s.empty() ? 0 : pick(s.size() + 1);
-      switch (pick(7)) {
-        case 0:  // flip a bit
-          if (!s.empty()) s[pick(s.size())] ^= static_cast<char>(1u << pick(8));
-          break;
-        case 1:  // random byte
-          s.insert(at, 1, static_cast<char>(pick(256)));
-          break;
-        case 2:  // delete a short range
-          if (!s.empty()) s.erase(pick(s.size()), 1 + pick(8));
-          break;
-        case 3:  // insert a JSON token
-          s.insert(at, kTokens[pick(std::size(kTokens))]);
-          break;
-        case 4: {  // splice in a piece of another seed
-          const std::string& other = corpus[pick(corpus.size())];
-          const size_t from = pick(other.size() + 1);
-          s.insert(at, other.substr(from, pick(64)));
-          break;
-        }
-        case 5:  // truncate
-          s.resize(at);
-          break;
-        default: {  // duplicate a range (grows nesting and repetition)
-          if (s.empty()) break;
-          const size_t from = pick(s.size());
-          s.insert(at, s.substr(from, 1 + pick(32)));
-          break;
-        }
-      }
-    }
+    const std::string s = mutator.Next();
     ASSERT_EQ(RunOne(s), 0);
     parsed += actpack::json::Parse(s).ok() ? 1 : 0;
   }
