@@ -56,7 +56,7 @@ extension = extension_type(
     include_dirs=[ROOT, os.path.join(absl_prefix, "include")],
     define_macros=defines,
     extra_compile_args={
-        "cxx": ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter"],
+        "cxx": ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter"],
         "nvcc": ["-O3", "--fmad=false", "-Xcompiler=-ffp-contract=off",
                  "-gencode=arch=compute_80,code=sm_80",
                  "-gencode=arch=compute_90,code=sm_90",

@@ -112,10 +112,32 @@ absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params
 absl::StatusOr<Header> ReadHeader(const uint8_t* buffer, size_t size, const ExecContext& context) {
   if (size < kHeaderSize) return ParseHeader(buffer, size);  // reports the truncation
   if (buffer == nullptr) return absl::InvalidArgumentError("actpack: decode: null buffer");
+  // Payloads are read as 32-bit words (on the GPU a misaligned read kills the context).
+  if (reinterpret_cast<uintptr_t>(buffer) % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "actpack: decode: the buffer at address ", reinterpret_cast<uintptr_t>(buffer),
+        " is not 4-byte aligned; copy it into a fresh tensor first"));
+  }
   uint8_t bytes[kHeaderSize];
   absl::Status copied = CopyToHost(bytes, buffer, kHeaderSize, context);
   if (!copied.ok()) return copied;
   return ParseHeader(bytes, size);
+}
+
+absl::StatusOr<Header> Verify(const uint8_t* buffer, size_t size, const ExecContext& context) {
+  absl::StatusOr<Header> header = ReadHeader(buffer, size, context);
+  if (!header.ok()) return header.status();
+  if (FindCodec(header->codec) == nullptr) {
+    return absl::DataLossError(absl::StrCat("actpack: unknown codec id ",
+                                            static_cast<int>(header->codec),
+                                            " in the buffer's header"));
+  }
+  absl::StatusOr<uint64_t> payload_sum =
+      ChecksumOf(buffer + kHeaderSize, header->payload_size, context);
+  if (!payload_sum.ok()) return payload_sum.status();
+  absl::Status verified = VerifyChecksum(*header, *payload_sum);
+  if (!verified.ok()) return verified;
+  return header;
 }
 
 absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,

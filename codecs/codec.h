@@ -118,6 +118,11 @@ absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params
 // Reads and validates the header of an encoded buffer in memory on `context.device`.
 absl::StatusOr<Header> ReadHeader(const uint8_t* buffer, size_t size, const ExecContext& context);
 
+// The validated header of a buffer whose checksum matches: what to allocate before Decode when
+// the output's shape comes from the buffer (a corrupt shape is then kDataLoss, not a huge
+// allocation).
+absl::StatusOr<Header> Verify(const uint8_t* buffer, size_t size, const ExecContext& context);
+
 // Decodes a buffer into `output`, whose dtype and shape must match the buffer's.
 absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,
                     const ExecContext& context);

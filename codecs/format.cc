@@ -140,6 +140,13 @@ absl::StatusOr<Header> ParseHeader(const uint8_t* bytes, size_t size) {
                                             header.numel, " does not match the shape's ",
                                             static_cast<uint64_t>(numel)));
   }
+  const unsigned __int128 raw_bytes =
+      static_cast<unsigned __int128>(header.numel) * ElementSize(header.dtype);
+  if (raw_bytes > (static_cast<unsigned __int128>(1) << 62)) {
+    return absl::DataLossError(absl::StrCat("actpack: corrupt header: ", header.numel, " ",
+                                            DTypeName(header.dtype),
+                                            " elements are more bytes than any tensor holds"));
+  }
   if (header.payload_size > size - kHeaderSize) {
     return absl::DataLossError(absl::StrCat(
         "actpack: encoded buffer is truncated: header announces ", header.payload_size,

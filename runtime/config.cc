@@ -53,7 +53,7 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   for (const Unit& unit : kUnits) {
     if (unit_text == unit.name) {
       const double bytes = number * unit.multiplier;
-      if (bytes < 1 || bytes > 1.8e19) return BadSize(text, "out of range");
+      if (bytes < 1 || bytes > 9.2e18) return BadSize(text, "out of range");
       return static_cast<uint64_t>(std::llround(bytes));
     }
   }

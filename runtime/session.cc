@@ -120,7 +120,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     return plan;
   }
 
-  const DedupKey key{info.storage, info.storage_offset, info.shape, info.strides, info.version};
+  const DedupKey key{info.storage, info.storage_offset, info.shape, info.strides, info.version,
+                     info.dtype};
   auto it = dedup_.find(key);
   if (it != dedup_.end()) {
     if (std::shared_ptr<PackedTensor> earlier = it->second.lock()) {
@@ -193,8 +194,8 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     current_step_.peak_live_stored = totals_.live_stored;
     current_step_.peak_live_raw = totals_.live_raw;
   }
-  ++live_in_step_;
-  const DedupKey key{info.storage, info.storage_offset, info.shape, info.strides, info.version};
+  const DedupKey key{info.storage, info.storage_offset, info.shape, info.strides, info.version,
+                     info.dtype};
   dedup_[key] = packed;
   return packed;
 }
@@ -214,14 +215,16 @@ void Session::OnRelease(const PackedTensor& packed) {
   absl::MutexLock lock(&mu_);
   totals_.live_stored -= packed.stored_bytes_;
   totals_.live_raw -= packed.raw_bytes_;
-  if (live_in_step_ > 0 && --live_in_step_ == 0) {
-    // Backward released the step's last packed tensor: the step is over.
-    steps_.push_back(current_step_);
-    current_step_ = StepRecord{};
-    ordinal_ = 0;
-    for (auto it = dedup_.begin(); it != dedup_.end();) {
-      it = it->second.expired() ? dedup_.erase(it) : std::next(it);
-    }
+}
+
+void Session::EndStep() {
+  absl::MutexLock lock(&mu_);
+  if (ordinal_ == 0) return;
+  steps_.push_back(current_step_);
+  current_step_ = StepRecord{};
+  ordinal_ = 0;
+  for (auto it = dedup_.begin(); it != dedup_.end();) {
+    it = it->second.expired() ? dedup_.erase(it) : std::next(it);
   }
 }
 

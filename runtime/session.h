@@ -8,8 +8,8 @@
 // bytes raw vs stored per saved tensor and overall, the live and peak stored bytes, and turns
 // all of it into the run report (report.h).
 //
-// A step ends when the last packed tensor of the step is released (backward has consumed
-// them all); the ordinal of a saved tensor within its step keys it across steps.
+// A step ends when the caller says so (EndStep; the plugin calls it when a backward pass
+// finishes); the ordinal of a saved tensor within its step keys it across steps.
 //
 // Usage (the plugin does this from saved_tensors_hooks):
 //   Session session(options, factory);
@@ -177,6 +177,10 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
+  // Closes the current step (a forward and its backward): records its totals and restarts the
+  // ordinals. A step in which nothing was saved is not recorded.
+  void EndStep();
+
   SessionTotals Totals() const;
   std::vector<SavedRecord> Records() const;
   std::vector<StepRecord> Steps() const;
@@ -186,7 +190,7 @@ class Session {
 
  private:
   using DedupKey = std::tuple<uintptr_t, int64_t, std::vector<int64_t>, std::vector<int64_t>,
-                              uint32_t>;
+                              uint32_t, codecs::DType>;
   int RecordFor(const SavedTensorInfo& info, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRelease(const PackedTensor& packed);
 
@@ -203,7 +207,6 @@ class Session {
   std::vector<SavedRecord> records_ ABSL_GUARDED_BY(mu_);
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   StepRecord current_step_ ABSL_GUARDED_BY(mu_);
-  uint64_t live_in_step_ ABSL_GUARDED_BY(mu_) = 0;
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
 
   friend class PackedTensor;

@@ -76,7 +76,11 @@ TEST(SessionTest, PacksDecodesAndCountsBytes) {
   totals = session.Totals();
   EXPECT_EQ(totals.live_stored, 0u);
   EXPECT_EQ(totals.peak_live_raw, 64u * 256 * 4);
-  ASSERT_EQ(session.Steps().size(), 1u);  // the last packed tensor released ends the step
+  EXPECT_TRUE(session.Steps().empty());
+  session.EndStep();
+  ASSERT_EQ(session.Steps().size(), 1u);
+  session.EndStep();  // nothing saved since: no empty step
+  EXPECT_EQ(session.Steps().size(), 1u);
 }
 
 TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
@@ -96,12 +100,27 @@ TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
   EXPECT_EQ(session.Plan(big.info).action, PackAction::kPack);
 }
 
-TEST(SessionTest, DisabledSessionKeepsEverything) {
+TEST(SessionTest, DisabledSessionKeepsEverythingAndRecordsStayBounded) {
   SessionOptions options = Options("quant2");
   options.enabled = false;
   Session session(options, HostFactory());
-  Saved saved = MakeSaved(64, 256, 1);
-  EXPECT_EQ(session.Plan(saved.info).reason, KeepReason::kDisabled);
+  for (int step = 0; step < 10; ++step) {
+    Saved saved = MakeSaved(64, 256, 1);
+    EXPECT_EQ(session.Plan(saved.info).reason, KeepReason::kDisabled);
+    session.EndStep();
+  }
+  EXPECT_EQ(session.Records().size(), 1u);
+  EXPECT_EQ(session.Steps().size(), 10u);
+}
+
+TEST(SessionTest, SameStorageAsAnotherDtypeIsNotADuplicate) {
+  Session session(Options("identity"), HostFactory());
+  Saved saved = MakeSaved(64, 256, 9);
+  std::shared_ptr<PackedTensor> packed = *session.Pack(saved.info, session.Plan(saved.info), saved.view(), {});
+  SavedTensorInfo as_int = saved.info;  // x.view(torch.int32): same storage, shape, strides
+  as_int.dtype = codecs::DType::kInt32;
+  as_int.supported_dtype = true;
+  EXPECT_NE(session.Plan(as_int).action, PackAction::kReuse);
 }
 
 TEST(SessionTest, DedupsTheSameTensorSavedTwice) {
@@ -145,6 +164,7 @@ TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
       live.push_back(*session.Pack(saved.info, plan, saved.view(), {}));
     }
     live.clear();  // backward consumed everything
+    session.EndStep();
   }
   EXPECT_EQ(session.Steps().size(), 3u);
   ASSERT_EQ(session.Records().size(), 4u);

@@ -157,3 +157,22 @@ def test_cuda_training_with_quant2_tracks_plain():
                                    codec="identity")
     again, _, _, _ = demo.train(corpus, 10, 32, 128, device, seed=0)
     assert identity == again
+
+
+def test_steps_end_with_each_backward_even_when_nothing_is_packed():
+    model = small_cnn()
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    with actpack.budget("1GiB", enabled=False) as run:
+        for _ in range(4):
+            F.cross_entropy(model(x), y).backward()
+    activations = run.report["activations"]
+    assert len(activations["steps"]) == 4
+    # One record per saved tensor of a step, folded across steps: bounded by the model.
+    assert all(s["occurrences"] == 4 for s in activations["saved_tensors"])
+
+
+def test_min_bytes_zero_packs_everything():
+    x = torch.randn(3, 3, requires_grad=True)
+    with actpack.budget("1GiB", codec="identity", min_bytes=0) as run:
+        (x.sigmoid() * 2).sum().backward()
+    assert run.report["activations"]["totals"]["packs"] == 1

@@ -145,3 +145,18 @@ def test_cuda_rejects_corrupt_buffers():
         actpack.decode(corrupt)
     with pytest.raises(RuntimeError, match="truncated"):
         actpack.decode(buffer[:-4])
+
+
+def test_a_buffer_slice_that_is_not_word_aligned_decodes():
+    x = torch.randn(50, 70)
+    buffer = actpack.encode(x, "quant4", seed=2)
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), buffer])[1:]
+    assert shifted.data_ptr() % 4 != 0
+    assert torch.equal(actpack.decode(shifted), actpack.decode(buffer))
+
+
+def test_a_corrupt_shape_is_data_loss_not_a_huge_allocation():
+    buffer = actpack.encode(torch.randn(64, 64), "quant2").clone()
+    buffer[16:24] = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1], dtype=torch.uint8)  # dim 0 = 2^56
+    with pytest.raises(RuntimeError, match="actpack: corrupt"):
+        actpack.decode(buffer)

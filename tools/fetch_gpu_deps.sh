@@ -7,5 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p .deps
 cd .deps
 rm -f ./*.deb
-apt-get download libabsl-dev libabsl20220623
+# The runtime library package is named after the Abseil release (libabsl20220623 on bookworm).
+runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print $2; exit}')
+apt-get download libabsl-dev "$runtime_package"
 ls -l

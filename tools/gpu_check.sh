@@ -9,7 +9,9 @@ OUT="${OUT:-$PWD/gpu-results}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-if [ ! -e /usr/include/absl/status/status.h ]; then
+python3 -c 'import pytest, setuptools, torch' 2>/dev/null ||
+  { echo "actpack: this machine lacks pytest, setuptools or torch; carry them as wheels"; exit 1; }
+if ! ls /usr/lib/x86_64-linux-gnu/libabsl_status.so >/dev/null 2>&1; then
   ls .deps/*.deb >/dev/null 2>&1 || { echo "actpack: no Abseil here and no .deps/*.deb; run tools/fetch_gpu_deps.sh on a machine with apt first"; exit 1; }
   mkdir -p .deps/root
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
@@ -36,6 +38,8 @@ echo "== CPU tests against the CUDA build =="
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== codec benchmark =="
 python3 tools/gpu_benchmark.py 2>&1 | tee "$OUT/benchmark.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== demo on the GPU =="
 python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json" 2>&1 | tee "$OUT/demo.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 exit $status

@@ -36,8 +36,11 @@ ACTPACK_HD GroupParams MakeGroupParams(float lo, float hi, int bits) {
   p.min = portable::Bf16ToFloat(min_bf16);
   const float range = portable::Sub(hi, p.min);
   const float levels = static_cast<float>((1 << bits) - 1);
-  const uint16_t step_bf16 =
+  // A step below the smallest normal bfloat16 (0x0080) would make 1/step infinite and flush to
+  // zero under denormals-are-zero on the CPU: raise it to that value.
+  uint16_t step_bf16 =
       range > 0.0f ? portable::FloatToBf16Up(portable::Div(range, levels)) : uint16_t{0};
+  if (step_bf16 != 0 && step_bf16 < 0x0080) step_bf16 = 0x0080;
   p.step = portable::Bf16ToFloat(step_bf16);
   p.ok = portable::IsFinite(range) && portable::IsFinite(p.step);
   p.inv_step = p.step > 0.0f ? portable::Div(1.0f, p.step) : 0.0f;

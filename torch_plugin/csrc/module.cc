@@ -6,6 +6,7 @@
 // by) the same allocator as every other tensor of the step.
 #include <torch/extension.h>
 #include <torch/library.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <memory>
 #include <string>
@@ -106,6 +107,7 @@ class PySession {
   }
 
   py::object Pack(const at::Tensor& tensor) {
+    const c10::OptionalDeviceGuard device_guard(tensor.device());
     const runtime::SavedTensorInfo info = Describe(tensor);
     runtime::PackPlan plan = session_->Plan(info);
     if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
@@ -126,10 +128,13 @@ class PySession {
   at::Tensor Unpack(const py::object& handle) {
     if (THPVariable_Check(handle.ptr())) return THPVariable_Unpack(handle.ptr());
     const PackedHandle& packed = handle.cast<const PackedHandle&>();
+    const c10::OptionalDeviceGuard device_guard(packed.options.device());
     at::Tensor output = at::empty(packed.packed->shape(), packed.options);
     ThrowIfError(session_->Unpack(*packed.packed, ToMutableView(output), ContextFor(output)));
     return output;
   }
+
+  void EndStep() { session_->EndStep(); }
 
   std::string ActivationReport() const {
     return json::Serialize(session_->ActivationReport(), 0);
@@ -165,6 +170,7 @@ at::Tensor EncodeOp(const at::Tensor& input, c10::string_view codec, int64_t see
   params->seed = static_cast<uint64_t>(seed);
   TORCH_CHECK_TYPE(ToCodecDType(input.scalar_type()).has_value(), "actpack: unsupported dtype ",
                    input.scalar_type(), "; expected a float, integer or bool tensor");
+  const c10::OptionalDeviceGuard device_guard(input.device());
   const at::Tensor contiguous = input.detach().contiguous();
   const codecs::TensorView view = ToView(contiguous);
   const codecs::ExecContext context = ContextFor(contiguous);
@@ -181,10 +187,16 @@ at::Tensor DecodeOp(const at::Tensor& buffer) {
   TORCH_CHECK_VALUE(buffer.scalar_type() == at::kByte && buffer.dim() == 1,
                     "actpack: decode expects a 1-D uint8 buffer from actpack.encode, got a ",
                     buffer.dim(), "-D ", buffer.scalar_type(), " tensor");
-  const at::Tensor bytes = buffer.contiguous();
+  const c10::OptionalDeviceGuard device_guard(buffer.device());
+  // Payloads are read as 32-bit words: a slice starting mid-word is copied to fresh memory.
+  const at::Tensor contiguous = buffer.contiguous();
+  const at::Tensor bytes = reinterpret_cast<uintptr_t>(contiguous.data_ptr()) % 4 == 0
+                               ? contiguous
+                               : contiguous.clone();
   const codecs::ExecContext context = ContextFor(bytes);
+  // Verify before allocating: a corrupt shape is then kDataLoss, not a huge allocation.
   absl::StatusOr<codecs::Header> header =
-      codecs::ReadHeader(bytes.data_ptr<uint8_t>(), bytes.numel(), context);
+      codecs::Verify(bytes.data_ptr<uint8_t>(), bytes.numel(), context);
   ThrowIfError(header.status());
   at::Tensor output =
       at::empty(header->Shape(), bytes.options().dtype(ToTorchDType(header->dtype)));
@@ -260,6 +272,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("min_bytes"), py::arg("seed"), py::arg("enabled"))
       .def("pack", &PySession::Pack)
       .def("unpack", &PySession::Unpack)
+      .def("end_step", &PySession::EndStep)
       .def("totals", &PySession::Totals)
       .def("activation_report", &PySession::ActivationReport);
   m.def("build_report", &actpack::torch_plugin::BuildReport, py::arg("run_json"), py::arg("session"));

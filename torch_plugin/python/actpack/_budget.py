@@ -41,15 +41,32 @@ class budget:
         self._budget = parse_budget(limit)
         if not isinstance(codec, str):
             raise TypeError(f"actpack.budget: codec must be a str such as 'quant2', got {type(codec).__name__}")
-        min_bytes = parse_size(min_bytes)
+        # 0 packs every saved tensor, however small.
+        if not (isinstance(min_bytes, int) and not isinstance(min_bytes, bool) and min_bytes == 0):
+            min_bytes = parse_size(min_bytes)
         self._session = _C.Session(codec=codec, min_bytes=min_bytes, seed=int(seed),
                                    enabled=bool(enabled))
         self._codec = codec
         self._report_path = os.fspath(report) if report is not None else None
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._session.pack,
-                                                               self._session.unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._session.pack, self._unpack)
+        self._end_of_backward_queued = False
         self.run = Run(self._budget, self._session)
         self._started = None
+
+    def _unpack(self, handle):
+        # The first unpack of a backward pass queues the end of the step for when that pass
+        # finishes (the engine runs queued callbacks once all of its work is done).
+        if not self._end_of_backward_queued:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
+                self._end_of_backward_queued = True
+            except RuntimeError:
+                pass  # unpacked outside a backward pass (e.g. grad_fn._saved_self)
+        return self._session.unpack(handle)
+
+    def _end_step(self):
+        self._end_of_backward_queued = False
+        self._session.end_step()
 
     def __enter__(self):
         self._started = time.perf_counter()

@@ -56,11 +56,12 @@ def activate(text):
     allocator = options.pop("allocator", "auto")
     if allocator == "auto":
         allocator = "cuda" if torch.cuda.is_available() else "cpu"
-    budget = actpack.budget(options.pop("budget"), **options)
+    limit = options.pop("budget")
+    budget = actpack.budget(limit, **options)
     if allocator == "cuda":
-        actpack.install_allocator(budget=budget.run.budget["text"] if budget.run.budget["bytes"] else None)
+        actpack.install_allocator(budget=limit)
     elif allocator == "cpu":
-        actpack.install_cpu_allocator(budget=budget.run.budget["bytes"] or None)
+        actpack.install_cpu_allocator(budget=limit)
     budget.__enter__()
     _active = budget
     atexit.register(_finish)
