@@ -8,40 +8,17 @@
 
 #include "codecs/codec.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/test_util.h"
 #include "codecs/registry.h"
 #include "gtest/gtest.h"
 
 namespace actpack::codecs {
 namespace {
 
-absl::StatusOr<std::vector<uint8_t>> EncodeFloats(const std::vector<float>& values,
-                                                  std::vector<int64_t> shape,
-                                                  const CodecParams& params) {
-  TensorView input{values.data(), DType::kFloat32, shape, Device::kCpu};
-  absl::StatusOr<size_t> max_size = MaxEncodedSize(input.Spec(), params);
-  if (!max_size.ok()) return max_size.status();
-  std::vector<uint8_t> buffer(*max_size);
-  absl::StatusOr<size_t> used = Encode(input, params, buffer.data(), buffer.size(), {});
-  if (!used.ok()) return used.status();
-  buffer.resize(*used);
-  return buffer;
-}
+using testing::DecodeFloats;
+using testing::EncodeFloats;
 
-std::vector<float> DecodeFloats(const std::vector<uint8_t>& buffer, std::vector<int64_t> shape) {
-  std::vector<float> out(TensorSpec{DType::kFloat32, shape}.numel(), 12345.0f);
-  MutableTensorView output{out.data(), DType::kFloat32, shape, Device::kCpu};
-  const absl::Status status = Decode(buffer.data(), buffer.size(), output, {});
-  EXPECT_TRUE(status.ok()) << status;
-  return out;
-}
-
-std::vector<float> Gaussian(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 10.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+std::vector<float> Gaussian(size_t n, uint32_t seed) { return testing::Gaussian(n, seed, 0.0f, 10.0f); }
 
 class CastTest : public ::testing::TestWithParam<const char*> {};
 

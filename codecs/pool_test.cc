@@ -7,6 +7,7 @@
 
 #include "codecs/codec.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/test_util.h"
 #include "codecs/registry.h"
 #include "gtest/gtest.h"
 
@@ -15,24 +16,10 @@ namespace {
 
 absl::StatusOr<std::vector<uint8_t>> EncodeRaw(const void* data, DType dtype,
                                                std::vector<int64_t> shape, const char* spec) {
-  TensorView input{data, dtype, shape, Device::kCpu};
-  const CodecParams params = *ParseCodecSpec(spec);
-  absl::StatusOr<size_t> max_size = MaxEncodedSize(input.Spec(), params);
-  if (!max_size.ok()) return max_size.status();
-  std::vector<uint8_t> buffer(*max_size);
-  absl::StatusOr<size_t> used = Encode(input, params, buffer.data(), buffer.size(), {});
-  if (!used.ok()) return used.status();
-  buffer.resize(*used);
-  return buffer;
+  return testing::EncodeToVector(data, dtype, std::move(shape), *ParseCodecSpec(spec));
 }
 
-std::vector<float> Gaussian(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(1.0f, 3.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+std::vector<float> Gaussian(size_t n, uint32_t seed) { return testing::Gaussian(n, seed, 1.0f, 3.0f); }
 
 // Each decoded value is its window's mean (computed here in double), for row lengths that are
 // not multiples of k.

@@ -7,45 +7,16 @@
 
 #include "codecs/codec.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/test_util.h"
 #include "codecs/registry.h"
 #include "gtest/gtest.h"
 
 namespace actpack::codecs {
 namespace {
 
-struct Encoded {
-  std::vector<uint8_t> bytes;
-};
-
-std::vector<float> Gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-absl::StatusOr<std::vector<uint8_t>> EncodeFloats(const std::vector<float>& values,
-                                                  std::vector<int64_t> shape,
-                                                  const CodecParams& params) {
-  TensorView input{values.data(), DType::kFloat32, shape, Device::kCpu};
-  absl::StatusOr<size_t> max_size = MaxEncodedSize(input.Spec(), params);
-  if (!max_size.ok()) return max_size.status();
-  std::vector<uint8_t> buffer(*max_size);
-  absl::StatusOr<size_t> used = Encode(input, params, buffer.data(), buffer.size(), {});
-  if (!used.ok()) return used.status();
-  buffer.resize(*used);
-  return buffer;
-}
-
-std::vector<float> DecodeFloats(const std::vector<uint8_t>& buffer, std::vector<int64_t> shape) {
-  TensorSpec spec{DType::kFloat32, shape};
-  std::vector<float> out(spec.numel(), std::nanf(""));
-  MutableTensorView output{out.data(), DType::kFloat32, shape, Device::kCpu};
-  const absl::Status status = Decode(buffer.data(), buffer.size(), output, {});
-  EXPECT_TRUE(status.ok()) << status;
-  return out;
-}
+using testing::DecodeFloats;
+using testing::EncodeFloats;
+using testing::Gaussian;
 
 CodecParams Quant(int bits, int group = 256, uint64_t seed = 1) {
   CodecParams p;
