@@ -134,6 +134,11 @@ class Mask final : public Codec {
       return absl::FailedPreconditionError(
           "actpack: mask cannot encode a tensor whose nonzero value is NaN");
     }
+    if (input.dtype == DType::kBool && value > 1) {
+      // Only 0 and 1 are bools; the decoder refuses any other stored value.
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "actpack: mask cannot encode a bool tensor holding byte 0x%x; keep it exact", value));
+    }
     header->params.fill(0);
     std::memcpy(header->params.data(), &value, 4);
     return PayloadInfo{4 * PayloadWords(numel), total.checksum};

@@ -119,5 +119,14 @@ TEST(MaskTest, CorruptValueIsDataLoss) {
   EXPECT_EQ(Decode(buffer.data(), buffer.size(), output, {}).code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(MaskTest, BoolTensorHoldingAByteOtherThanOneIsRefused) {
+  const std::vector<uint8_t> bytes = {0, 2, 0, 2};  // what u8.view(torch.bool) can hold
+  const TensorView input{bytes.data(), DType::kBool, {4}, Device::kCpu};
+  const CodecParams params = *ParseCodecSpec("mask");
+  std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), params));
+  EXPECT_EQ(Encode(input, params, buffer.data(), buffer.size(), {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace actpack::codecs
