@@ -98,12 +98,8 @@ class Cast final : public Codec {
       return absl::DataLossError(absl::StrCat("actpack: corrupt cast buffer: storage dtype code ",
                                               header.params[0]));
     }
-    for (size_t i = 1; i < kParamBytes; ++i) {
-      if (header.params[i] != 0) {
-        return absl::DataLossError(
-            absl::StrCat("actpack: corrupt cast buffer: parameter byte ", i, " is not zero"));
-      }
-    }
+    absl::Status unused = CheckParamBytesZero(header, 1, kParamBytes, "cast");
+    if (!unused.ok()) return unused;
     if (header.dtype != DType::kFloat32) {
       return absl::DataLossError(
           absl::StrCat("actpack: corrupt cast buffer: dtype ", DTypeName(header.dtype)));

@@ -155,6 +155,17 @@ absl::StatusOr<Header> ParseHeader(const uint8_t* bytes, size_t size) {
   return header;
 }
 
+absl::Status CheckParamBytesZero(const Header& header, size_t first, size_t last,
+                                 absl::string_view codec) {
+  for (size_t i = first; i < last && i < kParamBytes; ++i) {
+    if (header.params[i] != 0) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt ", codec,
+                                              " buffer: parameter byte ", i, " is not zero"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 uint64_t HeaderChecksum(const Header& header) {
   uint8_t bytes[kHeaderSize];
   Header copy = header;

@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/dtype.h"
 
@@ -75,6 +76,11 @@ void WriteHeader(const Header& header, uint8_t* out);
 // ndim, shape against the element count, and payload size against `size`. kDataLoss when the
 // buffer is truncated or corrupt; the checksum is verified separately (VerifyChecksum).
 absl::StatusOr<Header> ParseHeader(const uint8_t* bytes, size_t size);
+
+// kDataLoss naming the codec and the byte when a codec parameter byte in [first, last), which
+// the codec does not use, is not zero (FORMAT.md: unused bytes are written as zero).
+absl::Status CheckParamBytesZero(const Header& header, size_t first, size_t last,
+                                 absl::string_view codec);
 
 // The checksum's contribution of the header: every header word but the checksum field.
 uint64_t HeaderChecksum(const Header& header);

@@ -51,6 +51,8 @@ class Identity final : public Codec {
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output,
                              const ExecContext& context) const override {
+    absl::Status unused = CheckParamBytesZero(header, 0, kParamBytes, "identity");
+    if (!unused.ok()) return unused;
     const uint64_t bytes = header.numel * ElementSize(header.dtype);
     if (header.payload_size != bytes) {
       return absl::DataLossError(absl::StrCat("actpack: corrupt identity buffer: payload of ",

@@ -160,12 +160,8 @@ class Mask final : public Codec {
           absl::StrFormat("actpack: corrupt mask buffer: value bits 0x%x for %s", value,
                           DTypeName(header.dtype)));
     }
-    for (size_t i = 4; i < kParamBytes; ++i) {
-      if (header.params[i] != 0) {
-        return absl::DataLossError(
-            absl::StrCat("actpack: corrupt mask buffer: parameter byte ", i, " is not zero"));
-      }
-    }
+    absl::Status unused = CheckParamBytesZero(header, 4, kParamBytes, "mask");
+    if (!unused.ok()) return unused;
     const uint64_t expected = 4 * PayloadWords(header.numel);
     if (header.payload_size != expected) {
       return absl::DataLossError(absl::StrCat("actpack: corrupt mask buffer: payload of ",

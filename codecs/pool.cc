@@ -149,12 +149,8 @@ class Pool final : public Codec {
     if (window < kMinWindow || window > kMaxWindow) {
       return absl::DataLossError(absl::StrCat("actpack: corrupt pool buffer: window ", window));
     }
-    for (size_t i = 4; i < kParamBytes; ++i) {
-      if (header.params[i] != 0) {
-        return absl::DataLossError(
-            absl::StrCat("actpack: corrupt pool buffer: parameter byte ", i, " is not zero"));
-      }
-    }
+    absl::Status unused = CheckParamBytesZero(header, 4, kParamBytes, "pool");
+    if (!unused.ok()) return unused;
     const pool_math::Shape s = ShapeOf(header.Shape(), header.numel, window);
     const uint64_t expected = PayloadBytes(s, header.dtype);
     if (header.payload_size != expected) {

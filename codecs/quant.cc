@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,10 @@ absl::StatusOr<Layout> ReadParams(const Header& header) {
   std::memcpy(&seed, header.params.data() + 8, 8);
   if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
     return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: bits ", bits));
+  }
+  for (const auto [first, last] : {std::pair<size_t, size_t>{1, 4}, {16, kParamBytes}}) {
+    absl::Status unused = CheckParamBytesZero(header, first, last, "quant");
+    if (!unused.ok()) return unused;
   }
   if (group_size == 0 || group_size % 32 != 0 || group_size > 65536) {
     return absl::DataLossError(
