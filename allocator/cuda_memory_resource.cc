@@ -77,22 +77,13 @@ absl::StatusOr<void*> CudaMemoryResource::DoAllocate(size_t bytes, Stream stream
     reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return status;
   }
-  if (HasObservers()) {
-    const auto address = reinterpret_cast<uintptr_t>(ptr);
-    Notify({MemoryAction::kSegmentAlloc, address, size, size, stream});
-    Notify({MemoryAction::kAlloc, address, size, bytes, stream});
-  }
+  NotifySegmentAllocated(ptr, size, bytes, stream);
   return ptr;
 }
 
 void CudaMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
   const size_t size = RoundUp(bytes, kAllocationAlignment);
-  if (HasObservers()) {
-    const auto address = reinterpret_cast<uintptr_t>(ptr);
-    Notify({MemoryAction::kFreeRequested, address, size, bytes, stream});
-    Notify({MemoryAction::kFreeCompleted, address, size, bytes, stream});
-    Notify({MemoryAction::kSegmentFree, address, size, size, stream});
-  }
+  NotifySegmentFreed(ptr, size, bytes, stream);
   ScopedDevice scoped(device_);
   ReportCudaError(scoped.status());
   // cudaFree synchronises the device, so work still using `ptr` on any stream has finished.

@@ -26,22 +26,13 @@ absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream
     return absl::ResourceExhaustedError(
         absl::StrCat("actpack: host allocation of ", FormatBytes(size), " failed"));
   }
-  if (HasObservers()) {
-    const auto address = reinterpret_cast<uintptr_t>(ptr);
-    Notify({MemoryAction::kSegmentAlloc, address, size, size, stream});
-    Notify({MemoryAction::kAlloc, address, size, bytes, stream});
-  }
+  NotifySegmentAllocated(ptr, size, bytes, stream);
   return ptr;
 }
 
 void HostMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
   const size_t size = RoundUp(bytes, kAllocationAlignment);
-  if (HasObservers()) {
-    const auto address = reinterpret_cast<uintptr_t>(ptr);
-    Notify({MemoryAction::kFreeRequested, address, size, bytes, stream});
-    Notify({MemoryAction::kFreeCompleted, address, size, bytes, stream});
-    Notify({MemoryAction::kSegmentFree, address, size, size, stream});
-  }
+  NotifySegmentFreed(ptr, size, bytes, stream);
   std::free(ptr);
   reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
 }

@@ -175,6 +175,23 @@ class MemoryResource {
   }
   bool HasObservers() const { return !observers_.empty(); }
 
+  // What a backend reports when it hands out a fresh segment of `size` bytes for a request of
+  // `bytes` (segment_alloc, then alloc), and when it takes one back (free_requested,
+  // free_completed, segment_free).
+  void NotifySegmentAllocated(void* ptr, size_t size, size_t bytes, Stream stream) const {
+    if (!HasObservers()) return;
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    Notify({MemoryAction::kSegmentAlloc, address, size, size, stream});
+    Notify({MemoryAction::kAlloc, address, size, bytes, stream});
+  }
+  void NotifySegmentFreed(void* ptr, size_t size, size_t bytes, Stream stream) const {
+    if (!HasObservers()) return;
+    const auto address = reinterpret_cast<uintptr_t>(ptr);
+    Notify({MemoryAction::kFreeRequested, address, size, bytes, stream});
+    Notify({MemoryAction::kFreeCompleted, address, size, bytes, stream});
+    Notify({MemoryAction::kSegmentFree, address, size, size, stream});
+  }
+
   // The default observer handling: keep them in this resource's own list.
   virtual void DoAddObserver(MemoryObserver* observer);
   virtual void DoRemoveObserver(MemoryObserver* observer);
