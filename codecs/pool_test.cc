@@ -7,7 +7,7 @@
 
 #include "codecs/codec.h"
 #include "codecs/internal/portable.h"
-#include "codecs/internal/test_util.h"
+#include "codecs/testing/test_util.h"
 #include "codecs/registry.h"
 #include "gtest/gtest.h"
 

@@ -1,7 +1,7 @@
 // Helpers shared by the codec tests: encode into an exactly sized vector, decode floats, and
 // draw Gaussian test data.
-#ifndef ACTPACK_CODECS_INTERNAL_TEST_UTIL_H_
-#define ACTPACK_CODECS_INTERNAL_TEST_UTIL_H_
+#ifndef ACTPACK_CODECS_TESTING_TEST_UTIL_H_
+#define ACTPACK_CODECS_TESTING_TEST_UTIL_H_
 
 #include <cstdint>
 #include <vector>
@@ -28,4 +28,4 @@ std::vector<float> Gaussian(size_t n, uint32_t seed, float mean = 0.0f, float st
 
 }  // namespace actpack::codecs::testing
 
-#endif  // ACTPACK_CODECS_INTERNAL_TEST_UTIL_H_
+#endif  // ACTPACK_CODECS_TESTING_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-#include "codecs/internal/test_util.h"
+#include "codecs/testing/test_util.h"
 
 #include <cmath>
 #include <random>
