@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <utility>
 
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "allocator/units.h"
 #include "codecs/registry.h"
 
 namespace actpack::runtime {
@@ -37,7 +42,76 @@ double Ratio(uint64_t raw, uint64_t stored) {
   return stored == 0 ? 0.0 : static_cast<double>(raw) / static_cast<double>(stored);
 }
 
+constexpr char kExact[] = "keep";
+
+// The codec a record's module gets: the first matching rule, else the default.
+CodecChoice ChoiceFor(const SessionOptions& options, const std::string& module) {
+  for (const CodecRule& rule : options.rules) {
+    if (GlobMatch(rule.pattern, module)) return rule.choice;
+  }
+  return options.codec;
+}
+
+json::Value ErrorJson(const CodecMeasurement& m) {
+  json::Value error = json::Value::Object();
+  error.Set("rms", m.RmsError());
+  error.Set("max_abs", m.max_abs_error);
+  error.Set("rel_rms", std::sqrt(m.RelativeError()));
+  error.Set("sampled_elements", m.count);
+  return error;
+}
+
 }  // namespace
+
+std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
+  // Most exact first. Codecs that are not built in are left out.
+  std::vector<codecs::CodecParams> ladder;
+  for (const char* spec : {"quant8", "eb:rel=1e-2", "quant4", "division", "quant2"}) {
+    absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
+    if (params.ok()) ladder.push_back(*params);
+  }
+  return ladder;
+}
+
+double CodecMeasurement::RmsError() const {
+  return count == 0 ? 0.0 : std::sqrt(squared_error / static_cast<double>(count));
+}
+
+bool GlobMatch(absl::string_view pattern, absl::string_view text) {
+  // Iterative wildcard matching with one backtrack point (the last '*').
+  size_t p = 0, t = 0, star = absl::string_view::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+    } else if (star != absl::string_view::npos) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text) {
+  CodecChoice choice;
+  if (absl::StripAsciiWhitespace(text) == "auto") {
+    choice.automatic = true;
+    return choice;
+  }
+  absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(text);
+  if (!params.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.status().message(), " (or 'auto': the policy chooses per tensor)"));
+  }
+  choice.params = *params;
+  return choice;
+}
 
 uint64_t SavedTensorInfo::Bytes() const {
   uint64_t n = 1;
@@ -53,6 +127,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kNotFloatingPoint: return "not floating point";
     case KeepReason::kTooSmall: return "below min_bytes";
     case KeepReason::kLossInput: return "log-probabilities of the loss";
+    case KeepReason::kPolicyExact: return "exact: fits the budget";
   }
   return "";
 }
@@ -83,8 +158,10 @@ int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
   SavedRecord record;
   record.ordinal = ordinal;
   record.producer = info.producer;
+  record.module = info.module;
   record.shape = info.shape;
   record.dtype = info.dtype;
+  record.assigned = ChoiceFor(options_, info.module);
   records_.push_back(std::move(record));
   record_index_.emplace(std::move(key), static_cast<int>(records_.size() - 1));
   return static_cast<int>(records_.size() - 1);
@@ -94,17 +171,23 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   absl::MutexLock lock(&mu_);
   PackPlan plan;
   plan.record = RecordFor(info, ordinal_++);
+  step_records_.push_back(plan.record);
   SavedRecord& record = records_[plan.record];
   const uint64_t bytes = info.Bytes();
   current_step_.saved_raw_bytes += bytes;
   record.raw_bytes = bytes;
   ++record.occurrences;
 
+  // A bool tensor (a dropout or comparison mask) is packed losslessly at 1 bit per value when
+  // the policy chooses.
+  const bool mask = record.assigned.automatic && info.supported_dtype &&
+                    info.dtype == codecs::DType::kBool &&
+                    codecs::FindCodec(codecs::CodecId::kMask) != nullptr;
   if (!options_.enabled) {
     plan.reason = KeepReason::kDisabled;
   } else if (info.is_parameter) {
     plan.reason = KeepReason::kParameter;
-  } else if (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype)) {
+  } else if (!mask && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {
     plan.reason = KeepReason::kTooSmall;
@@ -133,10 +216,65 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     }
     dedup_.erase(it);
   }
+  const bool profile = step_index_ % static_cast<uint64_t>(std::max(1, options_.profile_every)) == 0 ||
+                       record.measured_step == UINT64_MAX;
   plan.action = PackAction::kPack;
-  plan.params = options_.codec;
+  if (mask) {
+    plan.params.codec = codecs::CodecId::kMask;
+  } else if (record.assigned.automatic) {
+    PlanAutomatic(info, record, plan);
+    if (profile && record.measured_step != step_index_) {
+      plan.measure = options_.ladder;
+      record.measured_step = step_index_;
+      current_step_.profiled = true;
+    }
+  } else {
+    plan.params = record.assigned.params;
+    if (profile && record.measured_step != step_index_) {
+      plan.measure = {plan.params};
+      record.measured_step = step_index_;
+    }
+  }
+  if (plan.action == PackAction::kKeep) {
+    record.codec = "kept";
+    record.note = std::string(KeepReasonName(plan.reason));
+    totals_.kept_bytes += bytes;
+    current_step_.stored_bytes += bytes;
+    current_step_.automatic_bytes += bytes;
+    return plan;
+  }
   plan.params.seed = options_.seed + pack_counter_++;
   return plan;
+}
+
+void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan) {
+  if (record.candidates.empty()) {
+    // Until measured, a candidate's bytes are its bound and its error unknown (infinite).
+    record.candidates.push_back({kExact, info.Bytes(), 0.0});
+    for (const codecs::CodecParams& params : options_.ladder) {
+      absl::StatusOr<size_t> bound = codecs::MaxEncodedSize({info.dtype, info.shape}, params);
+      record.candidates.push_back({codecs::FormatCodecSpec(params),
+                                   bound.ok() ? *bound : info.Bytes(),
+                                   std::numeric_limits<double>::infinity()});
+    }
+  }
+  int choice = record.choice;
+  if (options_.budget_bytes == 0) choice = 0;  // no budget, nothing to fit: exact
+  if (choice < 0) {
+    // Not planned yet: the safe default, the ladder's smallest bound.
+    choice = 1;
+    for (size_t i = 1; i < record.candidates.size(); ++i) {
+      if (record.candidates[i].bytes < record.candidates[choice].bytes) choice = static_cast<int>(i);
+    }
+    if (record.candidates.size() == 1) choice = 0;
+  }
+  if (choice == 0) {
+    plan.action = PackAction::kKeep;
+    plan.reason = KeepReason::kPolicyExact;
+    record.error = CodecMeasurement{};
+    return;
+  }
+  plan.params = options_.ladder[choice - 1];
 }
 
 absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInfo& info,
@@ -163,6 +301,10 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     used = codecs::Encode(contiguous, params, (*buffer)->data(), (*buffer)->size(), context);
   }
   if (!used.ok()) return used.status();
+  if (*used < (*buffer)->size()) {
+    absl::Status shrunk = (*buffer)->ShrinkTo(*used);
+    if (!shrunk.ok()) return shrunk;
+  }
 
   auto packed = std::shared_ptr<PackedTensor>(new PackedTensor());
   packed->shape_ = info.shape;
@@ -190,6 +332,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   totals_.peak_live_stored = std::max(totals_.peak_live_stored, totals_.live_stored);
   totals_.peak_live_raw = std::max(totals_.peak_live_raw, totals_.live_raw);
   current_step_.stored_bytes += packed->stored_bytes_;
+  if (record.assigned.automatic) current_step_.automatic_bytes += packed->stored_bytes_;
   if (totals_.live_stored > current_step_.peak_live_stored) {
     current_step_.peak_live_stored = totals_.live_stored;
     current_step_.peak_live_raw = totals_.live_raw;
@@ -217,20 +360,104 @@ void Session::OnRelease(const PackedTensor& packed) {
   totals_.live_raw -= packed.raw_bytes_;
 }
 
-void Session::EndStep() {
+void Session::RecordMeasurement(int record_index, size_t index,
+                                const CodecMeasurement& measurement) {
   absl::MutexLock lock(&mu_);
-  if (ordinal_ == 0) return;
+  if (record_index < 0 || static_cast<size_t>(record_index) >= records_.size()) return;
+  SavedRecord& record = records_[record_index];
+  if (!record.assigned.automatic) {
+    record.error = measurement;
+    return;
+  }
+  if (index + 1 >= record.candidates.size()) return;
+  PolicyCandidate& candidate = record.candidates[index + 1];
+  // A codec that cannot encode the tensor leaves it exact: raw bytes, no error.
+  candidate.bytes = measurement.exact ? record.raw_bytes : measurement.bytes;
+  candidate.error = measurement.exact ? 0.0 : measurement.RelativeError();
+  if (record.codec == codecs::FormatCodecSpec(options_.ladder[index])) record.error = measurement;
+}
+
+absl::Status Session::Replan(uint64_t peak_bytes) {
+  // The policy's tensors of this step that have measured candidates are the items; the peak
+  // minus what they held is the rest of the step. Tensors not measured yet stay as they are.
+  std::vector<int> planned;
+  PolicyInput input;
+  input.budget_bytes = options_.budget_bytes;
+  input.headroom = options_.headroom;
+  uint64_t held = current_step_.automatic_bytes;
+  uint64_t unmeasured = 0;
+  std::vector<bool> seen(records_.size(), false);
+  for (int index : step_records_) {
+    if (seen[index]) continue;
+    seen[index] = true;
+    const SavedRecord& record = records_[index];
+    if (!record.assigned.automatic || record.candidates.empty()) continue;
+    const int current = record.choice;
+    const bool measured = std::isfinite(record.candidates.back().error);
+    if (!measured) {
+      unmeasured += record.candidates[std::max(current, 0)].bytes;
+      continue;
+    }
+    planned.push_back(index);
+    input.items.push_back({record.candidates, 1.0});
+  }
+  input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
+  if (planned.empty()) return absl::OkStatus();
+  const PolicyPlan plan = SolvePolicy(input);
+  for (size_t i = 0; i < planned.size(); ++i) records_[planned[i]].choice = plan.choice[i];
+  ++policy_.plans;
+  policy_.other_bytes = input.other_bytes;
+  policy_.projected_peak = plan.projected_peak;
+  policy_.feasible = plan.feasible;
+  policy_.smallest_feasible_budget = plan.smallest_feasible_budget;
+  policy_.weighted_error = plan.weighted_error;
+  if (plan.feasible) return absl::OkStatus();
+  using allocator::FormatBytes;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "actpack: a budget of ", FormatBytes(options_.budget_bytes),
+      " cannot hold this training step: the step peaked at ", FormatBytes(peak_bytes),
+      ", of which ", FormatBytes(input.other_bytes),
+      " is not saved activations (parameters, gradients, optimizer state, workspace), and "
+      "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
+      " of activations; the smallest budget that would work is ",
+      FormatBytes(plan.smallest_feasible_budget), " (with ",
+      static_cast<int>(std::lround(options_.headroom * 100)),
+      "% headroom), or use a smaller batch"));
+}
+
+absl::Status Session::EndStep(uint64_t peak_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (ordinal_ == 0) return absl::OkStatus();
+  current_step_.peak_bytes = peak_bytes;
+  absl::Status status = absl::OkStatus();
+  const bool has_policy = current_step_.profiled || current_step_.automatic_bytes > 0;
+  if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0) {
+    // Re-plan after a profile step, before the first plan, and when the peak came within half
+    // the headroom of the budget (the model of the step was off).
+    const double close = static_cast<double>(options_.budget_bytes) * (1.0 - options_.headroom / 2);
+    if (current_step_.profiled || policy_.plans == 0 || static_cast<double>(peak_bytes) > close) {
+      status = Replan(peak_bytes);
+    }
+  }
   steps_.push_back(current_step_);
   current_step_ = StepRecord{};
+  step_records_.clear();
   ordinal_ = 0;
+  ++step_index_;
   for (auto it = dedup_.begin(); it != dedup_.end();) {
     it = it->second.expired() ? dedup_.erase(it) : std::next(it);
   }
+  return status;
 }
 
 SessionTotals Session::Totals() const {
   absl::MutexLock lock(&mu_);
   return totals_;
+}
+
+PolicyState Session::Policy() const {
+  absl::MutexLock lock(&mu_);
+  return policy_;
 }
 
 std::vector<SavedRecord> Session::Records() const {
@@ -246,7 +473,35 @@ std::vector<StepRecord> Session::Steps() const {
 json::Value Session::ActivationReport() const {
   absl::MutexLock lock(&mu_);
   json::Value report = json::Value::Object();
-  report.Set("codec", codecs::FormatCodecSpec(options_.codec));
+  report.Set("codec", options_.codec.automatic ? std::string("auto")
+                                               : codecs::FormatCodecSpec(options_.codec.params));
+  if (!options_.rules.empty()) {
+    json::Value rules = json::Value::Array();
+    for (const CodecRule& rule : options_.rules) {
+      json::Value r = json::Value::Object();
+      r.Set("pattern", rule.pattern);
+      r.Set("codec", rule.choice.automatic ? std::string("auto")
+                                           : codecs::FormatCodecSpec(rule.choice.params));
+      rules.Append(std::move(r));
+    }
+    report.Set("rules", std::move(rules));
+  }
+  json::Value policy = json::Value::Object();
+  policy.Set("budget_bytes", options_.budget_bytes);
+  policy.Set("headroom", options_.headroom);
+  policy.Set("profile_every", options_.profile_every);
+  json::Value ladder = json::Value::Array();
+  for (const codecs::CodecParams& params : options_.ladder) {
+    ladder.Append(codecs::FormatCodecSpec(params));
+  }
+  policy.Set("ladder", std::move(ladder));
+  policy.Set("plans", policy_.plans);
+  policy.Set("other_bytes", policy_.other_bytes);
+  policy.Set("projected_peak_bytes", policy_.projected_peak);
+  policy.Set("feasible", policy_.feasible);
+  policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);
+  policy.Set("weighted_error", policy_.weighted_error);
+  report.Set("policy", std::move(policy));
   report.Set("min_bytes", options_.min_bytes);
   report.Set("enabled", options_.enabled);
   json::Value totals = json::Value::Object();
@@ -265,11 +520,14 @@ json::Value Session::ActivationReport() const {
   json::Value steps = json::Value::Array();
   for (const StepRecord& step : steps_) {
     json::Value s = json::Value::Object();
+    s.Set("peak_bytes", step.peak_bytes);
     s.Set("saved_raw_bytes", step.saved_raw_bytes);
     s.Set("stored_bytes", step.stored_bytes);
     s.Set("ratio", Ratio(step.saved_raw_bytes, step.stored_bytes));
     s.Set("peak_live_stored_bytes", step.peak_live_stored);
     s.Set("peak_live_raw_bytes", step.peak_live_raw);
+    s.Set("automatic_bytes", step.automatic_bytes);
+    s.Set("profiled", step.profiled);
     steps.Append(std::move(s));
   }
   report.Set("steps", std::move(steps));
@@ -279,6 +537,7 @@ json::Value Session::ActivationReport() const {
     json::Value r = json::Value::Object();
     r.Set("ordinal", record.ordinal);
     r.Set("producer", record.producer);
+    if (!record.module.empty()) r.Set("module", record.module);
     r.Set("shape", ShapeJson(record.shape));
     r.Set("dtype", codecs::DTypeName(record.dtype));
     r.Set("codec", record.codec.empty() ? std::string("reused") : record.codec);
@@ -288,6 +547,20 @@ json::Value Session::ActivationReport() const {
     r.Set("occurrences", record.occurrences);
     r.Set("reused", record.reused);
     if (!record.note.empty()) r.Set("note", record.note);
+    if (record.error.count > 0) r.Set("error", ErrorJson(record.error));
+    if (record.assigned.automatic && !record.candidates.empty()) {
+      json::Value candidates = json::Value::Array();
+      for (size_t i = 0; i < record.candidates.size(); ++i) {
+        const PolicyCandidate& c = record.candidates[i];
+        json::Value candidate = json::Value::Object();
+        candidate.Set("codec", c.spec);
+        candidate.Set("bytes", c.bytes);
+        if (std::isfinite(c.error)) candidate.Set("rel_error", c.error);
+        candidate.Set("chosen", static_cast<int>(i) == record.choice);
+        candidates.Append(std::move(candidate));
+      }
+      r.Set("candidates", std::move(candidates));
+    }
     saved.Append(std::move(r));
   }
   report.Set("saved_tensors", std::move(saved));

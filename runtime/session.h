@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "codecs/codec.h"
 #include "runtime/json.h"
+#include "runtime/policy.h"
 
 namespace actpack::runtime {
 
@@ -41,16 +42,56 @@ class Buffer {
   virtual ~Buffer() = default;
   virtual uint8_t* data() = 0;
   virtual size_t size() const = 0;
+  // Gives back the bytes past `bytes` (a variable-size encoding used less than its bound).
+  // Buffers that cannot shrink keep their size; data() may change.
+  virtual absl::Status ShrinkTo(size_t bytes) { return absl::OkStatus(); }
 };
 
 using BufferFactory = std::function<absl::StatusOr<std::unique_ptr<Buffer>>(
     size_t bytes, const codecs::ExecContext& context)>;
 
+// What a group of saved tensors gets: a fixed codec, or "auto" (the policy chooses).
+struct CodecChoice {
+  bool automatic = false;
+  codecs::CodecParams params;  // when not automatic
+};
+
+// Saved tensors produced inside modules whose name matches `pattern` (a glob: * and ?, as in
+// fnmatch, over names such as "layer1.0.conv1") get `choice`.
+struct CodecRule {
+  std::string pattern;
+  CodecChoice choice;
+};
+
 struct SessionOptions {
-  codecs::CodecParams codec;     // the codec every packed tensor gets
+  CodecChoice codec;               // the default for every packed tensor
+  std::vector<CodecRule> rules;    // first match wins over `codec`
   uint64_t min_bytes = 64 * 1024;  // tensors below this stay as they are
-  uint64_t seed = 0;             // stochastic rounding draws from seed + a per-pack counter
-  bool enabled = true;           // false: plan every tensor as kept (exact parity runs)
+  uint64_t seed = 0;               // stochastic rounding draws from seed + a per-pack counter
+  bool enabled = true;             // false: plan every tensor as kept (exact parity runs)
+
+  // The policy (automatic choices). With budget_bytes 0 there is nothing to fit: every
+  // automatic tensor stays exact.
+  uint64_t budget_bytes = 0;
+  double headroom = 0.05;          // share of the budget the plan leaves free
+  int profile_every = 50;          // steps between re-measurements of the candidates
+  std::vector<codecs::CodecParams> ladder = DefaultLadder();  // candidates besides exact
+
+  // quant8, quant4, quant2, and division and eb where they are built in.
+  static std::vector<codecs::CodecParams> DefaultLadder();
+};
+
+// What one candidate codec did to (a sample of) a saved tensor, measured by the plugin.
+struct CodecMeasurement {
+  uint64_t bytes = 0;          // stored bytes for the whole tensor (estimated from the sample)
+  double squared_error = 0.0;  // Σ (x − x̂)² over the sample
+  double squared_norm = 0.0;   // Σ x² over the sample
+  double max_abs_error = 0.0;
+  uint64_t count = 0;          // elements in the sample
+  bool exact = false;          // the codec could not encode it and the tensor is kept exact
+
+  double RelativeError() const { return squared_norm > 0 ? squared_error / squared_norm : 0.0; }
+  double RmsError() const;
 };
 
 // Everything the session needs to know about a saved tensor, gathered before any copy.
@@ -72,6 +113,7 @@ struct SavedTensorInfo {
   int64_t storage_offset = 0;
   uint32_t version = 0;
   std::string producer;  // the autograd node that saved it, e.g. "ConvolutionBackward0"
+  std::string module;    // the module running when it was saved, e.g. "layer1.0.conv1"
 
   uint64_t Bytes() const;
 };
@@ -79,7 +121,9 @@ struct SavedTensorInfo {
 enum class PackAction { kKeep, kReuse, kPack };
 
 // Why a tensor is kept as it is. Values are the report's strings.
-enum class KeepReason { kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput };
+enum class KeepReason {
+  kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact
+};
 
 class PackedTensor;
 
@@ -89,6 +133,9 @@ struct PackPlan {
   codecs::CodecParams params;
   std::shared_ptr<PackedTensor> duplicate;  // kReuse: the earlier packed copy
   int record = -1;                          // index into the session's records
+  // Codecs to measure on this tensor (a profile step): the plugin encodes a sample with each
+  // and reports through Session::RecordMeasurement(record, i, ...).
+  std::vector<codecs::CodecParams> measure;
 };
 
 class Session;
@@ -127,6 +174,7 @@ class PackedTensor {
 struct SavedRecord {
   int ordinal = 0;  // position among the step's saved tensors
   std::string producer;
+  std::string module;
   std::vector<int64_t> shape;
   codecs::DType dtype = codecs::DType::kFloat32;
   std::string codec;  // "quant2", "identity", or "kept"
@@ -135,13 +183,34 @@ struct SavedRecord {
   uint64_t stored_bytes = 0;  // per occurrence (0 when kept or reused)
   uint64_t occurrences = 0;
   uint64_t reused = 0;  // times a duplicate save reused an earlier copy
+
+  // The codec the record's tensor gets: fixed, or chosen by the policy among `candidates`
+  // (index 0 is exact, then the ladder; bytes and error as last measured).
+  CodecChoice assigned;
+  std::vector<PolicyCandidate> candidates;
+  int choice = -1;  // -1: not planned yet (the safe default: the smallest ladder entry)
+  CodecMeasurement error;  // of the codec in use, as last measured
+  uint64_t measured_step = UINT64_MAX;
 };
 
 struct StepRecord {
+  uint64_t peak_bytes = 0;         // the allocator's peak over the step (0: not measured)
   uint64_t saved_raw_bytes = 0;    // what autograd would have kept without actpack
   uint64_t stored_bytes = 0;       // what actpack kept instead (packed + kept)
   uint64_t peak_live_stored = 0;   // peak of live packed bytes during the step
   uint64_t peak_live_raw = 0;      // the same tensors' raw bytes at that moment
+  uint64_t automatic_bytes = 0;    // bytes held for the policy's tensors (stored or kept)
+  bool profiled = false;           // candidates were measured in this step
+};
+
+// The policy's latest decision.
+struct PolicyState {
+  uint64_t plans = 0;              // times the policy planned
+  uint64_t other_bytes = 0;        // modelled peak besides the policy's tensors
+  uint64_t projected_peak = 0;
+  bool feasible = true;
+  uint64_t smallest_feasible_budget = 0;
+  double weighted_error = 0.0;
 };
 
 struct SessionTotals {
@@ -177,11 +246,18 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
+  // What the plugin measured for candidate `index` of plan.measure.
+  void RecordMeasurement(int record, size_t index, const CodecMeasurement& measurement);
+
   // Closes the current step (a forward and its backward): records its totals and restarts the
-  // ordinals. A step in which nothing was saved is not recorded.
-  void EndStep();
+  // ordinals. A step in which nothing was saved is not recorded. `peak_bytes` is the
+  // allocator's peak over the step (0 when unknown); with it the policy re-plans after profile
+  // steps and whenever the peak came close to the budget. kResourceExhausted when even the
+  // harshest plan cannot fit the budget, naming the smallest budget that would.
+  absl::Status EndStep(uint64_t peak_bytes = 0);
 
   SessionTotals Totals() const;
+  PolicyState Policy() const;
   std::vector<SavedRecord> Records() const;
   std::vector<StepRecord> Steps() const;
 
@@ -192,6 +268,9 @@ class Session {
   using DedupKey = std::tuple<uintptr_t, int64_t, std::vector<int64_t>, std::vector<int64_t>,
                               uint32_t, codecs::DType>;
   int RecordFor(const SavedTensorInfo& info, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRelease(const PackedTensor& packed);
 
   const SessionOptions options_;
@@ -208,11 +287,20 @@ class Session {
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   StepRecord current_step_ ABSL_GUARDED_BY(mu_);
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
+  uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
+  PolicyState policy_ ABSL_GUARDED_BY(mu_);
 
   friend class PackedTensor;
 };
 
 absl::string_view KeepReasonName(KeepReason reason);
+
+// fnmatch-style matching of module names: * any run of characters, ? one character.
+bool GlobMatch(absl::string_view pattern, absl::string_view text);
+
+// "auto", a codec spec ("quant2", "eb:rel=1e-2"), with the error naming the text.
+absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text);
 
 }  // namespace actpack::runtime
 

@@ -28,7 +28,7 @@ BufferFactory HostFactory() {
 
 SessionOptions Options(const char* codec, uint64_t min_bytes = 1024) {
   SessionOptions options;
-  options.codec = *codecs::ParseCodecSpec(codec);
+  options.codec = *ParseCodecChoice(codec);
   options.min_bytes = min_bytes;
   return options;
 }
@@ -198,6 +198,120 @@ TEST(SessionTest, PackedTensorMayOutliveTheSession) {
     packed = *session.Pack(saved.info, session.Plan(saved.info), saved.view(), {});
   }
   packed.reset();  // must not touch the destroyed session
+}
+
+// What the plugin does on a profile step: encode and decode with each candidate, measure.
+CodecMeasurement Measure(const Saved& saved, const codecs::CodecParams& params) {
+  CodecMeasurement m;
+  std::vector<uint8_t> buffer(*codecs::MaxEncodedSize(saved.view().Spec(), params));
+  absl::StatusOr<size_t> used = codecs::Encode(saved.view(), params, buffer.data(), buffer.size(), {});
+  if (!used.ok()) {
+    m.exact = true;
+    return m;
+  }
+  std::vector<float> out(saved.values.size());
+  EXPECT_TRUE(codecs::Decode(buffer.data(), *used, {out.data(), codecs::DType::kFloat32, saved.info.shape, codecs::Device::kCpu}, {}).ok());
+  m.bytes = *used;
+  m.count = out.size();
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double d = out[i] - saved.values[i];
+    m.squared_error += d * d;
+    m.squared_norm += double{saved.values[i]} * saved.values[i];
+    m.max_abs_error = std::max(m.max_abs_error, std::abs(d));
+  }
+  return m;
+}
+
+// One step of four 64 KiB tensors; returns the bytes held for them.
+uint64_t RunStep(Session& session, std::vector<PackAction>* actions = nullptr) {
+  std::vector<Saved> saved;
+  std::vector<std::shared_ptr<PackedTensor>> live;
+  uint64_t held = 0;
+  for (int i = 0; i < 4; ++i) {
+    saved.push_back(MakeSaved(64, 256, 200 + i, i));
+    saved.back().info.module = i < 2 ? "encoder.layer" + std::to_string(i) : "head";
+  }
+  for (const Saved& s : saved) {
+    PackPlan plan = session.Plan(s.info);
+    for (size_t c = 0; c < plan.measure.size(); ++c) {
+      session.RecordMeasurement(plan.record, c, Measure(s, plan.measure[c]));
+    }
+    if (actions != nullptr) actions->push_back(plan.action);
+    if (plan.action == PackAction::kKeep) {
+      held += s.info.Bytes();
+      continue;
+    }
+    live.push_back(*session.Pack(s.info, plan, s.view(), {}));
+    held += live.back()->stored_bytes();
+  }
+  return held;
+}
+
+SessionOptions AutoOptions(uint64_t budget) {
+  SessionOptions options = Options("auto");
+  options.budget_bytes = budget;
+  options.headroom = 0.0;
+  return options;
+}
+
+TEST(SessionPolicyTest, ProfilesHarshThenKeepsExactWhenTheBudgetAllows) {
+  Session session(AutoOptions(10 << 20), HostFactory());
+  const uint64_t first = RunStep(session);
+  EXPECT_LT(first * 10, 4u * 64 * 256 * 4);  // the safe default is the harshest codec
+  ASSERT_TRUE(session.EndStep(first + (1 << 20)).ok());
+  std::vector<PackAction> actions;
+  RunStep(session, &actions);
+  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));
+  EXPECT_TRUE(session.Policy().feasible);
+}
+
+TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
+  const uint64_t other = 1 << 20;
+  const uint64_t raw = 4u * 64 * 256 * 4;  // 256 KiB
+  Session session(AutoOptions(other + raw / 4), HostFactory());
+  const uint64_t first = RunStep(session);
+  ASSERT_TRUE(session.EndStep(other + first).ok());
+  const uint64_t second = RunStep(session);
+  EXPECT_LE(other + second, other + raw / 4);
+  EXPECT_GT(second, first);  // looser than the safe default: it uses the room it has
+  const json::Value report = session.ActivationReport();
+  EXPECT_EQ(report.Find("codec")->as_string(), "auto");
+  const json::Value& record = report.Find("saved_tensors")->elements()[0];
+  EXPECT_EQ(record.Find("module")->as_string(), "encoder.layer0");
+  EXPECT_NE(record.Find("candidates"), nullptr);
+}
+
+TEST(SessionPolicyTest, AnImpossibleBudgetNamesTheSmallestThatWorks) {
+  Session session(AutoOptions(2 << 20), HostFactory());
+  const uint64_t first = RunStep(session);
+  const absl::Status status = session.EndStep((3 << 20) + first);
+  ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("smallest budget that would work is 3."), std::string::npos)
+      << status.message();
+  EXPECT_FALSE(session.Policy().feasible);
+  EXPECT_EQ(session.Policy().smallest_feasible_budget, (3u << 20) + first);
+}
+
+TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
+  SessionOptions options = AutoOptions(0);
+  options.rules.push_back({"encoder.*", *ParseCodecChoice("quant4")});
+  Session session(options, HostFactory());
+  RunStep(session);
+  std::vector<SavedRecord> records = session.Records();
+  EXPECT_EQ(records[0].codec, "quant4");
+  EXPECT_EQ(records[1].codec, "quant4");
+  EXPECT_EQ(records[2].codec, "kept");  // auto without a budget: nothing to fit, kept exact
+  EXPECT_GT(records[0].error.count, 0u);  // profiled: the report carries the error
+}
+
+TEST(SessionPolicyTest, GlobMatch) {
+  EXPECT_TRUE(GlobMatch("*", ""));
+  EXPECT_TRUE(GlobMatch("layer*.conv?", "layer1.0.conv1"));
+  EXPECT_FALSE(GlobMatch("layer*.conv?", "layer1.0.conv12"));
+  EXPECT_TRUE(GlobMatch("*attn*", "blocks.3.attn.proj"));
+  EXPECT_FALSE(GlobMatch("head", "heads"));
+  EXPECT_EQ(ParseCodecChoice("quant9").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ParseCodecChoice(" auto ")->automatic);
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+// The budget policy: which codec each saved tensor gets so that the step's peak stays under the
+// budget with the least error.
+//
+// The session measures, on profile steps, what every candidate codec would cost for each saved
+// tensor of the step: stored bytes and relative squared error ‖x − x̂‖² / ‖x‖² (measured on
+// the data, not modelled). Memory is modelled as the bytes the step needs besides the saved
+// tensors (`other_bytes`: parameters, gradients, optimizer state, transients) plus the stored
+// bytes of every saved tensor. SolvePolicy starts from the most exact choice for every tensor
+// and, while the projection is over the budget, takes the step down with the least added error
+// per byte saved — ActNN's and GACT's greedy bit allocation with bytes and measured error in
+// place of bits and modelled variance. Candidates off a tensor's lower convex hull
+// (bytes, error) are never worth taking and are skipped, which keeps the greedy exact for a
+// convex problem.
+//
+// Usage:
+//   PolicyInput input{.budget_bytes = 6 << 30, .other_bytes = measured_peak - stored_at_peak};
+//   input.items.push_back({{{"keep", raw, 0.0}, {"quant4", raw / 7, 3e-3}, ...}, weight});
+//   PolicyPlan plan = SolvePolicy(input);
+//   if (!plan.feasible) ... plan.smallest_feasible_budget ...
+#ifndef ACTPACK_RUNTIME_POLICY_H_
+#define ACTPACK_RUNTIME_POLICY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace actpack::runtime {
+
+struct PolicyCandidate {
+  std::string spec;    // codec spec ("keep" for the tensor as it is)
+  uint64_t bytes = 0;  // stored bytes per step
+  double error = 0.0;  // relative squared error, 0 for exact codecs
+};
+
+struct PolicyItem {
+  std::vector<PolicyCandidate> candidates;  // any order; at least one
+  double weight = 1.0;                      // sensitivity: how much this tensor's error counts
+};
+
+struct PolicyInput {
+  uint64_t budget_bytes = 0;
+  uint64_t other_bytes = 0;  // the step's peak besides the saved tensors
+  double headroom = 0.05;    // share of the budget kept free for what the model misses
+  std::vector<PolicyItem> items;
+};
+
+struct PolicyPlan {
+  std::vector<int> choice;          // per item, an index into its candidates
+  uint64_t projected_peak = 0;      // other_bytes + stored bytes of the choices
+  double weighted_error = 0.0;      // Σ weight · error of the choices
+  bool feasible = false;            // projected_peak fits the budget less the headroom
+  // The budget the harshest plan needs (headroom included): what to ask for when infeasible.
+  uint64_t smallest_feasible_budget = 0;
+};
+
+PolicyPlan SolvePolicy(const PolicyInput& input);
+
+// The budget under which `peak` bytes fit with `headroom` free: ceil(peak / (1 - headroom)).
+uint64_t BudgetFor(uint64_t peak, double headroom);
+
+}  // namespace actpack::runtime
+
+#endif  // ACTPACK_RUNTIME_POLICY_H_
