@@ -88,15 +88,22 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
   Block* block = TakeBestFit(size, stream, is_small);
   if (block == nullptr) {
     absl::StatusOr<Block*> segment = ReserveSegment(size, bytes, stream, is_small, reserve_limit);
-    if (!segment.ok()) return segment.status();
-    block = *segment;
+    // At the limit, a small request may take a piece of a free large block rather than fail:
+    // the large pool's free memory already counts against the limit.
+    if (!segment.ok() && is_small && IsReserveLimitExceeded(segment.status())) {
+      block = TakeBestFit(size, stream, /*is_small=*/false);
+    }
+    if (block == nullptr) {
+      if (!segment.ok()) return segment.status();
+      block = *segment;
+    }
   }
 
   // Split off the tail when it is big enough to serve another request of the same pool. Large
   // remainders of <= 1 MiB are not worth a block: they would only serve small requests, which
   // the large pool never does.
   const size_t remaining = block->size - size;
-  if (is_small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+  if (block->is_small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
     auto* tail = new Block;
     tail->address = block->address + size;
     tail->size = remaining;
@@ -107,7 +114,7 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
     if (block->next != nullptr) block->next->prev = tail;
     block->next = tail;
     block->size = size;
-    FreeBlocksFor(is_small).insert(tail);
+    FreeBlocksFor(block->is_small).insert(tail);
   }
 
   block->allocated = true;
@@ -134,9 +141,15 @@ CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is
 absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_size, size_t bytes,
                                                                 Stream stream, bool is_small,
                                                                 size_t reserve_limit) {
-  const size_t segment_size = SegmentSizeFor(block_size);
+  size_t segment_size = SegmentSizeFor(block_size);
   auto try_reserve = [&]() -> absl::StatusOr<void*> {
     const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+    // Near the limit, a mid-size request gets a segment of its own size instead of a 20 MiB
+    // one: the unused rest of a shared segment would count against the budget.
+    const size_t tight = is_small ? kSmallSegmentSize : RoundUp(block_size, kRoundLarge);
+    if (reserved + segment_size > reserve_limit && reserved + tight <= reserve_limit) {
+      segment_size = tight;
+    }
     if (reserved + segment_size > reserve_limit) {
       return ReserveLimitExceeded(absl::StrCat(
           "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/units.h"
+#include "codecs/internal/elements.h"
 #include "codecs/registry.h"
 
 namespace actpack::runtime {
@@ -96,6 +97,67 @@ bool GlobMatch(absl::string_view pattern, absl::string_view text) {
   }
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
+}
+
+uint64_t ScaleEncodedSize(uint64_t used, uint64_t sample_numel, uint64_t full_numel,
+                          uint64_t full_bound) {
+  if (sample_numel == full_numel) return used;
+  if (used <= codecs::kHeaderSize || sample_numel == 0) return full_bound;
+  const double scale = static_cast<double>(full_numel) / static_cast<double>(sample_numel);
+  const uint64_t scaled =
+      codecs::kHeaderSize +
+      static_cast<uint64_t>(std::ceil(static_cast<double>(used - codecs::kHeaderSize) * scale));
+  return std::min(scaled, full_bound);
+}
+
+CodecMeasurement MeasureOnHost(const codecs::TensorView& sample, uint64_t full_numel,
+                               const codecs::CodecParams& params) {
+  CodecMeasurement m;
+  const codecs::TensorSpec spec = sample.Spec();
+  std::vector<int64_t> full_shape = spec.shape;
+  if (!full_shape.empty() && spec.numel() > 0) {
+    full_shape[0] = static_cast<int64_t>(full_numel / (spec.numel() / full_shape[0]));
+  }
+  absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(spec, params);
+  absl::StatusOr<size_t> bound = codecs::MaxEncodedSize({spec.dtype, full_shape}, params);
+  if (!capacity.ok() || !bound.ok()) {
+    m.exact = true;
+    return m;
+  }
+  // uint32 words: codecs require 4-byte aligned buffers.
+  std::vector<uint32_t> buffer((*capacity + 3) / 4);
+  absl::StatusOr<size_t> used =
+      codecs::Encode(sample, params, reinterpret_cast<uint8_t*>(buffer.data()), *capacity, {});
+  if (!used.ok()) {
+    m.exact = true;  // the session keeps such a tensor exact (non-finite values)
+    return m;
+  }
+  std::vector<uint32_t> decoded((spec.numel() * codecs::ElementSize(spec.dtype) + 3) / 4);
+  const absl::Status ok = codecs::Decode(reinterpret_cast<const uint8_t*>(buffer.data()), *used,
+                                         {decoded.data(), spec.dtype, spec.shape, codecs::Device::kCpu}, {});
+  if (!ok.ok()) {
+    m.exact = true;
+    return m;
+  }
+  const auto compare = [&](auto load) {
+    for (uint64_t i = 0; i < spec.numel(); ++i) {
+      const double a = load(sample.data, i);
+      const double d = load(decoded.data(), i) - a;
+      m.squared_error += d * d;
+      m.squared_norm += a * a;
+      m.max_abs_error = std::max(m.max_abs_error, std::abs(d));
+    }
+  };
+  namespace el = codecs::elements;
+  switch (spec.dtype) {
+    case codecs::DType::kFloat32: compare(el::Load<el::kF32>); break;
+    case codecs::DType::kFloat16: compare(el::Load<el::kF16>); break;
+    case codecs::DType::kBFloat16: compare(el::Load<el::kBF16>); break;
+    default: break;  // lossless codecs of other types (mask): no error
+  }
+  m.count = spec.numel();
+  m.bytes = ScaleEncodedSize(*used, spec.numel(), full_numel, *bound);
+  return m;
 }
 
 absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text) {
@@ -411,7 +473,8 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   policy_.feasible = plan.feasible;
   policy_.smallest_feasible_budget = plan.smallest_feasible_budget;
   policy_.weighted_error = plan.weighted_error;
-  if (plan.feasible) return absl::OkStatus();
+  // Over the headroom but within the budget itself: run the harshest plan rather than fail.
+  if (plan.feasible || plan.projected_peak <= options_.budget_bytes) return absl::OkStatus();
   using allocator::FormatBytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "actpack: a budget of ", FormatBytes(options_.budget_bytes),
@@ -430,13 +493,17 @@ absl::Status Session::EndStep(uint64_t peak_bytes) {
   if (ordinal_ == 0) return absl::OkStatus();
   current_step_.peak_bytes = peak_bytes;
   absl::Status status = absl::OkStatus();
-  const bool has_policy = current_step_.profiled || current_step_.automatic_bytes > 0;
-  if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0) {
-    // Re-plan after a profile step, before the first plan, and when the peak came within half
-    // the headroom of the budget (the model of the step was off).
+  if (current_step_.profiled) profiled_since_plan_ = true;
+  const bool has_policy = profiled_since_plan_ || current_step_.automatic_bytes > 0;
+  // The first step is a warm-up: it profiles the codecs under the safe default, but its peak
+  // misses what the first optimizer step allocates (its state), so the first plan waits for
+  // the second step. Then re-plan after each profile step and whenever the peak came within
+  // half the headroom of the budget (the model of the step was off).
+  if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0 && step_index_ >= 1) {
     const double close = static_cast<double>(options_.budget_bytes) * (1.0 - options_.headroom / 2);
-    if (current_step_.profiled || policy_.plans == 0 || static_cast<double>(peak_bytes) > close) {
+    if (profiled_since_plan_ || static_cast<double>(peak_bytes) > close) {
       status = Replan(peak_bytes);
+      profiled_since_plan_ = false;
     }
   }
   steps_.push_back(current_step_);

@@ -288,6 +288,7 @@ class Session {
   StepRecord current_step_ ABSL_GUARDED_BY(mu_);
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
+  bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
 
@@ -298,6 +299,16 @@ absl::string_view KeepReasonName(KeepReason reason);
 
 // fnmatch-style matching of module names: * any run of characters, ? one character.
 bool GlobMatch(absl::string_view pattern, absl::string_view text);
+
+// Measures `params` on a host tensor: encodes `sample` (a leading slice of a tensor of
+// `full_numel` elements), decodes it and compares, in host memory outside the step's allocator
+// so that profiling does not raise the peak it profiles. Bytes are scaled to the whole tensor.
+CodecMeasurement MeasureOnHost(const codecs::TensorView& sample, uint64_t full_numel,
+                               const codecs::CodecParams& params);
+
+// Scales the encoded size of a sample of `sample_numel` elements to `full_numel` elements.
+uint64_t ScaleEncodedSize(uint64_t used, uint64_t sample_numel, uint64_t full_numel,
+                          uint64_t full_bound);
 
 // "auto", a codec spec ("quant2", "eb:rel=1e-2"), with the error naming the text.
 absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text);

@@ -8,8 +8,12 @@
 #include <torch/library.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "allocator/units.h"
 #include "codecs/codec.h"
@@ -31,6 +35,11 @@ class TensorBuffer final : public runtime::Buffer {
   explicit TensorBuffer(at::Tensor bytes) : bytes_(std::move(bytes)) {}
   uint8_t* data() override { return bytes_.data_ptr<uint8_t>(); }
   size_t size() const override { return static_cast<size_t>(bytes_.numel()); }
+  absl::Status ShrinkTo(size_t bytes) override {
+    // Worth a copy only when it gives back a good share (variable-size codecs such as eb).
+    if (bytes + bytes / 8 < size()) bytes_ = bytes_.narrow(0, 0, static_cast<int64_t>(bytes)).clone();
+    return absl::OkStatus();
+  }
   const at::Tensor& tensor() const { return bytes_; }
 
  private:
@@ -58,6 +67,52 @@ struct PackedHandle {
   std::shared_ptr<runtime::PackedTensor> packed;
   at::TensorOptions options;  // dtype and device of the original
 };
+
+// Profile steps measure each candidate codec on a sample of the saved tensor: whole samples
+// (slices along dim 0) up to this many elements, at least one sample.
+constexpr int64_t kMeasureElements = 1 << 18;
+
+// Measures `params` on a sample of `contiguous`. Host tensors are measured in host memory
+// outside torch's allocator (runtime::MeasureOnHost), so profiling does not raise the peak it
+// profiles; device tensors with torch ops on the device (a few sample-sized temporaries).
+runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::CodecParams& params) {
+  at::Tensor sample = contiguous;
+  if (contiguous.dim() > 0 && contiguous.numel() > kMeasureElements && contiguous.size(0) > 1) {
+    const int64_t per_row = contiguous.numel() / contiguous.size(0);
+    sample = contiguous.narrow(0, 0, std::max<int64_t>(1, kMeasureElements / per_row));
+  }
+  const uint64_t full_numel = static_cast<uint64_t>(contiguous.numel());
+  if (sample.is_cpu()) return runtime::MeasureOnHost(ToView(sample), full_numel, params);
+
+  runtime::CodecMeasurement m;
+  const codecs::TensorView view = ToView(sample);
+  const codecs::ExecContext context = ContextFor(sample);
+  absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(view.Spec(), params);
+  absl::StatusOr<size_t> bound = codecs::MaxEncodedSize(ToView(contiguous).Spec(), params);
+  if (!capacity.ok() || !bound.ok()) {
+    m.exact = true;
+    return m;
+  }
+  at::Tensor buffer = at::empty({static_cast<int64_t>(*capacity)}, BufferOptions(context));
+  absl::StatusOr<size_t> used =
+      codecs::Encode(view, params, buffer.data_ptr<uint8_t>(), *capacity, context);
+  if (!used.ok()) {
+    m.exact = true;  // the session keeps such a tensor exact (non-finite values)
+    return m;
+  }
+  at::Tensor decoded = at::empty_like(sample);
+  ThrowIfError(codecs::Decode(buffer.data_ptr<uint8_t>(), *used, ToMutableView(decoded), context));
+  if (at::isFloatingType(sample.scalar_type())) {
+    const at::Tensor x = sample.to(at::kFloat);
+    const at::Tensor error = decoded.to(at::kFloat).sub_(x);
+    m.squared_error = error.square().sum(at::kDouble).item<double>();
+    m.squared_norm = x.square().sum(at::kDouble).item<double>();
+    m.max_abs_error = sample.numel() > 0 ? error.abs().max().item<double>() : 0.0;
+  }
+  m.count = static_cast<uint64_t>(sample.numel());
+  m.bytes = runtime::ScaleEncodedSize(*used, m.count, full_numel, *bound);
+  return m;
+}
 
 runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
   runtime::SavedTensorInfo info;
@@ -94,30 +149,57 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
 
 class PySession {
  public:
-  PySession(const std::string& codec, int64_t min_bytes, uint64_t seed, bool enabled) {
-    absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(codec);
-    ThrowIfError(params.status());
-    TORCH_CHECK_VALUE(min_bytes >= 0, "actpack: min_bytes must be >= 0, got ", min_bytes);
+  // `codec` is "auto" or a codec spec; `rules` maps module-name globs to either.
+  PySession(const std::string& codec, const std::vector<std::pair<std::string, std::string>>& rules,
+            int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes, double headroom,
+            int64_t profile_every, const std::vector<std::string>& ladder) {
     runtime::SessionOptions options;
-    options.codec = *params;
+    options.codec = ChoiceOrThrow(codec);
+    for (const auto& [pattern, spec] : rules) {
+      options.rules.push_back({pattern, ChoiceOrThrow(spec)});
+    }
+    TORCH_CHECK_VALUE(min_bytes >= 0, "actpack: min_bytes must be >= 0, got ", min_bytes);
+    TORCH_CHECK_VALUE(budget_bytes >= 0, "actpack: the budget must be >= 0 bytes, got ", budget_bytes);
+    TORCH_CHECK_VALUE(headroom >= 0.0 && headroom < 0.5, "actpack: headroom must be in [0, 0.5), got ",
+                      headroom);
+    TORCH_CHECK_VALUE(profile_every >= 1, "actpack: profile_every must be >= 1 step, got ",
+                      profile_every);
     options.min_bytes = static_cast<uint64_t>(min_bytes);
     options.seed = seed;
     options.enabled = enabled;
+    options.budget_bytes = static_cast<uint64_t>(budget_bytes);
+    options.headroom = headroom;
+    options.profile_every = static_cast<int>(std::min<int64_t>(profile_every, 1 << 30));
+    if (!ladder.empty()) {
+      options.ladder.clear();
+      for (const std::string& spec : ladder) {
+        absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
+        ThrowIfError(params.status());
+        options.ladder.push_back(*params);
+      }
+    }
     session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
   }
 
-  py::object Pack(const at::Tensor& tensor) {
+  py::object Pack(const at::Tensor& tensor, const std::string& module) {
     const c10::OptionalDeviceGuard device_guard(tensor.device());
-    const runtime::SavedTensorInfo info = Describe(tensor);
+    runtime::SavedTensorInfo info = Describe(tensor);
+    info.module = module;
     runtime::PackPlan plan = session_->Plan(info);
-    if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
-    PackedHandle handle;
-    handle.options = tensor.options();
     if (plan.action == runtime::PackAction::kReuse) {
+      PackedHandle handle;
+      handle.options = tensor.options();
       handle.packed = std::move(plan.duplicate);
       return py::cast(std::move(handle));
     }
+    if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) return py::cast(tensor);
     const at::Tensor contiguous = tensor.detach().contiguous();
+    for (size_t i = 0; i < plan.measure.size(); ++i) {
+      session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
+    }
+    if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
+    PackedHandle handle;
+    handle.options = tensor.options();
     absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
         session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
     ThrowIfError(packed.status());
@@ -134,7 +216,20 @@ class PySession {
     return output;
   }
 
-  void EndStep() { session_->EndStep(); }
+  // `peak_bytes`: the allocator's peak over the step, 0 when unknown. Raises
+  // torch.OutOfMemoryError when even the harshest plan cannot fit the budget.
+  void EndStep(uint64_t peak_bytes) { ThrowIfError(session_->EndStep(peak_bytes)); }
+
+  py::dict Policy() const {
+    const runtime::PolicyState p = session_->Policy();
+    py::dict d;
+    d["plans"] = p.plans;
+    d["other_bytes"] = p.other_bytes;
+    d["projected_peak_bytes"] = p.projected_peak;
+    d["feasible"] = p.feasible;
+    d["smallest_feasible_budget"] = p.smallest_feasible_budget;
+    return d;
+  }
 
   std::string ActivationReport() const {
     return json::Serialize(session_->ActivationReport(), 0);
@@ -158,6 +253,12 @@ class PySession {
   }
 
  private:
+  static runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
+    absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
+    ThrowIfError(choice.status());
+    return *choice;
+  }
+
   std::unique_ptr<runtime::Session> session_;
 };
 
@@ -268,11 +369,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("stored_bytes",
                              [](const PackedHandle& h) { return h.packed->stored_bytes(); });
   py::class_<PySession>(m, "Session")
-      .def(py::init<const std::string&, int64_t, uint64_t, bool>(), py::arg("codec"),
-           py::arg("min_bytes"), py::arg("seed"), py::arg("enabled"))
-      .def("pack", &PySession::Pack)
+      .def(py::init<const std::string&, const std::vector<std::pair<std::string, std::string>>&,
+                    int64_t, uint64_t, bool, int64_t, double, int64_t,
+                    const std::vector<std::string>&>(),
+           py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
+           py::arg("min_bytes") = 64 * 1024, py::arg("seed") = 0, py::arg("enabled") = true,
+           py::arg("budget_bytes") = 0, py::arg("headroom") = 0.05, py::arg("profile_every") = 50,
+           py::arg("ladder") = std::vector<std::string>{})
+      .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
-      .def("end_step", &PySession::EndStep)
+      .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0)
+      .def("policy", &PySession::Policy)
       .def("totals", &PySession::Totals)
       .def("activation_report", &PySession::ActivationReport);
   m.def("build_report", &actpack::torch_plugin::BuildReport, py::arg("run_json"), py::arg("session"));

@@ -7,7 +7,7 @@ import time
 import torch
 
 from actpack import _C
-from actpack._units import parse_budget, parse_size
+from actpack._units import format_bytes, parse_budget, parse_size
 
 
 class Run:
@@ -24,34 +24,54 @@ class Run:
 
 
 class budget:
-    """Pack the activations autograd saves while the context is active.
+    """Keep the training step's peak memory under `limit` by packing what autograd saves.
 
     Args:
-        limit: the memory budget, "6GiB", "80%" (of the device) or bytes.
-        codec: a codec spec: "quant2" (2-bit per-group quantization), "quant4", "quant8",
-            "identity" (lossless), or "quant:bits=4,group=128".
+        limit: the memory budget, "6GiB", "80%" (of the device; of physical memory on CPU) or
+            bytes.
+        codec: "auto" (default: the policy picks a codec and strength per saved tensor so the
+            step's peak fits the budget with the least error, and keeps tensors exact when
+            there is room), a codec spec ("quant2", "quant:bits=4,group=128", "identity", ...),
+            or a dict from module-name patterns ("layer1.*", "*attn*") to either; the first
+            matching pattern wins and unmatched tensors get "auto".
         report: a path; on exit the run report (JSON) is written there.
         min_bytes: saved tensors smaller than this are kept as they are.
         seed: seed of the stochastic rounding.
         enabled: False keeps every saved tensor as it is (for parity runs).
+        headroom: share of the budget the policy leaves free for what its model misses.
+        profile_every: steps between re-measurements of each codec's error and size.
+        snapshot: put the allocator's snapshot (segments and trace) into the report, for
+            `actpack snapshot run.json -o snap.pickle`.
+
+    The step's peak is measured by actpack's allocator: on CPU the context installs it (when
+    it is not installed yet) and enforces the budget from the second step on; on CUDA install
+    it first (actpack.install_allocator or ACTPACK_CONF) to enforce the budget, otherwise the
+    peak is read from torch.cuda and the budget is a target. Memory allocated before the
+    allocator was installed (on CPU: before entering, unless installed earlier) is not counted.
     """
 
-    def __init__(self, limit, codec="quant2", report=None, min_bytes="64KiB", seed=0,
-                 enabled=True):
+    def __init__(self, limit, codec="auto", report=None, min_bytes="64KiB", seed=0,
+                 enabled=True, headroom=0.05, profile_every=50, snapshot=False):
         self._budget = parse_budget(limit)
-        if not isinstance(codec, str):
-            raise TypeError(f"actpack.budget: codec must be a str such as 'quant2', got {type(codec).__name__}")
+        default, rules = _codec_rules(codec)
         # 0 packs every saved tensor, however small.
         if not (isinstance(min_bytes, int) and not isinstance(min_bytes, bool) and min_bytes == 0):
             min_bytes = parse_size(min_bytes)
-        self._session = _C.Session(codec=codec, min_bytes=min_bytes, seed=int(seed),
-                                   enabled=bool(enabled))
-        self._codec = codec
+        self._memory = _PeakMeter(self._budget)
+        self._session = _C.Session(codec=default, rules=rules, min_bytes=min_bytes, seed=int(seed),
+                                   enabled=bool(enabled), budget_bytes=self._memory.budget_bytes,
+                                   headroom=float(headroom), profile_every=int(profile_every))
+        self._codec = codec if isinstance(codec, str) else dict(codec)
+        self._snapshot = bool(snapshot)
         self._report_path = os.fspath(report) if report is not None else None
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._session.pack, self._unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._modules = _ModuleTracker()
         self._end_of_backward_queued = False
         self.run = Run(self._budget, self._session)
         self._started = None
+
+    def _pack(self, tensor):
+        return self._session.pack(tensor, self._modules.current())
 
     def _unpack(self, handle):
         # The first unpack of a backward pass queues the end of the step for when that pass
@@ -66,20 +86,30 @@ class budget:
 
     def _end_step(self):
         self._end_of_backward_queued = False
-        self._session.end_step()
+        plans = self._session.policy()["plans"]
+        self._session.end_step(self._memory.step_peak())  # raises when no plan fits the budget
+        replanned = self._session.policy()["plans"] != plans
+        if replanned:
+            # The next step's peak must show the new plan's footprint, not this plan's cache.
+            self._memory.release_cache()
+        if replanned or not _automatic(self._codec):
+            self._memory.enforce()
 
     def __enter__(self):
         self._started = time.perf_counter()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.reset_peak_memory_stats()
+        self._memory.start()
+        self._modules.start()
         self._hooks.__enter__()
         return self.run
 
     def __exit__(self, exc_type, exc, tb):
         self._hooks.__exit__(exc_type, exc, tb)
+        self._modules.stop()
+        allocator = self._memory.stop(self._snapshot)
         wall = time.perf_counter() - self._started
         self.run.report = json.loads(_C.build_report(json.dumps(self._run_metadata(wall)),
                                                      self._session))
+        self.run.report["allocator"] = allocator
         if self._report_path is not None:
             with open(self._report_path, "w") as f:
                 json.dump(self.run.report, f, indent=2)
@@ -87,18 +117,16 @@ class budget:
         return False
 
     def _run_metadata(self, wall_seconds):
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        device_total = torch.cuda.get_device_properties(0).total_memory if cuda else None
-        budget_bytes = (self._budget["bytes"] or
-                        (int(self._budget["fraction"] * device_total) if device_total else None))
-        peak = torch.cuda.max_memory_allocated() if cuda else None
-        warnings = []
+        peak = self._memory.run_peak
+        budget_bytes = self._memory.budget_bytes or None
+        warnings = list(self._memory.warnings)
         if peak is not None and budget_bytes is not None and peak > budget_bytes:
-            warnings.append(f"peak device memory {peak} B exceeded the budget {budget_bytes} B")
+            warnings.append(f"peak memory {format_bytes(peak)} exceeded the budget "
+                            f"{format_bytes(budget_bytes)}")
         return {
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "device": self._memory.device_name,
             "budget": self._budget["text"],
             "budget_bytes": budget_bytes,
             "codec": self._codec,
@@ -106,3 +134,159 @@ class budget:
             "wall_seconds": wall_seconds,
             "warnings": warnings,
         }
+
+
+def _automatic(codec):
+    return not isinstance(codec, str) or codec == "auto"
+
+
+def _codec_rules(codec):
+    """(default codec, [(pattern, codec), ...]) for budget's `codec` argument."""
+    if isinstance(codec, str):
+        return codec, []
+    if isinstance(codec, dict):
+        rules = []
+        for pattern, spec in codec.items():
+            if not isinstance(pattern, str) or not isinstance(spec, str):
+                raise TypeError("actpack.budget: a codec mapping goes from module-name patterns "
+                                f"to codec specs (str -> str), got {pattern!r}: {spec!r}")
+            rules.append((pattern, spec))
+        return "auto", rules
+    raise TypeError("actpack.budget: codec must be 'auto', a codec spec such as 'quant2', or a "
+                    f"dict of module-name patterns to codecs, got {type(codec).__name__}")
+
+
+class _ModuleTracker:
+    """The dotted name of the module running now ("layer1.0.conv1"), from global forward hooks.
+
+    A module's name is its attribute path from the outermost module running, as
+    named_modules() gives it; the outermost module itself is "".
+    """
+
+    def __init__(self):
+        self._stack = []
+        self._names = {}
+        self._handles = []
+
+    def start(self):
+        hooks = torch.nn.modules.module
+        self._handles = [hooks.register_module_forward_pre_hook(self._enter),
+                         hooks.register_module_forward_hook(self._leave, always_call=True)]
+
+    def stop(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stack.clear()
+
+    def current(self):
+        return self._stack[-1][1] if self._stack else ""
+
+    def _enter(self, module, args):
+        name = ""
+        if self._stack:
+            parent, parent_name = self._stack[-1]
+            key = (id(parent), id(module))
+            child = self._names.get(key)
+            if child is None:
+                child = next((n for n, m in parent._modules.items() if m is module), None)
+                child = child if child is not None else type(module).__name__
+                self._names[key] = child
+            name = f"{parent_name}.{child}" if parent_name else child
+        self._stack.append((module, name))
+
+    def _leave(self, module, args, output):
+        # Pop down to this module (a forward that raised may have left children behind).
+        while self._stack:
+            top, _ = self._stack.pop()
+            if top is module:
+                break
+
+
+class _PeakMeter:
+    """The memory side of a budget: installs and reads the allocator, enforces the cap."""
+
+    def __init__(self, parsed_budget):
+        from actpack import memory
+        self._mem = memory
+        self.warnings = []
+        self.run_peak = None
+        self._cuda = torch.cuda.is_available()
+        if self._cuda:
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            self.device_name = torch.cuda.get_device_name()
+        else:
+            total = memory._physical_memory_bytes()
+            self.device_name = "cpu"
+        self.budget_bytes = parsed_budget["bytes"] or int(parsed_budget["fraction"] * total)
+        self._installed_here = False
+        self._previous_cap = None
+        self._actpack_cuda = False
+
+    def start(self):
+        if self._cuda:
+            self._actpack_cuda = bool(_C._device_allocator_in_use())
+            if not self._actpack_cuda:
+                self.warnings.append(
+                    "the budget is a target, not a cap: actpack's CUDA allocator is not "
+                    "installed (call actpack.install_allocator(budget=...) before any CUDA work, "
+                    "or set ACTPACK_CONF); the peak comes from torch.cuda.max_memory_allocated")
+            self._reset()
+            return
+        if not self._mem.cpu_allocator_installed():
+            self._mem.install_cpu_allocator()
+            self._installed_here = True
+        self._previous_cap = self._mem.memory_budget("cpu")
+        self.release_cache()
+
+    def _device(self):
+        return "cuda" if self._cuda else "cpu"
+
+    def _reset(self):
+        if self._cuda and not self._actpack_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._mem.reset_peak_memory_stats(self._device())
+
+    def _peak(self):
+        # Reserved bytes: the budget caps what the allocator holds, fragmentation included.
+        # The cache is released whenever the plan changes, so this is the plan's footprint.
+        if self._cuda and not self._actpack_cuda:
+            return torch.cuda.max_memory_reserved()
+        return self._mem.max_memory_reserved(self._device())
+
+    def release_cache(self):
+        if self._cuda and not self._actpack_cuda:
+            torch.cuda.empty_cache()
+        else:
+            self._mem.empty_cache(self._device())
+        self._reset()
+
+    def step_peak(self):
+        """The peak since the last call (or start), and restarts the measurement."""
+        peak = self._peak()
+        self.run_peak = max(self.run_peak or 0, peak)
+        self._reset()
+        return peak
+
+    def enforce(self):
+        """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
+        if not self._cuda and self._mem.memory_budget("cpu") is None:
+            self._mem.set_cpu_budget(self.budget_bytes)
+
+    def stop(self, snapshot):
+        self.run_peak = max(self.run_peak or 0, self._peak())
+        device = self._device()
+        if self._cuda and not self._actpack_cuda:
+            stats, backend = dict(torch.cuda.memory_stats()), "torch.cuda"
+        else:
+            stats, backend = self._mem.memory_stats(device), f"actpack-{device}"
+        section = {"backend": backend, "budget_bytes": self.budget_bytes, "stats": stats,
+                   "snapshot": None}
+        if snapshot and backend.startswith("actpack"):
+            section["snapshot"] = self._mem.memory_snapshot(device)
+        if not self._cuda:
+            self._mem.set_cpu_budget(self._previous_cap)
+            if self._installed_here:
+                self._mem.uninstall_cpu_allocator()
+        return section
