@@ -11,6 +11,7 @@ for backward; the report says how many bytes were saved raw and stored.
 """
 from actpack._budget import Run, budget
 from actpack._codec import codec_names, decode, encode
+from actpack._planner import Plan, plan
 from actpack._units import format_bytes, parse_budget, parse_size
 from actpack.memory import (
     cpu_allocator_installed,
@@ -36,6 +37,7 @@ from actpack.memory import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Plan",
     "Run",
     "budget",
     "codec_names",
@@ -59,6 +61,7 @@ __all__ = [
     "memory_summary",
     "parse_budget",
     "parse_size",
+    "plan",
     "reset_peak_memory_stats",
     "set_cpu_budget",
     "uninstall_cpu_allocator",

@@ -130,7 +130,8 @@ class budget:
             "budget": self._budget["text"],
             "budget_bytes": budget_bytes,
             "codec": self._codec,
-            "peak_allocated_bytes": peak,
+            "peak_allocated_bytes": self._memory.run_allocated_peak,
+            "peak_reserved_bytes": peak,
             "wall_seconds": wall_seconds,
             "warnings": warnings,
         }
@@ -210,7 +211,8 @@ class _PeakMeter:
         from actpack import memory
         self._mem = memory
         self.warnings = []
-        self.run_peak = None
+        self.run_peak = None  # reserved
+        self.run_allocated_peak = None
         self._cuda = torch.cuda.is_available()
         if self._cuda:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -262,10 +264,16 @@ class _PeakMeter:
             self._mem.empty_cache(self._device())
         self._reset()
 
+    def _allocated_peak(self):
+        if self._cuda and not self._actpack_cuda:
+            return torch.cuda.max_memory_allocated()
+        return self._mem.max_memory_allocated(self._device())
+
     def step_peak(self):
         """The peak since the last call (or start), and restarts the measurement."""
         peak = self._peak()
         self.run_peak = max(self.run_peak or 0, peak)
+        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
         self._reset()
         return peak
 
@@ -273,9 +281,12 @@ class _PeakMeter:
         """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
         if not self._cuda and self._mem.memory_budget("cpu") is None:
             self._mem.set_cpu_budget(self.budget_bytes)
+            # A cap binds new reservations only: give back what the uncapped steps cached.
+            self.release_cache()
 
     def stop(self, snapshot):
         self.run_peak = max(self.run_peak or 0, self._peak())
+        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
         device = self._device()
         if self._cuda and not self._actpack_cuda:
             stats, backend = dict(torch.cuda.memory_stats()), "torch.cuda"

@@ -1,0 +1,220 @@
+"""The batch-size planner: which batch size a memory budget supports, without trial and OOM.
+
+    plan = actpack.plan(step, budget="6GiB", batch_sizes=(8, 16))
+    plan.max_batch_size      # {"none": 41, "quant2": 130, "auto": 128, ...}
+    print(plan.table())
+
+`step(batch_size)` runs one full training step (forward, backward, optimizer step). The planner
+runs it once to warm up (optimizer state), then once per codec choice and profiled batch size
+inside a budget context, measuring the allocator's peak. Memory is modelled per choice as
+fixed + per_sample * batch in allocated bytes, which grow smoothly with the batch; the largest
+batch whose modelled peak fits the budget less the headroom the policy also keeps (5%) is the
+answer. Reserved bytes (what the cap counts) are lumpy — whole segments — so they are reported
+as the fragmentation seen at the larger profiled batch, not modelled. verify=True runs real
+steps under the budget's cap at the predicted size, stepping down until they fit, and reports
+the measured peak.
+"""
+import json
+import math
+import re
+import os
+import sys
+
+from actpack import _C
+from actpack._budget import budget as _budget_context
+from actpack._units import format_bytes, parse_budget
+
+# "none" packs nothing; "auto" is the policy at its harshest (its largest batch).
+CHOICES = ("none", "quant2", "division", "eb", "auto")
+_SPECS = {"none": "identity", "quant2": "quant2", "division": "division", "eb": "eb",
+          "auto": "auto"}
+
+
+class Plan:
+    """The planner's answer: per codec choice, the memory model and the largest batch."""
+
+    def __init__(self, budget_bytes, batch_sizes, choices, verified, report):
+        self.budget_bytes = budget_bytes
+        self.batch_sizes = list(batch_sizes)
+        self.choices = choices  # name -> {"fixed_bytes", "per_sample_bytes", ...}
+        self.verified = verified
+        self.report = report
+
+    @property
+    def max_batch_size(self):
+        return {name: c["max_batch_size"] for name, c in self.choices.items()}
+
+    def table(self):
+        """The batch-size table as text."""
+        lines = [f"budget {format_bytes(self.budget_bytes)}; profiled at batch sizes "
+                 f"{', '.join(map(str, self.batch_sizes))}",
+                 f"{'codec':<10} {'fixed':>12} {'per sample':>12} {'fragmentation':>14} "
+                 f"{'max batch':>10}"]
+        for name, c in self.choices.items():
+            lines.append(f"{name:<10} {format_bytes(c['fixed_bytes']):>12} "
+                         f"{format_bytes(c['per_sample_bytes']):>12} "
+                         f"{c['fragmentation']:>14.3f} {c['max_batch_size']:>10}")
+        if self.verified and self.verified["peak_bytes"] is not None:
+            v = self.verified
+            lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (predicted "
+                         f"{v['predicted_batch_size']}) ran under the cap, peak "
+                         f"{format_bytes(v['peak_bytes'])} reserved")
+        elif self.verified:
+            lines.append(f"verified: {self.verified['codec']} did not fit even at batch 1")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"Plan(max_batch_size={self.max_batch_size})"
+
+
+HEADROOM = 0.05
+
+
+def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
+    """The largest batch whose modelled peak fixed + per_sample * b fits the budget's room."""
+    room = budget_bytes * (1.0 - headroom) - fixed
+    if per_sample <= 0:
+        return 0 if room < 0 else sys.maxsize
+    return max(0, math.floor(room / per_sample))
+
+
+def _progress(done, total, what, enabled):
+    if not enabled:
+        return
+    width = 24
+    filled = width * done // total
+    sys.stderr.write(f"\ractpack.plan [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                     f"{what:<40}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _run_step(step, batch, choice):
+    """One step at `batch` under `choice`; returns (reserved peak, allocated peak, report)."""
+    spec = _SPECS[choice]
+    # "auto" with a one-byte budget stays on its safe default (the harshest codecs) for the
+    # step: the policy plans only after two steps.
+    limit = 1 if choice == "auto" else 1 << 50
+    with _budget_context(limit, codec="quant2" if choice == "none" else spec,
+                         enabled=choice != "none", min_bytes="64KiB") as run:
+        step(batch)
+    return run.report["run"]["peak_reserved_bytes"], run.report["run"]["peak_allocated_bytes"], run.report
+
+
+def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=None,
+         progress=True):
+    """The largest batch size `budget` supports, for no packing and each codec choice.
+
+    Args:
+        step: a function running one full training step at the batch size it is given.
+        budget: the memory budget ("6GiB", bytes, or "80%" of the device / physical memory).
+        batch_sizes: two (or more) batch sizes to profile at; small ones are fine.
+        verify: run one more step at the predicted largest batch of the best choice and report
+            its measured peak.
+        codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
+            built in).
+        report: a path; the run report with the planner section is written there (read it
+            with `actpack plan run.json --budget ...`).
+        progress: print a progress bar to stderr.
+    """
+    sizes = sorted(set(int(b) for b in batch_sizes))
+    if len(sizes) < 2 or sizes[0] < 1:
+        raise ValueError(f"actpack.plan: batch_sizes needs two different sizes >= 1, got "
+                         f"{tuple(batch_sizes)!r}")
+    available = set(_C.codec_names())
+    if codecs is None:
+        codecs = [c for c in CHOICES
+                  if c in ("none", "auto") or re.sub(r"\d+$", "", _SPECS[c]) in available]
+    for choice in codecs:
+        if choice not in _SPECS:
+            raise ValueError(f"actpack.plan: unknown codec choice {choice!r}; expected some of "
+                             f"{', '.join(CHOICES)}")
+    parsed = parse_budget(budget)
+
+    total = 1 + len(codecs) * len(sizes) + (1 if verify else 0)
+    done = 0
+    _progress(done, total, "warm-up step", progress)
+    _, _, last_report = _run_step(step, sizes[0], "none")  # optimizer state, caches
+    budget_bytes = parsed["bytes"] or int(parsed["fraction"] * _device_total(last_report))
+    done += 1
+
+    choices = {}
+    for choice in codecs:
+        peaks = []
+        for b in sizes:
+            _progress(done, total, f"{choice} at batch {b}", progress)
+            reserved, allocated, last_report = _run_step(step, b, choice)
+            peaks.append((b, allocated, reserved))
+            done += 1
+        # Least squares over the profiled sizes (two points: the line through them).
+        n = len(peaks)
+        mean_b = sum(p[0] for p in peaks) / n
+        mean_y = sum(p[1] for p in peaks) / n
+        var_b = sum((p[0] - mean_b) ** 2 for p in peaks)
+        per_sample = sum((p[0] - mean_b) * (p[1] - mean_y) for p in peaks) / var_b
+        fixed = mean_y - per_sample * mean_b
+        fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
+        choices[choice] = {
+            "fixed_bytes": int(round(fixed)),
+            "per_sample_bytes": int(math.ceil(per_sample)),
+            "fragmentation": fragmentation,
+            "max_batch_size": max_batch(budget_bytes, fixed, per_sample),
+            "measured": [{"batch_size": b, "allocated_bytes": a, "reserved_bytes": r}
+                         for b, a, r in peaks],
+        }
+
+    verified = None
+    if verify:
+        best = "auto" if "auto" in choices else max(choices, key=lambda c: choices[c]["max_batch_size"])
+        verified, verify_report = _verify(step, budget_bytes, best, choices[best]["max_batch_size"],
+                                          lambda what: _progress(done, total, what, progress))
+        last_report = verify_report or last_report
+        done += 1
+        _progress(done, total, "done", progress)
+
+    section = {"budget_bytes": budget_bytes, "batch_sizes": sizes,
+               "choices": {name: {k: v for k, v in c.items()} for name, c in choices.items()},
+               "verified": verified}
+    document = dict(last_report)
+    document["planner"] = section
+    if report is not None:
+        with open(os.fspath(report), "w") as f:
+            json.dump(document, f, indent=2)
+            f.write("\n")
+    return Plan(budget_bytes, sizes, choices, verified, document)
+
+
+def _verify(step, budget_bytes, choice, predicted, say):
+    """Real steps under the cap at `predicted`, stepping down 5% at a time until they fit."""
+    import gc
+
+    import torch
+
+    batch = predicted
+    for _ in range(8):
+        if batch < 1:
+            break
+        say(f"verify {choice} at batch {batch}")
+        try:
+            with _budget_context(budget_bytes, codec=_SPECS[choice] if choice != "none" else "quant2",
+                                 enabled=choice != "none") as run:
+                for _ in range(3):  # auto plans after its second step; the cap holds from then on
+                    step(batch)
+        except torch.OutOfMemoryError:
+            gc.collect()
+            batch = min(batch - 1, int(batch * 0.95))
+            continue
+        steps = run.report["activations"]["steps"]
+        return ({"codec": choice, "batch_size": batch, "predicted_batch_size": predicted,
+                 "peak_bytes": max(s["peak_bytes"] for s in steps) if steps else None,
+                 "peak_allocated_bytes": run.report["run"]["peak_allocated_bytes"]}, run.report)
+    return {"codec": choice, "batch_size": 0, "predicted_batch_size": predicted,
+            "peak_bytes": None, "peak_allocated_bytes": None}, None
+
+
+def _device_total(report):
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
