@@ -200,7 +200,10 @@ def run_worker(kind, trace_path, repeats, backend="cuda"):
         result["torch_backend"] = torch.cuda.get_allocator_backend()
 
         def usage():
-            return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+            try:
+                return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+            except RuntimeError:  # a backend without stats: report latency only
+                return None, None
 
         def allocate(nbytes, stream):
             return torch.cuda.caching_allocator_alloc(nbytes, device, stream)
@@ -216,7 +219,10 @@ def run_worker(kind, trace_path, repeats, backend="cuda"):
 
     def at_peak():
         allocated, reserved = usage()
-        peak.update(allocated=allocated - base_allocated, reserved=reserved - base_reserved)
+        if allocated is None:
+            peak.update(allocated=None, reserved=None)
+        else:
+            peak.update(allocated=allocated - base_allocated, reserved=reserved - base_reserved)
 
     _C._replay_trace(ops, target, 1, trace.peak_op, at_peak)
     result["allocated_bytes"] = peak["allocated"]
@@ -258,11 +264,14 @@ def format_table(results):
     torch_ns = {r["trace"]: r["cpp_ns_per_op"] for r in results if r["allocator"] == "torch"}
     for r in results:
         ratio = r["cpp_ns_per_op"] / torch_ns[r["trace"]] if r["trace"] in torch_ns else float("nan")
+        allocated, reserved = r["allocated_bytes"], r["reserved_bytes"]
+        memory = (f"{allocated / MiB:>9.2f} {reserved / MiB:>9.2f} "
+                  f"{reserved / r['requested_bytes']:>9.2f}") if reserved is not None else (
+                      f"{'n/a':>9} {'n/a':>9} {'n/a':>9}")
         lines.append(
             f"{r['trace']:<24} {r['allocator']:<16} {r['ops']:>6} {r['cpp_ns_per_op']:>10.1f} "
             f"{ratio:>8.2f} {r['py_ns_per_op']:>9.0f} {r['requested_bytes'] / MiB:>8.2f} "
-            f"{r['allocated_bytes'] / MiB:>9.2f} {r['reserved_bytes'] / MiB:>9.2f} "
-            f"{r['reserved_bytes'] / r['requested_bytes']:>9.2f}")
+            f"{memory}")
     return "\n".join(lines)
 
 
@@ -289,6 +298,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.worker:
+        if not args.trace or len(args.trace) != 1:
+            parser.error("--worker replays exactly one --trace")
         if args.backend == "cuda":
             check_cuda()
         print(json.dumps(run_worker(args.worker, args.trace[0], args.repeats, args.backend)))
