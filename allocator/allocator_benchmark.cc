@@ -2,20 +2,36 @@
 // glibc malloc, and reports per-operation latency and, at the trace's peak, reserved vs allocated
 // memory (fragmentation).
 //
-// The traces are generated to look like what PyTorch's allocator sees in one step (forward:
+// Two traces are recorded from real training steps (tools/record_trace.py: tools/demo.py's models
+// on the CPU through actpack's CPU allocator, read from allocator/testdata/, or from
+// $ACTPACK_TRACE_DIR):
+//  * cnn_step (recorded): the demo's causal convolutional network, batch 32, context 128;
+//  * transformer_step (recorded): the demo's character transformer, batch 32, context 128.
+// Two are generated to look like what PyTorch's allocator sees in one step of larger models
+// (forward:
 // activations kept for backward plus short-lived temporaries and workspaces; backward in reverse,
 // freeing saved activations as it goes, allocating gradients; an optimizer step with per-parameter
 // temporaries; zero_grad(set_to_none) freeing the gradients):
 //  * cnn: a ResNet-18-like network, CIFAR-sized, batch 64, fp32;
 //  * transformer: a 4-layer GPT-2-small-width decoder, batch 4, sequence 256, bf16.
-// Counters: ns_per_op (per allocation or free), x_malloc (time relative to glibc malloc replaying
-// the same trace in the same run), and at the trace's peak: requested_MiB (live bytes asked for),
-// allocated_MiB (blocks after rounding), reserved_MiB (taken from the OS), reserved_over_requested.
+// Counters: ns_per_op (per allocation or free); x_malloc, the time relative to settled glibc
+// malloc (below) replaying the same trace right after, in this run and in the heap the process
+// has by then (malloc_ns_per_op); and at the trace's peak: requested_MiB (live bytes asked for),
+// allocated_MiB (blocks after rounding), reserved_MiB (taken from the OS),
+// reserved_over_requested.
+//
+// glibc's speed depends on its history: it starts with a 128 KiB mmap threshold and trims the
+// heap top past 128 KiB free, so a fresh process pays mmap/munmap/brk system calls on large
+// blocks (BM_GlibcMalloc); each free of an mmapped chunk raises the mmap threshold to that size
+// (at most 32 MiB) and the trim threshold to twice it, so a long training process settles where
+// blocks up to 32 MiB never leave the heap (BM_GlibcMallocSettled, and x_malloc's baseline; a
+// heap with free chunks from earlier work avoids even the trims, which is why malloc_ns_per_op
+// can be lower still).
 //
 // Run: bazel run -c opt //allocator:allocator_benchmark
 #include <malloc.h>
+#include <time.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -23,43 +39,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "allocator/caching_pool.h"
 #include "allocator/host_memory_resource.h"
 #include "allocator/pluggable.h"
+#include "allocator/testing/alloc_trace.h"
 #include "allocator/units.h"
 #include "benchmark/benchmark.h"
 
 namespace actpack::allocator {
 namespace {
 
-struct TraceOp {
-  bool is_alloc;
-  uint32_t id;
-  size_t bytes;
-};
-
-class TraceBuilder {
- public:
-  uint32_t Alloc(size_t bytes) {
-    const uint32_t id = next_id_++;
-    sizes_.push_back(bytes);
-    ops_.push_back({true, id, bytes});
-    return id;
-  }
-  void Free(uint32_t id) { ops_.push_back({false, id, sizes_[id]}); }
-  // A temporary: allocated and freed right away (workspaces, intermediate results).
-  void Temporary(size_t bytes) { Free(Alloc(bytes)); }
-  size_t SizeOf(uint32_t id) const { return sizes_[id]; }
-  std::vector<TraceOp> Take() { return std::move(ops_); }
-
- private:
-  std::vector<TraceOp> ops_;
-  std::vector<size_t> sizes_;
-  uint32_t next_id_ = 0;
-};
-
 // One step of a ResNet-18-like CNN on 32x32 images, batch 64, fp32.
-std::vector<TraceOp> CnnStepTrace() {
+AllocationTrace CnnStepTrace() {
   constexpr size_t kBatch = 64, kFloat = 4;
   struct Layer {
     size_t channels_in, channels_out, side;
@@ -72,7 +64,7 @@ std::vector<TraceOp> CnnStepTrace() {
       in = channels;
     }
   }
-  TraceBuilder trace;
+  TraceBuilder trace("cnn (generated)");
   struct Saved {
     uint32_t conv_out, bn_out, relu_out, mean, invstd;
   };
@@ -135,13 +127,13 @@ std::vector<TraceOp> CnnStepTrace() {
 }
 
 // One step of a 4-layer decoder, hidden 768, 12 heads, batch 4, sequence 256, bf16.
-std::vector<TraceOp> TransformerStepTrace() {
+AllocationTrace TransformerStepTrace() {
   constexpr size_t kBatch = 4, kSeq = 256, kHidden = 768, kHeads = 12, kLayers = 4, kVocab = 50257;
   constexpr size_t kHalf = 2, kFloat = 4;
   const size_t tokens = kBatch * kSeq;
   const size_t hidden_act = tokens * kHidden * kHalf;
   const size_t scores = kBatch * kHeads * kSeq * kSeq * kHalf;
-  TraceBuilder trace;
+  TraceBuilder trace("transformer (generated)");
   struct Saved {
     std::vector<uint32_t> ids;
   };
@@ -217,36 +209,37 @@ std::vector<TraceOp> TransformerStepTrace() {
 
 // Something that can allocate and free like the replay needs.
 struct Target {
-  std::function<void*(size_t)> allocate;
-  std::function<void(void*, size_t)> deallocate;
+  std::function<void*(size_t, Stream)> allocate;
+  std::function<void(void*, size_t, Stream)> deallocate;
 };
 
-// Replays `ops` once; `ptrs` is scratch indexed by op id.
-inline void Replay(const std::vector<TraceOp>& ops, std::vector<void*>& ptrs,
-                   const Target& target) {
-  for (const TraceOp& op : ops) {
+Stream StreamOf(const TraceOp& op) { return reinterpret_cast<Stream>(op.stream); }
+
+// Replays `trace` once; `ptrs` is scratch indexed by slot.
+inline void Replay(const AllocationTrace& trace, std::vector<void*>& ptrs, const Target& target) {
+  for (const TraceOp& op : trace.ops) {
     if (op.is_alloc) {
-      ptrs[op.id] = target.allocate(op.bytes);
+      ptrs[op.slot] = target.allocate(op.bytes, StreamOf(op));
     } else {
-      target.deallocate(ptrs[op.id], op.bytes);
+      target.deallocate(ptrs[op.slot], op.bytes, StreamOf(op));
     }
   }
 }
 
-size_t MaxId(const std::vector<TraceOp>& ops) {
-  size_t max_id = 0;
-  for (const TraceOp& op : ops) max_id = std::max<size_t>(max_id, op.id);
-  return max_id + 1;
+// This thread's CPU time (user and kernel) in nanoseconds: on a shared machine wall time also
+// counts other processes' turns, which made the ratio below swing tenfold between runs.
+double ThreadCpuNs() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e9 + static_cast<double>(now.tv_nsec);
 }
 
-double NsPerOp(const std::vector<TraceOp>& ops, const Target& target, int replays) {
-  std::vector<void*> ptrs(MaxId(ops));
-  for (int i = 0; i < 3; ++i) Replay(ops, ptrs, target);  // warm up (glibc adapts its thresholds)
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < replays; ++i) Replay(ops, ptrs, target);
-  const auto ns =
-      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start);
-  return ns.count() / (static_cast<double>(ops.size()) * replays);
+double NsPerOp(const AllocationTrace& trace, const Target& target, int replays) {
+  std::vector<void*> ptrs(trace.slots);
+  for (int i = 0; i < 3; ++i) Replay(trace, ptrs, target);  // warm up (glibc adapts)
+  const double start = ThreadCpuNs();
+  for (int i = 0; i < replays; ++i) Replay(trace, ptrs, target);
+  return (ThreadCpuNs() - start) / (static_cast<double>(trace.ops.size()) * replays);
 }
 
 size_t MallocReservedBytes() {
@@ -255,56 +248,66 @@ size_t MallocReservedBytes() {
 }
 
 Target MallocTarget() {
-  return {[](size_t bytes) { return std::malloc(bytes); },
-          [](void* ptr, size_t) { std::free(ptr); }};
+  return {[](size_t bytes, Stream) { return std::malloc(bytes); },
+          [](void* ptr, size_t, Stream) { std::free(ptr); }};
 }
 
-// Bytes at the trace's peak of live requested bytes, measured on one replay. Reserved bytes
-// are counted from `reserved_before`, the target's footprint before this benchmark started.
+// Sets glibc's thresholds where a long-running process leaves them (see the file comment), once,
+// for the rest of the process.
+void SettleGlibc() {
+  static const bool settled = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 * kMiB);
+    mallopt(M_TRIM_THRESHOLD, 64 * kMiB);
+    return true;
+  }();
+  (void)settled;
+}
+
+// Bytes at the trace's peak of live requested bytes (right after its op `peak_op`), measured on
+// one replay. Reserved bytes are counted from `reserved_before`, the target's footprint before
+// this benchmark started.
 struct PeakMemory {
   size_t requested = 0, allocated = 0, reserved = 0;
 };
 
-PeakMemory MeasurePeak(const std::vector<TraceOp>& ops, const Target& target,
+PeakMemory MeasurePeak(const AllocationTrace& trace, const Target& target,
                        const std::function<MemoryUsage()>& usage, size_t reserved_before) {
-  std::vector<void*> ptrs(MaxId(ops));
+  std::vector<void*> ptrs(trace.slots);
   PeakMemory peak;
-  size_t live = 0;
-  for (const TraceOp& op : ops) {
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const TraceOp& op = trace.ops[i];
     if (op.is_alloc) {
-      ptrs[op.id] = target.allocate(op.bytes);
-      live += op.bytes;
-      if (live > peak.requested) {
-        const MemoryUsage u = usage();
-        peak = {live, u.allocated_bytes, u.reserved_bytes - reserved_before};
-      }
+      ptrs[op.slot] = target.allocate(op.bytes, StreamOf(op));
     } else {
-      target.deallocate(ptrs[op.id], op.bytes);
-      live -= op.bytes;
+      target.deallocate(ptrs[op.slot], op.bytes, StreamOf(op));
+    }
+    if (i == trace.peak_op) {
+      const MemoryUsage u = usage();
+      peak = {trace.peak_live_bytes, u.allocated_bytes, u.reserved_bytes - reserved_before};
     }
   }
   return peak;
 }
 
-void RunReplay(benchmark::State& state, const std::string& key, const std::vector<TraceOp>& ops,
+void RunReplay(benchmark::State& state, const std::string& key, const AllocationTrace& trace,
                const Target& target, const std::function<MemoryUsage()>& usage,
                bool compare_with_malloc) {
-  std::vector<void*> ptrs(MaxId(ops));
+  std::vector<void*> ptrs(trace.slots);
   // Google Benchmark calls this several times; memory is measured on the first call only, while
   // the heap is as fresh as it gets (glibc keeps freed memory, which later calls would count).
   static auto* peaks = new std::map<std::string, PeakMemory>;
   const size_t reserved_before = usage().reserved_bytes;
-  Replay(ops, ptrs, target);  // warm the cache: steady state is what a training loop sees
-  if (peaks->count(key) == 0) (*peaks)[key] = MeasurePeak(ops, target, usage, reserved_before);
+  Replay(trace, ptrs, target);  // warm the cache: steady state is what a training loop sees
+  if (peaks->count(key) == 0) (*peaks)[key] = MeasurePeak(trace, target, usage, reserved_before);
   const PeakMemory peak = (*peaks)[key];
   for (auto _ : state) {
-    Replay(ops, ptrs, target);
+    Replay(trace, ptrs, target);
     benchmark::DoNotOptimize(ptrs.data());
   }
   state.counters["ns_per_op"] = benchmark::Counter(
-      static_cast<double>(state.iterations() * ops.size()),
+      static_cast<double>(state.iterations() * trace.ops.size()),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.counters["ops_per_step"] = static_cast<double>(ops.size());
+  state.counters["ops_per_step"] = static_cast<double>(trace.ops.size());
   state.counters["requested_MiB"] = static_cast<double>(peak.requested) / kMiB;
   if (peak.allocated > 0) {
     state.counters["allocated_MiB"] = static_cast<double>(peak.allocated) / kMiB;
@@ -314,64 +317,117 @@ void RunReplay(benchmark::State& state, const std::string& key, const std::vecto
       static_cast<double>(peak.reserved) / static_cast<double>(peak.requested);
   if (compare_with_malloc) {
     // The baseline, measured now, in this run, on the same trace, right after ours.
-    const double ours = NsPerOp(ops, target, 100);
-    const double malloc_ns = NsPerOp(ops, MallocTarget(), 100);
+    SettleGlibc();
+    const double ours = NsPerOp(trace, target, 100);
+    const double malloc_ns = NsPerOp(trace, MallocTarget(), 100);
+    state.counters["malloc_ns_per_op"] = malloc_ns;
     state.counters["x_malloc"] = ours / malloc_ns;
   }
 }
 
-const std::vector<TraceOp>& Trace(int which) {
-  static const auto* cnn = new std::vector<TraceOp>(CnnStepTrace());
-  static const auto* transformer = new std::vector<TraceOp>(TransformerStepTrace());
-  return which == 0 ? *cnn : *transformer;
+// The traces by benchmark argument: 0, 1 generated; 2, 3 recorded (read once).
+constexpr int kTraceCount = 4;
+
+std::string TraceDir() {
+  const char* dir = std::getenv("ACTPACK_TRACE_DIR");
+  return dir != nullptr ? dir : "allocator/testdata";
 }
 
-void SetLabel(benchmark::State& state) {
-  state.SetLabel(state.range(0) == 0 ? "cnn" : "transformer");
+const absl::StatusOr<AllocationTrace>& Trace(int which) {
+  static const auto* traces = [] {
+    auto* all = new std::vector<absl::StatusOr<AllocationTrace>>;
+    all->push_back(CnnStepTrace());
+    all->push_back(TransformerStepTrace());
+    all->push_back(ReadAllocationTrace(TraceDir() + "/cnn_step.trace"));
+    all->push_back(ReadAllocationTrace(TraceDir() + "/transformer_step.trace"));
+    return all;
+  }();
+  return (*traces)[which];
+}
+
+// The trace of this run, labelled; nullptr (and the run skipped with the reason) if it could not
+// be read.
+const AllocationTrace* TraceFor(benchmark::State& state) {
+  const absl::StatusOr<AllocationTrace>& trace = Trace(static_cast<int>(state.range(0)));
+  if (!trace.ok()) {
+    state.SkipWithError(std::string(trace.status().message()).c_str());
+    return nullptr;
+  }
+  state.SetLabel(trace->name);
+  return &*trace;
+}
+
+void TraceArgs(benchmark::internal::Benchmark* b) {
+  for (int i = 0; i < kTraceCount; ++i) b->Arg(i);
 }
 
 // glibc malloc: the baseline, registered first so that its heap starts clean. "reserved" is the
 // growth of glibc's arena plus mmapped chunks (mallinfo2) over the replay; glibc does not report
 // allocated bytes. glibc reuses free memory that earlier benchmarks left in its heap without
-// growing, so only the first trace run in a process is measured fairly: for the transformer's
-// figure run --benchmark_filter='GlibcMalloc/1'.
+// growing, so only the first trace run in a process is measured fairly: for another trace's
+// figure run it alone, e.g. --benchmark_filter='GlibcMalloc/2$'.
 void BM_GlibcMalloc(benchmark::State& state) {
-  SetLabel(state);
-  RunReplay(state, "malloc" + std::to_string(state.range(0)), Trace(state.range(0)),
-            MallocTarget(),
+  const AllocationTrace* trace = TraceFor(state);
+  if (trace == nullptr) return;
+  RunReplay(state, "malloc" + std::to_string(state.range(0)), *trace, MallocTarget(),
             [] {
               return MemoryUsage{MallocReservedBytes(), 0};
             },
             /*compare_with_malloc=*/false);
 }
-BENCHMARK(BM_GlibcMalloc)->Arg(0)->Arg(1);
+BENCHMARK(BM_GlibcMalloc)->Apply(TraceArgs);
+
+// glibc settled. Only latency: the heap holds what earlier benchmarks freed, so its growth would
+// not be this trace's footprint.
+void BM_GlibcMallocSettled(benchmark::State& state) {
+  const AllocationTrace* trace = TraceFor(state);
+  if (trace == nullptr) return;
+  SettleGlibc();
+  std::vector<void*> ptrs(trace->slots);
+  const Target target = MallocTarget();
+  for (int i = 0; i < 3; ++i) Replay(*trace, ptrs, target);
+  for (auto _ : state) {
+    Replay(*trace, ptrs, target);
+    benchmark::DoNotOptimize(ptrs.data());
+  }
+  state.counters["ns_per_op"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * trace->ops.size()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_GlibcMallocSettled)->Apply(TraceArgs);
 
 // actpack's process-wide host pool: pool + budget + statistics + trace, as torch's CPU
 // allocator uses it.
 void BM_ActpackHostPool(benchmark::State& state) {
-  SetLabel(state);
+  const AllocationTrace* trace = TraceFor(state);
+  if (trace == nullptr) return;
   AllocatorStack& stack = HostPool();
   stack.EmptyCache();  // start cold, like a fresh process
-  Target target{[&stack](size_t bytes) { return *stack.Allocate(bytes); },
-                [&stack](void* ptr, size_t bytes) { stack.Deallocate(ptr, bytes); }};
-  RunReplay(state, "host_pool" + std::to_string(state.range(0)), Trace(state.range(0)), target,
+  Target target{[&stack](size_t bytes, Stream stream) { return *stack.Allocate(bytes, stream); },
+                [&stack](void* ptr, size_t bytes, Stream stream) {
+                  stack.Deallocate(ptr, bytes, stream);
+                }};
+  RunReplay(state, "host_pool" + std::to_string(state.range(0)), *trace, target,
             [&stack] { return stack.pool().GetUsage(); }, /*compare_with_malloc=*/true);
   stack.EmptyCache();  // give the memory back: glibc's numbers below would count it
 }
-BENCHMARK(BM_ActpackHostPool)->Arg(0)->Arg(1);
+BENCHMARK(BM_ActpackHostPool)->Apply(TraceArgs);
 
 // The caching pool alone, to show what the adaptors cost.
 void BM_ActpackBarePool(benchmark::State& state) {
-  SetLabel(state);
+  const AllocationTrace* trace = TraceFor(state);
+  if (trace == nullptr) return;
   HostMemoryResource host;
   HostStreamEvents events;
   CachingPool pool(&host, &events);
-  Target target{[&pool](size_t bytes) { return *pool.Allocate(bytes); },
-                [&pool](void* ptr, size_t bytes) { pool.Deallocate(ptr, bytes); }};
-  RunReplay(state, "bare_pool" + std::to_string(state.range(0)), Trace(state.range(0)), target,
+  Target target{[&pool](size_t bytes, Stream stream) { return *pool.Allocate(bytes, stream); },
+                [&pool](void* ptr, size_t bytes, Stream stream) {
+                  pool.Deallocate(ptr, bytes, stream);
+                }};
+  RunReplay(state, "bare_pool" + std::to_string(state.range(0)), *trace, target,
             [&pool] { return pool.GetUsage(); }, /*compare_with_malloc=*/true);
 }
-BENCHMARK(BM_ActpackBarePool)->Arg(0)->Arg(1);
+BENCHMARK(BM_ActpackBarePool)->Apply(TraceArgs);
 
 
 }  // namespace

@@ -360,6 +360,19 @@ absl::StatusOr<AllocationInfo> CachingPool::Lookup(const void* ptr) const {
   return AllocationInfo{it->second->size, it->second->requested_size, it->second->stream};
 }
 
+absl::StatusOr<CachingPool::SegmentRange> CachingPool::SegmentContaining(const void* ptr) const {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The last segment starting at or before `address`.
+  auto it = segments_.upper_bound(address);
+  if (it != segments_.begin()) {
+    --it;
+    if (address - it->first < it->second.size) return SegmentRange{it->first, it->second.size};
+  }
+  return absl::NotFoundError(
+      absl::StrFormat("actpack: SegmentContaining: %p is not inside a segment of this pool", ptr));
+}
+
 std::vector<SegmentInfo> CachingPool::Segments() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<SegmentInfo> segments;

@@ -120,6 +120,17 @@ class CachingPool final : public MemoryResource {
   // that only keep the pointer (torch's CPU allocator) free with the right arguments.
   absl::StatusOr<AllocationInfo> Lookup(const void* ptr) const;
 
+  // SegmentContaining
+  //
+  // The start and size of the segment that holds `ptr` (any address inside it): the memory the
+  // upstream handed out, which is what torch's getBaseAllocation (CUDA IPC) needs. kNotFound if
+  // no segment of this pool holds `ptr`.
+  struct SegmentRange {
+    uintptr_t address = 0;
+    size_t size = 0;
+  };
+  absl::StatusOr<SegmentRange> SegmentContaining(const void* ptr) const;
+
   // Segments
   //
   // Every segment with its blocks, by address.

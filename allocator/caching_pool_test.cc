@@ -180,6 +180,26 @@ TEST_F(CachingPoolTest, LookupReportsSizeAndStream) {
   EXPECT_EQ(info->stream, kStreamB);
 }
 
+TEST_F(CachingPoolTest, SegmentContainingFindsTheSegmentOfAnyInteriorAddress) {
+  void* a = Alloc(3_MiB);  // a 20 MiB segment
+  void* b = Alloc(4_MiB);  // carved from the same segment, after `a`
+  const auto base = reinterpret_cast<uintptr_t>(a);
+  for (void* p : {a, b, static_cast<void*>(static_cast<char*>(a) + 20_MiB - 1)}) {
+    absl::StatusOr<CachingPool::SegmentRange> segment = pool_.SegmentContaining(p);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    EXPECT_EQ(segment->address, base);
+    EXPECT_EQ(segment->size, 20_MiB);
+  }
+  // One past the end is not this segment (the pool holds no other one).
+  EXPECT_EQ(pool_.SegmentContaining(static_cast<char*>(a) + 20_MiB).status().code(),
+            absl::StatusCode::kNotFound);
+  int not_from_pool = 0;
+  EXPECT_THAT(std::string(pool_.SegmentContaining(&not_from_pool).status().message()),
+              HasSubstr("is not inside a segment"));
+  pool_.Deallocate(b, 4_MiB, kStreamA);
+  pool_.Deallocate(a, 3_MiB, kStreamA);
+}
+
 TEST_F(CachingPoolTest, EmptyCacheWaitsForPendingBlocksAndKeepsLiveOnes) {
   void* live = Alloc(3_MiB, kStreamA);
   void* pending = Alloc(1_MiB, kStreamA);

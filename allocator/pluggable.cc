@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -67,6 +68,91 @@ MemorySnapshot AllocatorStack::Snapshot() const {
                                                            : absl::StrCat(budget_.budget())},
   };
   return snapshot;
+}
+
+// ---- Pressure callbacks ----
+
+namespace {
+
+// Registrations by id (so registration order), each applied to its stack once that is built.
+// Lock order: a stack's build lock (device or host state), then this mutex, then the budget
+// adaptor's own.
+struct PressureRegistry {
+  struct Entry {
+    int device = kHostDevice;
+    BudgetAdaptor::PressureCallback callback;
+    AllocatorStack* stack = nullptr;  // where it is registered; nullptr: not built yet
+    BudgetAdaptor::CallbackId adaptor_id = 0;
+  };
+  std::mutex mutex;
+  PressureCallbackId next_id = 1;
+  std::map<PressureCallbackId, Entry> entries;
+};
+
+PressureRegistry& Registry() {
+  static auto* registry = new PressureRegistry;
+  return *registry;
+}
+
+AllocatorStack* FindBuiltStack(int device);
+
+// Called by the builder of `device`'s stack right after publishing it.
+void ApplyPendingPressureCallbacks(int device, AllocatorStack* stack) {
+  PressureRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (auto& [id, entry] : registry.entries) {
+    if (entry.device != device || entry.stack != nullptr) continue;
+    entry.adaptor_id = stack->budget().AddPressureCallback(entry.callback);
+    entry.stack = stack;
+  }
+}
+
+// The device stacks were destroyed (tests): their registrations wait for the next ones.
+void DetachDevicePressureCallbacks() {
+  PressureRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (auto& [id, entry] : registry.entries) {
+    if (entry.device != kHostDevice) entry.stack = nullptr;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<PressureCallbackId> RegisterPressureCallback(
+    int device, BudgetAdaptor::PressureCallback callback) {
+  if (device < kHostDevice || device >= kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrCat("actpack: device ", device,
+                                                   " is outside [-1 (host), ", kMaxDevices, ")"));
+  }
+  if (!callback) return absl::InvalidArgumentError("actpack: the pressure callback is empty");
+  PressureRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  const PressureCallbackId id = registry.next_id++;
+  PressureRegistry::Entry& entry = registry.entries[id];
+  entry.device = device;
+  entry.callback = std::move(callback);
+  // A stack published after this load applies the entry itself: its builder takes this mutex
+  // after publishing.
+  if (AllocatorStack* stack = FindBuiltStack(device)) {
+    entry.adaptor_id = stack->budget().AddPressureCallback(entry.callback);
+    entry.stack = stack;
+  }
+  return id;
+}
+
+absl::Status UnregisterPressureCallback(PressureCallbackId id) {
+  PressureRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  auto it = registry.entries.find(id);
+  if (it == registry.entries.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("actpack: no pressure callback is registered with id ", id));
+  }
+  if (it->second.stack != nullptr) {
+    it->second.stack->budget().RemovePressureCallback(it->second.adaptor_id);
+  }
+  registry.entries.erase(it);
+  return absl::OkStatus();
 }
 
 // ---- The device allocator ----
@@ -149,6 +235,7 @@ absl::StatusOr<AllocatorStack*> DeviceAllocator(int device) {
   config.budget_bytes = state.budgets[device];
   auto* stack = new AllocatorStack(config.backend, device, config);
   state.stacks[device].store(stack, std::memory_order_release);
+  ApplyPendingPressureCallbacks(device, stack);
   return stack;
 }
 
@@ -180,6 +267,7 @@ void ResetDeviceAllocatorForTesting() {
   DeviceAllocatorState& state = DeviceState();
   std::lock_guard<std::mutex> lock(state.mutex);
   for (auto& slot : state.stacks) delete slot.exchange(nullptr);
+  DetachDevicePressureCallbacks();
   state.config = AllocatorConfig{};
   state.budgets.fill(state.config.budget_bytes);
 }
@@ -229,10 +317,20 @@ AllocatorStack& HostPool() {
   config.record_trace = state.record_trace;
   auto* stack = new AllocatorStack(Backend::kHost, 0, config);
   state.stack.store(stack, std::memory_order_release);
+  ApplyPendingPressureCallbacks(kHostDevice, stack);
   return *stack;
 }
 
 std::string HostSnapshotJson() { return SnapshotToJson(HostPool().Snapshot()); }
+
+namespace {
+
+AllocatorStack* FindBuiltStack(int device) {
+  if (device == kHostDevice) return HostState().stack.load(std::memory_order_acquire);
+  return FindDeviceAllocator(device);
+}
+
+}  // namespace
 
 }  // namespace actpack::allocator
 
@@ -316,6 +414,22 @@ void actpack_record_stream(void* ptr, void* stream) {
   SetLastError(absl::NotFoundError(
       absl::StrCat("actpack: record_stream: ", reinterpret_cast<uintptr_t>(ptr),
                    " is not a live allocation")));
+}
+
+void* actpack_base_alloc(void* ptr, size_t* size) {
+  using namespace actpack::allocator;
+  last_error.clear();
+  for (int device = 0; device < kMaxDevices; ++device) {
+    AllocatorStack* stack = FindDeviceAllocator(device);
+    if (stack == nullptr) continue;
+    absl::StatusOr<CachingPool::SegmentRange> segment = stack->pool().SegmentContaining(ptr);
+    if (!segment.ok()) continue;
+    if (size != nullptr) *size = segment->size;
+    return reinterpret_cast<void*>(segment->address);
+  }
+  SetLastError(absl::NotFoundError(absl::StrCat(
+      "actpack: base_alloc: ", reinterpret_cast<uintptr_t>(ptr), " is not in a device segment")));
+  return ptr;
 }
 
 const char* actpack_last_error(void) { return actpack::allocator::last_error.c_str(); }

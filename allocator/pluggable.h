@@ -130,6 +130,9 @@ class AllocatorStack {
 // The most devices the device allocator serves.
 inline constexpr int kMaxDevices = 64;
 
+// Where a function takes either, this device index names the host pool.
+inline constexpr int kHostDevice = -1;
+
 // ConfigureDeviceAllocator
 //
 // Sets how device stacks are built. kFailedPrecondition once a device stack exists (after the
@@ -190,6 +193,33 @@ AllocatorStack& HostPool();
 // A snapshot of the host pool (as device 0), as torch.cuda.memory._snapshot() JSON.
 std::string HostSnapshotJson();
 
+// ---- Pressure callbacks (for the runtime) ----
+
+using PressureCallbackId = int64_t;
+
+// RegisterPressureCallback
+//
+// Registers `callback` (see BudgetAdaptor::PressureCallback: called with the bytes a request
+// lacks, returns the bytes it freed) with the budget of the host pool (`device` kHostDevice) or
+// of device `device`'s stack. A stack that is not built yet gets the callback when it is built,
+// so the runtime can register at start without building a stack (which would freeze its
+// configuration). Callbacks of one stack run in registration order. Returns the id that
+// unregisters it; kInvalidArgument for a device outside [-1, kMaxDevices).
+//
+// Example:
+//   absl::StatusOr<PressureCallbackId> id = RegisterPressureCallback(
+//       0, [&](size_t needed) { return session.CompressHarder(needed); });
+//   ...
+//   UnregisterPressureCallback(*id);
+absl::StatusOr<PressureCallbackId> RegisterPressureCallback(
+    int device, BudgetAdaptor::PressureCallback callback);
+
+// UnregisterPressureCallback
+//
+// Removes a callback; as BudgetAdaptor::RemovePressureCallback, a run already started on another
+// thread finishes, and no new one starts. kNotFound for an id that is not registered.
+absl::Status UnregisterPressureCallback(PressureCallbackId id);
+
 }  // namespace actpack::allocator
 
 // The C ABI for torch.cuda.memory.CUDAPluggableAllocator (stream is a cudaStream_t). On failure
@@ -206,8 +236,12 @@ void actpack_empty_cache(void);
 void actpack_memory_fraction(double fraction, int device);
 // record_stream_fn: Tensor.record_stream(stream).
 void actpack_record_stream(void* ptr, void* stream);
-// Why this thread's last call to actpack_alloc, actpack_memory_fraction or actpack_record_stream
-// failed; "" when it succeeded.
+// base_alloc_fn: torch's getBaseAllocation (CUDA IPC shares whole segments): the start of the
+// segment holding `ptr`, its size in *size. `ptr` itself, *size untouched, when no device stack
+// holds it (torch's answer when no hook is set).
+void* actpack_base_alloc(void* ptr, size_t* size);
+// Why this thread's last call to actpack_alloc, actpack_memory_fraction, actpack_record_stream
+// or actpack_base_alloc failed; "" when it succeeded.
 const char* actpack_last_error(void);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "allocator/cuda_memory_resource.h"
 #include "allocator/units.h"
@@ -108,6 +109,104 @@ TEST_F(DeviceAllocatorTest, SnapshotCoversEveryDevice) {
   actpack_free(b, 2000, 3, kStream);
 }
 
+TEST_F(DeviceAllocatorTest, PressureCallbackRegisteredBeforeTheStackFreesForARequest) {
+  // Device 1 has no stack yet: the callback waits for it without building it.
+  void* held = nullptr;
+  std::vector<size_t> calls;
+  absl::StatusOr<PressureCallbackId> id = RegisterPressureCallback(1, [&](size_t needed) {
+    calls.push_back(needed);
+    if (held == nullptr) return size_t{0};
+    actpack_free(held, 40_MiB, 1, kStream);
+    held = nullptr;
+    return 40_MiB;
+  });
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(FindDeviceAllocator(1), nullptr);
+
+  held = actpack_alloc(40_MiB, 1, kStream);
+  ASSERT_NE(held, nullptr) << actpack_last_error();
+  void* p = actpack_alloc(40_MiB, 1, kStream);  // 80 MiB > 64 MiB: only fits after the callback
+  ASSERT_NE(p, nullptr) << actpack_last_error();
+  EXPECT_EQ(held, nullptr);
+  EXPECT_EQ(calls, std::vector<size_t>{16_MiB});  // 40 + 40 in use would be 16 MiB over
+  EXPECT_EQ(FindDeviceAllocator(1)->stats().GetStats().num_alloc_retries, 1);
+
+  // Unregistered: the next request over the budget fails without asking.
+  ASSERT_TRUE(UnregisterPressureCallback(*id).ok());
+  EXPECT_EQ(actpack_alloc(40_MiB, 1, kStream), nullptr);
+  EXPECT_THAT(actpack_last_error(), StartsWith("actpack: out of budget"));
+  EXPECT_EQ(calls.size(), 1u);
+  EXPECT_EQ(UnregisterPressureCallback(*id).code(), absl::StatusCode::kNotFound);
+  actpack_free(p, 40_MiB, 1, kStream);
+}
+
+TEST_F(DeviceAllocatorTest, PressureCallbacksOfABuiltStackRunInOrderUntilOneFreesEnough) {
+  void* held = actpack_alloc(60_MiB, 0, kStream);
+  ASSERT_NE(held, nullptr);
+  std::vector<int> order;
+  const PressureCallbackId first = *RegisterPressureCallback(0, [&](size_t) {
+    order.push_back(1);
+    return size_t{0};  // frees nothing: the next one is asked
+  });
+  const PressureCallbackId second = *RegisterPressureCallback(0, [&](size_t) {
+    order.push_back(2);
+    actpack_free(held, 60_MiB, 0, kStream);
+    return 60_MiB;
+  });
+  const PressureCallbackId third = *RegisterPressureCallback(0, [&](size_t) {
+    order.push_back(3);
+    return size_t{0};
+  });
+  void* p = actpack_alloc(10_MiB, 0, kStream);
+  ASSERT_NE(p, nullptr) << actpack_last_error();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));  // the retry after the second one succeeded
+  for (PressureCallbackId id : {first, second, third}) {
+    EXPECT_TRUE(UnregisterPressureCallback(id).ok());
+  }
+  actpack_free(p, 10_MiB, 0, kStream);
+}
+
+TEST_F(DeviceAllocatorTest, PressureCallbackOnABadDeviceIsRefused) {
+  auto nothing = [](size_t) { return size_t{0}; };
+  EXPECT_THAT(std::string(RegisterPressureCallback(kMaxDevices, nothing).status().message()),
+              HasSubstr("device 64 is outside [-1 (host), 64)"));
+  EXPECT_EQ(RegisterPressureCallback(-2, nothing).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RegisterPressureCallback(0, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
+  void* a = actpack_alloc(3_MiB, 2, kStream);
+  void* b = actpack_alloc(4_MiB, 2, kStream);  // same 20 MiB segment, after `a`
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  size_t size = 0;
+  EXPECT_EQ(actpack_base_alloc(b, &size), a);
+  EXPECT_EQ(size, 20_MiB);
+  EXPECT_STREQ(actpack_last_error(), "");
+
+  int elsewhere = 0;
+  size = 123;
+  EXPECT_EQ(actpack_base_alloc(&elsewhere, &size), &elsewhere);  // torch's default answer
+  EXPECT_EQ(size, 123u);
+  EXPECT_THAT(actpack_last_error(), HasSubstr("is not in a device segment"));
+  actpack_free(b, 4_MiB, 2, kStream);
+  actpack_free(a, 3_MiB, 2, kStream);
+}
+
+TEST_F(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
+  actpack_init(2);
+  void* a = actpack_alloc(1_MiB, 0, kStream);
+  void* b = actpack_alloc(1_MiB, 5, kStream);
+  actpack_free(a, 1_MiB, 0, kStream);
+  actpack_free(b, 1_MiB, 5, kStream);
+  EXPECT_EQ(FindDeviceAllocator(5)->pool().GetUsage().reserved_bytes, 2_MiB);
+  actpack_empty_cache();
+  EXPECT_EQ(FindDeviceAllocator(0)->pool().GetUsage().reserved_bytes, 0u);
+  EXPECT_EQ(FindDeviceAllocator(5)->pool().GetUsage().reserved_bytes, 0u);
+}
+
 TEST(DeviceAllocatorConfigTest, CudaBackendNeedsCuda) {
   ResetDeviceAllocatorForTesting();
   const absl::Status status = ConfigureDeviceAllocator(AllocatorConfig{Backend::kCuda});
@@ -121,6 +220,14 @@ TEST(DeviceAllocatorConfigTest, CudaBackendNeedsCuda) {
 
 // The host pool cannot be reset (it lives for the process), so its life is one test.
 TEST(HostPoolTest, ConfiguredOnceThenServesWithBudgetAndStats) {
+  // Registered before the pool exists (and without building it): applied when it is built.
+  int pressure_calls = 0;
+  const absl::StatusOr<PressureCallbackId> pressure =
+      RegisterPressureCallback(kHostDevice, [&](size_t) {
+        ++pressure_calls;
+        return size_t{0};
+      });
+  ASSERT_TRUE(pressure.ok());
   ASSERT_TRUE(ConfigureHostPool(32_MiB, 128).ok());
   AllocatorStack& pool = HostPool();
   EXPECT_EQ(&pool, &HostPool());
@@ -134,6 +241,8 @@ TEST(HostPoolTest, ConfiguredOnceThenServesWithBudgetAndStats) {
   absl::StatusOr<void*> over = pool.Allocate(20_MiB);
   ASSERT_FALSE(over.ok());
   EXPECT_THAT(std::string(over.status().message()), StartsWith("actpack: out of budget"));
+  EXPECT_EQ(pressure_calls, 1);  // asked before failing; freed nothing
+  ASSERT_TRUE(UnregisterPressureCallback(*pressure).ok());
 
   pool.Free(*a);  // c10's deleter knows only the pointer
   pool.Free(*b);

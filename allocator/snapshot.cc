@@ -131,6 +131,9 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
       json.UInt(entry.address);
       json.Key("size");
       json.UInt(entry.size);
+      // actpack's addition ("size" is the block size); memory_viz ignores unknown keys.
+      json.Key("requested_size");
+      json.UInt(entry.requested_size);
       json.Key("stream");
       json.UInt(reinterpret_cast<uintptr_t>(entry.stream));
       json.Key("time_us");

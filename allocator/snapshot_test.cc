@@ -30,8 +30,10 @@ TEST(SnapshotToJsonTest, WritesTorchsSnapshotShape) {
   snapshot.segments.push_back(segment);
   snapshot.device_traces.resize(2);
   snapshot.device_traces[1].push_back(
-      {MemoryAction::kSegmentAlloc, 4096, 2048, reinterpret_cast<Stream>(7), 1700000000000000});
-  snapshot.device_traces[1].push_back({MemoryAction::kOom, 0, 1 << 20, nullptr, 1700000000000001});
+      {MemoryAction::kSegmentAlloc, 4096, 2048, 2048, reinterpret_cast<Stream>(7),
+       1700000000000000});
+  snapshot.device_traces[1].push_back(
+      {MemoryAction::kOom, 0, 1 << 20, 1000000, nullptr, 1700000000000001});
   snapshot.allocator_settings = {{"backend", "host"}, {"note", "say \"hi\"\n"}};
 
   EXPECT_EQ(
@@ -47,8 +49,9 @@ TEST(SnapshotToJsonTest, WritesTorchsSnapshotShape) {
       "{\"address\":5120,\"size\":1024,\"requested_size\":0,\"state\":\"inactive\","
       "\"frames\":[]}]}],"
       "\"device_traces\":[[],[{\"action\":\"segment_alloc\",\"addr\":4096,\"size\":2048,"
-      "\"stream\":7,\"time_us\":1700000000000000,\"frames\":[]},"
-      "{\"action\":\"oom\",\"addr\":0,\"size\":1048576,\"stream\":0,"
+      "\"requested_size\":2048,\"stream\":7,\"time_us\":1700000000000000,\"frames\":[]},"
+      "{\"action\":\"oom\",\"addr\":0,\"size\":1048576,\"requested_size\":1000000,"
+      "\"stream\":0,"
       "\"time_us\":1700000000000001,\"frames\":[]}]],"
       "\"allocator_settings\":{\"backend\":\"host\",\"note\":\"say \\\"hi\\\"\\n\"}}");
 }

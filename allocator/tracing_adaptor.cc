@@ -39,7 +39,7 @@ absl::StatusOr<void*> TracingAdaptor::DoAllocate(size_t bytes, Stream stream,
                                                  size_t reserve_limit) {
   absl::StatusOr<void*> result = upstream()->AllocateWithin(bytes, stream, reserve_limit);
   if (!result.ok() && result.status().code() == absl::StatusCode::kResourceExhausted) {
-    Record(MemoryAction::kOom, 0, bytes, stream);
+    Record(MemoryAction::kOom, 0, bytes, bytes, stream);
   }
   return result;
 }
@@ -51,12 +51,14 @@ void TracingAdaptor::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
 void TracingAdaptor::OnMemoryEvent(const MemoryEvent& event) {
   // Retries are counted by the statistics; torch's trace has no action for them.
   if (event.action == MemoryAction::kAllocRetry) return;
-  Record(event.action, event.address, event.size, event.stream);
+  Record(event.action, event.address, event.size, event.requested_size, event.stream);
 }
 
-void TracingAdaptor::Record(MemoryAction action, uintptr_t address, size_t size, Stream stream) {
+void TracingAdaptor::Record(MemoryAction action, uintptr_t address, size_t size,
+                            size_t requested_size, Stream stream) {
   if (!enabled()) return;
-  const TraceEntry entry{action, address, size, stream, absl::GetCurrentTimeNanos() / 1000};
+  const TraceEntry entry{action,  address, size, requested_size,
+                         stream, absl::GetCurrentTimeNanos() / 1000};
   std::lock_guard<std::mutex> lock(mutex_);
   if (ring_.size() < capacity_) {
     ring_.push_back(entry);

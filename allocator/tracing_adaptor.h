@@ -26,11 +26,14 @@ namespace actpack::allocator {
 // TraceEntry
 //
 // One recorded action. `size` is the block or segment size (for oom: the request);
+// `requested_size` is what the caller asked for (block actions; the segment size for segment
+// actions, the request for oom), which is what a replay of the trace needs;
 // `time_us` is microseconds since the Unix epoch, as in torch's trace.
 struct TraceEntry {
   MemoryAction action = MemoryAction::kAlloc;
   uintptr_t address = 0;
   size_t size = 0;
+  size_t requested_size = 0;
   Stream stream = nullptr;
   int64_t time_us = 0;
 };
@@ -66,7 +69,8 @@ class TracingAdaptor final : public ResourceAdaptor, private MemoryObserver {
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
   void OnMemoryEvent(const MemoryEvent& event) override;
-  void Record(MemoryAction action, uintptr_t address, size_t size, Stream stream);
+  void Record(MemoryAction action, uintptr_t address, size_t size, size_t requested_size,
+              Stream stream);
 
   std::atomic<bool> enabled_{true};
   mutable std::mutex mutex_;

@@ -41,6 +41,9 @@ TEST_F(TracingAdaptorTest, RecordsThePoolsActionsInOrder) {
   EXPECT_EQ(entries[0].size, 2_MiB);
   EXPECT_EQ(entries[1].address, reinterpret_cast<uintptr_t>(p));
   EXPECT_EQ(entries[1].size, 1024u);
+  EXPECT_EQ(entries[1].requested_size, 1000u);  // what a replay of the trace needs
+  EXPECT_EQ(entries[2].requested_size, 1000u);
+  EXPECT_EQ(entries[0].requested_size, 2_MiB);
   EXPECT_EQ(entries[1].stream, kStream);
   for (size_t i = 1; i < entries.size(); ++i) EXPECT_GE(entries[i].time_us, entries[i - 1].time_us);
   EXPECT_GT(entries[0].time_us, 1600000000LL * 1000000);  // microseconds since the epoch

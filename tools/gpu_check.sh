@@ -42,4 +42,10 @@ python3 tools/gpu_benchmark.py 2>&1 | tee "$OUT/benchmark.txt"
 echo "== demo on the GPU =="
 python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json" 2>&1 | tee "$OUT/demo.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== allocator trace replay: actpack vs torch's caching allocator vs cudaMallocAsync =="
+# Recorded training steps (allocator/testdata/, tools/record_trace.py), each allocator in a
+# fresh process: per-op latency and requested/allocated/reserved at the trace's peak.
+python3 tools/gpu_allocator_benchmark.py --json "$OUT/allocator_replay.json" 2>&1 |
+  tee "$OUT/allocator_benchmark.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 exit $status

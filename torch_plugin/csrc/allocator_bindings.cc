@@ -2,14 +2,26 @@
 // installed); 0, 1, ... name the device stacks behind the C ABI of allocator/pluggable.h.
 #include "torch_plugin/csrc/allocator_bindings.h"
 
+#include <torch/python.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#ifdef ACTPACK_WITH_CUDA
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#endif
 
 #include "absl/status/status.h"
 #include "allocator/pluggable.h"
@@ -22,9 +34,8 @@ namespace {
 namespace py = pybind11;
 using allocator::AllocatorStack;
 using allocator::HostPool;
+using allocator::kHostDevice;
 using allocator::kNoReserveLimit;
-
-constexpr int kHostDevice = -1;
 
 void FreeToHostPool(void* ptr) {
   if (ptr != nullptr) HostPool().Free(ptr);
@@ -186,10 +197,245 @@ void ResetPeak(int device) {
   if (AllocatorStack* stack = FindStack(device)) stack->stats().ResetPeak();
 }
 
+void ResetAccumulated(int device) {
+  if (AllocatorStack* stack = FindStack(device)) stack->stats().ResetAccumulated();
+}
+
 size_t EmptyCache(int device) {
   AllocatorStack* stack = FindStack(device);
   return stack != nullptr ? stack->EmptyCache() : 0;
 }
+
+// Forgets the recorded trace of `device` (the start of a recording window).
+void ClearTrace(int device) {
+  if (AllocatorStack* stack = FindStack(device)) stack->trace().Clear();
+}
+
+// Entries the trace of `device` overwrote because its ring was full.
+uint64_t TraceDropped(int device) {
+  const AllocatorStack* stack = FindStack(device);
+  return stack != nullptr ? stack->trace().dropped() : 0;
+}
+
+// ---- Pressure callbacks from Python ----
+
+// A Python callable that C++ copies share without touching its reference count (they may run
+// on threads without the GIL); the last owner takes the GIL to drop it.
+using PythonCallable = std::shared_ptr<py::object>;
+
+PythonCallable HoldPython(py::object callable) {
+  return PythonCallable(new py::object(std::move(callable)), [](py::object* held) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete held;
+    } else {
+      held->release();  // the interpreter is gone: nothing to drop the reference in
+      delete held;
+    }
+  });
+}
+
+size_t AllocatedBytes(int device) {
+  const AllocatorStack* stack =
+      device == kHostDevice ? &HostPool() : allocator::FindDeviceAllocator(device);
+  return stack != nullptr ? stack->pool().GetUsage().allocated_bytes : 0;
+}
+
+// Runs a Python pressure callback from inside an allocation: with the GIL (any thread may
+// allocate: autograd's backward threads hold none), never letting a Python exception cross the
+// allocator. A callback that raises is reported through sys.unraisablehook (printed to stderr
+// by default) and counts as having freed nothing, so the next callback (or the failure) follows.
+// The bytes freed are what it returned, or what it visibly freed if that is more (a callback
+// that drops tensors and returns None still gets the retry it earned).
+size_t RunPythonPressureCallback(const PythonCallable& callable, int device, size_t needed) {
+  if (!Py_IsInitialized()) return 0;
+  py::gil_scoped_acquire gil;
+  const size_t before = AllocatedBytes(device);
+  size_t returned = 0;
+  try {
+    const py::object result = (*callable)(needed);
+    if (!result.is_none()) {
+      const bool is_count = py::isinstance<py::int_>(result) &&
+                            !py::isinstance<py::bool_>(result) &&
+                            PyObject_RichCompareBool(result.ptr(), py::int_(0).ptr(), Py_GE) == 1;
+      if (!is_count) {
+        throw py::type_error("actpack: a pressure callback returns the bytes it freed (an int "
+                             ">= 0) or None, not " + std::string(py::repr(result)));
+      }
+      returned = result.cast<size_t>();
+    }
+  } catch (py::error_already_set& error) {
+    error.discard_as_unraisable("actpack pressure callback");
+    return 0;
+  } catch (const py::builtin_exception& error) {
+    error.set_error();
+    py::error_already_set().discard_as_unraisable("actpack pressure callback");
+    return 0;
+  } catch (const std::exception& error) {  // a failed cast (an int over 2^64)
+    PyErr_SetString(PyExc_OverflowError, error.what());
+    py::error_already_set().discard_as_unraisable("actpack pressure callback");
+    return 0;
+  }
+  const size_t after = AllocatedBytes(device);
+  return std::max(returned, before > after ? before - after : size_t{0});
+}
+
+int64_t AddPressureCallback(int device, py::function callback) {
+  CheckDevice(device);
+  PythonCallable held = HoldPython(std::move(callback));
+  absl::StatusOr<allocator::PressureCallbackId> id =
+      allocator::RegisterPressureCallback(device, [held, device](size_t needed) {
+        return RunPythonPressureCallback(held, device, needed);
+      });
+  ThrowIfError(id.status());
+  return *id;
+}
+
+void RemovePressureCallback(int64_t id) {
+  const absl::Status status = allocator::UnregisterPressureCallback(id);
+  TORCH_CHECK_VALUE(status.ok(), status.message());
+}
+
+// ---- Trace replay (allocator benchmarks) ----
+
+// One replayed operation: (is_alloc, slot, bytes, stream handle).
+using ReplayOp = std::tuple<bool, uint32_t, size_t, uintptr_t>;
+
+// Replays `ops` `repeats` times through `allocate` / `deallocate`; calls `on_pause` once, after
+// op `pause_at` of the first pass. Returns the seconds all passes took.
+template <typename Slot, typename Allocate, typename Deallocate>
+double ReplayLoop(const std::vector<ReplayOp>& ops, int repeats, int64_t pause_at,
+                  const std::optional<py::function>& on_pause, Allocate allocate,
+                  Deallocate deallocate) {
+  uint32_t slots = 0;
+  for (const ReplayOp& op : ops) slots = std::max(slots, std::get<1>(op) + 1);
+  std::vector<Slot> table(slots);
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < repeats; ++pass) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const auto& [is_alloc, slot, bytes, stream] = ops[i];
+      if (is_alloc) {
+        table[slot] = allocate(bytes, reinterpret_cast<allocator::Stream>(stream));
+      } else {
+        deallocate(table[slot], bytes, reinterpret_cast<allocator::Stream>(stream));
+      }
+      if (pass == 0 && static_cast<int64_t>(i) == pause_at && on_pause) (*on_pause)();
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void CheckReplayOps(const std::vector<ReplayOp>& ops) {
+  std::vector<bool> live;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& [is_alloc, slot, bytes, stream] = ops[i];
+    if (slot >= live.size()) live.resize(slot + 1);
+    TORCH_CHECK_VALUE(live[slot] != is_alloc, "actpack: replay op ", i, ": ",
+                      is_alloc ? "alloc into" : "free of", " slot ", slot, ", which is ",
+                      is_alloc ? "live" : "not live");
+    live[slot] = is_alloc;
+  }
+  TORCH_CHECK_VALUE(std::find(live.begin(), live.end(), true) == live.end(),
+                    "actpack: the replayed ops leave allocations live; a trace must free "
+                    "everything");
+}
+
+// Replays allocation ops through a target:
+//  * "malloc": glibc;
+//  * an int: actpack's stack of that device (-1: the host pool), built on first use;
+//  * a tensor: the c10 allocator its storage came from (torch's CUDA caching allocator, or
+//    cudaMallocAsync, whichever this process runs; torch's or actpack's CPU allocator). It
+//    allocates on the current stream: stream handles are ignored.
+// Allocation failures raise. Returns the seconds of all passes.
+double ReplayTrace(const std::vector<ReplayOp>& ops, const py::object& target, int repeats,
+                   int64_t pause_at, std::optional<py::function> on_pause) {
+  TORCH_CHECK_VALUE(repeats >= 1, "actpack: repeats must be >= 1, got ", repeats);
+  CheckReplayOps(ops);
+  if (py::isinstance<py::str>(target)) {
+    const std::string name = target.cast<std::string>();
+    TORCH_CHECK_VALUE(name == "malloc", "actpack: unknown replay target '", name,
+                      "'; expected 'malloc', a device index or a tensor");
+    return ReplayLoop<void*>(
+        ops, repeats, pause_at, on_pause,
+        [](size_t bytes, allocator::Stream) {
+          void* ptr = std::malloc(bytes);
+          TORCH_CHECK(ptr != nullptr || bytes == 0, "actpack: malloc(", bytes, ") failed");
+          return ptr;
+        },
+        [](void* ptr, size_t, allocator::Stream) { std::free(ptr); });
+  }
+  if (py::isinstance<py::int_>(target)) {
+    const int device = target.cast<int>();
+    CheckDevice(device);
+    AllocatorStack* stack = &HostPool();
+    if (device != kHostDevice) {
+      absl::StatusOr<AllocatorStack*> built = allocator::DeviceAllocator(device);
+      ThrowIfError(built.status());
+      stack = *built;
+    }
+    return ReplayLoop<void*>(
+        ops, repeats, pause_at, on_pause,
+        [stack](size_t bytes, allocator::Stream stream) {
+          absl::StatusOr<void*> ptr = stack->Allocate(bytes, stream);
+          ThrowIfError(ptr.status());
+          return *ptr;
+        },
+        [stack](void* ptr, size_t bytes, allocator::Stream stream) {
+          stack->Deallocate(ptr, bytes, stream);
+        });
+  }
+  const at::Tensor tensor = target.cast<at::Tensor>();
+  c10::Allocator* c10_allocator = tensor.storage().allocator();
+  TORCH_CHECK_VALUE(c10_allocator != nullptr,
+                    "actpack: the target tensor's storage has no allocator (made from a blob?)");
+  return ReplayLoop<c10::DataPtr>(
+      ops, repeats, pause_at, on_pause,
+      [c10_allocator](size_t bytes, allocator::Stream) { return c10_allocator->allocate(bytes); },
+      [](c10::DataPtr& ptr, size_t, allocator::Stream) { ptr.clear(); });
+}
+
+// ---- torch's CUDAPluggableAllocator hooks ----
+
+#ifdef ACTPACK_WITH_CUDA
+// Note [pluggable hooks]: torch 2.13's CUDAPluggableAllocator calls optional hooks for init,
+// emptyCache (torch.cuda.empty_cache), setMemoryFraction
+// (torch.cuda.set_per_process_memory_fraction), recordStream (Tensor.record_stream),
+// getBaseAllocation (CUDA IPC) and the CUDA-graph pool calls, but its Python object
+// (torch._C._cuda_CUDAAllocator) exposes no setter: only C++ can set them. Everything else
+// (memory_stats, reset_peak_memory_stats, reset_accumulated_memory_stats, snapshots,
+// _record_memory_history, cacheInfo, OOM observers) has no hook and raises in torch: actpack.*
+// provides those.
+void WirePluggableHooks(const py::object& allocator_object) {
+  using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+  const auto base =
+      allocator_object.cast<std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator>>();
+  const auto pluggable = std::dynamic_pointer_cast<CUDAPluggableAllocator>(base);
+  TORCH_CHECK_VALUE(pluggable != nullptr, "actpack: expected torch's CUDAPluggableAllocator, got ",
+                    base == nullptr ? std::string("None") : base->name());
+  pluggable->set_init_fn([](int device_count) { actpack_init(device_count); });
+  pluggable->set_reset_fn([] { actpack_empty_cache(); });
+  pluggable->set_memory_fraction_fn([](double fraction, int device) {
+    actpack_memory_fraction(fraction, device);
+    const std::string error = actpack_last_error();
+    TORCH_CHECK_VALUE(error.empty(), error);
+  });
+  pluggable->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
+    actpack_record_stream(ptr, stream);
+    const std::string error = actpack_last_error();
+    TORCH_CHECK(error.empty(), error);
+  });
+  pluggable->set_base_alloc_fn([](void* ptr, size_t* size) { return actpack_base_alloc(ptr, size); });
+  // actpack has no private pools: a CUDA graph captured on it would see its blocks reused behind
+  // its back. Refuse clearly rather than corrupt memory silently.
+  pluggable->set_begin_allocate_to_pool(
+      [](int device, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) {
+        TORCH_CHECK(false, "actpack: CUDA graph capture (and torch.cuda.use_mem_pool) into a "
+                           "private pool is not supported on device ", device,
+                           " while actpack's allocator is installed; capture without "
+                           "actpack.install_allocator");
+      });
+}
+#endif
 
 // torch's snapshot holds every device; so does the device one here.
 std::string SnapshotJson(int device) {
@@ -217,6 +463,16 @@ void BindAllocator(py::module& m) {
   m.def("_empty_cache", &EmptyCache, py::arg("device"));
   m.def("_snapshot_json", &SnapshotJson, py::arg("device"));
   m.def("_last_allocator_error", [] { return std::string(actpack_last_error()); });
+  m.def("_reset_accumulated_memory_stats", &ResetAccumulated, py::arg("device"));
+  m.def("_clear_trace", &ClearTrace, py::arg("device"));
+  m.def("_trace_dropped", &TraceDropped, py::arg("device"));
+  m.def("_add_pressure_callback", &AddPressureCallback, py::arg("device"), py::arg("callback"));
+  m.def("_remove_pressure_callback", &RemovePressureCallback, py::arg("id"));
+  m.def("_replay_trace", &ReplayTrace, py::arg("ops"), py::arg("target"), py::arg("repeats") = 1,
+        py::arg("pause_at") = -1, py::arg("on_pause") = py::none());
+#ifdef ACTPACK_WITH_CUDA
+  m.def("_wire_pluggable_hooks", &WirePluggableHooks, py::arg("allocator"));
+#endif
 }
 
 }  // namespace actpack::torch_plugin

@@ -17,6 +17,7 @@ an int N, or a torch.device; None means the current CUDA device when CUDA is ava
 import json
 import os
 import pickle
+import warnings
 
 import torch
 
@@ -134,8 +135,39 @@ def _configure_cuda(budget):
             _C._set_device_budget_fraction(device, parsed["fraction"])
 
 
+_pluggable = None
+
+
 def _pluggable_allocator():
-    return torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, _ALLOC_FN, _FREE_FN)
+    """torch's CUDAPluggableAllocator over actpack's C ABI, with every hook torch has wired.
+
+    torch 2.13's pluggable allocator calls optional hooks for init, emptyCache
+    (torch.cuda.empty_cache), setMemoryFraction (torch.cuda.set_per_process_memory_fraction),
+    recordStream (Tensor.record_stream), getBaseAllocation (CUDA IPC) and the CUDA-graph pool
+    calls, but its Python object exposes no setter (only alloc_fn and free_fn reach
+    torch._C._cuda_customAllocator), so actpack._C sets them from C++ (see Note [pluggable
+    hooks] in allocator_bindings.cc). For everything else torch's pluggable allocator has no
+    hook and raises "CUDAPluggableAllocator does not yet support ...": memory_stats,
+    reset_peak_memory_stats, reset_accumulated_memory_stats, memory snapshots and
+    _record_memory_history, cacheInfo (max_split_size bookkeeping), OOM observers and
+    get_per_process_memory_fraction. Use this module's functions of the same names instead
+    (memory_budget for the fraction; last_allocator_error for the reason of an OOM).
+    One instance per process: torch keeps the allocator it was given.
+    """
+    global _pluggable
+    if _pluggable is None:
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, _ALLOC_FN, _FREE_FN)
+        try:
+            _C._wire_pluggable_hooks(pluggable.allocator())
+        except (TypeError, RuntimeError) as error:
+            # A torch whose allocator type actpack cannot see (built with another pybind11
+            # ABI): allocation still works; torch.cuda.empty_cache and friends do nothing.
+            warnings.warn(
+                f"actpack: could not wire torch.cuda.empty_cache, set_per_process_memory_fraction "
+                f"and record_stream to actpack's allocator ({error}); use actpack.empty_cache and "
+                f"actpack.install_allocator(budget=...) instead", RuntimeWarning, stacklevel=3)
+        _pluggable = pluggable
+    return _pluggable
 
 
 def install_allocator(budget=None):
@@ -221,6 +253,11 @@ def reset_peak_memory_stats(device=None):
     _C._reset_peak_memory_stats(_device_index(device))
 
 
+def reset_accumulated_memory_stats(device=None):
+    """Zero `device`'s .allocated/.freed totals and event counts; current and peak stay."""
+    _C._reset_accumulated_memory_stats(_device_index(device))
+
+
 def empty_cache(device=None):
     """Return `device`'s cached free segments to the system; returns the bytes released."""
     return _C._empty_cache(_device_index(device))
@@ -247,6 +284,38 @@ def dump_snapshot(path, device=None):
     with open(path, "wb") as f:
         pickle.dump(snapshot, f)
     return snapshot
+
+
+# ---- Memory pressure ----
+
+def add_pressure_callback(fn, device="cpu"):
+    """Call `fn(needed_bytes)` when an allocation of `device` would cross its budget.
+
+    Before a request over the budget fails, actpack releases its cache and then calls the
+    registered callbacks in registration order, retrying the request after each one that freed
+    memory; the runtime uses this to pack saved activations harder in the middle of a step.
+    `needed_bytes` is how far over the budget the request would go. `fn` frees what it can
+    (drops tensors) and returns the bytes it freed, or None: actpack also counts what it sees
+    freed. `fn` runs on the thread that allocates (possibly an autograd thread), holding the
+    GIL, and must not wait for other threads. An exception in `fn` is reported through
+    sys.unraisablehook (printed to stderr) and counts as freeing nothing; it never reaches the
+    allocation. Allocations inside `fn` do not call the callbacks again.
+
+    `device` is "cpu" (the host pool behind install_cpu_allocator; the default) or a CUDA
+    device (as elsewhere here): a stack not built yet gets the callback when it is. Returns an
+    id for remove_pressure_callback.
+    """
+    if not callable(fn):
+        raise TypeError(f"actpack: add_pressure_callback needs a callable, got {fn!r}")
+    return _C._add_pressure_callback(_device_index(device), fn)
+
+
+def remove_pressure_callback(callback_id):
+    """Unregister a callback by the id add_pressure_callback returned (ValueError if unknown).
+
+    A call already running on another thread finishes; no new call starts.
+    """
+    _C._remove_pressure_callback(callback_id)
 
 
 def memory_summary(device=None):
