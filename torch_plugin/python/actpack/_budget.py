@@ -51,7 +51,7 @@ class budget:
     """
 
     def __init__(self, limit, codec="auto", report=None, min_bytes="64KiB", seed=0,
-                 enabled=True, headroom=0.05, profile_every=50, snapshot=False):
+                 enabled=True, headroom=0.15, profile_every=50, snapshot=False):
         self._budget = parse_budget(limit)
         default, rules = _codec_rules(codec)
         # 0 packs every saved tensor, however small.

@@ -8,7 +8,7 @@
 runs it once to warm up (optimizer state), then once per codec choice and profiled batch size
 inside a budget context, measuring the allocator's peak. Memory is modelled per choice as
 fixed + per_sample * batch in allocated bytes, which grow smoothly with the batch; the largest
-batch whose modelled peak fits the budget less the headroom the policy also keeps (5%) is the
+batch whose modelled peak fits the budget less the headroom the policy also keeps (15%) is the
 answer. Reserved bytes (what the cap counts) are lumpy — whole segments — so they are reported
 as the fragmentation seen at the larger profiled batch, not modelled. verify=True runs real
 steps under the budget's cap at the predicted size, stepping down until they fit, and reports
@@ -67,7 +67,7 @@ class Plan:
         return f"Plan(max_batch_size={self.max_batch_size})"
 
 
-HEADROOM = 0.05
+HEADROOM = 0.15  # as budget(): fragmentation and what the model misses
 
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):

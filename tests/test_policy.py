@@ -1,0 +1,125 @@
+"""The budget policy and the batch-size planner on CPU, end to end on the demo models.
+
+The CPU allocator is installed before the model is built, so the budget counts everything the
+training step allocates (parameters, gradients, optimizer state, activations, workspace).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import actpack
+import demo
+
+CONTEXT = 128
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return demo.load_corpus()
+
+
+@pytest.fixture(autouse=True)
+def cpu_allocator():
+    installed = actpack.cpu_allocator_installed()
+    actpack.install_cpu_allocator()
+    yield
+    if not installed:
+        actpack.uninstall_cpu_allocator()
+
+
+def plain_peak(corpus, model_name, batch, steps=3):
+    """Allocated peak of plain training at `batch` (its steady state, after the warm-up)."""
+    actpack.empty_cache("cpu")
+    actpack.reset_peak_memory_stats("cpu")
+    losses, _, _, _ = demo.train(corpus, steps, batch, CONTEXT, torch.device("cpu"), 0,
+                                 model_name=model_name)
+    return actpack.max_memory_reserved("cpu"), losses
+
+
+@pytest.mark.parametrize("model_name,steps,fraction", [("cnn", 40, 0.6), ("transformer", 30, 0.85)])
+def test_trains_under_a_budget_plain_training_exceeds(corpus, model_name, steps, fraction):
+    peak, _ = plain_peak(corpus, model_name, 32)
+    budget = int(peak * fraction)
+    plain, _, _, _ = demo.train(corpus, steps, 32, CONTEXT, torch.device("cpu"), 0,
+                                model_name=model_name)
+    packed, _, report, _ = demo.train(corpus, steps, 32, CONTEXT, torch.device("cpu"), 0,
+                                      budget=budget, codec="auto", model_name=model_name)
+    step_peaks = [s["peak_bytes"] for s in report["activations"]["steps"]]
+    assert len(step_peaks) == steps
+    assert max(step_peaks) <= budget, (step_peaks, budget)
+    assert report["activations"]["policy"]["plans"] >= 1
+    assert report["activations"]["policy"]["feasible"]
+    # Less error than the harshest codec on everything: the policy keeps what fits exact or
+    # finely quantized.
+    codecs = {r["codec"] for r in report["activations"]["saved_tensors"]}
+    assert codecs - {"quant2"}, codecs
+    final_plain = sum(plain[-5:]) / 5
+    final_packed = sum(packed[-5:]) / 5
+    assert abs(final_packed - final_plain) / final_plain < 0.05, (final_plain, final_packed)
+
+
+def test_records_carry_modules_candidates_and_errors(corpus):
+    _, _, report, _ = demo.train(corpus, 3, 16, CONTEXT, torch.device("cpu"), 0,
+                                 budget="1GiB", codec={"blocks.0.*": "quant4"},
+                                 model_name="cnn")
+    saved = report["activations"]["saved_tensors"]
+    modules = {r.get("module") for r in saved}
+    assert any(m and m.startswith("blocks.0") for m in modules), modules
+    for r in saved:
+        if r.get("module", "").startswith("blocks.0.") and r["codec"] != "kept":
+            assert r["codec"] == "quant4"
+            assert 0 < r["error"]["rel_rms"] < 0.2
+        if "candidates" in r:  # auto, with a budget that holds everything: kept exact
+            assert r["codec"] in ("kept", "reused")
+            assert {c["codec"] for c in r["candidates"]} >= {"keep", "quant8", "quant4", "quant2"}
+
+
+def test_an_impossible_budget_names_the_smallest_that_works(corpus):
+    with pytest.raises(torch.OutOfMemoryError) as error:
+        demo.train(corpus, 4, 32, CONTEXT, torch.device("cpu"), 0, budget="4MiB", codec="auto")
+    message = str(error.value)
+    assert "a budget of 4.00 MiB cannot hold this training step" in message
+    assert "the smallest budget that would work is" in message
+    smallest = message.split("the smallest budget that would work is ")[1].split(" (")[0]
+    # It is honest: with that budget the same training runs.
+    demo.train(corpus, 4, 32, CONTEXT, torch.device("cpu"), 0,
+               budget=smallest.replace(" ", ""), codec="auto")
+
+
+def test_planner_predicts_the_largest_batch(corpus, tmp_path):
+    torch.manual_seed(0)
+    model = demo.MODELS["cnn"](context=CONTEXT)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(batch):
+        x, y = next(demo.batches(corpus, batch, CONTEXT, 0, torch.device("cpu")))
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    budget = 40 << 20
+    plan = actpack.plan(step, budget=budget, batch_sizes=(8, 16), codecs=("none", "quant2"),
+                        report=tmp_path / "plan.json", progress=False)
+    assert set(plan.max_batch_size) == {"none", "quant2"}
+    assert plan.max_batch_size["quant2"] > 1.5 * plan.max_batch_size["none"]
+    assert "max batch" in plan.table()
+
+    # The truth from real steps: the largest batch whose allocated peak fits the room the
+    # planner aims at (budget less its headroom), by binary search.
+    room = budget * (1 - actpack._planner.HEADROOM)
+
+    def fits(batch, choice):
+        _, allocated, _ = actpack._planner._run_step(step, batch, choice)
+        return allocated <= room
+
+    for choice in ("none", "quant2"):
+        predicted = plan.max_batch_size[choice]
+        lo, hi = 1, 2 * predicted + 4
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid, choice) else (lo, mid - 1)
+        assert abs(predicted - lo) <= max(1, 0.05 * lo), (choice, predicted, lo)
+
+    import json
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    assert saved["planner"]["choices"]["none"]["max_batch_size"] == plan.max_batch_size["none"]
