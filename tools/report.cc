@@ -1175,7 +1175,7 @@ int SnapshotCommand(const ParsedArgs& args, std::string* out, std::string* err) 
   if (snapshot == nullptr) {
     absl::StrAppend(err, "actpack snapshot: ", report->file, ": ",
                     report->allocator.has_value()
-                        ? "the run report's allocator section has no snapshot (it is null)"
+                        ? "the run report's allocator section has no snapshot (null or absent)"
                         : "run report has no allocator section, so no snapshot",
                     "; in the running process, actpack.dump_snapshot(\"snap.pickle\") writes "
                     "one\n");
@@ -1219,9 +1219,7 @@ std::string RunReport::FileName() const {
 }
 
 const json::Value* RunReport::Snapshot() const {
-  const json::Value* allocator = FindObject(&document, "allocator");
-  const json::Value* snapshot = FindObject(allocator, "snapshot");
-  return snapshot;
+  return FindObject(FindObject(&document, "allocator"), "snapshot");
 }
 
 std::optional<double> AllocatorUsage::Fragmentation() const {
