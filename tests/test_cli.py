@@ -1,14 +1,24 @@
 """The `actpack` console command (actpack.cli -> actpack._C.run_cli) on a report from a fresh
-real run: exit codes, the text and JSON reports, diff, plan, and the SVG rendered to PNG by
-rsvg-convert (Debian librsvg2-bin).
+real run: exit codes, the text and JSON reports, diff, plan, the SVG rendered to PNG by
+rsvg-convert (Debian librsvg2-bin), and the allocator snapshot pickled in C++ and read by
+Python's pickle and torch's memory_viz.
+
+The planner, allocator and per-module sections have no producer in the runtime yet (it lands
+separately): their tests read tools/testdata/run_quant2_full.json, a real report with those
+sections added by tools/testdata/make_full_report.py, and a live CPU-allocator snapshot put into
+a fresh report here. Regenerate the fixture from a real run once the runtime writes them.
 
 Runs against whichever actpack is importable; to test a build without replacing the
 installed package:
     pip install --no-build-isolation --target /tmp/cli-site .
     PYTHONPATH=/tmp/cli-site python -m pytest tests/test_cli.py
 """
+import copy
 import json
+import math
 import os
+import pathlib
+import pickle
 import shutil
 import struct
 import subprocess
@@ -27,10 +37,20 @@ pytestmark = pytest.mark.skipif(
     reason=f"the importable actpack ({actpack.__file__}) was built without the CLI (run_cli)")
 
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FULL_REPORT = REPO / "tools" / "testdata" / "run_quant2_full.json"
+
+
 def actpack_cli(*args):
     """Runs `python -m actpack.cli ARGS` in a child process, as the console script would."""
     return subprocess.run([sys.executable, "-m", "actpack.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
+
+
+def run_cli(*args):
+    """The same command line in this process (actpack._C.run_cli, what actpack.cli calls),
+    for tests that run it many times: (exit code, stdout, stderr)."""
+    return _C.run_cli([str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +159,229 @@ def test_usage_errors_exit_2():
         result = actpack_cli(*args)
         assert result.returncode == 2, args
         assert "usage: actpack" in result.stderr
+
+
+# ---- the planner, allocator and per-module sections ----
+
+def full_report():
+    return json.loads(FULL_REPORT.read_text())
+
+
+def same_types(a, b):
+    """Equal, and of the same Python types all the way down (1, 1.0 and True are == apart)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_types(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_types(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b
+
+
+def test_report_shows_modules_planner_and_allocator():
+    result = actpack_cli("report", FULL_REPORT)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for text in ("top consumers by module", "convs.0", "rel rms", "max abs",
+                 "batch-size planner", "verified: quant2 at batch",
+                 "allocator (cpu)", "peak reserved", "fragmentation", "alloc retries", "OOMs"):
+        assert text in out, (text, out)
+    stats = full_report()["allocator"]["stats"]
+    fragmentation = stats["reserved_bytes.all.peak"] / stats["allocated_bytes.all.peak"]
+    assert f"{fragmentation:.2f}x (reserved / allocated, at peak)" in out
+
+
+@pytest.mark.parametrize("budget, budget_bytes", [
+    ("12GiB", 12 << 30), ("24MiB", 24 << 20), ("256MiB", 256 << 20), ("300000000", 300000000)])
+def test_plan_replans_with_fixed_plus_per_sample(budget, budget_bytes):
+    code, out, err = run_cli("plan", FULL_REPORT, "--budget", budget, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    planner = full_report()["planner"]
+    assert plan["schema"] == "actpack.plan"
+    assert plan["budget_bytes"] == budget_bytes
+    assert plan["recorded_budget_bytes"] == planner["budget_bytes"]
+    assert list(plan["choices"]) == list(planner["choices"])
+    expected = {}
+    for name, choice in planner["choices"].items():
+        fits = budget_bytes - choice["fixed_bytes"]
+        expected[name] = max(0, fits // choice["per_sample_bytes"])
+        assert plan["choices"][name]["max_batch_size"] == expected[name], name
+        assert plan["choices"][name]["recorded_max_batch_size"] == choice["max_batch_size"]
+    assert plan["best"] == max(expected, key=expected.get)
+    profiled = planner["batch_sizes"]
+    assert plan["extrapolated"] == any(
+        b and not min(profiled) <= b <= max(profiled) for b in expected.values())
+
+    code, text, err = run_cli("plan", FULL_REPORT, "--budget", budget)
+    assert code == 0, err
+    for name, batch in expected.items():
+        row = next(line for line in text.splitlines() if line.split()[:1] == [name])
+        assert row.split()[-2] == str(batch), row
+
+
+def test_plan_refuses_a_share_of_the_device():
+    result = actpack_cli("plan", FULL_REPORT, "--budget", "80%")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    first_line = result.stderr.splitlines()[0]
+    assert "--budget 80%" in first_line and "share of the device" in first_line
+    assert "12GiB" in first_line
+
+
+def check_memory_viz_accepts(snapshot):
+    """torch's memory_viz (no CUDA needed) walks the snapshot: segsum checks that every
+    segment's blocks add up, trace replays the actions, the plots embed it for the web page."""
+    from torch.cuda import _memory_viz
+    summary = _memory_viz.segsum(copy.deepcopy(snapshot))
+    assert f"segments: {len(snapshot['segments'])}" in summary
+    trace = _memory_viz.trace(copy.deepcopy(snapshot))
+    assert f"{len(snapshot['device_traces'][0])} entries" in trace
+    for html in (_memory_viz.trace_plot(copy.deepcopy(snapshot)),
+                 _memory_viz.segment_plot(copy.deepcopy(snapshot))):
+        assert "snapshot.pickle" in html and "<script" in html
+
+
+def test_snapshot_pickle_is_what_torch_memory_viz_reads(tmp_path):
+    out = tmp_path / "snap.pickle"
+    result = actpack_cli("snapshot", FULL_REPORT, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert str(out) in result.stdout and "memory_viz" in result.stdout
+    with open(out, "rb") as f:
+        snapshot = pickle.load(f)
+    assert same_types(snapshot, full_report()["allocator"]["snapshot"])
+    check_memory_viz_accepts(snapshot)
+
+
+LIVE_ALLOCATOR = """
+import json, sys, torch, actpack
+device = sys.argv[3]
+if device == "cuda":
+    actpack.install_allocator(budget="512MiB")  # before CUDA is initialised
+else:
+    actpack.install_cpu_allocator(budget="512MiB")
+kept = [torch.randn(256, 1024, device=device) for _ in range(4)]
+del kept[1]
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 8)).to(device)
+model(torch.randn(64, 256, device=device)).square().sum().backward()
+if device == "cuda":
+    torch.cuda.synchronize()
+snapshot = actpack.memory_snapshot(device)
+actpack.dump_snapshot(sys.argv[2], device)
+json.dump({"backend": device, "budget_bytes": actpack.memory_budget(device),
+           "stats": actpack.memory_stats(device), "snapshot": snapshot}, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_snapshot_of_a_live_allocator_matches_python_pickle(run_report, tmp_path, device):
+    """A real snapshot of actpack's allocator (in a child process: the allocator is
+    process-wide), put into a fresh run report: `actpack snapshot` writes what Python's own
+    pickle of the same dict (actpack.dump_snapshot) reads back as."""
+    allocator_json, python_pickle = tmp_path / "allocator.json", tmp_path / "python.pickle"
+    subprocess.run([sys.executable, "-c", LIVE_ALLOCATOR, allocator_json, python_pickle, device],
+                   check=True, timeout=300)
+    report = json.loads(run_report.read_text())
+    report["allocator"] = json.loads(allocator_json.read_text())
+    path = tmp_path / "run_with_allocator.json"
+    path.write_text(json.dumps(report))
+
+    out = tmp_path / "snap.pickle"
+    result = actpack_cli("snapshot", path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    with open(out, "rb") as f:
+        ours = pickle.load(f)
+    with open(python_pickle, "rb") as f:
+        theirs = pickle.load(f)
+    assert same_types(ours, theirs)
+    assert sum(len(trace) for trace in ours["device_traces"]) > 0
+    check_memory_viz_accepts(ours)
+
+    text = actpack_cli("report", path)
+    assert text.returncode == 0, text.stderr
+    assert f"allocator ({device})" in text.stdout and "512.00 MiB" in text.stdout
+    stats = report["allocator"]["stats"]
+    assert f"{stats['reserved_bytes.all.peak'] / stats['allocated_bytes.all.peak']:.2f}x" \
+        in text.stdout
+
+
+def test_snapshot_pickles_edge_values_exactly(tmp_path):
+    values = [0, 255, 256, 65535, 65536, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**47 + 3,
+              2**63 - 1, -2**63, 0.0, -0.0, 1.5, 1e300, 5e-324, 2.0, True, False, None,
+              "", "plain", "w\u00e9ight \u2713 \U0001f600", "quote \" and \\ and \n",
+              [], {}, [[[]]], {"nested": {"deeper": [1, {"x": None}]}}]
+    snapshot = {"segments": [], "device_traces": [[]], "values": values,
+                "keys": {str(i): v for i, v in enumerate(values)}}
+    report = full_report()
+    report["allocator"]["snapshot"] = snapshot
+    path = tmp_path / "edge.json"
+    path.write_text(json.dumps(report, ensure_ascii=False), encoding="utf-8")
+    out = tmp_path / "edge.pickle"
+    result = actpack_cli("snapshot", path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    with open(out, "rb") as f:
+        assert same_types(pickle.load(f), snapshot)
+
+
+def test_snapshot_without_one_exits_2(run_report, tmp_path):
+    result = actpack_cli("snapshot", run_report, "-o", tmp_path / "x.pickle")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "no allocator section" in result.stderr
+    assert not (tmp_path / "x.pickle").exists()
+
+
+@pytest.mark.parametrize("path, value, problem", [
+    (["planner"], [1], "planner is an array, expected an object or null"),
+    (["planner", "budget_bytes"], "12GiB", "planner.budget_bytes is the string \"12GiB\""),
+    (["planner", "batch_sizes"], [8, 16.5], "planner.batch_sizes[1] is the number 16.5"),
+    (["planner", "choices", "quant2", "per_sample_bytes"], -3,
+     "planner.choices.quant2.per_sample_bytes is the number -3"),
+    (["planner", "verified"], "yes", "planner.verified is the string \"yes\""),
+    (["allocator", "backend"], "xla", "allocator.backend is the string \"xla\""),
+    (["allocator", "stats", "num_ooms"], None, "allocator.stats.num_ooms is null"),
+    (["allocator", "snapshot", "device_traces"], {}, "allocator.snapshot.device_traces is an object"),
+    (["activations", "saved_tensors", 1, "module"], ["layer1"],
+     "activations.saved_tensors[1].module is an array"),
+    (["activations", "saved_tensors", 1, "error", "rms"], "small",
+     "activations.saved_tensors[1].error.rms is the string \"small\""),
+])
+def test_ill_typed_new_sections_exit_2_with_one_line(tmp_path, path, value, problem):
+    report = full_report()
+    target = report
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    bad = tmp_path / "bad_section.json"
+    bad.write_text(json.dumps(report))
+    result = actpack_cli("report", bad)  # the console command: no traceback
+    outcomes = [(result.returncode, result.stdout, result.stderr)]
+    outcomes += [run_cli(*args) for args in ([
+        "plan", bad, "--budget", "1GiB"], ["snapshot", bad, "-o", tmp_path / "x.pickle"],
+        ["diff", FULL_REPORT, bad])]
+    for code, out, err in outcomes:
+        assert code == 2, out
+        assert out == ""
+        assert err.count("\n") == 1, err
+        assert str(bad) in err and problem in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "x.pickle").exists()
+
+
+def test_diff_compares_planner_and_modules(tmp_path):
+    report = full_report()
+    report["planner"]["budget_bytes"] = 512 << 20
+    report["planner"]["choices"]["quant2"]["max_batch_size"] += 400
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps(report))
+    result = actpack_cli("diff", FULL_REPORT, after)
+    assert result.returncode == 0, result.stderr
+    assert "planner: largest batch size by choice (before: 256.00 MiB, after: 512.00 MiB)" \
+        in result.stdout
+    quant2 = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["quant2"])
+    assert quant2.split()[-1] == "+400", quant2
+    assert "stored bytes per step by module" in result.stdout

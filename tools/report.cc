@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -21,16 +24,9 @@ namespace {
 
 using allocator::FormatBytes;
 
-constexpr absl::string_view kUsage =
-    "usage: actpack <command> [options]\n"
-    "  actpack report RUN.json [--json]       where the memory went (--json: for machines)\n"
-    "  actpack diff BEFORE.json AFTER.json    what changed between two runs\n"
-    "  actpack plot RUN.json -o MEMORY.svg    per-step and per-producer bytes as an SVG\n"
-    "  actpack plan RUN.json --budget SIZE    batch sizes for another budget (needs a planner "
-    "profile)\n";
-
 // ---------------------------------------------------------------------------------------------
-// Reading a report: typed lookups that answer "absent" for a missing or ill-typed member.
+// Reading the older sections: typed lookups that answer "absent" for a missing or ill-typed
+// member.
 
 std::optional<uint64_t> FindBytes(const json::Value* object, absl::string_view key) {
   if (object == nullptr) return std::nullopt;
@@ -98,28 +94,35 @@ std::vector<StepUsage> ReadSteps(const json::Value* activations) {
   return steps;
 }
 
-// Groups "saved_tensors" by producer. A kept tensor stays in memory at its raw size; a reused
-// occurrence points at an earlier buffer and stores nothing more.
-std::vector<ProducerUsage> ReadProducers(const json::Value* activations) {
-  std::vector<ProducerUsage> producers;
+void FoldWorst(std::optional<double>& worst, std::optional<double> value) {
+  if (value.has_value() && (!worst.has_value() || *value > *worst)) worst = value;
+}
+
+// Groups "saved_tensors" by module (falling back to the producer) or by producer. A kept
+// tensor stays in memory at its raw size; a reused occurrence points at an earlier buffer and
+// stores nothing more.
+std::vector<ConsumerUsage> GroupSavedTensors(const json::Value* activations, bool by_module) {
+  std::vector<ConsumerUsage> consumers;
   const json::Value* list = activations == nullptr ? nullptr : activations->Find("saved_tensors");
-  if (list == nullptr) return producers;
+  if (list == nullptr) return consumers;
   std::map<std::string, size_t> index;
   for (const json::Value& entry : list->elements()) {
     const std::optional<uint64_t> raw = FindBytes(&entry, "raw_bytes");
     if (!raw.has_value()) continue;
     const std::string producer = FindString(&entry, "producer").value_or("(unknown)");
+    const std::string name =
+        by_module ? FindString(&entry, "module").value_or(producer) : producer;
     const std::string codec = FindString(&entry, "codec").value_or("(unknown)");
     const uint64_t occurrences = FindBytes(&entry, "occurrences").value_or(1);
     const uint64_t reused = std::min(FindBytes(&entry, "reused").value_or(0), occurrences);
     const uint64_t stored_each = FindBytes(&entry, "stored_bytes").value_or(0);
 
-    auto [it, inserted] = index.emplace(producer, producers.size());
+    auto [it, inserted] = index.emplace(name, consumers.size());
     if (inserted) {
-      producers.emplace_back();
-      producers.back().producer = producer;
+      consumers.emplace_back();
+      consumers.back().name = name;
     }
-    ProducerUsage& usage = producers[it->second];
+    ConsumerUsage& usage = consumers[it->second];
     ++usage.saved_tensors;
     usage.raw_bytes += *raw * occurrences;
     usage.stored_bytes +=
@@ -127,12 +130,27 @@ std::vector<ProducerUsage> ReadProducers(const json::Value* activations) {
     if (std::find(usage.codecs.begin(), usage.codecs.end(), codec) == usage.codecs.end()) {
       usage.codecs.push_back(codec);
     }
+    if (const json::Value* error = FindObject(&entry, "error")) {
+      if (!usage.worst_error.has_value()) usage.worst_error.emplace();
+      FoldWorst(usage.worst_error->rms, FindDouble(error, "rms"));
+      FoldWorst(usage.worst_error->max_abs, FindDouble(error, "max_abs"));
+      FoldWorst(usage.worst_error->rel_rms, FindDouble(error, "rel_rms"));
+    }
   }
-  std::stable_sort(producers.begin(), producers.end(),
-                   [](const ProducerUsage& a, const ProducerUsage& b) {
+  std::stable_sort(consumers.begin(), consumers.end(),
+                   [](const ConsumerUsage& a, const ConsumerUsage& b) {
                      return a.raw_bytes > b.raw_bytes;
                    });
-  return producers;
+  return consumers;
+}
+
+bool AnyRecordNamesModule(const json::Value* activations) {
+  const json::Value* list = activations == nullptr ? nullptr : activations->Find("saved_tensors");
+  if (list == nullptr) return false;
+  for (const json::Value& entry : list->elements()) {
+    if (FindString(&entry, "module").has_value()) return true;
+  }
+  return false;
 }
 
 absl::Status ReadError(absl::string_view file, int error_number) {
@@ -140,6 +158,271 @@ absl::Status ReadError(absl::string_view file, int error_number) {
   if (error_number == ENOENT) return absl::NotFoundError(message);
   if (error_number == EACCES) return absl::PermissionDeniedError(message);
   return absl::InvalidArgumentError(message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the checked sections ("planner", "allocator", a saved tensor's "module" and "error").
+
+// A member's path for messages: "planner.choices.quant2", or allocator.stats["a.b"] when the
+// key is not a plain identifier (stat names have dots; choice names are free text).
+std::string MemberPath(absl::string_view parent, absl::string_view key) {
+  const bool plain = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+  if (plain) return absl::StrCat(parent, ".", key);
+  return absl::StrCat(parent, "[", json::Serialize(json::Value(key), 0), "]");
+}
+
+std::string ElementPath(absl::string_view parent, size_t index) {
+  return absl::StrCat(parent, "[", index, "]");
+}
+
+// What a value is, in a few words on one line: `the string "x"`, `the number -3`, `an array`.
+std::string Describe(const json::Value& value) {
+  switch (value.type()) {
+    case json::Type::kNull:
+      return "null";
+    case json::Type::kBool:
+      return value.as_bool() ? "true" : "false";
+    case json::Type::kNumber:
+      return absl::StrCat("the number ", json::Serialize(value, 0));
+    case json::Type::kString: {
+      std::string quoted = json::Serialize(value, 0);  // escapes control characters
+      constexpr size_t kMaxShown = 40;
+      if (quoted.size() > kMaxShown + 2) {
+        size_t cut = kMaxShown;
+        // Never inside a UTF-8 sequence, so that the message stays valid UTF-8.
+        while (cut > 0 && (static_cast<unsigned char>(quoted[cut]) & 0xC0) == 0x80) --cut;
+        quoted = absl::StrCat(quoted.substr(0, cut), "...\"");
+      }
+      return absl::StrCat("the string ", quoted);
+    }
+    case json::Type::kArray:
+      return "an array";
+    case json::Type::kObject:
+      return "an object";
+  }
+  return "a value";
+}
+
+// Reads the fields of a checked section. The first problem is kept and every read after it
+// answers a default, so a reader reads straight through and asks status() at the end.
+class FieldChecker {
+ public:
+  const absl::Status& status() const { return status_; }
+
+  void Fail(absl::string_view path, const json::Value* value, absl::string_view expected) {
+    if (!status_.ok()) return;
+    status_ = absl::InvalidArgumentError(
+        value == nullptr ? absl::StrCat(path, " is missing, expected ", expected)
+                         : absl::StrCat(path, " is ", Describe(*value), ", expected ", expected));
+  }
+
+  // A non-negative integer (the runtime writes byte counts and sizes as exact integers).
+  uint64_t Count(const json::Value* value, absl::string_view path) {
+    if (value == nullptr || !value->is_int() || value->as_int() < 0) {
+      Fail(path, value, "a non-negative integer");
+      return 0;
+    }
+    return static_cast<uint64_t>(value->as_int());
+  }
+  uint64_t Count(const json::Value& object, absl::string_view key, absl::string_view parent) {
+    return Count(object.Find(key), MemberPath(parent, key));
+  }
+  // As Count, but absent and null read as nullopt.
+  std::optional<uint64_t> CountOrNull(const json::Value& object, absl::string_view key,
+                                      absl::string_view parent) {
+    const json::Value* value = object.Find(key);
+    if (value == nullptr || value->is_null()) return std::nullopt;
+    return Count(value, MemberPath(parent, key));
+  }
+  // A non-negative number; absent and null read as nullopt.
+  std::optional<double> MagnitudeOrNull(const json::Value& object, absl::string_view key,
+                                        absl::string_view parent) {
+    const json::Value* value = object.Find(key);
+    if (value == nullptr || value->is_null()) return std::nullopt;
+    if (!value->is_number() || value->as_double() < 0) {
+      Fail(MemberPath(parent, key), value, "a non-negative number or null");
+      return std::nullopt;
+    }
+    return value->as_double();
+  }
+  std::string String(const json::Value& object, absl::string_view key, absl::string_view parent) {
+    const json::Value* value = object.Find(key);
+    if (value == nullptr || !value->is_string()) {
+      Fail(MemberPath(parent, key), value, "a string");
+      return "";
+    }
+    return value->as_string();
+  }
+  // The member if it is an array / an object, else nullptr after a Fail.
+  const json::Value* Array(const json::Value& object, absl::string_view key,
+                           absl::string_view parent) {
+    return Typed(object, key, parent, &json::Value::is_array, "an array");
+  }
+  const json::Value* Object(const json::Value& object, absl::string_view key,
+                            absl::string_view parent) {
+    return Typed(object, key, parent, &json::Value::is_object, "an object");
+  }
+
+ private:
+  const json::Value* Typed(const json::Value& object, absl::string_view key,
+                           absl::string_view parent, bool (json::Value::*is_type)() const,
+                           absl::string_view expected) {
+    const json::Value* value = object.Find(key);
+    if (value == nullptr || !(value->*is_type)()) {
+      Fail(MemberPath(parent, key), value, expected);
+      return nullptr;
+    }
+    return value;
+  }
+
+  absl::Status status_;
+};
+
+// A checked section of the document: nullptr when absent or null; a Fail when not an object.
+const json::Value* FindSection(const json::Value& document, absl::string_view key,
+                               FieldChecker& check) {
+  const json::Value* section = document.Find(key);
+  if (section == nullptr || section->is_null()) return nullptr;
+  if (!section->is_object()) {
+    check.Fail(key, section, "an object or null");
+    return nullptr;
+  }
+  return section;
+}
+
+std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChecker& check) {
+  const json::Value* section = FindSection(document, "planner", check);
+  if (section == nullptr) return std::nullopt;
+  PlannerProfile planner;
+  planner.budget_bytes = check.Count(*section, "budget_bytes", "planner");
+  if (const json::Value* sizes = check.Array(*section, "batch_sizes", "planner")) {
+    for (size_t i = 0; i < sizes->size(); ++i) {
+      planner.batch_sizes.push_back(
+          check.Count(&(*sizes)[i], ElementPath("planner.batch_sizes", i)));
+    }
+  }
+  if (const json::Value* choices = check.Object(*section, "choices", "planner")) {
+    for (const json::Value::Member& member : choices->members()) {
+      const std::string path = MemberPath("planner.choices", member.first);
+      if (!member.second.is_object()) {
+        check.Fail(path, &member.second,
+                   "an object with fixed_bytes, per_sample_bytes and max_batch_size");
+        continue;
+      }
+      PlannerChoice choice;
+      choice.name = member.first;
+      choice.fixed_bytes = check.Count(member.second, "fixed_bytes", path);
+      choice.per_sample_bytes = check.Count(member.second, "per_sample_bytes", path);
+      choice.max_batch_size = check.Count(member.second, "max_batch_size", path);
+      planner.choices.push_back(std::move(choice));
+    }
+  }
+  const json::Value* verified = section->Find("verified");
+  if (verified != nullptr && !verified->is_null()) {
+    if (!verified->is_object()) {
+      check.Fail("planner.verified", verified,
+                 "null or an object with codec, batch_size and peak_bytes");
+    } else {
+      PlannerVerified v;
+      v.codec = check.String(*verified, "codec", "planner.verified");
+      v.batch_size = check.Count(*verified, "batch_size", "planner.verified");
+      v.peak_bytes = check.Count(*verified, "peak_bytes", "planner.verified");
+      planner.verified = std::move(v);
+    }
+  }
+  return planner;
+}
+
+std::optional<AllocatorUsage> ReadAllocator(const json::Value& document, FieldChecker& check) {
+  const json::Value* section = FindSection(document, "allocator", check);
+  if (section == nullptr) return std::nullopt;
+  AllocatorUsage usage;
+  usage.backend = check.String(*section, "backend", "allocator");
+  if (check.status().ok() && usage.backend != "cpu" && usage.backend != "cuda") {
+    check.Fail("allocator.backend", section->Find("backend"), "\"cpu\" or \"cuda\"");
+  }
+  usage.budget_bytes = check.CountOrNull(*section, "budget_bytes", "allocator");
+  if (const json::Value* stats = check.Object(*section, "stats", "allocator")) {
+    // Flat like torch.cuda.memory_stats: every counter a number (some of torch's, such as
+    // max_split_size, are -1), the ones shown here non-negative integers.
+    for (const json::Value::Member& member : stats->members()) {
+      if (!member.second.is_number()) {
+        check.Fail(MemberPath("allocator.stats", member.first), &member.second, "a number");
+      }
+    }
+    usage.peak_allocated_bytes =
+        check.CountOrNull(*stats, "allocated_bytes.all.peak", "allocator.stats");
+    usage.peak_reserved_bytes =
+        check.CountOrNull(*stats, "reserved_bytes.all.peak", "allocator.stats");
+    usage.num_alloc_retries = check.CountOrNull(*stats, "num_alloc_retries", "allocator.stats");
+    usage.num_ooms = check.CountOrNull(*stats, "num_ooms", "allocator.stats");
+  }
+  const json::Value* snapshot = section->Find("snapshot");
+  if (snapshot != nullptr && !snapshot->is_null()) {
+    // The shape torch's memory_viz walks: segments of objects, one trace of objects per device.
+    if (!snapshot->is_object()) {
+      check.Fail("allocator.snapshot", snapshot,
+                 "null or an object with segments and device_traces, as "
+                 "torch.cuda.memory._snapshot() returns");
+    } else {
+      usage.has_snapshot = true;
+      if (const json::Value* segments = check.Array(*snapshot, "segments", "allocator.snapshot")) {
+        for (size_t i = 0; i < segments->size(); ++i) {
+          if (!(*segments)[i].is_object()) {
+            check.Fail(ElementPath("allocator.snapshot.segments", i), &(*segments)[i],
+                       "an object");
+          }
+        }
+        usage.snapshot_segments = segments->size();
+      }
+      if (const json::Value* traces =
+              check.Array(*snapshot, "device_traces", "allocator.snapshot")) {
+        for (size_t d = 0; d < traces->size(); ++d) {
+          const json::Value& trace = (*traces)[d];
+          const std::string path = ElementPath("allocator.snapshot.device_traces", d);
+          if (!trace.is_array()) {
+            check.Fail(path, &trace, "an array of trace entries");
+            continue;
+          }
+          for (size_t i = 0; i < trace.size(); ++i) {
+            if (!trace[i].is_object()) check.Fail(ElementPath(path, i), &trace[i], "an object");
+          }
+          usage.snapshot_trace_entries += trace.size();
+        }
+      }
+    }
+  }
+  return usage;
+}
+
+// The saved-tensor members added after version 1: "module" (a string) and "error" (rms,
+// max_abs, rel_rms); each may be absent or null. Records that are not objects are left to the
+// lenient reader, which skips them.
+void CheckSavedTensorExtensions(const json::Value& document, FieldChecker& check) {
+  const json::Value* activations = FindObject(&document, "activations");
+  const json::Value* list = activations == nullptr ? nullptr : activations->Find("saved_tensors");
+  if (list == nullptr) return;
+  for (size_t i = 0; i < list->size() && check.status().ok(); ++i) {
+    const json::Value& record = list->elements()[i];
+    if (!record.is_object()) continue;
+    const std::string path = ElementPath("activations.saved_tensors", i);
+    const json::Value* module = record.Find("module");
+    if (module != nullptr && !module->is_null() && !module->is_string()) {
+      check.Fail(MemberPath(path, "module"), module, "a module name (a string) or null");
+    }
+    const json::Value* error = record.Find("error");
+    if (error == nullptr || error->is_null()) continue;
+    const std::string error_path = MemberPath(path, "error");
+    if (!error->is_object()) {
+      check.Fail(error_path, error, "null or an object with rms, max_abs and rel_rms");
+      continue;
+    }
+    for (absl::string_view key : {"rms", "max_abs", "rel_rms"}) {
+      check.MagnitudeOrNull(*error, key, error_path);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,18 +494,30 @@ std::string OrUnknown(const std::optional<std::string>& text) {
   return text.value_or("(not recorded)");
 }
 
+// "250.00 MiB (97.7% of the budget)", with ", OVER" past it.
+std::string BytesOfBudget(uint64_t bytes, std::optional<uint64_t> budget) {
+  std::string text = FormatBytes(bytes);
+  if (budget.has_value() && *budget > 0) {
+    absl::StrAppendFormat(&text, " (%.1f%% of the budget%s)",
+                          100.0 * static_cast<double>(bytes) / static_cast<double>(*budget),
+                          bytes > *budget ? ", OVER" : "");
+  }
+  return text;
+}
+
+std::string BytesOrUnknown(const std::optional<uint64_t>& bytes) {
+  return bytes.has_value() ? FormatBytes(*bytes) : "(not recorded)";
+}
+
+std::string CountOrUnknown(const std::optional<uint64_t>& count) {
+  return count.has_value() ? absl::StrCat(*count) : "(not recorded)";
+}
+
 std::string PeakText(const RunReport& report) {
   if (!report.peak_allocated_bytes.has_value()) {
     return "not recorded (no device statistics, e.g. a CPU run)";
   }
-  std::string text = FormatBytes(*report.peak_allocated_bytes);
-  if (report.budget_bytes.has_value() && *report.budget_bytes > 0) {
-    absl::StrAppendFormat(&text, " (%.1f%% of the budget%s)",
-                          100.0 * static_cast<double>(*report.peak_allocated_bytes) /
-                              static_cast<double>(*report.budget_bytes),
-                          *report.peak_allocated_bytes > *report.budget_bytes ? ", OVER" : "");
-  }
-  return text;
+  return BytesOfBudget(*report.peak_allocated_bytes, report.budget_bytes);
 }
 
 std::string BudgetText(const RunReport& report) {
@@ -248,6 +543,36 @@ const StepUsage* LargestStep(const RunReport& report) {
 std::string RawToStored(uint64_t raw, uint64_t stored) {
   return absl::StrCat(FormatBytes(raw), " raw -> ", FormatBytes(stored), " stored (",
                       RatioOf(raw, stored), ")");
+}
+
+// An error magnitude with three significant digits ("0.284", "1.2e-05"), "-" when absent.
+std::string ErrorText(const std::optional<double>& value) {
+  return value.has_value() ? absl::StrFormat("%.3g", *value) : "-";
+}
+
+// A batch size, nullopt meaning no limit from the per-sample model.
+std::string BatchText(const std::optional<uint64_t>& batch) {
+  return batch.has_value() ? absl::StrCat(*batch) : "unbounded";
+}
+
+std::string JoinCounts(const std::vector<uint64_t>& counts) {
+  return counts.empty() ? "none" : absl::StrJoin(counts, ", ");
+}
+
+// The consumers a report's tables and plot show: by module when the report names modules,
+// else by producer; `kind` is "module" or "producer".
+const std::vector<ConsumerUsage>& ShownConsumers(const RunReport& report,
+                                                 absl::string_view* kind) {
+  if (!report.modules.empty()) {
+    *kind = "module";
+    return report.modules;
+  }
+  *kind = "producer";
+  return report.producers;
+}
+
+std::string StepsText(uint64_t steps) {
+  return absl::StrCat(steps, steps == 1 ? " step" : " steps");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -341,11 +666,425 @@ void AppendLegendEntry(std::string* svg, double x, double y, absl::string_view c
   AppendText(svg, x + 24, y, label);
 }
 
+
 // ---------------------------------------------------------------------------------------------
-// Commands.
+// Python pickle, protocol 2 (the opcodes of CPython's Lib/pickle.py). No memo: the unpickler
+// needs one only for shared or recursive objects, and a JSON tree has neither.
+
+constexpr char kPickleProto = '\x80';
+constexpr char kPickleStop = '.';
+constexpr char kPickleNone = 'N';
+constexpr char kPickleTrue = '\x88';
+constexpr char kPickleFalse = '\x89';
+constexpr char kPickleBinInt1 = 'K';  // 1-byte unsigned
+constexpr char kPickleBinInt2 = 'M';  // 2-byte unsigned, little-endian
+constexpr char kPickleBinInt = 'J';   // 4-byte signed, little-endian
+constexpr char kPickleLong1 = '\x8a';  // n bytes of two's complement, little-endian
+constexpr char kPickleBinFloat = 'G';  // 8-byte IEEE 754, big-endian
+constexpr char kPickleBinUnicode = 'X';  // 4-byte little-endian length, UTF-8
+constexpr char kPickleEmptyList = ']';
+constexpr char kPickleEmptyDict = '}';
+constexpr char kPickleMark = '(';
+constexpr char kPickleAppends = 'e';
+constexpr char kPickleSetItems = 'u';
+
+void AppendLittleEndian(uint64_t value, int bytes, std::string* out) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+void AppendPickleInt(int64_t n, std::string* out) {
+  if (n >= 0 && n < 256) {
+    out->push_back(kPickleBinInt1);
+    AppendLittleEndian(static_cast<uint64_t>(n), 1, out);
+  } else if (n >= 0 && n < 65536) {
+    out->push_back(kPickleBinInt2);
+    AppendLittleEndian(static_cast<uint64_t>(n), 2, out);
+  } else if (n >= std::numeric_limits<int32_t>::min() && n <= std::numeric_limits<int32_t>::max()) {
+    out->push_back(kPickleBinInt);
+    AppendLittleEndian(static_cast<uint32_t>(static_cast<int32_t>(n)), 4, out);
+  } else {
+    // The shortest two's complement: drop high bytes that only repeat the sign.
+    std::string bytes;
+    AppendLittleEndian(static_cast<uint64_t>(n), 8, &bytes);
+    while (bytes.size() > 1) {
+      const unsigned char last = bytes.back();
+      const bool next_negative = (static_cast<unsigned char>(bytes[bytes.size() - 2]) & 0x80) != 0;
+      if ((last == 0x00 && !next_negative) || (last == 0xFF && next_negative)) {
+        bytes.pop_back();
+      } else {
+        break;
+      }
+    }
+    out->push_back(kPickleLong1);
+    out->push_back(static_cast<char>(bytes.size()));
+    out->append(bytes);
+  }
+}
+
+void AppendPickleFloat(double d, std::string* out) {
+  uint64_t bits = 0;
+  static_assert(sizeof(bits) == sizeof(d));
+  std::memcpy(&bits, &d, sizeof(d));
+  out->push_back(kPickleBinFloat);
+  for (int i = 7; i >= 0; --i) out->push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
+}
+
+void AppendPickleString(absl::string_view text, std::string* out) {
+  // A run report is read whole into memory; no string in it comes near 4 GiB.
+  out->push_back(kPickleBinUnicode);
+  AppendLittleEndian(text.size(), 4, out);
+  out->append(text.data(), text.size());
+}
+
+// Recursion is bounded by the JSON parser's nesting limit (json::kMaxDepth).
+void AppendPickle(const json::Value& value, std::string* out) {
+  switch (value.type()) {
+    case json::Type::kNull:
+      out->push_back(kPickleNone);
+      return;
+    case json::Type::kBool:
+      out->push_back(value.as_bool() ? kPickleTrue : kPickleFalse);
+      return;
+    case json::Type::kNumber:
+      if (value.is_int()) {
+        AppendPickleInt(value.as_int(), out);
+      } else {
+        AppendPickleFloat(value.as_double(), out);
+      }
+      return;
+    case json::Type::kString:
+      AppendPickleString(value.as_string(), out);
+      return;
+    case json::Type::kArray:
+      out->push_back(kPickleEmptyList);
+      if (value.size() == 0) return;
+      out->push_back(kPickleMark);
+      for (const json::Value& element : value.elements()) AppendPickle(element, out);
+      out->push_back(kPickleAppends);
+      return;
+    case json::Type::kObject:
+      out->push_back(kPickleEmptyDict);
+      if (value.size() == 0) return;
+      out->push_back(kPickleMark);
+      for (const json::Value::Member& member : value.members()) {
+        AppendPickleString(member.first, out);
+        AppendPickle(member.second, out);
+      }
+      out->push_back(kPickleSetItems);
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections of the text shared by `report`, `diff` and `plan`.
+
+// The top `max_rows` consumers (by module or producer) with their bytes per step, codecs and,
+// when any record reports one, their worst codec error.
+std::string ConsumerTable(const RunReport& report, size_t max_rows) {
+  absl::string_view kind;
+  const std::vector<ConsumerUsage>& consumers = ShownConsumers(report, &kind);
+  if (consumers.empty()) return "";
+  const uint64_t steps = report.StepCountForAverages();
+  const bool with_errors =
+      std::any_of(consumers.begin(), consumers.end(),
+                  [](const ConsumerUsage& c) { return c.worst_error.has_value(); });
+  std::string text = absl::StrCat("\ntop consumers by ", kind,
+                                  " (bytes per step, average over ", StepsText(steps));
+  absl::StrAppend(&text, with_errors ? "; error: the worst saved tensor)\n" : ")\n");
+  TextTable table(with_errors ? std::vector<size_t>{1, 2, 3, 4, 6, 7}
+                              : std::vector<size_t>{1, 2, 3, 4});
+  std::vector<std::string> header = {std::string(kind), "tensors", "raw", "stored", "ratio",
+                                     "codec"};
+  if (with_errors) {
+    header.push_back("rel rms");
+    header.push_back("max abs");
+  }
+  table.AddRow(std::move(header));
+  const size_t shown = std::min(max_rows, consumers.size());
+  for (size_t i = 0; i < shown; ++i) {
+    const ConsumerUsage& c = consumers[i];
+    std::vector<std::string> row = {c.name,
+                                    absl::StrCat(c.saved_tensors),
+                                    FormatBytes(c.raw_bytes / steps),
+                                    FormatBytes(c.stored_bytes / steps),
+                                    RatioOf(c.raw_bytes, c.stored_bytes),
+                                    absl::StrJoin(c.codecs, "+")};
+    if (with_errors) {
+      const CodecError error = c.worst_error.value_or(CodecError{});
+      row.push_back(ErrorText(error.rel_rms));
+      row.push_back(ErrorText(error.max_abs));
+    }
+    table.AddRow(std::move(row));
+  }
+  absl::StrAppend(&text, table.Render());
+  if (shown < consumers.size()) {
+    uint64_t rest_raw = 0;
+    for (size_t i = shown; i < consumers.size(); ++i) rest_raw += consumers[i].raw_bytes;
+    absl::StrAppend(&text, "  (", consumers.size() - shown, " more ", kind, "s, ",
+                    FormatBytes(rest_raw / steps), " raw per step)\n");
+  }
+  return text;
+}
+
+std::string VerifiedText(const PlannerProfile& planner) {
+  if (!planner.verified.has_value()) return "not run";
+  const PlannerVerified& v = *planner.verified;
+  return absl::StrCat(v.codec, " at batch ", v.batch_size, ", peak ",
+                      BytesOfBudget(v.peak_bytes, planner.budget_bytes));
+}
+
+std::string PlannerSection(const RunReport& report) {
+  const PlannerProfile& planner = *report.planner;
+  std::string text =
+      absl::StrCat("\nbatch-size planner (budget ", FormatBytes(planner.budget_bytes),
+                   "; profiled batch sizes: ", JoinCounts(planner.batch_sizes), ")\n");
+  TextTable table({1, 2, 3});
+  table.AddRow({"choice", "fixed", "per sample", "max batch"});
+  for (const PlannerChoice& choice : planner.choices) {
+    table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
+                  FormatBytes(choice.per_sample_bytes), absl::StrCat(choice.max_batch_size)});
+  }
+  if (planner.choices.empty()) table.AddRow({"(no choices recorded)"});
+  absl::StrAppend(&text, table.Render());
+  absl::StrAppend(&text, "  verified: ", VerifiedText(planner), "\n");
+  absl::StrAppend(&text, "  (actpack plan ", report.FileName(),
+                  " --budget SIZE: the batch sizes at another budget)\n");
+  return text;
+}
+
+std::string AllocatorSection(const RunReport& report) {
+  const AllocatorUsage& allocator = *report.allocator;
+  std::string text = absl::StrCat("\nallocator (", allocator.backend, ")\n");
+  TextTable table;
+  table.AddRow({"budget", allocator.budget_bytes.has_value()
+                              ? FormatBytes(*allocator.budget_bytes)
+                              : std::string("none")});
+  table.AddRow({"peak allocated",
+                allocator.peak_allocated_bytes.has_value()
+                    ? BytesOfBudget(*allocator.peak_allocated_bytes, allocator.budget_bytes)
+                    : "(not recorded)"});
+  table.AddRow({"peak reserved",
+                allocator.peak_reserved_bytes.has_value()
+                    ? BytesOfBudget(*allocator.peak_reserved_bytes, allocator.budget_bytes)
+                    : "(not recorded)"});
+  const std::optional<double> fragmentation = allocator.Fragmentation();
+  table.AddRow({"fragmentation",
+                fragmentation.has_value()
+                    ? absl::StrCat(Ratio(*fragmentation), " (reserved / allocated, at peak)")
+                    : "(not recorded)"});
+  table.AddRow({"alloc retries", CountOrUnknown(allocator.num_alloc_retries)});
+  table.AddRow({"OOMs", CountOrUnknown(allocator.num_ooms)});
+  table.AddRow({"snapshot",
+                allocator.has_snapshot
+                    ? absl::StrCat(allocator.snapshot_segments, " segments, ",
+                                   allocator.snapshot_trace_entries,
+                                   " trace entries (actpack snapshot ", report.FileName(),
+                                   " -o snap.pickle)")
+                    : "none"});
+  absl::StrAppend(&text, table.Render());
+  return text;
+}
+
+// Stored bytes per step of each consumer in `before` and `after`: those of `before` in its
+// order, then those only `after` has.
+std::string ConsumerDiff(absl::string_view kind, const std::vector<ConsumerUsage>& before,
+                         uint64_t steps_before, const std::vector<ConsumerUsage>& after,
+                         uint64_t steps_after) {
+  std::string text = absl::StrCat("\nstored bytes per step by ", kind, "\n");
+  TextTable table({1, 2});
+  table.AddRow({std::string(kind), "before", "after", "change"});
+  std::vector<std::string> names;
+  for (const ConsumerUsage& c : before) names.push_back(c.name);
+  for (const ConsumerUsage& c : after) {
+    if (std::find(names.begin(), names.end(), c.name) == names.end()) names.push_back(c.name);
+  }
+  auto find = [](const std::vector<ConsumerUsage>& consumers,
+                 const std::string& name) -> const ConsumerUsage* {
+    for (const ConsumerUsage& c : consumers) {
+      if (c.name == name) return &c;
+    }
+    return nullptr;
+  };
+  for (const std::string& name : names) {
+    const ConsumerUsage* a = find(before, name);
+    const ConsumerUsage* b = find(after, name);
+    const uint64_t bytes_a = a ? a->stored_bytes / steps_before : 0;
+    const uint64_t bytes_b = b ? b->stored_bytes / steps_after : 0;
+    table.AddRow({name, a ? FormatBytes(bytes_a) : "(absent)",
+                  b ? FormatBytes(bytes_b) : "(absent)",
+                  a && b ? SignedBytes(bytes_a, bytes_b) : (a ? "only before" : "only after")});
+  }
+  absl::StrAppend(&text, table.Render());
+  return text;
+}
+
+// The largest batch size per planner choice in `before` and `after`, each at its own budget.
+std::string PlannerDiff(const RunReport& before, const RunReport& after) {
+  auto budget = [](const RunReport& report) {
+    return report.planner ? FormatBytes(report.planner->budget_bytes) : "no planner profile";
+  };
+  std::string text =
+      absl::StrCat("\nplanner: largest batch size by choice (before: ", budget(before),
+                   ", after: ", budget(after), ")\n");
+  TextTable table({1, 2});
+  table.AddRow({"choice", "before", "after", "change"});
+  std::vector<std::string> names;
+  for (const RunReport* report : {&before, &after}) {
+    if (!report->planner) continue;
+    for (const PlannerChoice& choice : report->planner->choices) {
+      if (std::find(names.begin(), names.end(), choice.name) == names.end()) {
+        names.push_back(choice.name);
+      }
+    }
+  }
+  auto find = [](const RunReport& report, const std::string& name) -> const PlannerChoice* {
+    if (!report.planner) return nullptr;
+    for (const PlannerChoice& choice : report.planner->choices) {
+      if (choice.name == name) return &choice;
+    }
+    return nullptr;
+  };
+  for (const std::string& name : names) {
+    const PlannerChoice* a = find(before, name);
+    const PlannerChoice* b = find(after, name);
+    table.AddRow({name, a ? absl::StrCat(a->max_batch_size) : "(absent)",
+                  b ? absl::StrCat(b->max_batch_size) : "(absent)",
+                  a && b ? SignedCount(a->max_batch_size, b->max_batch_size)
+                         : (a ? "only before" : "only after")});
+  }
+  absl::StrAppend(&text, table.Render());
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line: every subcommand declares its operands and options once, and one parser
+// and one usage text serve them all.
+
+// A flag ("--json") or an option with a value ("-o FILE", "--output FILE", "--output=FILE").
+struct OptionSpec {
+  absl::string_view name;        // "--output"
+  absl::string_view short_name;  // "-o", or empty
+  absl::string_view value_name;  // "MEMORY.svg"; empty for a flag
+  bool required = false;
+};
+
+struct ParsedArgs {
+  std::vector<std::string> operands;
+  std::vector<std::pair<std::string, std::string>> options;  // by long name; "" for a flag
+
+  bool Has(absl::string_view name) const { return Find(name) != nullptr; }
+  // The option's value; "" when absent.
+  std::string Value(absl::string_view name) const {
+    const std::string* value = Find(name);
+    return value == nullptr ? "" : *value;
+  }
+
+ private:
+  const std::string* Find(absl::string_view name) const {
+    for (const auto& [key, value] : options) {
+      if (key == name) return &value;
+    }
+    return nullptr;
+  }
+};
+
+struct CommandSpec {
+  absl::string_view name;
+  std::vector<absl::string_view> operands;  // "RUN.json", or "BEFORE.json", "AFTER.json"
+  std::vector<OptionSpec> options;
+  absl::string_view summary;
+  int (*run)(const ParsedArgs& args, std::string* out, std::string* err);
+};
+
+const std::vector<CommandSpec>& Commands();
+
+// "plot RUN.json -o MEMORY.svg", "report RUN.json [--json]".
+std::string Synopsis(const CommandSpec& command) {
+  std::string text = std::string(command.name);
+  for (absl::string_view operand : command.operands) absl::StrAppend(&text, " ", operand);
+  for (const OptionSpec& option : command.options) {
+    const absl::string_view shown = option.short_name.empty() ? option.name : option.short_name;
+    const std::string usage = option.value_name.empty()
+                                  ? std::string(shown)
+                                  : absl::StrCat(shown, " ", option.value_name);
+    absl::StrAppend(&text, " ", option.required ? usage : absl::StrCat("[", usage, "]"));
+  }
+  return text;
+}
+
+std::string Usage() {
+  std::string text = "usage: actpack <command> [options]\n";
+  size_t width = 0;
+  for (const CommandSpec& command : Commands()) width = std::max(width, Synopsis(command).size());
+  for (const CommandSpec& command : Commands()) {
+    const std::string synopsis = Synopsis(command);
+    absl::StrAppend(&text, "  actpack ", synopsis, std::string(width - synopsis.size() + 3, ' '),
+                    command.summary, "\n");
+  }
+  return text;
+}
+
+// Splits `args` into operands and the command's options. The error is the one line a usage
+// error starts with, such as "plot: -o needs a value (MEMORY.svg)".
+absl::StatusOr<ParsedArgs> ParseArgs(const CommandSpec& command,
+                                     const std::vector<std::string>& args) {
+  ParsedArgs parsed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.size() < 2 || arg[0] != '-') {
+      parsed.operands.push_back(arg);
+      continue;
+    }
+    const size_t equals = arg.find('=');
+    const absl::string_view given = absl::string_view(arg).substr(0, equals);
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& option : command.options) {
+      if (given == option.name || (!option.short_name.empty() && given == option.short_name)) {
+        spec = &option;
+      }
+    }
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(command.name, ": unknown option '", arg, "'"));
+    }
+    if (parsed.Has(spec->name)) {
+      return absl::InvalidArgumentError(absl::StrCat(command.name, ": ", given, " given twice"));
+    }
+    std::string value;
+    if (spec->value_name.empty()) {
+      if (equals != std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(command.name, ": ", given, " takes no value"));
+      }
+    } else if (equals != std::string::npos) {
+      value = arg.substr(equals + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    }
+    if (!spec->value_name.empty() && value.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(command.name, ": ", given, " needs a value (", spec->value_name, ")"));
+    }
+    parsed.options.emplace_back(std::string(spec->name), std::move(value));
+  }
+  if (parsed.operands.size() != command.operands.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        command.name, " takes ", absl::StrJoin(command.operands, " "), " (",
+        command.operands.size(), command.operands.size() == 1 ? " file" : " files", "), got ",
+        parsed.operands.size()));
+  }
+  for (const OptionSpec& option : command.options) {
+    if (option.required && !parsed.Has(option.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          command.name, " needs ", option.short_name.empty() ? option.name : option.short_name,
+          " ", option.value_name));
+    }
+  }
+  return parsed;
+}
 
 int UsageError(absl::string_view problem, std::string* err) {
-  absl::StrAppend(err, "actpack: ", problem, "\n", kUsage);
+  absl::StrAppend(err, "actpack: ", problem, "\n", Usage());
   return kExitBadInput;
 }
 
@@ -369,58 +1108,27 @@ absl::Status WriteFile(const std::string& path, absl::string_view contents) {
   return absl::OkStatus();
 }
 
-int ReportCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::vector<std::string> files;
-  bool as_json = false;
-  for (const std::string& arg : args) {
-    if (arg == "--json") {
-      as_json = true;
-    } else if (!arg.empty() && arg[0] == '-') {
-      return UsageError(absl::StrCat("report: unknown option '", arg, "'"), err);
-    } else {
-      files.push_back(arg);
-    }
-  }
-  if (files.size() != 1) return UsageError("report takes one RUN.json", err);
-  absl::StatusOr<RunReport> report = LoadRunReport(files[0]);
+int ReportCommand(const ParsedArgs& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
   if (!report.ok()) return InputError("report", report.status(), err);
-  absl::StrAppend(out, as_json ? json::Serialize(SummarizeReport(*report)) + "\n"
-                               : FormatReportText(*report));
+  absl::StrAppend(out, args.Has("--json") ? json::Serialize(SummarizeReport(*report)) + "\n"
+                                          : FormatReportText(*report));
   return kExitOk;
 }
 
-int DiffCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  for (const std::string& arg : args) {
-    if (!arg.empty() && arg[0] == '-') {
-      return UsageError(absl::StrCat("diff: unknown option '", arg, "'"), err);
-    }
-  }
-  if (args.size() != 2) return UsageError("diff takes two reports: BEFORE.json AFTER.json", err);
-  absl::StatusOr<RunReport> before = LoadRunReport(args[0]);
+int DiffCommand(const ParsedArgs& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> before = LoadRunReport(args.operands[0]);
   if (!before.ok()) return InputError("diff", before.status(), err);
-  absl::StatusOr<RunReport> after = LoadRunReport(args[1]);
+  absl::StatusOr<RunReport> after = LoadRunReport(args.operands[1]);
   if (!after.ok()) return InputError("diff", after.status(), err);
   absl::StrAppend(out, FormatDiffText(*before, *after));
   return kExitOk;
 }
 
-int PlotCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::vector<std::string> files;
-  std::string output;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "-o" || args[i] == "--output") {
-      if (i + 1 >= args.size()) return UsageError("plot: -o needs a file name", err);
-      output = args[++i];
-    } else if (!args[i].empty() && args[i][0] == '-') {
-      return UsageError(absl::StrCat("plot: unknown option '", args[i], "'"), err);
-    } else {
-      files.push_back(args[i]);
-    }
-  }
-  if (files.size() != 1) return UsageError("plot takes one RUN.json", err);
-  if (output.empty()) return UsageError("plot needs -o MEMORY.svg", err);
-  absl::StatusOr<RunReport> report = LoadRunReport(files[0]);
+int PlotCommand(const ParsedArgs& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
   if (!report.ok()) return InputError("plot", report.status(), err);
+  const std::string output = args.Value("--output");
   if (absl::Status written = WriteFile(output, RenderMemorySvg(*report)); !written.ok()) {
     return InputError("plot", written, err);
   }
@@ -428,42 +1136,74 @@ int PlotCommand(const std::vector<std::string>& args, std::string* out, std::str
   return kExitOk;
 }
 
-int PlanCommand(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  std::vector<std::string> files;
-  std::string budget;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--budget") {
-      if (i + 1 >= args.size()) return UsageError("plan: --budget needs a size such as 12GiB", err);
-      budget = args[++i];
-    } else if (!args[i].empty() && args[i][0] == '-') {
-      return UsageError(absl::StrCat("plan: unknown option '", args[i], "'"), err);
-    } else {
-      files.push_back(args[i]);
-    }
-  }
-  if (files.size() != 1) return UsageError("plan takes one RUN.json", err);
-  if (budget.empty()) return UsageError("plan needs --budget SIZE (e.g. 12GiB)", err);
-  absl::StatusOr<uint64_t> budget_bytes = runtime::ParseByteSize(budget);
-  if (!budget_bytes.ok()) {
-    absl::string_view problem = budget_bytes.status().message();
+int PlanCommand(const ParsedArgs& args, std::string* out, std::string* err) {
+  const std::string budget_text = args.Value("--budget");
+  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(budget_text);
+  if (!budget.ok()) {
+    absl::string_view problem = budget.status().message();
     absl::ConsumePrefix(&problem, "actpack: ");
     return UsageError(absl::StrCat("plan --budget: ", problem), err);
   }
-  absl::StatusOr<RunReport> report = LoadRunReport(files[0]);
+  if (budget->bytes == 0) {
+    // A share needs the device's size, which a report does not record (and this machine's
+    // device need not be the run's).
+    return UsageError(absl::StrCat("plan --budget ", budget_text, ": a share of the device "
+                                   "needs the device's memory size, which a run report does not "
+                                   "record; give a size such as 12GiB"),
+                      err);
+  }
+  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
   if (!report.ok()) return InputError("plan", report.status(), err);
   // Re-planning needs the planner's fixed and per-sample memory model; without it any batch
   // size printed here would be invented.
-  if (report->document.Find("planner") == nullptr) {
+  if (!report->planner.has_value()) {
     absl::StrAppend(err, "actpack plan: ", report->file,
-                    ": run report has no planner profile; re-planning for ",
-                    FormatBytes(*budget_bytes),
-                    " needs a run with the batch-size planner (not in this report version)\n");
+                    ": run report has no planner profile; write one with "
+                    "actpack.plan(step, budget=..., report=\"run.json\")\n");
     return kExitBadInput;
   }
-  absl::StrAppend(err, "actpack plan: ", report->file,
-                  ": the report has a planner section, but this actpack cannot re-plan from it "
-                  "yet\n");
-  return kExitBadInput;
+  absl::StrAppend(out, args.Has("--json")
+                           ? json::Serialize(SummarizePlan(*report, budget->bytes)) + "\n"
+                           : FormatPlanText(*report, budget->bytes));
+  return kExitOk;
+}
+
+int SnapshotCommand(const ParsedArgs& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
+  if (!report.ok()) return InputError("snapshot", report.status(), err);
+  const json::Value* snapshot = report->Snapshot();
+  if (snapshot == nullptr) {
+    absl::StrAppend(err, "actpack snapshot: ", report->file, ": ",
+                    report->allocator.has_value()
+                        ? "the run report's allocator section has no snapshot (null or absent)"
+                        : "run report has no allocator section, so no snapshot",
+                    "; in the running process, actpack.dump_snapshot(\"snap.pickle\") writes "
+                    "one\n");
+    return kExitBadInput;
+  }
+  const std::string output = args.Value("--output");
+  if (absl::Status written = WriteFile(output, PickleJson(*snapshot)); !written.ok()) {
+    return InputError("snapshot", written, err);
+  }
+  absl::StrAppend(out, "wrote ", output, " (", report->allocator->snapshot_segments,
+                  " segments, ", report->allocator->snapshot_trace_entries,
+                  " trace entries); open it in https://pytorch.org/memory_viz\n");
+  return kExitOk;
+}
+
+const std::vector<CommandSpec>& Commands() {
+  static const std::vector<CommandSpec>* const kCommands = new std::vector<CommandSpec>{
+      {"report", {"RUN.json"}, {{"--json", "", "", false}},
+       "where the memory went (--json: for machines)", &ReportCommand},
+      {"diff", {"BEFORE.json", "AFTER.json"}, {}, "what changed between two runs", &DiffCommand},
+      {"plot", {"RUN.json"}, {{"--output", "-o", "MEMORY.svg", true}},
+       "per-step and per-module bytes as an SVG", &PlotCommand},
+      {"plan", {"RUN.json"}, {{"--budget", "", "SIZE", true}, {"--json", "", "", false}},
+       "the largest batch per choice at another budget", &PlanCommand},
+      {"snapshot", {"RUN.json"}, {{"--output", "-o", "SNAP.pickle", true}},
+       "the allocator snapshot for pytorch.org/memory_viz", &SnapshotCommand},
+  };
+  return *kCommands;
 }
 
 }  // namespace
@@ -476,6 +1216,18 @@ uint64_t RunReport::StepCountForAverages() const {
 std::string RunReport::FileName() const {
   const size_t slash = file.find_last_of('/');
   return slash == std::string::npos ? file : file.substr(slash + 1);
+}
+
+const json::Value* RunReport::Snapshot() const {
+  return FindObject(FindObject(&document, "allocator"), "snapshot");
+}
+
+std::optional<double> AllocatorUsage::Fragmentation() const {
+  if (!peak_allocated_bytes.has_value() || !peak_reserved_bytes.has_value() ||
+      *peak_allocated_bytes == 0) {
+    return std::nullopt;
+  }
+  return static_cast<double>(*peak_reserved_bytes) / static_cast<double>(*peak_allocated_bytes);
 }
 
 absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_view file) {
@@ -533,12 +1285,25 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
       if (warning.is_string()) report.warnings.push_back(warning.as_string());
     }
   }
+
+  FieldChecker check;
+  report.planner = ReadPlanner(report.document, check);
+  report.allocator = ReadAllocator(report.document, check);
+  CheckSavedTensorExtensions(report.document, check);
+  if (!check.status().ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": bad run report: ",
+                                                   check.status().message()));
+  }
+
   const json::Value* activations = FindObject(&report.document, "activations");
   report.has_activations = activations != nullptr;
   report.activation_codec = FindString(activations, "codec");
   report.totals = ReadTotals(FindObject(activations, "totals"));
   report.steps = ReadSteps(activations);
-  report.producers = ReadProducers(activations);
+  report.producers = GroupSavedTensors(activations, /*by_module=*/false);
+  if (AnyRecordNamesModule(activations)) {
+    report.modules = GroupSavedTensors(activations, /*by_module=*/true);
+  }
   return report;
 }
 
@@ -555,7 +1320,15 @@ absl::StatusOr<RunReport> LoadRunReport(const std::string& path) {
   return ParseRunReport(text, path);
 }
 
-std::string FormatReportText(const RunReport& report, size_t max_producers) {
+std::optional<uint64_t> MaxBatchSize(uint64_t budget_bytes, uint64_t fixed_bytes,
+                                     uint64_t per_sample_bytes) {
+  if (budget_bytes < fixed_bytes) return 0;
+  if (per_sample_bytes == 0) return std::nullopt;
+  // (budget - fixed) / per_sample is 0 when not even one sample fits; no sum can overflow.
+  return (budget_bytes - fixed_bytes) / per_sample_bytes;
+}
+
+std::string FormatReportText(const RunReport& report, size_t max_consumers) {
   std::string text = absl::StrCat("actpack run report: ", report.FileName(), "\n\nrun\n");
   TextTable run;
   run.AddRow({"torch", OrUnknown(report.torch_version)});
@@ -571,7 +1344,7 @@ std::string FormatReportText(const RunReport& report, size_t max_producers) {
   if (report.has_activations) {
     absl::StrAppend(&text, "\nactivations (codec ",
                     report.activation_codec.value_or(report.codec.value_or("?")), ", ",
-                    report.steps.size(), report.steps.size() == 1 ? " step" : " steps", ")\n");
+                    StepsText(report.steps.size()), ")\n");
     TextTable activations;
     if (const StepUsage* step = LargestStep(report)) {
       activations.AddRow({"saved per step (largest)",
@@ -600,35 +1373,64 @@ std::string FormatReportText(const RunReport& report, size_t max_producers) {
     absl::StrAppend(&text, activations.Render());
   }
 
-  if (!report.producers.empty()) {
-    const uint64_t steps = report.StepCountForAverages();
-    absl::StrAppend(&text, "\ntop consumers by producer (bytes per step, average over ", steps,
-                    steps == 1 ? " step" : " steps", ")\n");
-    TextTable table({1, 2, 3, 4});
-    table.AddRow({"producer", "tensors", "raw", "stored", "ratio", "codec"});
-    const size_t shown = std::min(max_producers, report.producers.size());
-    for (size_t i = 0; i < shown; ++i) {
-      const ProducerUsage& p = report.producers[i];
-      table.AddRow({p.producer, absl::StrCat(p.saved_tensors), FormatBytes(p.raw_bytes / steps),
-                    FormatBytes(p.stored_bytes / steps), RatioOf(p.raw_bytes, p.stored_bytes),
-                    absl::StrJoin(p.codecs, "+")});
-    }
-    absl::StrAppend(&text, table.Render());
-    if (shown < report.producers.size()) {
-      uint64_t rest_raw = 0;
-      for (size_t i = shown; i < report.producers.size(); ++i) {
-        rest_raw += report.producers[i].raw_bytes;
-      }
-      absl::StrAppend(&text, "  (", report.producers.size() - shown, " more producers, ",
-                      FormatBytes(rest_raw / steps), " raw per step)\n");
-    }
-  }
+  absl::StrAppend(&text, ConsumerTable(report, max_consumers));
+  if (report.planner.has_value()) absl::StrAppend(&text, PlannerSection(report));
+  if (report.allocator.has_value()) absl::StrAppend(&text, AllocatorSection(report));
 
   absl::StrAppend(&text, "\nwarnings\n");
   if (report.warnings.empty()) absl::StrAppend(&text, "  none\n");
   for (const std::string& warning : report.warnings) absl::StrAppend(&text, "  ", warning, "\n");
   return text;
 }
+
+namespace {
+
+json::Value ConsumersJson(const std::vector<ConsumerUsage>& consumers, absl::string_view kind,
+                          uint64_t steps) {
+  json::Value list = json::Value::Array();
+  for (const ConsumerUsage& c : consumers) {
+    json::Value entry = json::Value::Object();
+    entry.Set(std::string(kind), c.name);
+    entry.Set("saved_tensors", c.saved_tensors);
+    entry.Set("raw_bytes_per_step", c.raw_bytes / steps);
+    entry.Set("stored_bytes_per_step", c.stored_bytes / steps);
+    json::Value codecs = json::Value::Array();
+    for (const std::string& codec : c.codecs) codecs.Append(codec);
+    entry.Set("codecs", std::move(codecs));
+    if (c.worst_error.has_value()) {
+      json::Value error = json::Value::Object();
+      const CodecError& e = *c.worst_error;
+      for (const auto& [name, value] : {std::pair{"rms", &e.rms}, std::pair{"max_abs", &e.max_abs},
+                                        std::pair{"rel_rms", &e.rel_rms}}) {
+        error.Set(name, value->has_value() ? json::Value(**value) : json::Value());
+      }
+      entry.Set("worst_error", std::move(error));
+    }
+    list.Append(std::move(entry));
+  }
+  return list;
+}
+
+json::Value CountArray(const std::vector<uint64_t>& counts) {
+  json::Value list = json::Value::Array();
+  for (uint64_t count : counts) list.Append(count);
+  return list;
+}
+
+json::Value VerifiedJson(const PlannerProfile& planner) {
+  if (!planner.verified.has_value()) return json::Value();
+  json::Value verified = json::Value::Object();
+  verified.Set("codec", planner.verified->codec);
+  verified.Set("batch_size", planner.verified->batch_size);
+  verified.Set("peak_bytes", planner.verified->peak_bytes);
+  return verified;
+}
+
+json::Value OptionalJson(const std::optional<uint64_t>& value) {
+  return value.has_value() ? json::Value(*value) : json::Value();
+}
+
+}  // namespace
 
 json::Value SummarizeReport(const RunReport& report) {
   json::Value summary = json::Value::Object();
@@ -642,9 +1444,7 @@ json::Value SummarizeReport(const RunReport& report) {
   if (report.codec) run.Set("codec", *report.codec);
   if (report.budget_text) run.Set("budget", *report.budget_text);
   if (report.budget_bytes) run.Set("budget_bytes", *report.budget_bytes);
-  run.Set("peak_allocated_bytes", report.peak_allocated_bytes.has_value()
-                                      ? json::Value(*report.peak_allocated_bytes)
-                                      : json::Value());
+  run.Set("peak_allocated_bytes", OptionalJson(report.peak_allocated_bytes));
   if (report.wall_seconds) run.Set("wall_seconds", *report.wall_seconds);
   summary.Set("run", std::move(run));
 
@@ -683,20 +1483,52 @@ json::Value SummarizeReport(const RunReport& report) {
     summary.Set("activations", std::move(activations));
   }
 
-  json::Value producers = json::Value::Array();
   const uint64_t steps = report.StepCountForAverages();
-  for (const ProducerUsage& p : report.producers) {
-    json::Value entry = json::Value::Object();
-    entry.Set("producer", p.producer);
-    entry.Set("saved_tensors", p.saved_tensors);
-    entry.Set("raw_bytes_per_step", p.raw_bytes / steps);
-    entry.Set("stored_bytes_per_step", p.stored_bytes / steps);
-    json::Value codecs = json::Value::Array();
-    for (const std::string& codec : p.codecs) codecs.Append(codec);
-    entry.Set("codecs", std::move(codecs));
-    producers.Append(std::move(entry));
+  summary.Set("producers", ConsumersJson(report.producers, "producer", steps));
+  if (!report.modules.empty()) {
+    summary.Set("modules", ConsumersJson(report.modules, "module", steps));
   }
-  summary.Set("producers", std::move(producers));
+
+  if (report.planner.has_value()) {
+    const PlannerProfile& p = *report.planner;
+    json::Value planner = json::Value::Object();
+    planner.Set("budget_bytes", p.budget_bytes);
+    planner.Set("batch_sizes", CountArray(p.batch_sizes));
+    json::Value choices = json::Value::Object();
+    for (const PlannerChoice& choice : p.choices) {
+      json::Value entry = json::Value::Object();
+      entry.Set("fixed_bytes", choice.fixed_bytes);
+      entry.Set("per_sample_bytes", choice.per_sample_bytes);
+      entry.Set("max_batch_size", choice.max_batch_size);
+      choices.Set(choice.name, std::move(entry));
+    }
+    planner.Set("choices", std::move(choices));
+    planner.Set("verified", VerifiedJson(p));
+    summary.Set("planner", std::move(planner));
+  }
+
+  if (report.allocator.has_value()) {
+    const AllocatorUsage& a = *report.allocator;
+    json::Value allocator = json::Value::Object();
+    allocator.Set("backend", a.backend);
+    allocator.Set("budget_bytes", OptionalJson(a.budget_bytes));
+    allocator.Set("peak_allocated_bytes", OptionalJson(a.peak_allocated_bytes));
+    allocator.Set("peak_reserved_bytes", OptionalJson(a.peak_reserved_bytes));
+    const std::optional<double> fragmentation = a.Fragmentation();
+    allocator.Set("fragmentation",
+                  fragmentation.has_value() ? json::Value(*fragmentation) : json::Value());
+    allocator.Set("num_alloc_retries", OptionalJson(a.num_alloc_retries));
+    allocator.Set("num_ooms", OptionalJson(a.num_ooms));
+    if (a.has_snapshot) {
+      json::Value snapshot = json::Value::Object();
+      snapshot.Set("segments", a.snapshot_segments);
+      snapshot.Set("trace_entries", a.snapshot_trace_entries);
+      allocator.Set("snapshot", std::move(snapshot));
+    } else {
+      allocator.Set("snapshot", json::Value());
+    }
+    summary.Set("allocator", std::move(allocator));
+  }
 
   json::Value warnings = json::Value::Array();
   for (const std::string& warning : report.warnings) warnings.Append(warning);
@@ -717,16 +1549,26 @@ std::string FormatDiffText(const RunReport& before, const RunReport& after) {
   auto add_bytes = [&](absl::string_view label, const std::optional<uint64_t>& a,
                        const std::optional<uint64_t>& b) {
     if (!a.has_value() && !b.has_value()) return;
-    table.AddRow({std::string(label), a ? FormatBytes(*a) : "(not recorded)",
-                  b ? FormatBytes(*b) : "(not recorded)", a && b ? SignedBytes(*a, *b) : ""});
+    table.AddRow({std::string(label), BytesOrUnknown(a), BytesOrUnknown(b),
+                  a && b ? SignedBytes(*a, *b) : ""});
   };
   auto add_count = [&](absl::string_view label, const std::optional<uint64_t>& a,
                        const std::optional<uint64_t>& b) {
     if (!a.has_value() && !b.has_value()) return;
-    table.AddRow({std::string(label), a ? absl::StrCat(*a) : "(not recorded)",
-                  b ? absl::StrCat(*b) : "(not recorded)", a && b ? SignedCount(*a, *b) : ""});
+    table.AddRow({std::string(label), CountOrUnknown(a), CountOrUnknown(b),
+                  a && b ? SignedCount(*a, *b) : ""});
   };
-  auto optional_ratio = [](const ActivationTotals& t) -> std::optional<double> {
+  auto add_ratio = [&](absl::string_view label, const std::optional<double>& a,
+                       const std::optional<double>& b) {
+    if (!a.has_value() && !b.has_value()) return;
+    std::string change;
+    if (a && b && *a > 0) {
+      change = Ratio(*a) == Ratio(*b) ? "=" : absl::StrFormat("%+.1f%%", (*b / *a - 1.0) * 100.0);
+    }
+    table.AddRow({std::string(label), a ? Ratio(*a) : "(not recorded)",
+                  b ? Ratio(*b) : "(not recorded)", change});
+  };
+  auto packed_ratio = [](const ActivationTotals& t) -> std::optional<double> {
     if (t.packed_raw_bytes && t.packed_stored_bytes && *t.packed_stored_bytes > 0) {
       return static_cast<double>(*t.packed_raw_bytes) / *t.packed_stored_bytes;
     }
@@ -738,18 +1580,7 @@ std::string FormatDiffText(const RunReport& before, const RunReport& after) {
   add_text("codec", before.codec, after.codec);
   add_bytes("budget", before.budget_bytes, after.budget_bytes);
   add_bytes("peak allocated", before.peak_allocated_bytes, after.peak_allocated_bytes);
-  const std::optional<double> ratio_a = optional_ratio(before.totals);
-  const std::optional<double> ratio_b = optional_ratio(after.totals);
-  if (ratio_a || ratio_b) {
-    std::string change;
-    if (ratio_a && ratio_b && *ratio_a > 0) {
-      change = Ratio(*ratio_a) == Ratio(*ratio_b)
-                   ? "="
-                   : absl::StrFormat("%+.1f%%", (*ratio_b / *ratio_a - 1.0) * 100.0);
-    }
-    table.AddRow({"packed ratio", ratio_a ? Ratio(*ratio_a) : "(not recorded)",
-                  ratio_b ? Ratio(*ratio_b) : "(not recorded)", change});
-  }
+  add_ratio("packed ratio", packed_ratio(before.totals), packed_ratio(after.totals));
   const StepUsage* step_a = LargestStep(before);
   const StepUsage* step_b = LargestStep(after);
   auto step_field = [](const StepUsage* step, uint64_t StepUsage::*field) {
@@ -771,42 +1602,152 @@ std::string FormatDiffText(const RunReport& before, const RunReport& after) {
   add_count("unpacks", a.unpacks, b.unpacks);
   add_count("exact fallbacks", a.exact_fallbacks, b.exact_fallbacks);
   add_count("steps", before.steps.size(), after.steps.size());
+  // Allocator counters: rows appear when either report has an allocator section.
+  auto allocator_field = [](const RunReport& report,
+                            std::optional<uint64_t> AllocatorUsage::*field) {
+    return report.allocator ? (*report.allocator).*field : std::nullopt;
+  };
+  add_bytes("allocator peak allocated",
+            allocator_field(before, &AllocatorUsage::peak_allocated_bytes),
+            allocator_field(after, &AllocatorUsage::peak_allocated_bytes));
+  add_bytes("allocator peak reserved",
+            allocator_field(before, &AllocatorUsage::peak_reserved_bytes),
+            allocator_field(after, &AllocatorUsage::peak_reserved_bytes));
+  auto fragmentation = [](const RunReport& report) {
+    return report.allocator ? report.allocator->Fragmentation() : std::nullopt;
+  };
+  add_ratio("fragmentation", fragmentation(before), fragmentation(after));
+  add_count("alloc retries", allocator_field(before, &AllocatorUsage::num_alloc_retries),
+            allocator_field(after, &AllocatorUsage::num_alloc_retries));
+  add_count("OOMs", allocator_field(before, &AllocatorUsage::num_ooms),
+            allocator_field(after, &AllocatorUsage::num_ooms));
   add_count("warnings", before.warnings.size(), after.warnings.size());
   absl::StrAppend(&text, table.Render());
 
-  if (!before.producers.empty() || !after.producers.empty()) {
-    absl::StrAppend(&text, "\nstored bytes per step by producer\n");
-    TextTable producers({1, 2});
-    producers.AddRow({"producer", "before", "after", "change"});
-    const uint64_t steps_a = before.StepCountForAverages();
-    const uint64_t steps_b = after.StepCountForAverages();
-    // Producers of `before` in its order, then those only `after` has.
-    std::vector<std::string> names;
-    for (const ProducerUsage& p : before.producers) names.push_back(p.producer);
-    for (const ProducerUsage& p : after.producers) {
-      if (std::find(names.begin(), names.end(), p.producer) == names.end()) {
-        names.push_back(p.producer);
-      }
-    }
-    auto find = [](const RunReport& report, const std::string& name) -> const ProducerUsage* {
-      for (const ProducerUsage& p : report.producers) {
-        if (p.producer == name) return &p;
-      }
-      return nullptr;
-    };
-    for (const std::string& name : names) {
-      const ProducerUsage* pa = find(before, name);
-      const ProducerUsage* pb = find(after, name);
-      const std::string cell_a = pa ? FormatBytes(pa->stored_bytes / steps_a) : "(absent)";
-      const std::string cell_b = pb ? FormatBytes(pb->stored_bytes / steps_b) : "(absent)";
-      std::string change = pa && pb ? SignedBytes(pa->stored_bytes / steps_a,
-                                                  pb->stored_bytes / steps_b)
-                                    : (pa ? "only before" : "only after");
-      producers.AddRow({name, cell_a, cell_b, change});
-    }
-    absl::StrAppend(&text, producers.Render());
+  if (before.planner || after.planner) absl::StrAppend(&text, PlannerDiff(before, after));
+  // By module when either report names modules; a report without module names then lists its
+  // consumers by producer, which show as on one side only.
+  absl::string_view kind_before;
+  absl::string_view kind_after;
+  const std::vector<ConsumerUsage>& consumers_before = ShownConsumers(before, &kind_before);
+  const std::vector<ConsumerUsage>& consumers_after = ShownConsumers(after, &kind_after);
+  if (!consumers_before.empty() || !consumers_after.empty()) {
+    const absl::string_view kind =
+        kind_before == "module" || kind_after == "module" ? "module" : "producer";
+    absl::StrAppend(&text, ConsumerDiff(kind, consumers_before, before.StepCountForAverages(),
+                                        consumers_after, after.StepCountForAverages()));
   }
   return text;
+}
+
+namespace {
+
+// The choice with the largest batch at `budget_bytes` (unbounded beats any number, the first
+// of equals wins), or nullptr when there are no choices.
+const PlannerChoice* BestChoice(const PlannerProfile& planner, uint64_t budget_bytes) {
+  const PlannerChoice* best = nullptr;
+  std::optional<uint64_t> best_batch;
+  for (const PlannerChoice& choice : planner.choices) {
+    const std::optional<uint64_t> batch =
+        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+    const bool better = best == nullptr || (best_batch.has_value() &&
+                                            (!batch.has_value() || *batch > *best_batch));
+    if (better) {
+      best = &choice;
+      best_batch = batch;
+    }
+  }
+  return best;
+}
+
+// Whether a batch size at the new budget lies outside the profiled ones, where the linear
+// model is extrapolated rather than measured.
+bool OutsideProfiled(const PlannerProfile& planner, const std::optional<uint64_t>& batch) {
+  if (!batch.has_value() || *batch == 0 || planner.batch_sizes.empty()) return false;
+  const auto [smallest, largest] =
+      std::minmax_element(planner.batch_sizes.begin(), planner.batch_sizes.end());
+  return *batch < *smallest || *batch > *largest;
+}
+
+}  // namespace
+
+std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
+  const PlannerProfile& planner = *report.planner;
+  const std::string budget = FormatBytes(budget_bytes);
+  const std::string recorded = FormatBytes(planner.budget_bytes);
+  std::string text = absl::StrCat("actpack plan: ", report.FileName(), " at a budget of ",
+                                  budget, "\n", "planner profile: budget ", recorded,
+                                  ", profiled batch sizes: ", JoinCounts(planner.batch_sizes),
+                                  "\n\n");
+  TextTable table({1, 2, 3, 4});
+  table.AddRow({"choice", "fixed", "per sample", absl::StrCat("max batch at ", budget),
+                absl::StrCat("recorded at ", recorded)});
+  bool extrapolated = false;
+  for (const PlannerChoice& choice : planner.choices) {
+    const std::optional<uint64_t> batch =
+        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+    extrapolated = extrapolated || OutsideProfiled(planner, batch);
+    table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
+                  FormatBytes(choice.per_sample_bytes), BatchText(batch),
+                  absl::StrCat(choice.max_batch_size)});
+  }
+  if (planner.choices.empty()) {
+    absl::StrAppend(&text, "  the planner profile records no choices\n");
+    return text;
+  }
+  absl::StrAppend(&text, table.Render(), "\n");
+  const PlannerChoice* best = BestChoice(planner, budget_bytes);
+  const std::optional<uint64_t> best_batch =
+      MaxBatchSize(budget_bytes, best->fixed_bytes, best->per_sample_bytes);
+  if (best_batch.has_value() && *best_batch == 0) {
+    absl::StrAppend(&text, "  no choice fits one sample in ", budget, "\n");
+  } else {
+    absl::StrAppend(&text, "  largest batch at ", budget, ": ", best->name, " (",
+                    BatchText(best_batch), ")\n");
+  }
+  absl::StrAppend(&text, "  verified at ", recorded, ": ", VerifiedText(planner), "\n");
+  if (extrapolated) {
+    absl::StrAppend(&text, "  note: outside the profiled batch sizes (",
+                    JoinCounts(planner.batch_sizes),
+                    ") the fixed + per-sample model is extrapolated\n");
+  }
+  return text;
+}
+
+json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
+  const PlannerProfile& planner = *report.planner;
+  json::Value plan = json::Value::Object();
+  plan.Set("schema", "actpack.plan");
+  plan.Set("schema_version", 1);
+  plan.Set("file", report.file);
+  plan.Set("budget_bytes", budget_bytes);
+  plan.Set("recorded_budget_bytes", planner.budget_bytes);
+  plan.Set("batch_sizes", CountArray(planner.batch_sizes));
+  json::Value choices = json::Value::Object();
+  bool extrapolated = false;
+  for (const PlannerChoice& choice : planner.choices) {
+    const std::optional<uint64_t> batch =
+        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+    extrapolated = extrapolated || OutsideProfiled(planner, batch);
+    json::Value entry = json::Value::Object();
+    entry.Set("fixed_bytes", choice.fixed_bytes);
+    entry.Set("per_sample_bytes", choice.per_sample_bytes);
+    entry.Set("max_batch_size", OptionalJson(batch));  // null: unbounded
+    entry.Set("unbounded", !batch.has_value());
+    entry.Set("recorded_max_batch_size", choice.max_batch_size);
+    choices.Set(choice.name, std::move(entry));
+  }
+  plan.Set("choices", std::move(choices));
+  // The choice with the largest batch, null when none fits one sample.
+  const PlannerChoice* best = BestChoice(planner, budget_bytes);
+  if (best != nullptr &&
+      MaxBatchSize(budget_bytes, best->fixed_bytes, best->per_sample_bytes) == uint64_t{0}) {
+    best = nullptr;
+  }
+  plan.Set("best", best == nullptr ? json::Value() : json::Value(best->name));
+  plan.Set("extrapolated", extrapolated);
+  plan.Set("verified", VerifiedJson(planner));
+  return plan;
 }
 
 std::string RenderMemorySvg(const RunReport& report) {
@@ -815,14 +1756,16 @@ std::string RenderMemorySvg(const RunReport& report) {
   constexpr double kRight = 40;
   constexpr double kStepTop = 80;
   constexpr double kStepHeight = 240;
-  constexpr double kProducerLeft = 220;  // room for producer names
+  constexpr double kConsumerLeft = 220;  // room for module or producer names
   constexpr double kRowHeight = 28;
-  constexpr size_t kMaxProducers = 10;
+  constexpr size_t kMaxConsumers = 10;
 
-  const size_t producer_rows = std::max<size_t>(1, std::min(kMaxProducers, report.producers.size()));
-  const double producer_top = kStepTop + kStepHeight + 110;
-  const double producer_height = producer_rows * kRowHeight;
-  const double height = producer_top + producer_height + 70;
+  absl::string_view kind;
+  const std::vector<ConsumerUsage>& consumers = ShownConsumers(report, &kind);
+  const size_t consumer_rows = std::max<size_t>(1, std::min(kMaxConsumers, consumers.size()));
+  const double consumer_top = kStepTop + kStepHeight + 110;
+  const double consumer_height = consumer_rows * kRowHeight;
+  const double height = consumer_top + consumer_height + 70;
 
   std::string svg;
   absl::StrAppendFormat(&svg,
@@ -837,7 +1780,9 @@ std::string RenderMemorySvg(const RunReport& report) {
   std::vector<std::string> facts;
   if (report.codec) facts.push_back(absl::StrCat("codec ", *report.codec));
   if (report.device) facts.push_back(absl::StrCat("device ", *report.device));
-  if (report.budget_bytes) facts.push_back(absl::StrCat("budget ", FormatBytes(*report.budget_bytes)));
+  if (report.budget_bytes) {
+    facts.push_back(absl::StrCat("budget ", FormatBytes(*report.budget_bytes)));
+  }
   if (!facts.empty()) absl::StrAppend(&title, " (", absl::StrJoin(facts, ", "), ")");
   AppendText(&svg, kWidth / 2, 28, title, "middle", " font-size=\"16\" font-weight=\"bold\"");
 
@@ -921,37 +1866,37 @@ std::string RenderMemorySvg(const RunReport& report) {
              absl::StrFormat(" transform=\"translate(22 %.1f) rotate(-90)\"",
                              kStepTop + kStepHeight / 2));
 
-  // Panel 2: per-producer bytes per step, raw vs stored, as horizontal bars.
+  // Panel 2: per-module (or per-producer) bytes per step, raw vs stored, as horizontal bars.
   const uint64_t steps = report.StepCountForAverages();
-  const double bars_left = kProducerLeft;
-  const double bars_width = kWidth - kProducerLeft - kRight - 170;  // room for value labels
-  const double bars_bottom = producer_top + producer_height;
-  AppendText(&svg, plot_left, producer_top - 30,
-             absl::StrCat("top consumers by producer (bytes per step, average over ", steps,
+  const double bars_left = kConsumerLeft;
+  const double bars_width = kWidth - kConsumerLeft - kRight - 170;  // room for value labels
+  const double bars_bottom = consumer_top + consumer_height;
+  AppendText(&svg, plot_left, consumer_top - 30,
+             absl::StrCat("top consumers by ", kind, " (bytes per step, average over ", steps,
                           steps == 1 ? " step)" : " steps)"),
              "start", " font-size=\"13\" font-weight=\"bold\"");
-  if (report.producers.empty()) {
-    AppendText(&svg, bars_left + bars_width / 2, producer_top + kRowHeight / 2,
+  if (consumers.empty()) {
+    AppendText(&svg, bars_left + bars_width / 2, consumer_top + kRowHeight / 2,
                "no saved tensors in this report", "middle");
   } else {
     const ByteAxis axis =
-        NiceByteAxis(static_cast<double>(report.producers.front().raw_bytes) / steps);
+        NiceByteAxis(static_cast<double>(consumers.front().raw_bytes) / steps);
     auto x_of = [&](double bytes) { return bars_left + bytes / axis.top * bars_width; };
     for (double tick = 0; tick <= axis.top * (1 + 1e-9); tick += axis.step) {
       const double x = x_of(tick);
-      AppendLine(&svg, x, producer_top, x, bars_bottom, "#e5e5e5");
+      AppendLine(&svg, x, consumer_top, x, bars_bottom, "#e5e5e5");
       AppendText(&svg, x, bars_bottom + 16, axis.Label(tick), "middle");
     }
-    for (size_t i = 0; i < producer_rows; ++i) {
-      const ProducerUsage& p = report.producers[i];
+    for (size_t i = 0; i < consumer_rows; ++i) {
+      const ConsumerUsage& p = consumers[i];
       const double raw = static_cast<double>(p.raw_bytes) / steps;
       const double stored = static_cast<double>(p.stored_bytes) / steps;
-      const double y = producer_top + i * kRowHeight + 4;
-      AppendText(&svg, bars_left - 8, y + 14, p.producer, "end");
+      const double y = consumer_top + i * kRowHeight + 4;
+      AppendText(&svg, bars_left - 8, y + 14, p.name, "end");
       AppendRect(&svg, bars_left, y, x_of(raw) - bars_left, 10, kRawColor,
-                 absl::StrCat(p.producer, ": raw ", FormatBytes(p.raw_bytes / steps)));
+                 absl::StrCat(p.name, ": raw ", FormatBytes(p.raw_bytes / steps)));
       AppendRect(&svg, bars_left, y + 10, x_of(stored) - bars_left, 10, kStoredColor,
-                 absl::StrCat(p.producer, ": stored ", FormatBytes(p.stored_bytes / steps), " (",
+                 absl::StrCat(p.name, ": stored ", FormatBytes(p.stored_bytes / steps), " (",
                               absl::StrJoin(p.codecs, "+"), ")"));
       AppendText(&svg, x_of(raw) + 6, y + 14,
                  absl::StrCat(FormatBytes(p.stored_bytes / steps), " stored of ",
@@ -959,7 +1904,7 @@ std::string RenderMemorySvg(const RunReport& report) {
                  "start", " font-size=\"10\" fill=\"#555555\"");
     }
   }
-  AppendLine(&svg, bars_left, producer_top, bars_left, bars_bottom, "#333333");
+  AppendLine(&svg, bars_left, consumer_top, bars_left, bars_bottom, "#333333");
   AppendLine(&svg, bars_left, bars_bottom, bars_left + bars_width, bars_bottom, "#333333");
   AppendText(&svg, bars_left + bars_width / 2, bars_bottom + 36,
              "bytes per step (grey: saved raw, blue: stored by actpack)", "middle");
@@ -967,19 +1912,28 @@ std::string RenderMemorySvg(const RunReport& report) {
   return svg;
 }
 
+std::string PickleJson(const json::Value& value) {
+  std::string pickle = {kPickleProto, '\x02'};
+  AppendPickle(value, &pickle);
+  pickle.push_back(kPickleStop);
+  return pickle;
+}
+
 int RunCli(const std::vector<std::string>& args, std::string* out, std::string* err) {
   if (args.empty()) return UsageError("no command given", err);
-  const std::string& command = args[0];
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (command == "help" || command == "--help" || command == "-h") {
-    absl::StrAppend(out, kUsage);
+  const std::string& name = args[0];
+  if (name == "help" || name == "--help" || name == "-h") {
+    absl::StrAppend(out, Usage());
     return kExitOk;
   }
-  if (command == "report") return ReportCommand(rest, out, err);
-  if (command == "diff") return DiffCommand(rest, out, err);
-  if (command == "plot") return PlotCommand(rest, out, err);
-  if (command == "plan") return PlanCommand(rest, out, err);
-  return UsageError(absl::StrCat("unknown command '", command, "'"), err);
+  for (const CommandSpec& command : Commands()) {
+    if (command.name != name) continue;
+    absl::StatusOr<ParsedArgs> parsed =
+        ParseArgs(command, std::vector<std::string>(args.begin() + 1, args.end()));
+    if (!parsed.ok()) return UsageError(parsed.status().message(), err);
+    return command.run(*parsed, out, err);
+  }
+  return UsageError(absl::StrCat("unknown command '", name, "'"), err);
 }
 
 }  // namespace actpack::tools

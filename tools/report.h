@@ -1,15 +1,20 @@
 // The `actpack` command line: read a run report (DESIGN.md, "Report") and tell a person where
 // the memory went, as text (`report`), as a comparison of two runs (`diff`), as a picture
-// (`plot`, an SVG written by hand), or as a batch-size plan (`plan`, once reports carry a
-// planner profile).
+// (`plot`, an SVG written by hand), as a batch-size plan for another budget (`plan`), or as the
+// allocator's memory snapshot for pytorch.org/memory_viz (`snapshot`, a pickle written here).
 //
 // One implementation, two doors: the Bazel binary //tools:actpack (tools/actpack_main.cc) and
 // the `actpack` console command of the pip package (actpack.cli -> actpack._C.run_cli, bound in
 // torch_plugin/csrc/cli_bindings.cc). Both call RunCli.
 //
 // A report is read defensively: the schema name and version must match (anything else is a
-// foreign file), every other section is optional, and a missing or ill-typed optional field is
-// simply not shown. A report that grows new sections still reads.
+// foreign file), and every section is optional. In the older sections ("run", "activations")
+// a missing or ill-typed field is simply not shown. The sections added after version 1 shipped
+// ("planner", "allocator", a saved tensor's "module" and "error") are checked field by field
+// when present: the CLI computes with them, so an ill-typed field there is an error naming its
+// path ("planner.choices.quant2.per_sample_bytes is the string \"x\", expected ..."), never a
+// silently wrong plan. A null section counts as absent. Members a report adds beyond these
+// are ignored, so a report that grows new sections still reads.
 //
 // Usage:
 //   absl::StatusOr<RunReport> report = LoadRunReport("run.json");
@@ -18,7 +23,7 @@
 //   std::string svg = RenderMemorySvg(*report);
 //
 //   std::string out, err;
-//   int exit_code = RunCli({"report", "run.json", "--json"}, &out, &err);
+//   int exit_code = RunCli({"plan", "run.json", "--budget", "12GiB"}, &out, &err);
 #ifndef ACTPACK_TOOLS_REPORT_H_
 #define ACTPACK_TOOLS_REPORT_H_
 
@@ -37,7 +42,8 @@ namespace actpack::tools {
 inline constexpr absl::string_view kReportSchema = "actpack.report";
 inline constexpr int64_t kReportSchemaVersion = 1;
 
-// Exit codes of RunCli: 0 done, 2 a usage error or a file that cannot be read as a report.
+// Exit codes of RunCli: 0 done, 2 a usage error, a file that cannot be read as a report, or a
+// request the report cannot answer.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 2;
 
@@ -68,18 +74,82 @@ struct StepUsage {
   std::optional<uint64_t> peak_live_stored_bytes;
 };
 
-// ProducerUsage
+// CodecError
 //
-// The saved tensors of one producer (the autograd node that saved them, such as
-// "ConvolutionBackward0"), summed over the run. Until reports name modules, the producer is the
-// best grouping of "who uses the memory". Kept tensors count as stored at their raw size (they
-// stay in memory as they are); reused occurrences (the same storage saved twice) store nothing.
-struct ProducerUsage {
-  std::string producer;
-  uint64_t saved_tensors = 0;  // distinct saved-tensor records (ordinals) of this producer
+// A saved tensor's "error": the decoded tensor against the original. A member is absent when
+// the report has none or null there (the runtime's JSON writer turns NaN into null).
+struct CodecError {
+  std::optional<double> rms;
+  std::optional<double> max_abs;
+  std::optional<double> rel_rms;  // rms of the error / rms of the tensor
+};
+
+// ConsumerUsage
+//
+// The saved tensors of one consumer of memory, summed over the run: a producer (the autograd
+// node that made them, such as "ConvolutionBackward0") or a module ("layer1.0.conv1"; a record
+// without a module is grouped under its producer). Kept tensors count as stored at their raw
+// size (they stay in memory as they are); reused occurrences (the same storage saved twice)
+// store nothing.
+struct ConsumerUsage {
+  std::string name;
+  uint64_t saved_tensors = 0;  // distinct saved-tensor records (ordinals)
   uint64_t raw_bytes = 0;      // over the whole run
   uint64_t stored_bytes = 0;   // over the whole run
   std::vector<std::string> codecs;  // distinct codecs, in order of first appearance
+  // Member by member the largest over the records that report an error; absent when none does.
+  std::optional<CodecError> worst_error;
+};
+
+// PlannerChoice
+//
+// One entry of "planner.choices": memory modelled as fixed + per_sample * batch for one codec
+// choice ("none", "quant2", "auto", ...), and the batch size the planner chose at its budget.
+struct PlannerChoice {
+  std::string name;
+  uint64_t fixed_bytes = 0;
+  uint64_t per_sample_bytes = 0;
+  uint64_t max_batch_size = 0;  // as recorded, at PlannerProfile::budget_bytes
+};
+
+// PlannerVerified
+//
+// "planner.verified": the real step the planner ran to check its answer.
+struct PlannerVerified {
+  std::string codec;
+  uint64_t batch_size = 0;
+  uint64_t peak_bytes = 0;
+};
+
+// PlannerProfile
+//
+// The "planner" section: the budget it planned for, the batch sizes it profiled, one
+// PlannerChoice per choice (in the report's order), and the verification step if it ran one.
+struct PlannerProfile {
+  uint64_t budget_bytes = 0;
+  std::vector<uint64_t> batch_sizes;
+  std::vector<PlannerChoice> choices;
+  std::optional<PlannerVerified> verified;
+};
+
+// AllocatorUsage
+//
+// The "allocator" section: the backend that served the run, its budget, the counters of its
+// torch.cuda.memory_stats-shaped "stats" that the CLI shows, and the size of its snapshot.
+struct AllocatorUsage {
+  std::string backend;  // "cpu" or "cuda"
+  std::optional<uint64_t> budget_bytes;
+  std::optional<uint64_t> peak_allocated_bytes;  // "allocated_bytes.all.peak"
+  std::optional<uint64_t> peak_reserved_bytes;   // "reserved_bytes.all.peak"
+  std::optional<uint64_t> num_alloc_retries;
+  std::optional<uint64_t> num_ooms;
+  bool has_snapshot = false;
+  uint64_t snapshot_segments = 0;
+  uint64_t snapshot_trace_entries = 0;  // over all devices
+
+  // Peak reserved / peak allocated (1.0 = no memory cached beyond what tensors use); absent
+  // without both peaks or when nothing was allocated.
+  std::optional<double> Fragmentation() const;
 };
 
 // RunReport
@@ -104,12 +174,20 @@ struct RunReport {
   std::optional<std::string> activation_codec;
   ActivationTotals totals;
   std::vector<StepUsage> steps;
-  std::vector<ProducerUsage> producers;  // sorted by raw bytes, largest first
+  // Saved tensors grouped by producer, and by module when any record names one (else empty);
+  // each sorted by raw bytes, largest first.
+  std::vector<ConsumerUsage> producers;
+  std::vector<ConsumerUsage> modules;
 
-  // Steps the per-producer sums are averaged over: the number of steps, or 1 when unknown.
+  std::optional<PlannerProfile> planner;    // "planner"
+  std::optional<AllocatorUsage> allocator;  // "allocator"
+
+  // Steps the per-consumer sums are averaged over: the number of steps, or 1 when unknown.
   uint64_t StepCountForAverages() const;
   // The file name without its directory, for titles.
   std::string FileName() const;
+  // "allocator.snapshot" of the document, or nullptr when the report has none.
+  const json::Value* Snapshot() const;
 };
 
 // ParseRunReport
@@ -117,7 +195,8 @@ struct RunReport {
 // Validates `text` as a run report. Errors (each message starts with `file`):
 //  - kDataLoss for an empty or truncated document;
 //  - kInvalidArgument for text that is not JSON, JSON that is not an actpack report (no or
-//    another "schema"), or an unsupported "schema_version".
+//    another "schema"), an unsupported "schema_version", or an ill-typed field in a checked
+//    section (see the file comment), naming its path, what it is and what was expected.
 absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_view file);
 
 // LoadRunReport
@@ -126,11 +205,21 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
 // it cannot be read, then as ParseRunReport.
 absl::StatusOr<RunReport> LoadRunReport(const std::string& path);
 
+// MaxBatchSize
+//
+// The largest batch that fits `budget_bytes` under the planner's model fixed + per_sample * b:
+// floor((budget - fixed) / per_sample), 0 when not even one sample fits, and nullopt
+// ("unbounded") when per_sample is 0 and the fixed part fits.
+std::optional<uint64_t> MaxBatchSize(uint64_t budget_bytes, uint64_t fixed_bytes,
+                                     uint64_t per_sample_bytes);
+
 // FormatReportText
 //
 // What `actpack report` prints: run metadata, budget and peak, activation bytes raw vs stored,
-// the top `max_producers` consumers by producer with their codecs, and warnings.
-std::string FormatReportText(const RunReport& report, size_t max_producers = 12);
+// the top `max_consumers` consumers by module (by producer when no record names a module) with
+// their codecs and errors, the planner's batch sizes, the allocator's peaks, fragmentation,
+// retries and OOMs, and warnings.
+std::string FormatReportText(const RunReport& report, size_t max_consumers = 12);
 
 // SummarizeReport
 //
@@ -140,23 +229,45 @@ json::Value SummarizeReport(const RunReport& report);
 
 // FormatDiffText
 //
-// What `actpack diff a b` prints: run metadata that differs, peak, ratio, totals with their
-// change, and stored bytes per step by producer (producers missing on one side are marked).
+// What `actpack diff a b` prints: run metadata that differs, peak, ratio, totals, allocator
+// counters with their change, the planner's largest batch size per choice, and stored bytes
+// per step by module (by producer when neither report names modules); consumers or choices
+// missing on one side are marked.
 std::string FormatDiffText(const RunReport& before, const RunReport& after);
+
+// FormatPlanText / SummarizePlan
+//
+// What `actpack plan RUN.json --budget SIZE` prints for `budget_bytes` (text, and with --json
+// an "actpack.plan" version 1 document): per choice the fixed and per-sample bytes, the largest
+// batch at the new budget and the one recorded at the planner's budget, the best choice, the
+// verification step, and a note when the new batch lies beyond the profiled sizes. Requires
+// report.planner.
+std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes);
+json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes);
 
 // RenderMemorySvg
 //
 // A standalone SVG (no scripts, no external fonts): per-step activation bytes saved raw vs
-// stored as bars, the budget as a dashed line when the report has one, and per-producer
-// horizontal bars of raw vs stored bytes per step. Axes are labelled in KiB/MiB/GiB.
+// stored as bars, the budget as a dashed line when the report has one, and per-module (or
+// per-producer) horizontal bars of raw vs stored bytes per step. Axes are labelled in
+// KiB/MiB/GiB.
 std::string RenderMemorySvg(const RunReport& report);
+
+// PickleJson
+//
+// `value` as a Python pickle (protocol 2) of plain objects: null -> None, bool, integers ->
+// int, other numbers -> float, strings -> str, arrays -> list, objects -> dict in member
+// order. pickle.load of the result equals json.loads of json::Serialize(value), and needs no
+// class from any module, so it is what `actpack snapshot` writes for torch's memory_viz.
+std::string PickleJson(const json::Value& value);
 
 // RunCli
 //
 // The whole command line, without the program name: {"report", "run.json"}, ... Writes what a
-// terminal shows to `out` and `err` (files such as the SVG are written directly) and returns
-// the exit code: kExitOk, or kExitBadInput with one line on `err` for a usage error (followed
-// by the usage), an unreadable or foreign report, or a request the report cannot answer.
+// terminal shows to `out` and `err` (files such as the SVG or the pickle are written directly)
+// and returns the exit code: kExitOk, or kExitBadInput with one line on `err` for a usage
+// error (followed by the usage), an unreadable or foreign report, or a request the report
+// cannot answer.
 int RunCli(const std::vector<std::string>& args, std::string* out, std::string* err);
 
 }  // namespace actpack::tools

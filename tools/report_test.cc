@@ -4,22 +4,39 @@
 //   R=$PWD; cd /tmp
 //   python3 $R/tools/demo.py --steps 10 --report $R/tools/testdata/run_quant2.json
 //   python3 $R/tools/demo.py --steps 10 --codec quant4 --report $R/tools/testdata/run_quant4.json
-// After regenerating them (or changing the text format on purpose), rewrite the golden text
+//
+// tools/testdata/run_quant2_full.json is run_quant2.json plus the sections whose producer (the
+// runtime's planner, allocator section, per-module records with codec errors) lands
+// separately: tools/testdata/make_full_report.py adds them (see its docstring for where each
+// number comes from; the allocator section is a real CPU-allocator snapshot). Once the runtime
+// writes these sections, regenerate the fixture from a real run and the goldens below.
+//
+// After regenerating fixtures (or changing the text format on purpose), rewrite the goldens
 // from the repository root:
 //   bazel run //tools:actpack -- report $PWD/tools/testdata/run_quant2.json > tools/testdata/report.golden
+//   bazel run //tools:actpack -- report $PWD/tools/testdata/run_quant2_full.json > tools/testdata/report_full.golden
+//   bazel run //tools:actpack -- plan $PWD/tools/testdata/run_quant2_full.json --budget 12GiB > tools/testdata/plan_full.golden
 #include "tools/report.h"
 
-#include <cstdio>
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -31,6 +48,9 @@ namespace {
 constexpr char kQuant2Report[] = "tools/testdata/run_quant2.json";
 constexpr char kQuant4Report[] = "tools/testdata/run_quant4.json";
 constexpr char kGolden[] = "tools/testdata/report.golden";
+constexpr char kFullReport[] = "tools/testdata/run_quant2_full.json";
+constexpr char kFullGolden[] = "tools/testdata/report_full.golden";
+constexpr char kPlanGolden[] = "tools/testdata/plan_full.golden";
 
 std::string ReadText(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -65,6 +85,124 @@ CliResult RunActpack(const std::vector<std::string>& args) {
 
 size_t LineCount(const std::string& text) {
   return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+json::Value ParseJsonFile(const std::string& path) {
+  absl::StatusOr<json::Value> document = json::Parse(ReadText(path));
+  EXPECT_TRUE(document.ok()) << document.status();
+  return document.ok() ? *std::move(document) : json::Value();
+}
+
+std::string WriteJsonTemp(const std::string& name, const json::Value& document) {
+  return WriteTemp(name, json::Serialize(document));
+}
+
+// The member at `keys` below `document` (each key an object member), or nullptr.
+json::Value* Member(json::Value& document, const std::vector<std::string>& keys) {
+  json::Value* value = &document;
+  for (const std::string& key : keys) {
+    value = value->Find(key);
+    if (value == nullptr) return nullptr;
+  }
+  return value;
+}
+
+// A test-only reader of exactly the pickle opcodes PickleJson writes, back into a json::Value:
+// any other opcode, or a stream that is malformed or has bytes after STOP, is an error.
+absl::StatusOr<json::Value> Unpickle(absl::string_view data) {
+  std::vector<json::Value> stack;
+  std::vector<size_t> marks;
+  size_t i = 0;
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("pickle byte ", i, ": ", why));
+  };
+  auto little_endian = [&](size_t bytes) {
+    uint64_t value = 0;
+    for (size_t k = 0; k < bytes; ++k) {
+      value |= uint64_t{static_cast<unsigned char>(data[i + k])} << (8 * k);
+    }
+    i += bytes;
+    return value;
+  };
+  if (data.size() < 2 || data[0] != '\x80' || data[1] != '\x02') return bad("no PROTO 2");
+  i = 2;
+  const std::map<char, size_t> argument_bytes = {{'K', 1}, {'M', 2}, {'J', 4}, {'G', 8},
+                                                 {'X', 4}, {'\x8a', 1}};
+  while (i < data.size()) {
+    const char op = data[i++];
+    if (auto it = argument_bytes.find(op); it != argument_bytes.end() &&
+                                           i + it->second > data.size()) {
+      return bad("truncated argument");
+    }
+    switch (op) {
+      case '.':
+        if (stack.size() != 1 || !marks.empty() || i != data.size()) return bad("bad STOP");
+        return stack[0];
+      case 'N': stack.emplace_back(); break;
+      case '\x88': stack.emplace_back(true); break;
+      case '\x89': stack.emplace_back(false); break;
+      case 'K': stack.emplace_back(static_cast<int64_t>(little_endian(1))); break;
+      case 'M': stack.emplace_back(static_cast<int64_t>(little_endian(2))); break;
+      case 'J':
+        stack.emplace_back(
+            static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(little_endian(4)))));
+        break;
+      case '\x8a': {
+        const size_t bytes = static_cast<unsigned char>(data[i++]);
+        if (bytes == 0 || bytes > 8 || i + bytes > data.size()) return bad("LONG1 size");
+        uint64_t value = little_endian(bytes);
+        if (bytes < 8 && (value >> (8 * bytes - 1)) != 0) value |= ~uint64_t{0} << (8 * bytes);
+        stack.emplace_back(static_cast<int64_t>(value));
+        break;
+      }
+      case 'G': {
+        uint64_t bits = 0;
+        for (int k = 0; k < 8; ++k) bits = bits << 8 | static_cast<unsigned char>(data[i++]);
+        double d;
+        std::memcpy(&d, &bits, sizeof(d));
+        stack.emplace_back(d);
+        break;
+      }
+      case 'X': {
+        const size_t length = little_endian(4);
+        if (i + length > data.size()) return bad("string past the end");
+        stack.emplace_back(std::string(data.substr(i, length)));
+        i += length;
+        break;
+      }
+      case ']': stack.push_back(json::Value::Array()); break;
+      case '}': stack.push_back(json::Value::Object()); break;
+      case '(': marks.push_back(stack.size()); break;
+      case 'e':
+      case 'u': {
+        if (marks.empty() || marks.back() == 0) return bad("APPENDS/SETITEMS without MARK");
+        const size_t mark = marks.back();
+        marks.pop_back();
+        json::Value& target = stack[mark - 1];
+        if (op == 'e') {
+          if (!target.is_array()) return bad("APPENDS to a non-list");
+          for (size_t k = mark; k < stack.size(); ++k) target.Append(stack[k]);
+        } else {
+          if (!target.is_object() || (stack.size() - mark) % 2 != 0) return bad("SETITEMS");
+          for (size_t k = mark; k < stack.size(); k += 2) {
+            if (!stack[k].is_string()) return bad("non-string key");
+            target.Set(stack[k].as_string(), stack[k + 1]);
+          }
+        }
+        stack.resize(mark);
+        break;
+      }
+      default:
+        return bad(absl::StrCat("unexpected opcode 0x",
+                                absl::Hex(static_cast<unsigned char>(op))));
+    }
+  }
+  return bad("no STOP");
+}
+
+// Exact equality, ints and doubles apart (json::Value's == compares numbers by value).
+void ExpectSameJson(const json::Value& a, const json::Value& b) {
+  EXPECT_EQ(json::Serialize(a, 0), json::Serialize(b, 0));
 }
 
 // A structural XML check, enough for the SVG we write: one root element, every tag closed in
@@ -157,12 +295,12 @@ TEST(ReportTest, ReadsRealRunReport) {
   ASSERT_FALSE(report->producers.empty());
   // Grouping by producer loses no byte: every saved byte was packed, kept or reused.
   uint64_t producer_raw = 0;
-  for (const ProducerUsage& p : report->producers) producer_raw += p.raw_bytes;
+  for (const ConsumerUsage& p : report->producers) producer_raw += p.raw_bytes;
   EXPECT_EQ(producer_raw, *report->totals.packed_raw_bytes + *report->totals.kept_bytes +
                               *report->totals.reused_bytes);
   // And the producers' stored bytes are what the steps stored.
   uint64_t producer_stored = 0;
-  for (const ProducerUsage& p : report->producers) producer_stored += p.stored_bytes;
+  for (const ConsumerUsage& p : report->producers) producer_stored += p.stored_bytes;
   uint64_t step_stored = 0;
   for (const StepUsage& step : report->steps) step_stored += step.stored_bytes;
   EXPECT_EQ(producer_stored, step_stored);
@@ -206,7 +344,7 @@ TEST(ReportTest, JsonSummaryIsMachineReadable) {
             *report->totals.packed_raw_bytes);
   const json::Value* producers = summary->Find("producers");
   ASSERT_EQ(producers->size(), report->producers.size());
-  EXPECT_EQ((*producers)[0].Find("producer")->as_string(), report->producers[0].producer);
+  EXPECT_EQ((*producers)[0].Find("producer")->as_string(), report->producers[0].name);
 }
 
 TEST(ReportTest, MissingOptionalSectionsAreNotPrinted) {
@@ -321,7 +459,8 @@ TEST(ErrorTest, BadFilesGiveOneLineAndExitTwo) {
                                                {"report", c.path, "--json"},
                                                {"diff", kQuant2Report, c.path},
                                                {"plot", c.path, "-o", TempPath("x.svg")},
-                                               {"plan", c.path, "--budget", "1GiB"}}) {
+                                               {"plan", c.path, "--budget", "1GiB"},
+                                               {"snapshot", c.path, "-o", TempPath("x.pickle")}}) {
       const CliResult result = RunActpack(args);
       EXPECT_EQ(result.exit_code, kExitBadInput) << c.path;
       EXPECT_EQ(result.out, "") << c.path;
@@ -344,6 +483,13 @@ TEST(ErrorTest, UsageErrorsExitTwoWithUsage) {
       {"plot", kQuant2Report, "-o"},
       {"plan", kQuant2Report},
       {"plan", kQuant2Report, "--budget", "lots"},
+      {"plan", kQuant2Report, "--budget", "0GiB"},
+      {"plan", kQuant2Report, "--budget", "1GiB", "--budget", "2GiB"},
+      {"plan", kQuant2Report, "--budget="},
+      {"report", kQuant2Report, "--json=yes"},
+      {"snapshot", kFullReport},
+      {"snapshot", kFullReport, "-o"},
+      {"snapshot", kFullReport, kQuant2Report, "-o", "x.pickle"},
   };
   for (const auto& args : bad_usages) {
     const CliResult result = RunActpack(args);
@@ -355,6 +501,599 @@ TEST(ErrorTest, UsageErrorsExitTwoWithUsage) {
   const CliResult help = RunActpack({"--help"});
   EXPECT_EQ(help.exit_code, kExitOk);
   EXPECT_TRUE(absl::StartsWith(help.out, "usage: actpack"));
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// The sections added after version 1 (planner, allocator, module and error per saved tensor),
+// on run_quant2_full.json (see the top of this file: synthetic additions to a real report until
+// the runtime writes them).
+
+TEST(FullReportTest, TextMatchesGolden) {
+  const CliResult result = RunActpack({"report", kFullReport});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  EXPECT_EQ(result.err, "");
+  EXPECT_EQ(result.out, ReadText(kFullGolden))
+      << "regenerate with the command at the top of tools/report_test.cc if intended";
+}
+
+TEST(FullReportTest, ReadsPlannerAndAllocatorSections) {
+  absl::StatusOr<RunReport> report = LoadRunReport(kFullReport);
+  ASSERT_TRUE(report.ok()) << report.status();
+  const json::Value& document = report->document;
+
+  ASSERT_TRUE(report->planner.has_value());
+  const json::Value* planner = document.Find("planner");
+  EXPECT_EQ(report->planner->budget_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(report->planner->batch_sizes, (std::vector<uint64_t>{8, 16, 32}));
+  ASSERT_EQ(report->planner->choices.size(), planner->Find("choices")->size());
+  for (const PlannerChoice& choice : report->planner->choices) {
+    const json::Value* recorded = planner->Find("choices")->Find(choice.name);
+    ASSERT_NE(recorded, nullptr) << choice.name;
+    EXPECT_EQ(choice.fixed_bytes, recorded->Find("fixed_bytes")->as_int());
+    EXPECT_EQ(choice.per_sample_bytes, recorded->Find("per_sample_bytes")->as_int());
+    EXPECT_EQ(choice.max_batch_size, recorded->Find("max_batch_size")->as_int());
+  }
+  EXPECT_EQ(report->planner->choices.front().name, "none");  // the report's order
+  ASSERT_TRUE(report->planner->verified.has_value());
+  EXPECT_EQ(report->planner->verified->codec, "quant2");
+
+  ASSERT_TRUE(report->allocator.has_value());
+  const json::Value* stats = document.Find("allocator")->Find("stats");
+  EXPECT_EQ(report->allocator->backend, "cpu");
+  EXPECT_EQ(report->allocator->budget_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(report->allocator->peak_allocated_bytes,
+            stats->Find("allocated_bytes.all.peak")->as_int());
+  EXPECT_EQ(report->allocator->peak_reserved_bytes,
+            stats->Find("reserved_bytes.all.peak")->as_int());
+  ASSERT_TRUE(report->allocator->Fragmentation().has_value());
+  EXPECT_DOUBLE_EQ(*report->allocator->Fragmentation(),
+                   stats->Find("reserved_bytes.all.peak")->as_double() /
+                       stats->Find("allocated_bytes.all.peak")->as_double());
+  EXPECT_GE(*report->allocator->Fragmentation(), 1.0);  // reserved memory holds the allocated
+  const json::Value* snapshot = report->Snapshot();
+  ASSERT_NE(snapshot, nullptr);
+  EXPECT_EQ(report->allocator->snapshot_segments, snapshot->Find("segments")->size());
+  EXPECT_EQ(report->allocator->snapshot_trace_entries,
+            (*snapshot->Find("device_traces"))[0].size());
+  EXPECT_GT(report->allocator->snapshot_trace_entries, 100u);
+}
+
+TEST(FullReportTest, ModulesRegroupTheSameBytesAndKeepTheWorstError) {
+  absl::StatusOr<RunReport> report = LoadRunReport(kFullReport);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_FALSE(report->modules.empty());
+  uint64_t module_raw = 0, module_stored = 0, producer_raw = 0, producer_stored = 0;
+  for (const ConsumerUsage& m : report->modules) {
+    module_raw += m.raw_bytes;
+    module_stored += m.stored_bytes;
+  }
+  for (const ConsumerUsage& p : report->producers) {
+    producer_raw += p.raw_bytes;
+    producer_stored += p.stored_bytes;
+  }
+  EXPECT_EQ(module_raw, producer_raw);
+  EXPECT_EQ(module_stored, producer_stored);
+
+  // Recompute convs.0 and the fallback to the producer straight from the records.
+  double worst_rel_rms = 0, worst_max_abs = 0;
+  uint64_t convs0_raw = 0, relu_tensors = 0;
+  for (const json::Value& record :
+       report->document.Find("activations")->Find("saved_tensors")->elements()) {
+    const json::Value* module = record.Find("module");
+    if (module == nullptr && record.Find("producer")->as_string() == "ReluBackward0") {
+      ++relu_tensors;
+    }
+    if (module == nullptr || module->as_string() != "convs.0") continue;
+    convs0_raw += record.Find("raw_bytes")->as_int() * record.Find("occurrences")->as_int();
+    if (const json::Value* error = record.Find("error")) {
+      worst_rel_rms = std::max(worst_rel_rms, error->Find("rel_rms")->as_double());
+      worst_max_abs = std::max(worst_max_abs, error->Find("max_abs")->as_double());
+    }
+  }
+  const ConsumerUsage* convs0 = nullptr;
+  const ConsumerUsage* relu = nullptr;
+  for (const ConsumerUsage& m : report->modules) {
+    if (m.name == "convs.0") convs0 = &m;
+    if (m.name == "ReluBackward0") relu = &m;
+  }
+  ASSERT_NE(convs0, nullptr);
+  EXPECT_EQ(convs0->raw_bytes, convs0_raw);
+  EXPECT_EQ(convs0->codecs, (std::vector<std::string>{"quant2", "kept"}));
+  ASSERT_TRUE(convs0->worst_error.has_value());
+  EXPECT_EQ(convs0->worst_error->rel_rms, worst_rel_rms);
+  EXPECT_EQ(convs0->worst_error->max_abs, worst_max_abs);
+  // 2-bit stochastic rounding of Gaussian data: the error is of the order of the signal.
+  EXPECT_GT(worst_rel_rms, 0.5);
+  EXPECT_LT(worst_rel_rms, 1.0);
+  ASSERT_NE(relu, nullptr) << "records without a module fall back to their producer";
+  EXPECT_EQ(relu->saved_tensors, relu_tensors);
+
+  const CliResult result = RunActpack({"report", kFullReport});
+  EXPECT_TRUE(absl::StrContains(result.out, "top consumers by module")) << result.out;
+  EXPECT_FALSE(absl::StrContains(result.out, "top consumers by producer")) << result.out;
+}
+
+TEST(FullReportTest, JsonSummaryCarriesTheNewSections) {
+  const CliResult result = RunActpack({"report", kFullReport, "--json"});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  absl::StatusOr<json::Value> summary = json::Parse(result.out);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  absl::StatusOr<RunReport> report = LoadRunReport(kFullReport);
+  ASSERT_TRUE(report.ok());
+
+  const json::Value* modules = summary->Find("modules");
+  ASSERT_NE(modules, nullptr);
+  ASSERT_EQ(modules->size(), report->modules.size());
+  EXPECT_EQ((*modules)[0].Find("module")->as_string(), report->modules[0].name);
+  bool saw_error = false;
+  for (const json::Value& module : modules->elements()) {
+    if (const json::Value* error = module.Find("worst_error")) {
+      saw_error = true;
+      EXPECT_TRUE(error->Find("rel_rms")->is_number());
+    }
+  }
+  EXPECT_TRUE(saw_error);
+
+  const json::Value* planner = summary->Find("planner");
+  ASSERT_NE(planner, nullptr);
+  EXPECT_EQ(planner->Find("choices")->Find("quant2")->Find("max_batch_size")->as_int(),
+            report->document.Find("planner")->Find("choices")->Find("quant2")->Find(
+                "max_batch_size")->as_int());
+  EXPECT_EQ(planner->Find("verified")->Find("codec")->as_string(), "quant2");
+
+  const json::Value* allocator = summary->Find("allocator");
+  ASSERT_NE(allocator, nullptr);
+  EXPECT_EQ(allocator->Find("backend")->as_string(), "cpu");
+  EXPECT_EQ(static_cast<uint64_t>(allocator->Find("peak_reserved_bytes")->as_int()),
+            *report->allocator->peak_reserved_bytes);
+  EXPECT_DOUBLE_EQ(allocator->Find("fragmentation")->as_double(),
+                   *report->allocator->Fragmentation());
+  EXPECT_EQ(allocator->Find("num_ooms")->as_int(), 0);
+  EXPECT_EQ(static_cast<uint64_t>(allocator->Find("snapshot")->Find("trace_entries")->as_int()),
+            report->allocator->snapshot_trace_entries);
+
+  // A version 1 report without the sections: no such members.
+  const CliResult old = RunActpack({"report", kQuant2Report, "--json"});
+  absl::StatusOr<json::Value> old_summary = json::Parse(old.out);
+  ASSERT_TRUE(old_summary.ok());
+  for (const char* member : {"modules", "planner", "allocator"}) {
+    EXPECT_EQ(old_summary->Find(member), nullptr) << member;
+  }
+}
+
+TEST(FullReportTest, NullSectionsAndNullErrorsReadAsAbsent) {
+  json::Value document = ParseJsonFile(kFullReport);
+  document.Set("planner", json::Value());
+  document.Set("allocator", json::Value());
+  // The runtime's JSON writer turns a NaN error into null.
+  json::Value& record = (*Member(document, {"activations", "saved_tensors"}))[1];
+  ASSERT_NE(record.Find("error"), nullptr);
+  record.Find("error")->Set("rel_rms", json::Value());
+  (*Member(document, {"activations", "saved_tensors"}))[3].Set("module", json::Value());
+  const std::string path = WriteJsonTemp("null_sections.json", document);
+  const CliResult result = RunActpack({"report", path});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  EXPECT_FALSE(absl::StrContains(result.out, "batch-size planner"));
+  EXPECT_FALSE(absl::StrContains(result.out, "\nallocator"));
+  EXPECT_TRUE(absl::StrContains(result.out, "top consumers by module"));
+  EXPECT_EQ(RunActpack({"plan", path, "--budget", "1GiB"}).exit_code, kExitBadInput);
+}
+
+TEST(PlanTest, MaxBatchSizeIsTheFloorOfWhatFitsAfterTheFixedPart) {
+  EXPECT_EQ(MaxBatchSize(1000, 100, 300), uint64_t{3});
+  EXPECT_EQ(MaxBatchSize(1000, 100, 900), uint64_t{1});  // exactly one sample
+  EXPECT_EQ(MaxBatchSize(999, 100, 900), uint64_t{0});   // one byte short
+  EXPECT_EQ(MaxBatchSize(50, 100, 1), uint64_t{0});      // not even the fixed part
+  EXPECT_EQ(MaxBatchSize(100, 100, 0), std::nullopt);    // nothing grows with the batch
+  EXPECT_EQ(MaxBatchSize(99, 100, 0), uint64_t{0});
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(MaxBatchSize(kMax, 1, 1), kMax - 1);  // no overflow
+  EXPECT_EQ(MaxBatchSize(kMax, kMax, kMax), uint64_t{0});
+  EXPECT_EQ(MaxBatchSize(kMax - 1, 0, kMax), uint64_t{0});
+}
+
+TEST(PlanTest, ReplansEveryChoiceForTheNewBudget) {
+  const CliResult result = RunActpack({"plan", kFullReport, "--budget", "12GiB"});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  EXPECT_EQ(result.err, "");
+  EXPECT_EQ(result.out, ReadText(kPlanGolden))
+      << "regenerate with the command at the top of tools/report_test.cc if intended";
+
+  // The numbers, recomputed here from the fixture: floor((budget - fixed) / per_sample).
+  const json::Value document = ParseJsonFile(kFullReport);
+  const uint64_t budget = uint64_t{12} << 30;
+  uint64_t best = 0;
+  std::string best_name;
+  for (const json::Value::Member& choice : document.Find("planner")->Find("choices")->members()) {
+    const uint64_t fixed = choice.second.Find("fixed_bytes")->as_int();
+    const uint64_t per_sample = choice.second.Find("per_sample_bytes")->as_int();
+    const uint64_t batch = (budget - fixed) / per_sample;
+    if (batch > best) {
+      best = batch;
+      best_name = choice.first;
+    }
+    bool found_row = false;
+    for (absl::string_view line : absl::StrSplit(result.out, '\n')) {
+      const std::vector<std::string> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (cells.empty() || cells[0] != choice.first) continue;
+      found_row = true;
+      ASSERT_GE(cells.size(), 3u);
+      EXPECT_EQ(cells[cells.size() - 2], absl::StrCat(batch)) << line;
+      EXPECT_EQ(cells.back(), absl::StrCat(choice.second.Find("max_batch_size")->as_int()))
+          << line;
+    }
+    EXPECT_TRUE(found_row) << choice.first << "\n" << result.out;
+  }
+  EXPECT_TRUE(absl::StrContains(result.out, absl::StrCat("largest batch at 12.00 GiB: ",
+                                                         best_name, " (", best, ")")))
+      << result.out;
+  // 12 GiB takes thousands of samples; the profile measured 8 to 32.
+  EXPECT_TRUE(absl::StrContains(result.out, "extrapolated")) << result.out;
+}
+
+TEST(PlanTest, AtTheRecordedBudgetReproducesTheRecordedBatchSizes) {
+  const CliResult result = RunActpack({"plan", kFullReport, "--budget=256MiB", "--json"});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  absl::StatusOr<json::Value> plan = json::Parse(result.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->Find("schema")->as_string(), "actpack.plan");
+  EXPECT_EQ(plan->Find("budget_bytes")->as_int(), int64_t{256} << 20);
+  EXPECT_EQ(plan->Find("recorded_budget_bytes")->as_int(), int64_t{256} << 20);
+  ASSERT_EQ(plan->Find("choices")->size(), 4u);
+  for (const json::Value::Member& choice : plan->Find("choices")->members()) {
+    EXPECT_FALSE(choice.second.Find("unbounded")->as_bool());
+    EXPECT_EQ(choice.second.Find("max_batch_size")->as_int(),
+              choice.second.Find("recorded_max_batch_size")->as_int())
+        << choice.first;
+  }
+  EXPECT_EQ(plan->Find("best")->as_string(), "quant2");
+  EXPECT_EQ(plan->Find("verified")->Find("codec")->as_string(), "quant2");
+}
+
+TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {
+  // 24 MiB: 10 to 28 samples per choice, inside the profiled 8..32.
+  const CliResult json_result = RunActpack({"plan", kFullReport, "--budget", "24MiB", "--json"});
+  absl::StatusOr<json::Value> plan = json::Parse(json_result.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->Find("extrapolated")->as_bool());
+  EXPECT_EQ(plan->Find("choices")->Find("none")->Find("max_batch_size")->as_int(),
+            ((int64_t{24} << 20) - (int64_t{6} << 20)) / 1831392);
+  const CliResult text = RunActpack({"plan", kFullReport, "--budget", "24MiB"});
+  EXPECT_FALSE(absl::StrContains(text.out, "extrapolated")) << text.out;
+}
+
+TEST(PlanTest, TooSmallAndUnboundedBudgets) {
+  const CliResult small = RunActpack({"plan", kFullReport, "--budget", "4MiB"});
+  ASSERT_EQ(small.exit_code, kExitOk) << small.err;
+  EXPECT_TRUE(absl::StrContains(small.out, "no choice fits one sample in 4.00 MiB")) << small.out;
+  const CliResult small_json = RunActpack({"plan", kFullReport, "--budget", "4MiB", "--json"});
+  absl::StatusOr<json::Value> plan = json::Parse(small_json.out);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->Find("best")->is_null());
+  EXPECT_EQ(plan->Find("choices")->Find("quant2")->Find("max_batch_size")->as_int(), 0);
+
+  json::Value document = ParseJsonFile(kFullReport);
+  json::Value* choices = Member(document, {"planner", "choices"});
+  json::Value free_choice = json::Value::Object();
+  free_choice.Set("fixed_bytes", int64_t{1} << 20);
+  free_choice.Set("per_sample_bytes", 0);
+  free_choice.Set("max_batch_size", 0);
+  choices->Set("my codec", std::move(free_choice));
+  const std::string path = WriteJsonTemp("unbounded.json", document);
+  const CliResult text = RunActpack({"plan", path, "--budget", "2GiB"});
+  ASSERT_EQ(text.exit_code, kExitOk) << text.err;
+  EXPECT_TRUE(absl::StrContains(text.out, "largest batch at 2.00 GiB: my codec (unbounded)"))
+      << text.out;
+  const CliResult json_result = RunActpack({"plan", path, "--budget", "2GiB", "--json"});
+  absl::StatusOr<json::Value> unbounded = json::Parse(json_result.out);
+  ASSERT_TRUE(unbounded.ok());
+  const json::Value* entry = unbounded->Find("choices")->Find("my codec");
+  EXPECT_TRUE(entry->Find("max_batch_size")->is_null());
+  EXPECT_TRUE(entry->Find("unbounded")->as_bool());
+  EXPECT_EQ(unbounded->Find("best")->as_string(), "my codec");
+}
+
+TEST(PlanTest, AShareOfTheDeviceIsRefusedClearly) {
+  const CliResult result = RunActpack({"plan", kFullReport, "--budget", "80%"});
+  EXPECT_EQ(result.exit_code, kExitBadInput);
+  EXPECT_EQ(result.out, "");
+  EXPECT_TRUE(absl::StartsWith(
+      result.err, "actpack: plan --budget 80%: a share of the device needs the device's memory "
+                  "size"))
+      << result.err;
+  EXPECT_TRUE(absl::StrContains(result.err, "usage: actpack"));
+  // A malformed share is ParseBudget's error.
+  const CliResult bad = RunActpack({"plan", kFullReport, "--budget", "180%"});
+  EXPECT_EQ(bad.exit_code, kExitBadInput);
+  EXPECT_TRUE(absl::StrContains(bad.err, "(0%, 100%]")) << bad.err;
+}
+
+TEST(PickleTest, ScalarsUseTheProtocolTwoOpcodes) {
+  auto pickle = [](const json::Value& value) {
+    const std::string bytes = PickleJson(value);
+    EXPECT_TRUE(absl::StartsWith(bytes, std::string("\x80\x02", 2)));
+    EXPECT_TRUE(absl::EndsWith(bytes, "."));
+    return bytes.substr(2, bytes.size() - 3);  // without PROTO 2 and STOP
+  };
+  using std::string_literals::operator""s;
+  EXPECT_EQ(pickle(json::Value()), "N");
+  EXPECT_EQ(pickle(json::Value(true)), "\x88");
+  EXPECT_EQ(pickle(json::Value(false)), "\x89");
+  EXPECT_EQ(pickle(json::Value(0)), "K\x00"s);
+  EXPECT_EQ(pickle(json::Value(255)), "K\xff");
+  EXPECT_EQ(pickle(json::Value(256)), "M\x00\x01"s);
+  EXPECT_EQ(pickle(json::Value(65535)), "M\xff\xff");
+  EXPECT_EQ(pickle(json::Value(65536)), "J\x00\x00\x01\x00"s);
+  EXPECT_EQ(pickle(json::Value(-1)), "J\xff\xff\xff\xff");
+  EXPECT_EQ(pickle(json::Value(int64_t{2147483647})), "J\xff\xff\xff\x7f");
+  EXPECT_EQ(pickle(json::Value(int64_t{-2147483648})), "J\x00\x00\x00\x80"s);
+  // Past 32 bits: LONG1 with the shortest two's complement, a sign byte where needed.
+  EXPECT_EQ(pickle(json::Value(int64_t{2147483648})), "\x8a\x05\x00\x00\x00\x80\x00"s);
+  EXPECT_EQ(pickle(json::Value(int64_t{-2147483649})), "\x8a\x05\xff\xff\xff\x7f\xff"s);
+  EXPECT_EQ(pickle(json::Value(int64_t{1} << 40)), "\x8a\x06\x00\x00\x00\x00\x00\x01"s);
+  EXPECT_EQ(pickle(json::Value(std::numeric_limits<int64_t>::max())),
+            "\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f"s);
+  EXPECT_EQ(pickle(json::Value(std::numeric_limits<int64_t>::min())),
+            "\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80"s);
+  EXPECT_EQ(pickle(json::Value(1.5)), "G\x3f\xf8\x00\x00\x00\x00\x00\x00"s);
+  EXPECT_EQ(pickle(json::Value(-0.0)), "G\x80\x00\x00\x00\x00\x00\x00\x00"s);
+  EXPECT_EQ(pickle(json::Value(2.0)), "G\x40\x00\x00\x00\x00\x00\x00\x00"s);  // a float
+  EXPECT_EQ(pickle(json::Value("\xc3\xa9")), "X\x02\x00\x00\x00\xc3\xa9"s);
+  EXPECT_EQ(pickle(json::Value("")), "X\x00\x00\x00\x00"s);
+  EXPECT_EQ(pickle(json::Value::Array()), "]");
+  EXPECT_EQ(pickle(json::Value::Object()), "}");
+  json::Value list = json::Value::Array();
+  list.Append(1);
+  list.Append(json::Value());
+  EXPECT_EQ(pickle(list), "](K\x01Ne"s);
+  json::Value dict = json::Value::Object();
+  dict.Set("a", json::Value());
+  EXPECT_EQ(pickle(dict), "}(X\x01\x00\x00\x00" "aNu"s);
+}
+
+TEST(PickleTest, NestedDocumentsRoundTrip) {
+  absl::StatusOr<json::Value> document = json::Parse(R"({"segments": [{"address": 140737488355328,
+      "blocks": [], "is_expandable": false, "ratio": 0.25, "name": "w\u00e9ight \u2713",
+      "empty": {}}, [[[]]], -7, 1e300, null], "z": {"y": {"x": [1, 2.5, "3", true]}}})");
+  ASSERT_TRUE(document.ok()) << document.status();
+  absl::StatusOr<json::Value> back = Unpickle(PickleJson(*document));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameJson(*back, *document);
+  // The test's reader is strict: it notices a damaged stream.
+  std::string damaged = PickleJson(*document);
+  EXPECT_FALSE(Unpickle(damaged.substr(0, damaged.size() - 1)).ok());
+  EXPECT_FALSE(Unpickle(damaged + ".").ok());
+  damaged[5] = 'Q';
+  EXPECT_FALSE(Unpickle(damaged).ok());
+}
+
+TEST(SnapshotTest, WritesTheReportsSnapshotAsAPickle) {
+  const std::string path = TempPath("snap.pickle");
+  const CliResult result = RunActpack({"snapshot", kFullReport, "-o", path});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  EXPECT_TRUE(absl::StartsWith(result.out, absl::StrCat("wrote ", path, " (7 segments, ")))
+      << result.out;
+  absl::StatusOr<json::Value> back = Unpickle(ReadText(path));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const json::Value document = ParseJsonFile(kFullReport);
+  ExpectSameJson(*back, *document.Find("allocator")->Find("snapshot"));
+  // What memory_viz reads: segments with blocks, traces with actions and addresses.
+  EXPECT_TRUE((*back->Find("segments"))[0].Find("blocks")->is_array());
+  EXPECT_TRUE((*back->Find("device_traces"))[0][0].Find("action")->is_string());
+  EXPECT_TRUE((*back->Find("device_traces"))[0][0].Find("addr")->is_int());
+
+  // --output=FILE is the same option.
+  const std::string other = TempPath("snap2.pickle");
+  ASSERT_EQ(RunActpack({"snapshot", kFullReport, "--output=" + other}).exit_code, kExitOk);
+  EXPECT_EQ(ReadText(other), ReadText(path));
+}
+
+TEST(SnapshotTest, WithoutSnapshotSaysSo) {
+  const CliResult none = RunActpack({"snapshot", kQuant2Report, "-o", TempPath("n.pickle")});
+  EXPECT_EQ(none.exit_code, kExitBadInput);
+  EXPECT_EQ(none.out, "");
+  EXPECT_EQ(LineCount(none.err), 1u) << none.err;
+  EXPECT_TRUE(absl::StrContains(none.err, "no allocator section")) << none.err;
+  EXPECT_TRUE(absl::StrContains(none.err, "actpack.dump_snapshot")) << none.err;
+
+  json::Value document = ParseJsonFile(kFullReport);
+  Member(document, {"allocator"})->Set("snapshot", json::Value());
+  const std::string path = WriteJsonTemp("null_snapshot.json", document);
+  const CliResult null_snapshot = RunActpack({"snapshot", path, "-o", TempPath("n.pickle")});
+  EXPECT_EQ(null_snapshot.exit_code, kExitBadInput);
+  EXPECT_EQ(LineCount(null_snapshot.err), 1u) << null_snapshot.err;
+  EXPECT_TRUE(absl::StrContains(null_snapshot.err, "allocator section has no snapshot"))
+      << null_snapshot.err;
+  // The report itself still reads.
+  const CliResult report = RunActpack({"report", path});
+  EXPECT_EQ(report.exit_code, kExitOk) << report.err;
+  EXPECT_TRUE(absl::StrContains(report.out, "snapshot         none")) << report.out;
+}
+
+TEST(DiffTest, ComparesPlannerBatchSizesAndModules) {
+  json::Value document = ParseJsonFile(kFullReport);
+  // After: a larger budget, one choice gone, one new; one module stores twice as much.
+  Member(document, {"planner"})->Set("budget_bytes", int64_t{512} << 20);
+  json::Value* choices = Member(document, {"planner", "choices"});
+  choices->Find("none")->Set("max_batch_size", 290);
+  json::Value replacement = json::Value::Object();
+  for (const json::Value::Member& member : choices->members()) {
+    if (member.first != "quant4") replacement.Set(member.first, member.second);
+  }
+  json::Value division = json::Value::Object();
+  division.Set("fixed_bytes", int64_t{6} << 20);
+  division.Set("per_sample_bytes", 600000);
+  division.Set("max_batch_size", 884);
+  replacement.Set("division", std::move(division));
+  Member(document, {"planner"})->Set("choices", std::move(replacement));
+  for (json::Value& record : Member(document, {"activations", "saved_tensors"})->elements()) {
+    const json::Value* module = record.Find("module");
+    if (module != nullptr && module->as_string() == "head" &&
+        record.Find("codec")->as_string() == "quant2") {
+      record.Set("stored_bytes", record.Find("stored_bytes")->as_int() * 2);
+    }
+  }
+  Member(document, {"allocator", "stats"})->Set("num_ooms", 2);
+  const std::string after = WriteJsonTemp("after.json", document);
+
+  const CliResult result = RunActpack({"diff", kFullReport, after});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  const std::string& text = result.out;
+  EXPECT_TRUE(absl::StrContains(
+      text, "planner: largest batch size by choice (before: 256.00 MiB, after: 512.00 MiB)"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "stored bytes per step by module")) << text;
+  std::map<std::string, std::string> row_end;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    const std::vector<std::string> cells = absl::StrSplit(line, "   ", absl::SkipEmpty());
+    if (cells.size() >= 2) row_end[std::string(absl::StripAsciiWhitespace(cells[0]))] =
+        std::string(absl::StripAsciiWhitespace(cells.back()));
+  }
+  EXPECT_EQ(row_end["none"], "+147") << text;
+  EXPECT_EQ(row_end["quant2"], "=") << text;
+  EXPECT_EQ(row_end["quant4"], "only before") << text;
+  EXPECT_EQ(row_end["division"], "only after") << text;
+  EXPECT_EQ(row_end["convs.0"], "=") << text;
+  EXPECT_TRUE(absl::StartsWith(row_end["head"], "+")) << text;
+  EXPECT_EQ(row_end["OOMs"], "+2") << text;
+  EXPECT_EQ(row_end["allocator peak reserved"], "=") << text;
+}
+
+TEST(PlotTest, GroupsByModuleWhenTheReportNamesModules) {
+  const std::string path = TempPath("modules.svg");
+  ASSERT_EQ(RunActpack({"plot", kFullReport, "-o", path}).exit_code, kExitOk);
+  const std::string svg = ReadText(path);
+  EXPECT_EQ(CheckWellFormedXml(svg), "");
+  EXPECT_TRUE(absl::StrContains(svg, "top consumers by module")) << svg;
+  EXPECT_TRUE(absl::StrContains(svg, ">convs.0</text>"));
+}
+
+// Ill-typed fields in the checked sections: exit 2 and one line naming the field, for every
+// command, never a crash or a silently wrong number.
+TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
+  const json::Value full = ParseJsonFile(kFullReport);
+  struct Case {
+    std::string name;
+    std::function<void(json::Value&)> mutate;
+    std::string message;
+  };
+  auto set = [](std::vector<std::string> keys, json::Value value) {
+    return [keys, value](json::Value& document) {
+      const std::string last = keys.back();
+      std::vector<std::string> parent(keys.begin(), keys.end() - 1);
+      json::Value* object = Member(document, parent);
+      ASSERT_NE(object, nullptr) << absl::StrJoin(parent, ".");
+      object->Set(last, value);
+    };
+  };
+  auto erase = [](std::vector<std::string> keys) {
+    return [keys](json::Value& document) {
+      std::vector<std::string> parent(keys.begin(), keys.end() - 1);
+      json::Value* object = Member(document, parent);
+      ASSERT_NE(object, nullptr);
+      json::Value copy = json::Value::Object();
+      for (const json::Value::Member& m : object->members()) {
+        if (m.first != keys.back()) copy.Set(m.first, m.second);
+      }
+      *object = std::move(copy);
+    };
+  };
+  auto record = [](size_t index, std::string key, json::Value value) {
+    return [index, key, value](json::Value& document) {
+      (*Member(document, {"activations", "saved_tensors"}))[index].Set(key, value);
+    };
+  };
+  json::Value bad_sizes = json::Value::Array();
+  bad_sizes.Append(8);
+  bad_sizes.Append("16");
+  json::Value nested_stat = json::Value::Object();
+  nested_stat.Set("current", 1);
+  json::Value bad_traces = json::Value::Array();
+  bad_traces.Append(json::Value::Object());
+  json::Value bad_error = json::Value::Object();
+  bad_error.Set("rms", 0.1);
+  bad_error.Set("rel_rms", -0.5);
+  const std::vector<Case> cases = {
+      {"planner_string", set({"planner"}, "soon"),
+       "bad run report: planner is the string \"soon\", expected an object or null"},
+      {"budget_string", set({"planner", "budget_bytes"}, "12GiB"),
+       "planner.budget_bytes is the string \"12GiB\", expected a non-negative integer"},
+      {"budget_negative", set({"planner", "budget_bytes"}, -1),
+       "planner.budget_bytes is the number -1, expected a non-negative integer"},
+      {"budget_missing", erase({"planner", "budget_bytes"}),
+       "planner.budget_bytes is missing, expected a non-negative integer"},
+      {"batch_size_string", set({"planner", "batch_sizes"}, bad_sizes),
+       "planner.batch_sizes[1] is the string \"16\""},
+      {"choices_array", set({"planner", "choices"}, json::Value::Array()),
+       "planner.choices is an array, expected an object"},
+      {"choice_number", set({"planner", "choices", "quant2"}, 3),
+       "planner.choices.quant2 is the number 3, expected an object with fixed_bytes"},
+      {"per_sample_fraction", set({"planner", "choices", "quant2", "per_sample_bytes"}, 1.5),
+       "planner.choices.quant2.per_sample_bytes is the number 1.5, expected a non-negative "
+       "integer"},
+      {"fixed_missing", erase({"planner", "choices", "auto", "fixed_bytes"}),
+       "planner.choices.auto.fixed_bytes is missing"},
+      {"verified_number", set({"planner", "verified"}, 3),
+       "planner.verified is the number 3, expected null or an object"},
+      {"verified_codec", set({"planner", "verified", "codec"}, json::Value()),
+       "planner.verified.codec is null, expected a string"},
+      {"backend", set({"allocator", "backend"}, "tpu"),
+       "allocator.backend is the string \"tpu\", expected \"cpu\" or \"cuda\""},
+      {"allocator_budget", set({"allocator", "budget_bytes"}, "none"),
+       "allocator.budget_bytes is the string \"none\""},
+      {"stats_array", set({"allocator", "stats"}, json::Value::Array()),
+       "allocator.stats is an array, expected an object"},
+      {"stat_nested", set({"allocator", "stats", "active_bytes.all"}, nested_stat),
+       "allocator.stats[\"active_bytes.all\"] is an object, expected a number"},
+      {"stat_negative", set({"allocator", "stats", "reserved_bytes.all.peak"}, -5),
+       "allocator.stats[\"reserved_bytes.all.peak\"] is the number -5, expected a non-negative"},
+      {"ooms_string", set({"allocator", "stats", "num_ooms"}, "none"),
+       "allocator.stats.num_ooms is the string \"none\""},
+      {"snapshot_array", set({"allocator", "snapshot"}, json::Value::Array()),
+       "allocator.snapshot is an array, expected null or an object with segments"},
+      {"segments_missing", erase({"allocator", "snapshot", "segments"}),
+       "allocator.snapshot.segments is missing, expected an array"},
+      {"traces_flat", set({"allocator", "snapshot", "device_traces"}, bad_traces),
+       "allocator.snapshot.device_traces[0] is an object, expected an array"},
+      {"module_number", record(1, "module", 5),
+       "activations.saved_tensors[1].module is the number 5, expected a module name"},
+      {"error_string", record(1, "error", "big"),
+       "activations.saved_tensors[1].error is the string \"big\", expected null or an object"},
+      {"error_negative", record(1, "error", bad_error),
+       "activations.saved_tensors[1].error.rel_rms is the number -0.5, expected a non-negative "
+       "number"},
+      {"long_string", set({"allocator", "backend"}, std::string(500, 'x') + "\n"),
+       "allocator.backend is the string \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\", "
+       "expected"},
+  };
+  for (const Case& c : cases) {
+    json::Value document = full;
+    c.mutate(document);
+    const std::string path = WriteJsonTemp(absl::StrCat("bad_", c.name, ".json"), document);
+    for (const std::vector<std::string>& args :
+         std::vector<std::vector<std::string>>{{"report", path},
+                                               {"report", path, "--json"},
+                                               {"diff", kFullReport, path},
+                                               {"plot", path, "-o", TempPath("x.svg")},
+                                               {"plan", path, "--budget", "1GiB"},
+                                               {"snapshot", path, "-o", TempPath("x.pickle")}}) {
+      const CliResult result = RunActpack(args);
+      EXPECT_EQ(result.exit_code, kExitBadInput) << c.name;
+      EXPECT_EQ(result.out, "") << c.name;
+      EXPECT_EQ(LineCount(result.err), 1u) << result.err;
+      EXPECT_TRUE(absl::StrContains(result.err, path)) << result.err;
+      EXPECT_TRUE(absl::StrContains(result.err, c.message)) << c.name << ": " << result.err;
+    }
+  }
+  // The truncated fixture is truncated JSON, not a crash, wherever it is cut.
+  const std::string text = ReadText(kFullReport);
+  for (size_t cut : {text.size() / 7, text.size() / 2, text.size() - 2}) {
+    const std::string path = WriteTemp("truncated_full.json", text.substr(0, cut));
+    const CliResult result = RunActpack({"snapshot", path, "-o", TempPath("t.pickle")});
+    EXPECT_EQ(result.exit_code, kExitBadInput);
+    EXPECT_TRUE(absl::StrContains(result.err, "truncated JSON")) << result.err;
+  }
 }
 
 }  // namespace

@@ -24,8 +24,8 @@ void BindCli(pybind11::module& m) {
         return pybind11::make_tuple(exit_code, out, err);
       },
       pybind11::arg("args"),
-      "Runs the actpack command line (report, diff, plot, plan) on `args` (without the program "
-      "name); returns (exit_code, stdout text, stderr text).");
+      "Runs the actpack command line (report, diff, plot, plan, snapshot) on `args` (without "
+      "the program name); returns (exit_code, stdout text, stderr text).");
 }
 
 }  // namespace actpack::torch_plugin
