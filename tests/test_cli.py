@@ -77,8 +77,10 @@ def test_report_text(run_report):
     assert result.stderr == ""
     assert "actpack run report: run.json" in result.stdout
     assert "64.00 MiB" in result.stdout
-    assert "top consumers by producer" in result.stdout
+    assert "top consumers by module" in result.stdout
     assert "quant4" in result.stdout
+    # nn.Sequential's children by name, as named_modules() gives them.
+    assert "\n  0 " in result.stdout and "\n  3 " in result.stdout
 
 
 def test_report_json_matches_the_run(run_report):
@@ -327,11 +329,12 @@ def test_snapshot_pickles_edge_values_exactly(tmp_path):
 
 
 def test_snapshot_without_one_exits_2(run_report, tmp_path):
+    # budget(snapshot=False), the default: the allocator section has stats, no snapshot.
     result = actpack_cli("snapshot", run_report, "-o", tmp_path / "x.pickle")
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
-    assert "no allocator section" in result.stderr
+    assert "allocator section has no snapshot" in result.stderr
     assert not (tmp_path / "x.pickle").exists()
 
 

@@ -190,7 +190,9 @@ class _ModuleTracker:
             key = (id(parent), id(module))
             child = self._names.get(key)
             if child is None:
-                child = next((n for n, m in parent._modules.items() if m is module), None)
+                # A descendant, not only a child: containers such as ModuleList are iterated,
+                # never called, so "blocks.0" runs straight under the model.
+                child = next((n for n, m in parent.named_modules() if m is module and n), None)
                 child = child if child is not None else type(module).__name__
                 self._names[key] = child
             name = f"{parent_name}.{child}" if parent_name else child
@@ -234,17 +236,23 @@ class _PeakMeter:
                     "installed (call actpack.install_allocator(budget=...) before any CUDA work, "
                     "or set ACTPACK_CONF); the peak comes from torch.cuda.max_memory_allocated")
             self._reset()
-            return
-        if not self._mem.cpu_allocator_installed():
-            self._mem.install_cpu_allocator()
-            self._installed_here = True
-        self._previous_cap = self._mem.memory_budget("cpu")
-        self.release_cache()
+        else:
+            if not self._mem.cpu_allocator_installed():
+                self._mem.install_cpu_allocator()
+                self._installed_here = True
+            self._previous_cap = self._mem.memory_budget("cpu")
+            self.release_cache()
+        # What ran before the budget is not the run's.
+        self.run_peak = self.run_allocated_peak = None
 
     def _device(self):
         return "cuda" if self._cuda else "cpu"
 
     def _reset(self):
+        # The allocator has one peak counter, restarted per step; the run's peaks are the
+        # maxima over every window, so fold the closing window in first.
+        self.run_peak = max(self.run_peak or 0, self._peak())
+        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
         if self._cuda and not self._actpack_cuda:
             torch.cuda.reset_peak_memory_stats()
         else:
@@ -272,8 +280,6 @@ class _PeakMeter:
     def step_peak(self):
         """The peak since the last call (or start), and restarts the measurement."""
         peak = self._peak()
-        self.run_peak = max(self.run_peak or 0, peak)
-        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
         self._reset()
         return peak
 
@@ -285,16 +291,17 @@ class _PeakMeter:
             self.release_cache()
 
     def stop(self, snapshot):
-        self.run_peak = max(self.run_peak or 0, self._peak())
-        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
+        self._reset()
         device = self._device()
-        if self._cuda and not self._actpack_cuda:
-            stats, backend = dict(torch.cuda.memory_stats()), "torch.cuda"
-        else:
-            stats, backend = self._mem.memory_stats(device), f"actpack-{device}"
-        section = {"backend": backend, "budget_bytes": self.budget_bytes, "stats": stats,
-                   "snapshot": None}
-        if snapshot and backend.startswith("actpack"):
+        # backend: the device; allocator: whose allocator served it (the CLI's schema).
+        ours = not self._cuda or self._actpack_cuda
+        stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
+        # Peaks over the whole run, not the last window since a per-step restart.
+        stats["allocated_bytes.all.peak"] = self.run_allocated_peak
+        stats["reserved_bytes.all.peak"] = self.run_peak
+        section = {"backend": device, "allocator": "actpack" if ours else "torch",
+                   "budget_bytes": self.budget_bytes, "stats": stats, "snapshot": None}
+        if snapshot and ours:
             section["snapshot"] = self._mem.memory_snapshot(device)
         if not self._cuda:
             self._mem.set_cpu_budget(self._previous_cap)
