@@ -162,6 +162,7 @@ TEST_F(BudgetAdaptorTest, ThrowingCallbackDoesNotDisableLaterPressureHandling) {
 
 TEST_F(BudgetAdaptorTest, MessageCountsCachedBytesThatCannotHelp) {
   // Fragmentation: a cached hole in a segment that also holds live memory cannot be released.
+  stats_.Deallocate(Alloc(20_MiB), 20_MiB);  // one cached 20 MiB segment to carve from
   void* a = Alloc(3_MiB);
   void* b = Alloc(17_MiB);  // the rest of a's 20 MiB segment
   ASSERT_EQ(pool_.GetUsage().reserved_bytes, 20_MiB);

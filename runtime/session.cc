@@ -478,7 +478,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   using allocator::FormatBytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "actpack: a budget of ", FormatBytes(options_.budget_bytes),
-      " cannot hold this training step: the step peaked at ", FormatBytes(peak_bytes),
+      " cannot hold this training step: its tensors peaked at ", FormatBytes(peak_bytes),
       ", of which ", FormatBytes(input.other_bytes),
       " is not saved activations (parameters, gradients, optimizer state, workspace), and "
       "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
@@ -488,10 +488,11 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       "% headroom), or use a smaller batch"));
 }
 
-absl::Status Session::EndStep(uint64_t peak_bytes) {
+absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
   absl::MutexLock lock(&mu_);
   if (ordinal_ == 0) return absl::OkStatus();
   current_step_.peak_bytes = peak_bytes;
+  current_step_.peak_reserved_bytes = reserved_bytes;
   absl::Status status = absl::OkStatus();
   if (current_step_.profiled) profiled_since_plan_ = true;
   const bool has_policy = profiled_since_plan_ || current_step_.automatic_bytes > 0;
@@ -588,6 +589,7 @@ json::Value Session::ActivationReport() const {
   for (const StepRecord& step : steps_) {
     json::Value s = json::Value::Object();
     s.Set("peak_bytes", step.peak_bytes);
+    s.Set("peak_reserved_bytes", step.peak_reserved_bytes);
     s.Set("saved_raw_bytes", step.saved_raw_bytes);
     s.Set("stored_bytes", step.stored_bytes);
     s.Set("ratio", Ratio(step.saved_raw_bytes, step.stored_bytes));

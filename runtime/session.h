@@ -194,7 +194,8 @@ struct SavedRecord {
 };
 
 struct StepRecord {
-  uint64_t peak_bytes = 0;         // the allocator's peak over the step (0: not measured)
+  uint64_t peak_bytes = 0;         // the allocator's allocated peak over the step (0: unknown)
+  uint64_t peak_reserved_bytes = 0;  // its reserved peak: what a cap counts (0: unknown)
   uint64_t saved_raw_bytes = 0;    // what autograd would have kept without actpack
   uint64_t stored_bytes = 0;       // what actpack kept instead (packed + kept)
   uint64_t peak_live_stored = 0;   // peak of live packed bytes during the step
@@ -251,10 +252,12 @@ class Session {
 
   // Closes the current step (a forward and its backward): records its totals and restarts the
   // ordinals. A step in which nothing was saved is not recorded. `peak_bytes` is the
-  // allocator's peak over the step (0 when unknown); with it the policy re-plans after profile
-  // steps and whenever the peak came close to the budget. kResourceExhausted when even the
-  // harshest plan cannot fit the budget, naming the smallest budget that would.
-  absl::Status EndStep(uint64_t peak_bytes = 0);
+  // allocator's allocated peak over the step (0 when unknown): the policy plans tensors'
+  // bytes, and its headroom covers the allocator's fragmentation. With it the policy re-plans
+  // after profile steps and whenever the peak came close to the budget. `reserved_bytes` (the
+  // reserved peak, what a cap counts) is recorded for the report. kResourceExhausted when
+  // even the harshest plan cannot fit the budget, naming the smallest budget that would.
+  absl::Status EndStep(uint64_t peak_bytes = 0, uint64_t reserved_bytes = 0);
 
   SessionTotals Totals() const;
   PolicyState Policy() const;

@@ -216,9 +216,11 @@ class PySession {
     return output;
   }
 
-  // `peak_bytes`: the allocator's peak over the step, 0 when unknown. Raises
-  // torch.OutOfMemoryError when even the harshest plan cannot fit the budget.
-  void EndStep(uint64_t peak_bytes) { ThrowIfError(session_->EndStep(peak_bytes)); }
+  // The allocator's allocated and reserved peaks over the step, 0 when unknown (see
+  // Session::EndStep). Raises torch.OutOfMemoryError when even the harshest plan cannot fit.
+  void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
+    ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes));
+  }
 
   py::dict Policy() const {
     const runtime::PolicyState p = session_->Policy();
@@ -378,7 +380,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("ladder") = std::vector<std::string>{})
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
-      .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0)
+      .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0,
+           py::arg("reserved_bytes") = 0)
       .def("policy", &PySession::Policy)
       .def("totals", &PySession::Totals)
       .def("activation_report", &PySession::ActivationReport);

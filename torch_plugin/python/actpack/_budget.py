@@ -87,7 +87,8 @@ class budget:
     def _end_step(self):
         self._end_of_backward_queued = False
         plans = self._session.policy()["plans"]
-        self._session.end_step(self._memory.step_peak())  # raises when no plan fits the budget
+        # Raises when no plan fits the budget.
+        self._session.end_step(*self._memory.step_peaks())
         replanned = self._session.policy()["plans"] != plans
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
@@ -225,6 +226,7 @@ class _PeakMeter:
         self.budget_bytes = parsed_budget["bytes"] or int(parsed_budget["fraction"] * total)
         self._installed_here = False
         self._previous_cap = None
+        self._capped = False
         self._actpack_cuda = False
 
     def start(self):
@@ -241,6 +243,7 @@ class _PeakMeter:
                 self._mem.install_cpu_allocator()
                 self._installed_here = True
             self._previous_cap = self._mem.memory_budget("cpu")
+            self._capped = self._previous_cap is not None
             self.release_cache()
         # What ran before the budget is not the run's.
         self.run_peak = self.run_allocated_peak = None
@@ -277,15 +280,16 @@ class _PeakMeter:
             return torch.cuda.max_memory_allocated()
         return self._mem.max_memory_allocated(self._device())
 
-    def step_peak(self):
-        """The peak since the last call (or start), and restarts the measurement."""
-        peak = self._peak()
+    def step_peaks(self):
+        """(allocated, reserved) peaks since the last call (or start); restarts measuring."""
+        peaks = (self._allocated_peak(), self._peak())
         self._reset()
-        return peak
+        return peaks
 
     def enforce(self):
         """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
-        if not self._cuda and self._mem.memory_budget("cpu") is None:
+        if not self._cuda and not self._capped:
+            self._capped = True
             self._mem.set_cpu_budget(self.budget_bytes)
             # A cap binds new reservations only: give back what the uncapped steps cached.
             self.release_cache()

@@ -60,7 +60,10 @@ class Plan:
                          f"{v['predicted_batch_size']}) ran under the cap, peak "
                          f"{format_bytes(v['peak_bytes'])} reserved")
         elif self.verified:
-            lines.append(f"verified: {self.verified['codec']} did not fit even at batch 1")
+            v = self.verified
+            lines.append(f"verified: {v['codec']} did not fit the cap at batch "
+                         f"{v['smallest_tried']}..{v['predicted_batch_size']} (predicted "
+                         f"{v['predicted_batch_size']}); the model of the step is off")
         return "\n".join(lines)
 
     def __repr__(self):
@@ -185,21 +188,28 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     return Plan(budget_bytes, sizes, choices, verified, document)
 
 
+# auto plans at the end of its second step and the cap holds from then on: the peak verified
+# is the reserved peak of the capped steps.
+VERIFY_STEPS = 4
+CAPPED_FROM = 2
+
+
 def _verify(step, budget_bytes, choice, predicted, say):
     """Real steps under the cap at `predicted`, stepping down 5% at a time until they fit."""
     import gc
 
     import torch
 
-    batch = predicted
+    batch = tried = predicted
     for _ in range(8):
         if batch < 1:
             break
         say(f"verify {choice} at batch {batch}")
+        tried = batch
         try:
             with _budget_context(budget_bytes, codec=_SPECS[choice] if choice != "none" else "quant2",
                                  enabled=choice != "none") as run:
-                for _ in range(3):  # auto plans after its second step; the cap holds from then on
+                for _ in range(VERIFY_STEPS):
                     step(batch)
         except torch.OutOfMemoryError:
             gc.collect()
@@ -207,9 +217,11 @@ def _verify(step, budget_bytes, choice, predicted, say):
             continue
         steps = run.report["activations"]["steps"]
         return ({"codec": choice, "batch_size": batch, "predicted_batch_size": predicted,
-                 "peak_bytes": max(s["peak_bytes"] for s in steps) if steps else None,
+                 "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[CAPPED_FROM:])
+                 if len(steps) > CAPPED_FROM else None,
                  "peak_allocated_bytes": run.report["run"]["peak_allocated_bytes"]}, run.report)
     return {"codec": choice, "batch_size": 0, "predicted_batch_size": predicted,
+            "smallest_tried": tried,
             "peak_bytes": None, "peak_allocated_bytes": None}, None
 
 
