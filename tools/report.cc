@@ -297,6 +297,13 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
   if (section == nullptr) return std::nullopt;
   PlannerProfile planner;
   planner.budget_bytes = check.Count(*section, "budget_bytes", "planner");
+  if (std::optional<double> headroom = check.MagnitudeOrNull(*section, "headroom", "planner")) {
+    if (*headroom >= 1) {
+      check.Fail("planner.headroom", section->Find("headroom"), "a fraction below 1");
+    } else {
+      planner.headroom = *headroom;
+    }
+  }
   if (const json::Value* sizes = check.Array(*section, "batch_sizes", "planner")) {
     for (size_t i = 0; i < sizes->size(); ++i) {
       planner.batch_sizes.push_back(
@@ -1649,7 +1656,8 @@ const PlannerChoice* BestChoice(const PlannerProfile& planner, uint64_t budget_b
   std::optional<uint64_t> best_batch;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+                     choice.per_sample_bytes);
     const bool better = best == nullptr || (best_batch.has_value() &&
                                             (!batch.has_value() || *batch > *best_batch));
     if (better) {
@@ -1678,14 +1686,15 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   std::string text = absl::StrCat("actpack plan: ", report.FileName(), " at a budget of ",
                                   budget, "\n", "planner profile: budget ", recorded,
                                   ", profiled batch sizes: ", JoinCounts(planner.batch_sizes),
-                                  "\n\n");
+                                  ", headroom ", std::lround(planner.headroom * 100), "%\n\n");
   TextTable table({1, 2, 3, 4});
   table.AddRow({"choice", "fixed", "per sample", absl::StrCat("max batch at ", budget),
                 absl::StrCat("recorded at ", recorded)});
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+                     choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
     table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
                   FormatBytes(choice.per_sample_bytes), BatchText(batch),
@@ -1698,7 +1707,7 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   absl::StrAppend(&text, table.Render(), "\n");
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   const std::optional<uint64_t> best_batch =
-      MaxBatchSize(budget_bytes, best->fixed_bytes, best->per_sample_bytes);
+      MaxBatchSize(planner.Usable(budget_bytes), best->fixed_bytes, best->per_sample_bytes);
   if (best_batch.has_value() && *best_batch == 0) {
     absl::StrAppend(&text, "  no choice fits one sample in ", budget, "\n");
   } else {
@@ -1723,11 +1732,13 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   plan.Set("budget_bytes", budget_bytes);
   plan.Set("recorded_budget_bytes", planner.budget_bytes);
   plan.Set("batch_sizes", CountArray(planner.batch_sizes));
+  plan.Set("headroom", planner.headroom);
   json::Value choices = json::Value::Object();
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+                     choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
     json::Value entry = json::Value::Object();
     entry.Set("fixed_bytes", choice.fixed_bytes);
@@ -1741,7 +1752,8 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   // The choice with the largest batch, null when none fits one sample.
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   if (best != nullptr &&
-      MaxBatchSize(budget_bytes, best->fixed_bytes, best->per_sample_bytes) == uint64_t{0}) {
+      MaxBatchSize(planner.Usable(budget_bytes), best->fixed_bytes, best->per_sample_bytes) ==
+          uint64_t{0}) {
     best = nullptr;
   }
   plan.Set("best", best == nullptr ? json::Value() : json::Value(best->name));

@@ -75,10 +75,11 @@ HEADROOM = 0.15  # as budget(): fragmentation and what the model misses
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
     """The largest batch whose modelled peak fixed + per_sample * b fits the budget's room."""
-    room = budget_bytes * (1.0 - headroom) - fixed
+    # In whole bytes, as the CLI's `actpack plan` computes it from the recorded numbers.
+    room = int(budget_bytes * (1.0 - headroom)) - int(fixed)
     if per_sample <= 0:
         return 0 if room < 0 else sys.maxsize
-    return max(0, math.floor(room / per_sample))
+    return max(0, room // int(per_sample))
 
 
 def _progress(done, total, what, enabled):
@@ -156,11 +157,12 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         mean_y = sum(p[1] for p in peaks) / n
         var_b = sum((p[0] - mean_b) ** 2 for p in peaks)
         per_sample = sum((p[0] - mean_b) * (p[1] - mean_y) for p in peaks) / var_b
-        fixed = mean_y - per_sample * mean_b
+        fixed = max(0.0, mean_y - per_sample * mean_b)  # a negative intercept is noise
         fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
+        fixed, per_sample = int(round(fixed)), int(math.ceil(per_sample))
         choices[choice] = {
-            "fixed_bytes": int(round(fixed)),
-            "per_sample_bytes": int(math.ceil(per_sample)),
+            "fixed_bytes": fixed,
+            "per_sample_bytes": per_sample,
             "fragmentation": fragmentation,
             "max_batch_size": max_batch(budget_bytes, fixed, per_sample),
             "measured": [{"batch_size": b, "allocated_bytes": a, "reserved_bytes": r}
@@ -176,7 +178,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         done += 1
         _progress(done, total, "done", progress)
 
-    section = {"budget_bytes": budget_bytes, "batch_sizes": sizes,
+    section = {"budget_bytes": budget_bytes, "headroom": HEADROOM, "batch_sizes": sizes,
                "choices": {name: {k: v for k, v in c.items()} for name, c in choices.items()},
                "verified": verified}
     document = dict(last_report)
