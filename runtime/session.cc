@@ -309,6 +309,37 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   return plan;
 }
 
+int Session::HarshestCandidate(const SavedRecord& record) {
+  // The candidate with the smallest bytes (measured, else the codec's bound); 0 (exact) when
+  // the ladder is empty.
+  int choice = record.candidates.size() > 1 ? 1 : 0;
+  for (size_t i = 1; i < record.candidates.size(); ++i) {
+    if (record.candidates[i].bytes < record.candidates[choice].bytes) choice = static_cast<int>(i);
+  }
+  return choice;
+}
+
+void Session::OnPressure() {
+  absl::MutexLock lock(&mu_);
+  if (!pressure_this_step_) ++policy_.pressure_events;
+  pressure_this_step_ = true;
+}
+
+PackPlan Session::ReliefPlan(int record_index) {
+  absl::MutexLock lock(&mu_);
+  PackPlan plan;
+  plan.record = record_index;
+  if (record_index < 0 || static_cast<size_t>(record_index) >= records_.size()) return plan;
+  const SavedRecord& record = records_[record_index];
+  const int choice = HarshestCandidate(record);
+  if (!record.assigned.automatic || choice == 0) return plan;  // kKeep: nothing to re-pack
+  plan.action = PackAction::kPack;
+  plan.params = options_.ladder[choice - 1];
+  plan.params.seed = options_.seed + pack_counter_++;
+  plan.relief = true;
+  return plan;
+}
+
 void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan) {
   if (record.candidates.empty()) {
     // Until measured, a candidate's bytes are its bound and its error unknown (infinite).
@@ -322,13 +353,9 @@ void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, Pa
   }
   int choice = record.choice;
   if (options_.budget_bytes == 0) choice = 0;  // no budget, nothing to fit: exact
-  if (choice < 0) {
-    // Not planned yet: the safe default, the ladder's smallest bound.
-    choice = 1;
-    for (size_t i = 1; i < record.candidates.size(); ++i) {
-      if (record.candidates[i].bytes < record.candidates[choice].bytes) choice = static_cast<int>(i);
-    }
-    if (record.candidates.size() == 1) choice = 0;
+  // Not planned yet, or out of memory mid-step: the safe default, the harshest codec.
+  if (choice < 0 || (pressure_this_step_ && options_.budget_bytes > 0)) {
+    choice = HarshestCandidate(record);
   }
   if (choice == 0) {
     plan.action = PackAction::kKeep;
@@ -385,6 +412,13 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   if (!note.empty()) {
     record.note = note;
     ++totals_.exact_fallbacks;
+  }
+  if (plan.relief) {
+    // It was counted as kept when it was saved.
+    totals_.kept_bytes -= std::min(totals_.kept_bytes, packed->raw_bytes_);
+    current_step_.stored_bytes -= std::min(current_step_.stored_bytes, packed->raw_bytes_);
+    current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, packed->raw_bytes_);
+    policy_.relieved_bytes += packed->raw_bytes_;
   }
   ++totals_.packs;
   totals_.packed_raw_bytes += packed->raw_bytes_;
@@ -502,11 +536,12 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
   // half the headroom of the budget (the model of the step was off).
   if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0 && step_index_ >= 1) {
     const double close = static_cast<double>(options_.budget_bytes) * (1.0 - options_.headroom / 2);
-    if (profiled_since_plan_ || static_cast<double>(peak_bytes) > close) {
+    if (profiled_since_plan_ || pressure_this_step_ || static_cast<double>(peak_bytes) > close) {
       status = Replan(peak_bytes);
       profiled_since_plan_ = false;
     }
   }
+  pressure_this_step_ = false;
   steps_.push_back(current_step_);
   current_step_ = StepRecord{};
   step_records_.clear();
@@ -569,6 +604,8 @@ json::Value Session::ActivationReport() const {
   policy.Set("feasible", policy_.feasible);
   policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);
   policy.Set("weighted_error", policy_.weighted_error);
+  policy.Set("pressure_events", policy_.pressure_events);
+  policy.Set("relieved_bytes", policy_.relieved_bytes);
   report.Set("policy", std::move(policy));
   report.Set("min_bytes", options_.min_bytes);
   report.Set("enabled", options_.enabled);

@@ -136,6 +136,9 @@ struct PackPlan {
   // Codecs to measure on this tensor (a profile step): the plugin encodes a sample with each
   // and reports through Session::RecordMeasurement(record, i, ...).
   std::vector<codecs::CodecParams> measure;
+  // Re-packing, under memory pressure, a tensor this step kept exact (ReliefPlan): Pack moves
+  // its bytes from kept to packed.
+  bool relief = false;
 };
 
 class Session;
@@ -212,6 +215,8 @@ struct PolicyState {
   bool feasible = true;
   uint64_t smallest_feasible_budget = 0;
   double weighted_error = 0.0;
+  uint64_t pressure_events = 0;    // times the allocator ran out of budget mid-step
+  uint64_t relieved_bytes = 0;     // raw bytes of kept tensors re-packed under pressure
 };
 
 struct SessionTotals {
@@ -247,6 +252,14 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
+  // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
+  // policy's tensors with their harshest codec, and the policy plans again at the step's end.
+  void OnPressure();
+
+  // The plan that re-packs record `record`'s tensor, kept exact by the policy earlier in this
+  // step, with its harshest codec to free memory under pressure (PackPlan::relief).
+  PackPlan ReliefPlan(int record);
+
   // What the plugin measured for candidate `index` of plan.measure.
   void RecordMeasurement(int record, size_t index, const CodecMeasurement& measurement);
 
@@ -274,6 +287,7 @@ class Session {
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static int HarshestCandidate(const SavedRecord& record);
   void OnRelease(const PackedTensor& packed);
 
   const SessionOptions options_;
@@ -292,6 +306,7 @@ class Session {
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
+  bool pressure_this_step_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
 

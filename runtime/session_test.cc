@@ -274,6 +274,32 @@ TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
   EXPECT_NE(record.Find("candidates"), nullptr);
 }
 
+TEST(SessionPolicyTest, PressureRepacksKeptTensorsAndTurnsTheRestOfTheStepHarsh) {
+  Session session(AutoOptions(10 << 20), HostFactory());
+  const uint64_t first = WarmUp(session, 1 << 20);
+  ASSERT_TRUE(session.EndStep(first + (1 << 20)).ok());
+  // The plan keeps everything exact; then the allocator runs out mid-step.
+  Saved kept = MakeSaved(64, 256, 200, 0);
+  PackPlan plan = session.Plan(kept.info);
+  ASSERT_EQ(plan.action, PackAction::kKeep);
+  session.OnPressure();
+  PackPlan relief = session.ReliefPlan(plan.record);
+  ASSERT_EQ(relief.action, PackAction::kPack);
+  EXPECT_TRUE(relief.relief);
+  absl::StatusOr<std::shared_ptr<PackedTensor>> repacked =
+      session.Pack(kept.info, relief, kept.view(), {});
+  ASSERT_TRUE(repacked.ok()) << repacked.status();
+  EXPECT_LT((*repacked)->stored_bytes() * 10, kept.info.Bytes());  // the harshest codec
+  // The rest of the step is packed harsh although the plan says exact.
+  Saved next = MakeSaved(64, 256, 201, 1);
+  EXPECT_EQ(session.Plan(next.info).action, PackAction::kPack);
+  EXPECT_EQ(session.Policy().pressure_events, 1u);
+  EXPECT_EQ(session.Policy().relieved_bytes, kept.info.Bytes());
+  // A parameter or an unknown record has nothing to re-pack.
+  EXPECT_EQ(session.ReliefPlan(-1).action, PackAction::kKeep);
+  EXPECT_EQ(session.ReliefPlan(12345).action, PackAction::kKeep);
+}
+
 TEST(SessionPolicyTest, AnImpossibleBudgetNamesTheSmallestThatWorks) {
   Session session(AutoOptions(2 << 20), HostFactory());
   const uint64_t first = WarmUp(session, 3 << 20);

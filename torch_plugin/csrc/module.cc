@@ -63,9 +63,21 @@ runtime::BufferFactory TorchBufferFactory() {
 }
 
 // What pack() hands to autograd for a packed tensor.
+// A tensor the policy kept exact this step. Under memory pressure it is re-packed with the
+// harshest codec and the tensor dropped (PySession::Relieve), which frees its memory when this
+// was the only reference.
+struct KeptTensor {
+  at::Tensor tensor;  // undefined once re-packed
+  std::shared_ptr<runtime::PackedTensor> packed;
+  runtime::SavedTensorInfo info;
+  int record = -1;
+};
+
 struct PackedHandle {
   std::shared_ptr<runtime::PackedTensor> packed;
+  std::shared_ptr<KeptTensor> kept;  // instead of `packed`, for a policy-exact tensor
   at::TensorOptions options;  // dtype and device of the original
+  const runtime::PackedTensor* Packed() const { return kept ? kept->packed.get() : packed.get(); }
 };
 
 // Profile steps measure each candidate codec on a sample of the saved tensor: whole samples
@@ -192,12 +204,14 @@ class PySession {
       handle.packed = std::move(plan.duplicate);
       return py::cast(std::move(handle));
     }
-    if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) return py::cast(tensor);
+    if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) {
+      return Keep(tensor, info, plan);
+    }
     const at::Tensor contiguous = tensor.detach().contiguous();
     for (size_t i = 0; i < plan.measure.size(); ++i) {
       session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
     }
-    if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
+    if (plan.action == runtime::PackAction::kKeep) return Keep(tensor, info, plan);
     PackedHandle handle;
     handle.options = tensor.options();
     absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
@@ -207,13 +221,70 @@ class PySession {
     return py::cast(std::move(handle));
   }
 
+  // A kept tensor as autograd saves it: itself, or, when the policy chose to keep it exact, a
+  // handle that Relieve can re-pack under memory pressure.
+  py::object Keep(const at::Tensor& tensor, const runtime::SavedTensorInfo& info,
+                  const runtime::PackPlan& plan) {
+    if (plan.reason != runtime::KeepReason::kPolicyExact) return py::cast(tensor);
+    PackedHandle handle;
+    handle.options = tensor.options();
+    handle.kept = std::make_shared<KeptTensor>(KeptTensor{tensor, nullptr, info, plan.record});
+    kept_.push_back(handle.kept);
+    return py::cast(std::move(handle));
+  }
+
   at::Tensor Unpack(const py::object& handle) {
     if (THPVariable_Check(handle.ptr())) return THPVariable_Unpack(handle.ptr());
-    const PackedHandle& packed = handle.cast<const PackedHandle&>();
-    const c10::OptionalDeviceGuard device_guard(packed.options.device());
-    at::Tensor output = at::empty(packed.packed->shape(), packed.options);
-    ThrowIfError(session_->Unpack(*packed.packed, ToMutableView(output), ContextFor(output)));
+    const PackedHandle& handle_ref = handle.cast<const PackedHandle&>();
+    if (handle_ref.kept && handle_ref.kept->tensor.defined()) return handle_ref.kept->tensor;
+    const runtime::PackedTensor& packed = *handle_ref.Packed();
+    const c10::OptionalDeviceGuard device_guard(handle_ref.options.device());
+    at::Tensor output = at::empty(packed.shape(), handle_ref.options);
+    ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
     return output;
+  }
+
+  // The allocator's pressure callback: the rest of the step packs harsh, and tensors the policy
+  // kept exact are re-packed with their harshest codec, largest first, until `needed` bytes are
+  // freed. Only a tensor whose memory nothing else holds frees anything; a non-contiguous one
+  // would need a contiguous copy first, so it stays. Returns the bytes freed.
+  size_t Relieve(size_t needed) {
+    session_->OnPressure();
+    std::vector<std::shared_ptr<KeptTensor>> candidates;
+    std::vector<std::weak_ptr<KeptTensor>> live;
+    for (const std::weak_ptr<KeptTensor>& weak : kept_) {
+      std::shared_ptr<KeptTensor> kept = weak.lock();
+      if (kept == nullptr) continue;
+      live.push_back(weak);
+      const at::Tensor& t = kept->tensor;
+      if (t.defined() && t.is_contiguous() &&
+          t.storage().use_count() == 1 && t.storage().nbytes() == t.nbytes()) {
+        candidates.push_back(std::move(kept));
+      }
+    }
+    kept_ = std::move(live);
+    std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return a->tensor.nbytes() > b->tensor.nbytes();
+    });
+    size_t freed = 0;
+    for (const std::shared_ptr<KeptTensor>& kept : candidates) {
+      if (freed >= needed) break;
+      const runtime::PackPlan plan = session_->ReliefPlan(kept->record);
+      if (plan.action != runtime::PackAction::kPack) continue;
+      const c10::OptionalDeviceGuard device_guard(kept->tensor.device());
+      absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed;
+      try {
+        packed = session_->Pack(kept->info, plan, ToView(kept->tensor),
+                                ContextFor(kept->tensor));
+      } catch (const c10::Error&) {
+        continue;  // no room even for the encoded copy
+      }
+      if (!packed.ok()) continue;
+      kept->packed = std::move(*packed);
+      freed += kept->tensor.nbytes();
+      kept->tensor = at::Tensor();
+    }
+    return freed;
   }
 
   // The allocator's allocated and reserved peaks over the step, 0 when unknown (see
@@ -255,6 +326,8 @@ class PySession {
   }
 
  private:
+  // Tensors the policy kept exact, for Relieve (pruned as they expire).
+  std::vector<std::weak_ptr<KeptTensor>> kept_;
   static runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
     absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
     ThrowIfError(choice.status());
@@ -367,9 +440,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
 #endif
   py::class_<PackedHandle>(m, "PackedTensor")
-      .def_property_readonly("raw_bytes", [](const PackedHandle& h) { return h.packed->raw_bytes(); })
-      .def_property_readonly("stored_bytes",
-                             [](const PackedHandle& h) { return h.packed->stored_bytes(); });
+      .def_property_readonly("raw_bytes",
+                             [](const PackedHandle& h) {
+                               return h.Packed() ? h.Packed()->raw_bytes() : h.kept->info.Bytes();
+                             })
+      .def_property_readonly("stored_bytes", [](const PackedHandle& h) {
+        return h.Packed() ? h.Packed()->stored_bytes() : h.kept->info.Bytes();
+      });
   py::class_<PySession>(m, "Session")
       .def(py::init<const std::string&, const std::vector<std::pair<std::string, std::string>>&,
                     int64_t, uint64_t, bool, int64_t, double, int64_t,
@@ -380,6 +457,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("ladder") = std::vector<std::string>{})
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
+      .def("relieve", &PySession::Relieve, py::arg("needed"))
       .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0,
            py::arg("reserved_bytes") = 0)
       .def("policy", &PySession::Policy)

@@ -99,6 +99,9 @@ class budget:
     def __enter__(self):
         self._started = time.perf_counter()
         self._memory.start()
+        if _automatic(self._codec):
+            # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
+            self._memory.watch_pressure(self._session.relieve)
         self._modules.start()
         self._hooks.__enter__()
         return self.run
@@ -227,6 +230,7 @@ class _PeakMeter:
         self._installed_here = False
         self._previous_cap = None
         self._capped = False
+        self._pressure_id = None
         self._actpack_cuda = False
 
     def start(self):
@@ -286,6 +290,13 @@ class _PeakMeter:
         self._reset()
         return peaks
 
+    def watch_pressure(self, relieve):
+        """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
+        allocator only: torch's has no such hook)."""
+        if not self._cuda or self._actpack_cuda:
+            device = self._device() if not self._cuda else torch.cuda.current_device()
+            self._pressure_id = self._mem.add_pressure_callback(relieve, device)
+
     def enforce(self):
         """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
         if not self._cuda and not self._capped:
@@ -295,6 +306,9 @@ class _PeakMeter:
             self.release_cache()
 
     def stop(self, snapshot):
+        if self._pressure_id is not None:
+            self._mem.remove_pressure_callback(self._pressure_id)
+            self._pressure_id = None
         self._reset()
         device = self._device()
         # backend: the device; allocator: whose allocator served it (the CLI's schema).
