@@ -89,6 +89,11 @@ std::vector<StepUsage> ReadSteps(const json::Value* activations) {
     step.stored_bytes = *stored;
     step.peak_live_raw_bytes = FindBytes(&entry, "peak_live_raw_bytes");
     step.peak_live_stored_bytes = FindBytes(&entry, "peak_live_stored_bytes");
+    // 0: not measured (a run without an allocator to read).
+    const std::optional<uint64_t> allocated = FindBytes(&entry, "peak_bytes");
+    const std::optional<uint64_t> reserved = FindBytes(&entry, "peak_reserved_bytes");
+    if (allocated.value_or(0) > 0) step.peak_allocated_bytes = allocated;
+    if (reserved.value_or(0) > 0) step.peak_reserved_bytes = reserved;
     steps.push_back(step);
   }
   return steps;
@@ -639,6 +644,8 @@ ByteAxis NiceByteAxis(double max_bytes) {
 constexpr absl::string_view kRawColor = "#9aa5b1";
 constexpr absl::string_view kStoredColor = "#1f77b4";
 constexpr absl::string_view kBudgetColor = "#d62728";
+constexpr absl::string_view kReservedColor = "#2ca02c";
+constexpr absl::string_view kAllocatedColor = "#ff7f0e";
 
 void AppendText(std::string* svg, double x, double y, absl::string_view text,
                 absl::string_view anchor = "start", absl::string_view extra = "") {
@@ -667,6 +674,8 @@ void AppendLegendEntry(std::string* svg, double x, double y, absl::string_view c
   if (dashed_line) {
     AppendLine(svg, x, y - 4, x + 18, y - 4, color,
                " stroke-width=\"2\" stroke-dasharray=\"6 3\"");
+  } else if (absl::StrContains(label, "peak")) {  // a line with markers
+    AppendLine(svg, x, y - 4, x + 18, y - 4, color, " stroke-width=\"2\"");
   } else {
     AppendRect(svg, x, y - 10, 18, 10, color, label);
   }
@@ -1766,7 +1775,7 @@ std::string RenderMemorySvg(const RunReport& report) {
   constexpr double kWidth = 960;
   constexpr double kLeft = 100;   // room for byte tick labels
   constexpr double kRight = 40;
-  constexpr double kStepTop = 80;
+  constexpr double kStepTop = 96;
   constexpr double kStepHeight = 240;
   constexpr double kConsumerLeft = 220;  // room for module or producer names
   constexpr double kRowHeight = 28;
@@ -1802,16 +1811,29 @@ std::string RenderMemorySvg(const RunReport& report) {
   const double plot_left = kLeft;
   const double plot_width = kWidth - kLeft - kRight;
   const double plot_bottom = kStepTop + kStepHeight;
-  AppendText(&svg, plot_left, kStepTop - 26, "activations saved for backward, per training step",
+  const bool has_peaks = std::any_of(report.steps.begin(), report.steps.end(), [](const auto& s) {
+    return s.peak_reserved_bytes.has_value() || s.peak_allocated_bytes.has_value();
+  });
+  AppendText(&svg, plot_left, kStepTop - 44,
+             has_peaks ? "memory per training step: activations saved for backward and the "
+                         "step's peak"
+                       : "activations saved for backward, per training step",
              "start", " font-size=\"13\" font-weight=\"bold\"");
-  // Legend, right-aligned above the plot.
+  // Legend, one row above the plot.
   {
-    double x = kWidth - kRight - 430;
-    AppendLegendEntry(&svg, x, kStepTop - 24, kRawColor, "saved raw (without actpack)");
-    AppendLegendEntry(&svg, x + 200, kStepTop - 24, kStoredColor, "stored by actpack");
-    if (report.budget_bytes) {
-      AppendLegendEntry(&svg, x + 340, kStepTop - 24, kBudgetColor, "budget", true);
+    double x = plot_left;
+    const double y = kStepTop - 22;
+    AppendLegendEntry(&svg, x, y, kRawColor, "saved raw (without actpack)");
+    x += 200;
+    AppendLegendEntry(&svg, x, y, kStoredColor, "stored by actpack");
+    x += 140;
+    if (has_peaks) {
+      AppendLegendEntry(&svg, x, y, kReservedColor, "step peak reserved");
+      x += 150;
+      AppendLegendEntry(&svg, x, y, kAllocatedColor, "step peak allocated");
+      x += 160;
     }
+    if (report.budget_bytes) AppendLegendEntry(&svg, x, y, kBudgetColor, "budget", true);
   }
   if (report.steps.empty()) {
     AppendText(&svg, plot_left + plot_width / 2, kStepTop + kStepHeight / 2,
@@ -1820,7 +1842,9 @@ std::string RenderMemorySvg(const RunReport& report) {
     double max_bytes = 0;
     for (const StepUsage& step : report.steps) {
       max_bytes = std::max({max_bytes, static_cast<double>(step.saved_raw_bytes),
-                            static_cast<double>(step.stored_bytes)});
+                            static_cast<double>(step.stored_bytes),
+                            static_cast<double>(step.peak_reserved_bytes.value_or(0)),
+                            static_cast<double>(step.peak_allocated_bytes.value_or(0))});
     }
     // The budget joins the scale unless it would flatten the bars; then it is stated instead.
     bool budget_on_scale = false;
@@ -1854,6 +1878,32 @@ std::string RenderMemorySvg(const RunReport& report) {
                    "middle");
       }
     }
+    // The step's peaks as lines through the slots' centres, a marker per step.
+    auto draw_peaks = [&](auto peak_of, absl::string_view color, absl::string_view what) {
+      std::optional<std::pair<double, double>> previous;
+      for (size_t i = 0; i < n; ++i) {
+        const std::optional<uint64_t> peak = peak_of(report.steps[i]);
+        if (!peak.has_value()) {
+          previous.reset();
+          continue;
+        }
+        const double x = plot_left + (i + 0.5) * slot;
+        const double y = y_of(static_cast<double>(*peak));
+        if (previous) {
+          AppendLine(&svg, previous->first, previous->second, x, y, color,
+                     " stroke-width=\"2\"");
+        }
+        absl::StrAppendFormat(&svg,
+                              "  <circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\">"
+                              "<title>step %d: %s %s</title></circle>\n",
+                              x, y, color, i, what, FormatBytes(*peak));
+        previous = std::make_pair(x, y);
+      }
+    };
+    draw_peaks([](const StepUsage& s) { return s.peak_reserved_bytes; }, kReservedColor,
+               "peak reserved");
+    draw_peaks([](const StepUsage& s) { return s.peak_allocated_bytes; }, kAllocatedColor,
+               "peak allocated");
     if (report.budget_bytes) {
       if (budget_on_scale) {
         const double y = y_of(static_cast<double>(*report.budget_bytes));

@@ -72,6 +72,9 @@ struct StepUsage {
   uint64_t stored_bytes = 0;
   std::optional<uint64_t> peak_live_raw_bytes;
   std::optional<uint64_t> peak_live_stored_bytes;
+  // The allocator's peaks over the step (everything, not only activations), when recorded.
+  std::optional<uint64_t> peak_allocated_bytes;
+  std::optional<uint64_t> peak_reserved_bytes;
 };
 
 // CodecError

@@ -38,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "allocator/units.h"
 #include "gtest/gtest.h"
 #include "runtime/json.h"
 
@@ -974,6 +975,19 @@ TEST(PlotTest, GroupsByModuleWhenTheReportNamesModules) {
   EXPECT_EQ(CheckWellFormedXml(svg), "");
   EXPECT_TRUE(absl::StrContains(svg, "top consumers by module")) << svg;
   EXPECT_TRUE(absl::StrContains(svg, ">convs.0</text>"));
+  // The steps record the allocator's peaks: a line each, a marker per step with its value.
+  EXPECT_TRUE(absl::StrContains(svg, ">step peak reserved</text>")) << svg;
+  EXPECT_TRUE(absl::StrContains(svg, ">step peak allocated</text>")) << svg;
+  const json::Value document = ParseJsonFile(kFullReport);
+  const json::Value& first = document.Find("activations")->Find("steps")->elements()[0];
+  EXPECT_TRUE(absl::StrContains(
+      svg, absl::StrCat("<title>step 0: peak reserved ",
+                        allocator::FormatBytes(first.Find("peak_reserved_bytes")->as_int()),
+                        "</title>")))
+      << svg;
+  // A report without them (version 1) draws neither.
+  ASSERT_EQ(RunActpack({"plot", kQuant2Report, "-o", path}).exit_code, kExitOk);
+  EXPECT_FALSE(absl::StrContains(ReadText(path), "step peak"));
 }
 
 // Ill-typed fields in the checked sections: exit 2 and one line naming the field, for every
