@@ -137,18 +137,10 @@ def test_pressure_mid_step_repacks_instead_of_failing(corpus):
     """The plan keeps everything exact under a generous budget; then the cap drops below what
     that plan needs (another pool took memory, say). The allocator's pressure callback re-packs
     the kept activations with the harshest codec mid-step, and training goes on under the cap."""
-    torch.manual_seed(0)
-    model = demo.MODELS["cnn"](context=CONTEXT)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = demo.batches(corpus, 32, CONTEXT, 0, torch.device("cpu"))
+    train_step = demo.plan_step(corpus, CONTEXT, torch.device("cpu"), 0, "cnn")
 
     def step():
-        x, y = next(data)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return train_step(32)
 
     step()  # optimizer state
     actpack.reset_peak_memory_stats("cpu")

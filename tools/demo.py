@@ -162,16 +162,19 @@ def install_allocator(device):
 
 
 def plan_step(corpus, context, device, seed, model_name):
-    """step(batch) for actpack.plan: one training step of a fresh model at that batch size."""
+    """step(batch) for actpack.plan: one training step of a fresh model at that batch size (the
+    same batch of data each time); returns the loss."""
     torch.manual_seed(seed)
     model = MODELS[model_name](context=context).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
 
     def step(batch):
         x, y = next(batches(corpus, batch, context, seed, device))
-        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return loss.item()
 
     return step
 
