@@ -319,6 +319,40 @@ int Session::HarshestCandidate(const SavedRecord& record) {
   return choice;
 }
 
+void Session::SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms) {
+  double sum = 0;
+  size_t count = 0;
+  for (const auto& [module, norm] : squared_grad_norms) {
+    if (std::isfinite(norm) && norm > 0) {
+      sum += norm;
+      ++count;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  module_weight_.clear();
+  if (count == 0) return;
+  // A saved tensor's error reaches the gradients two ways: through its module's parameter
+  // gradients (measured: the norm over the mean) and through the activation gradient passed
+  // down (not measured: uniform). Both count half.
+  const double mean = sum / static_cast<double>(count);
+  for (const auto& [module, norm] : squared_grad_norms) {
+    if (std::isfinite(norm) && norm > 0) module_weight_[module] = 0.5 + 0.5 * norm / mean;
+  }
+}
+
+double Session::WeightOf(const std::string& module) const {
+  // The module itself, else its nearest parent with a weight ("blocks.0.attn" -> "blocks.0").
+  std::string name = module;
+  while (true) {
+    auto it = module_weight_.find(name);
+    if (it != module_weight_.end()) return it->second;
+    const size_t dot = name.rfind('.');
+    if (dot == std::string::npos) break;
+    name.resize(dot);
+  }
+  return 1.0;
+}
+
 void Session::OnPressure() {
   absl::MutexLock lock(&mu_);
   if (!pressure_this_step_) ++policy_.pressure_events;
@@ -495,7 +529,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       continue;
     }
     planned.push_back(index);
-    input.items.push_back({record.candidates, 1.0});
+    input.items.push_back({record.candidates, WeightOf(record.module)});
   }
   input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
   if (planned.empty()) return absl::OkStatus();
@@ -604,6 +638,7 @@ json::Value Session::ActivationReport() const {
   policy.Set("feasible", policy_.feasible);
   policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);
   policy.Set("weighted_error", policy_.weighted_error);
+  policy.Set("sensitivity", module_weight_.empty() ? "uniform" : "gradient");
   policy.Set("pressure_events", policy_.pressure_events);
   policy.Set("relieved_bytes", policy_.relieved_bytes);
   report.Set("policy", std::move(policy));
@@ -644,6 +679,9 @@ json::Value Session::ActivationReport() const {
     r.Set("ordinal", record.ordinal);
     r.Set("producer", record.producer);
     if (!record.module.empty()) r.Set("module", record.module);
+    if (record.assigned.automatic && !module_weight_.empty()) {
+      r.Set("sensitivity", WeightOf(record.module));
+    }
     r.Set("shape", ShapeJson(record.shape));
     r.Set("dtype", codecs::DTypeName(record.dtype));
     r.Set("codec", record.codec.empty() ? std::string("reused") : record.codec);

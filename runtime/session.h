@@ -252,6 +252,14 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
+  // Sensitivity from gradient statistics: each module's squared parameter-gradient norm (the
+  // plugin measures them at the end of a backward pass). A module's weight-gradient error grows
+  // with the relative error of its saved input times its gradient's magnitude (ActNN, GACT), so
+  // the policy weighs a tensor's measured error by 1/2 + 1/2 * its module's norm over the mean
+  // of those given (the other half: the error passed down through the activation gradient,
+  // not measured). A tensor whose module (or nearest parent, by dotted name) has none weighs 1.
+  void SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms);
+
   // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
   // policy's tensors with their harshest codec, and the policy plans again at the step's end.
   void OnPressure();
@@ -307,6 +315,8 @@ class Session {
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
   bool pressure_this_step_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, double> module_weight_ ABSL_GUARDED_BY(mu_);  // mean 1
+  double WeightOf(const std::string& module) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
 

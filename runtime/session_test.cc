@@ -274,6 +274,45 @@ TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
   EXPECT_NE(record.Find("candidates"), nullptr);
 }
 
+TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
+  // Room for three of four same-sized tensors at 8 bits and one at 4: the one to lose bits is
+  // never the module with the large gradients, whichever module that is.
+  const uint64_t other = 1 << 20;
+  for (const char* sensitive : {"head", "encoder.layer0"}) {
+    Session session(AutoOptions(other + 62000), HostFactory());
+    std::map<std::string, double> norms = {{"encoder.layer0", 1.0}, {"encoder", 1.0},
+                                           {"head", 1.0}};
+    norms[sensitive] = 100.0;
+    session.SetModuleSensitivity(norms);
+    const uint64_t first = WarmUp(session, other);
+    ASSERT_TRUE(session.EndStep(other + first).ok());
+    RunStep(session);
+    const std::vector<SavedRecord> records = session.Records();
+    // RunStep: tensors 0 and 1 are encoder.layer0 and encoder.layer1, 2 and 3 head.
+    int harsher = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      const bool favoured = records[i].module == sensitive ||
+                            (std::string(sensitive) == "head" && i >= 2);
+      if (favoured) {
+        EXPECT_EQ(records[i].codec, "quant8") << sensitive << " " << i;
+      } else if (records[i].codec != "quant8") {
+        ++harsher;
+      }
+    }
+    EXPECT_GE(harsher, 1) << sensitive;
+    const json::Value report = session.ActivationReport();
+    EXPECT_EQ(report.Find("policy")->Find("sensitivity")->as_string(), "gradient");
+  }
+  // encoder.layer1 has no weight of its own: its parent's, 1/2 + 1/2 * 2 / mean(2, 6).
+  Session session(AutoOptions(10 << 20), HostFactory());
+  session.SetModuleSensitivity({{"encoder", 2.0}, {"head", 6.0}});
+  RunStep(session);
+  const json::Value report = session.ActivationReport();
+  const json::Value& layer1 = report.Find("saved_tensors")->elements()[1];
+  EXPECT_EQ(layer1.Find("module")->as_string(), "encoder.layer1");
+  EXPECT_DOUBLE_EQ(layer1.Find("sensitivity")->as_double(), 0.75);
+}
+
 TEST(SessionPolicyTest, PressureRepacksKeptTensorsAndTurnsTheRestOfTheStepHarsh) {
   Session session(AutoOptions(10 << 20), HostFactory());
   const uint64_t first = WarmUp(session, 1 << 20);

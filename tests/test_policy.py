@@ -70,10 +70,16 @@ def test_records_carry_modules_candidates_and_errors(corpus):
     modules = {r.get("module") for r in saved}
     assert {"convs.0", "norms.0", "convs.5", "head"} <= modules, modules
     assert any(r.get("module") == "convs.0" and r["codec"] == "quant4" for r in saved), saved
+    assert report["activations"]["policy"]["sensitivity"] == "gradient"
+    # The output head's gradients dwarf the normalisation layers': its error weighs more.
+    weight = {r.get("module"): r["sensitivity"] for r in saved if "sensitivity" in r}
+    assert weight["head"] > 1 > weight["norms.3"], weight
     for r in saved:
         if r.get("module") in ("convs.0", "norms.0") and r["codec"] not in ("kept", "reused"):
             assert r["codec"] == "quant4"
             assert 0 < r["error"]["rel_rms"] < 0.2
+        if "sensitivity" in r:  # from the modules' parameter gradients, half of the weight
+            assert r["sensitivity"] >= 0.5
         if "candidates" in r:  # auto, with a budget that holds everything: kept exact
             assert r["codec"] in ("kept", "reused")
             assert {c["codec"] for c in r["candidates"]} >= {"keep", "quant8", "quant4", "quant2"}

@@ -9,6 +9,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -244,6 +245,10 @@ class PySession {
     return output;
   }
 
+  void SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms) {
+    session_->SetModuleSensitivity(squared_grad_norms);
+  }
+
   // The allocator's pressure callback: the rest of the step packs harsh, and tensors the policy
   // kept exact are re-packed with their harshest codec, largest first, until `needed` bytes are
   // freed. Only a tensor whose memory nothing else holds frees anything; a non-contiguous one
@@ -458,6 +463,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
       .def("relieve", &PySession::Relieve, py::arg("needed"))
+      .def("set_module_sensitivity", &PySession::SetModuleSensitivity,
+           py::arg("squared_grad_norms"))
       .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0,
            py::arg("reserved_bytes") = 0)
       .def("policy", &PySession::Policy)

@@ -67,6 +67,8 @@ class budget:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._modules = _ModuleTracker()
         self._end_of_backward_queued = False
+        self._steps = 0
+        self._profile_every = int(profile_every)
         self.run = Run(self._budget, self._session)
         self._started = None
 
@@ -86,6 +88,11 @@ class budget:
 
     def _end_step(self):
         self._end_of_backward_queued = False
+        # Gradient statistics weigh each module's codec error (the policy's sensitivity), on
+        # the steps whose end may re-plan from new measurements.
+        if _automatic(self._codec) and (self._steps < 3 or self._steps % self._profile_every == 0):
+            self._session.set_module_sensitivity(self._modules.squared_grad_norms())
+        self._steps += 1
         plans = self._session.policy()["plans"]
         # Raises when no plan fits the budget.
         self._session.end_step(*self._memory.step_peaks())
@@ -172,6 +179,24 @@ class _ModuleTracker:
         self._stack = []
         self._names = {}
         self._handles = []
+        self.modules = {}  # name -> module, as seen running
+
+    def squared_grad_norms(self):
+        """{module name: squared norm of its own parameters' gradients}, for those with any."""
+        names, grads = [], []
+        for name, module in self.modules.items():
+            for p in module.parameters(recurse=False):
+                if p.grad is not None and not p.grad.is_sparse:
+                    names.append(name)
+                    grads.append(p.grad.detach())
+        if not grads:
+            return {}
+        norms = torch._foreach_norm(grads)
+        norms = torch.stack([n.to(norms[0].device) for n in norms]).tolist()  # one sync
+        result = {}
+        for name, norm in zip(names, norms):
+            result[name] = result.get(name, 0.0) + float(norm) ** 2
+        return result
 
     def start(self):
         hooks = torch.nn.modules.module
@@ -183,6 +208,7 @@ class _ModuleTracker:
             handle.remove()
         self._handles = []
         self._stack.clear()
+        self.modules.clear()
 
     def current(self):
         return self._stack[-1][1] if self._stack else ""
@@ -201,6 +227,7 @@ class _ModuleTracker:
                 self._names[key] = child
             name = f"{parent_name}.{child}" if parent_name else child
         self._stack.append((module, name))
+        self.modules[name] = module
 
     def _leave(self, module, args, output):
         # Pop down to this module (a forward that raised may have left children behind).
