@@ -7,10 +7,12 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,10 +64,60 @@ runtime::BufferFactory TorchBufferFactory() {
   };
 }
 
+// How a saved tensor lies over its memory. A tensor is packed as it is stored: dimensions in
+// memory order (a transpose or a channels_last activation is dense, so packing copies nothing)
+// and broadcast dimensions (stride 0, from expand) once; unpack puts the strides back.
+struct Layout {
+  std::vector<int64_t> order;  // stored dim i is the saved tensor's dim order[i]; empty: same
+  std::vector<int64_t> sizes;  // the saved tensor's sizes, when broadcast dims were dropped
+};
+
+// `tensor` as stored: broadcast dims narrowed to one element, then permuted to memory order.
+// The result is a view; it is contiguous unless `tensor` skips memory (a slice).
+at::Tensor Stored(const at::Tensor& tensor, Layout& layout) {
+  if (tensor.is_contiguous()) return tensor;
+  at::Tensor stored = tensor;
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.stride(d) == 0 && tensor.size(d) > 1) {
+      stored = stored.narrow(d, 0, 1);
+      layout.sizes = tensor.sizes().vec();
+    }
+  }
+  // Dims of size 1 have no place in memory: they keep theirs, the others are sorted by stride.
+  std::vector<int64_t> order(static_cast<size_t>(tensor.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<int64_t> spread;
+  for (int64_t d : order) {
+    if (stored.size(d) > 1) spread.push_back(d);
+  }
+  std::vector<int64_t> sorted = spread;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](int64_t a, int64_t b) { return stored.stride(a) > stored.stride(b); });
+  for (size_t i = 0; i < spread.size(); ++i) order[spread[i]] = sorted[i];
+  if (!std::is_sorted(order.begin(), order.end())) {
+    stored = stored.permute(order);
+    layout.order = std::move(order);
+  }
+  return stored;
+}
+
+// The inverse of Stored: a view of `stored` with the saved tensor's sizes and stride order.
+at::Tensor Restore(const at::Tensor& stored, const Layout& layout) {
+  at::Tensor tensor = stored;
+  if (!layout.order.empty()) {
+    std::vector<int64_t> inverse(layout.order.size());
+    for (size_t i = 0; i < layout.order.size(); ++i) inverse[layout.order[i]] = static_cast<int64_t>(i);
+    tensor = tensor.permute(inverse);
+  }
+  if (!layout.sizes.empty()) tensor = tensor.expand(layout.sizes);
+  return tensor;
+}
+
 // What pack() hands to autograd for a packed tensor.
 struct PackedHandle {
   std::shared_ptr<runtime::PackedTensor> packed;
   at::TensorOptions options;  // dtype and device of the original
+  Layout layout;
 };
 
 // Profile steps measure each candidate codec on a sample of the saved tensor: whole samples
@@ -114,13 +166,15 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
   return m;
 }
 
-runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
+// `tensor` as autograd saved it, described by `stored` (its Stored view): shape, strides and
+// bytes are those of what is kept.
+runtime::SavedTensorInfo Describe(const at::Tensor& tensor, const at::Tensor& stored) {
   runtime::SavedTensorInfo info;
   const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
   info.supported_dtype = dtype.has_value() && (tensor.is_cpu() || tensor.is_cuda());
   info.dtype = dtype.value_or(codecs::DType::kUInt8);
-  info.shape = tensor.sizes().vec();
-  info.strides = tensor.strides().vec();
+  info.shape = stored.sizes().vec();
+  info.strides = stored.strides().vec();
   info.device = tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
   info.device_index = tensor.is_cuda() ? tensor.get_device() : 0;
   // A parameter lives anyway, and so does a view of one (linear layers save weight.t()):
@@ -139,6 +193,7 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
     info.storage_offset = tensor.storage_offset();
   }
   info.version = static_cast<uint32_t>(tensor._version());
+  info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   if (const auto node = tensor.grad_fn()) {
     info.producer = node->name();
   } else {
@@ -183,23 +238,23 @@ class PySession {
 
   py::object Pack(const at::Tensor& tensor, const std::string& module) {
     const c10::OptionalDeviceGuard device_guard(tensor.device());
-    runtime::SavedTensorInfo info = Describe(tensor);
+    PackedHandle handle;
+    handle.options = tensor.options();
+    const at::Tensor stored = Stored(tensor.detach(), handle.layout);
+    runtime::SavedTensorInfo info = Describe(tensor, stored);
     info.module = module;
     runtime::PackPlan plan = session_->Plan(info);
     if (plan.action == runtime::PackAction::kReuse) {
-      PackedHandle handle;
-      handle.options = tensor.options();
       handle.packed = std::move(plan.duplicate);
       return py::cast(std::move(handle));
     }
     if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) return py::cast(tensor);
-    const at::Tensor contiguous = tensor.detach().contiguous();
+    // A copy only for a tensor that skips memory (a slice); it dies once encoded.
+    const at::Tensor contiguous = stored.contiguous();
     for (size_t i = 0; i < plan.measure.size(); ++i) {
       session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
     }
     if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
-    PackedHandle handle;
-    handle.options = tensor.options();
     absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
         session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
     ThrowIfError(packed.status());
@@ -213,7 +268,7 @@ class PySession {
     const c10::OptionalDeviceGuard device_guard(packed.options.device());
     at::Tensor output = at::empty(packed.packed->shape(), packed.options);
     ThrowIfError(session_->Unpack(*packed.packed, ToMutableView(output), ContextFor(output)));
-    return output;
+    return Restore(output, packed.layout);
   }
 
   // The allocator's allocated and reserved peaks over the step, 0 when unknown (see
