@@ -190,6 +190,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kTooSmall: return "below min_bytes";
     case KeepReason::kLossInput: return "log-probabilities of the loss";
     case KeepReason::kPolicyExact: return "exact: fits the budget";
+    case KeepReason::kSavedInBackward: return "saved during backward (create_graph or recomputation)";
   }
   return "";
 }
@@ -249,6 +250,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.reason = KeepReason::kDisabled;
   } else if (info.is_parameter) {
     plan.reason = KeepReason::kParameter;
+  } else if (info.in_backward) {
+    plan.reason = KeepReason::kSavedInBackward;
   } else if (!mask && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {

@@ -102,6 +102,10 @@ struct SavedTensorInfo {
   codecs::Device device = codecs::Device::kCpu;
   int device_index = 0;
   bool is_parameter = false;  // a parameter or buffer of the model: it lives anyway
+  // Saved while a backward pass runs: by a backward with create_graph=True for the graph a
+  // later backward differentiates (double backward), or by a recomputation. Kept exact: its
+  // error would reach the gradients twice, and a recomputed tensor is unpacked at once.
+  bool in_backward = false;
   bool supported_dtype = true;  // false for dtypes the plugin cannot describe
   // Identity of the saved data, for dedup: the same storage, offset, shape, strides and
   // version is the same tensor. `storage` must name the storage object, not its data pointer
@@ -122,7 +126,8 @@ enum class PackAction { kKeep, kReuse, kPack };
 
 // Why a tensor is kept as it is. Values are the report's strings.
 enum class KeepReason {
-  kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact
+  kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
+  kSavedInBackward
 };
 
 class PackedTensor;

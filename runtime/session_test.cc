@@ -98,6 +98,12 @@ TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
   EXPECT_EQ(session.Plan(log_probs.info).reason, KeepReason::kLossInput);
   Saved big = MakeSaved(64, 64, 4);
   EXPECT_EQ(session.Plan(big.info).action, PackAction::kPack);
+  Saved for_double_backward = MakeSaved(64, 64, 6);
+  for_double_backward.info.in_backward = true;
+  EXPECT_EQ(session.Plan(for_double_backward.info).reason, KeepReason::kSavedInBackward);
+  const std::vector<SavedRecord> records = session.Records();
+  EXPECT_EQ(records.back().codec, "kept");
+  EXPECT_EQ(records.back().note, "saved during backward (create_graph or recomputation)");
 }
 
 TEST(SessionTest, DisabledSessionKeepsEverythingAndRecordsStayBounded) {

@@ -1,8 +1,11 @@
 """The memory-budget context: saved_tensors_hooks backed by the C++ session."""
+import functools
 import json
 import os
 import platform
+import sys
 import time
+import warnings
 
 import torch
 
@@ -16,11 +19,31 @@ class Run:
     def __init__(self, budget_spec, session):
         self.budget = budget_spec
         self._session = session
+        self._final_totals = None
         self.report = None
 
     def totals(self):
-        """Live byte counts of the session: packed raw/stored bytes, peaks, fallbacks."""
+        """Byte counts of the session (packed raw/stored bytes, peaks, fallbacks): live inside
+        the context, as they were at its exit after it."""
+        if self._session is None:
+            return dict(self._final_totals)
         return dict(self._session.totals())
+
+    def _close(self):
+        # The run outlives the context; the session need not live as long.
+        self._final_totals = dict(self._session.totals())
+        self._session = None
+
+
+def _eager(method):
+    """Runs `method` outside torch.compile's tracing (as a graph break there): entering and
+    leaving a budget change process state (hooks, the allocator) that a graph cannot replay."""
+    @functools.wraps(method)
+    def run(*args):
+        if torch.compiler.is_compiling():
+            return torch._dynamo.disable(method)(*args)
+        return method(*args)
+    return run
 
 
 class budget:
@@ -34,7 +57,9 @@ class budget:
             there is room), a codec spec ("quant2", "quant:bits=4,group=128", "identity", ...),
             or a dict from module-name patterns ("layer1.*", "*attn*") to either; the first
             matching pattern wins and unmatched tensors get "auto".
-        report: a path; on exit the run report (JSON) is written there.
+        report: a path; on exit the run report (JSON) is written there. Under
+            torch.distributed, "{rank}" in it becomes the process's rank ("run-{rank}.json");
+            a multi-process run without "{rank}" writes "<name>.rank<N><ext>" per rank.
         min_bytes: saved tensors smaller than this are kept as they are.
         seed: seed of the stochastic rounding.
         enabled: False keeps every saved tensor as it is (for parity runs).
@@ -48,6 +73,16 @@ class budget:
     it first (actpack.install_allocator or ACTPACK_CONF) to enforce the budget, otherwise the
     peak is read from torch.cuda and the budget is a target. Memory allocated before the
     allocator was installed (on CPU: before entering, unless installed earlier) is not counted.
+
+    With other PyTorch features: a backward with create_graph=True (gradient penalties, double
+    backward) continues the step, and what it saves for the next backward is kept exact;
+    autocast's float16/bfloat16 activations are packed in their dtype; non-reentrant
+    checkpointing keeps its own hooks inside checkpointed regions; a tensor is packed as it
+    lies in memory (a transpose or a channels_last activation without a copy, an expanded one
+    once) and comes back with its strides. Code compiled by torch.compile is packed as its
+    graph saves tensors, but modules inside it are not seen (a warning says so). An exception
+    inside the context still removes the hooks, restores the allocator and writes the report,
+    with the error among its warnings.
     """
 
     def __init__(self, limit, codec="auto", report=None, min_bytes="64KiB", seed=0,
@@ -69,25 +104,37 @@ class budget:
         self._end_of_backward_queued = False
         self._steps = 0
         self._profile_every = int(profile_every)
+        self._hooks_traced = False
+        self._warnings = []
         self.run = Run(self._budget, self._session)
         self._started = None
 
     def _pack(self, tensor):
+        if torch.compiler.is_compiling():
+            # torch.compile is tracing this hook into a graph, where the session cannot run:
+            # that graph keeps the tensor as it is.
+            self._hooks_traced = True
+            return tensor
+        if torch._C._current_graph_task_id() == -1:
+            # No backward is running: one that raised never ran its queued end of step.
+            self._end_of_backward_queued = False
         return self._session.pack(tensor, self._modules.current())
 
     def _unpack(self, handle):
         # The first unpack of a backward pass queues the end of the step for when that pass
-        # finishes (the engine runs queued callbacks once all of its work is done).
-        if not self._end_of_backward_queued:
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
-                self._end_of_backward_queued = True
-            except RuntimeError:
-                pass  # unpacked outside a backward pass (e.g. grad_fn._saved_self)
+        # finishes (the engine runs queued callbacks once all of its work is done). A backward
+        # with create_graph=True runs with grad mode on and builds a graph that a later
+        # backward differentiates: the step goes on until that one. A backward after the
+        # context exited still unpacks, but its steps are no longer the run's.
+        if (self._started is not None and not self._end_of_backward_queued
+                and not torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1):
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
+            self._end_of_backward_queued = True
         return self._session.unpack(handle)
 
     def _end_step(self):
         self._end_of_backward_queued = False
+        self._check_compiled()
         # Gradient statistics weigh each module's codec error (the policy's sensitivity), on
         # the steps whose end may re-plan from new measurements.
         if _automatic(self._codec) and (self._steps < 3 or self._steps % self._profile_every == 0):
@@ -103,6 +150,7 @@ class budget:
         if replanned or not _automatic(self._codec):
             self._memory.enforce()
 
+    @_eager
     def __enter__(self):
         self._started = time.perf_counter()
         self._memory.start()
@@ -113,24 +161,55 @@ class budget:
         self._hooks.__enter__()
         return self.run
 
+    @_eager
     def __exit__(self, exc_type, exc, tb):
-        self._hooks.__exit__(exc_type, exc, tb)
-        self._modules.stop()
-        allocator = self._memory.stop(self._snapshot)
+        # What the context changed is put back even when a step of the way out fails.
+        try:
+            self._hooks.__exit__(exc_type, exc, tb)
+        finally:
+            try:
+                self._modules.stop()
+            finally:
+                allocator = self._memory.stop(self._snapshot)
+        self._check_compiled()
+        if exc_type is not None:
+            self._warnings.append(f"the run stopped on an exception: {exc_type.__name__}: {exc}")
         wall = time.perf_counter() - self._started
+        self._started = None
         self.run.report = json.loads(_C.build_report(json.dumps(self._run_metadata(wall)),
                                                      self._session))
         self.run.report["allocator"] = allocator
+        self.run._close()
         if self._report_path is not None:
-            with open(self._report_path, "w") as f:
+            with open(_rank_path(self._report_path), "w") as f:
                 json.dump(self.run.report, f, indent=2)
                 f.write("\n")
         return False
 
+    def _check_compiled(self):
+        """Warns once when torch.compile'd code ran in the budget."""
+        if self._hooks_traced:
+            self._warn("torch.compile traced actpack's saved-tensor hooks into its graph (the "
+                       "budget was entered inside compiled code): the tensors that graph saves "
+                       "are kept as they are and save no memory; enter actpack.budget outside "
+                       "compiled code")
+        elif self._modules.compiled:
+            self._warn("torch.compile'd code ran in the budget: the tensors its graphs save "
+                       "are packed, but modules inside compiled code are not seen, so module "
+                       "names in the report and per-module codec rules apply to eager modules "
+                       "only")
+
+    def _warn(self, message):
+        message = f"actpack.budget: {message}"
+        if message not in self._warnings:
+            self._warnings.append(message)
+            warnings.warn(message, stacklevel=3)
+
     def _run_metadata(self, wall_seconds):
         peak = self._memory.run_peak
         budget_bytes = self._memory.budget_bytes or None
-        warnings = list(self._memory.warnings)
+        warnings = list(self._memory.warnings) + self._warnings
+        rank, world_size = _distributed()
         if peak is not None and budget_bytes is not None and peak > budget_bytes:
             warnings.append(f"peak memory {format_bytes(peak)} exceeded the budget "
                             f"{format_bytes(budget_bytes)}")
@@ -144,8 +223,30 @@ class budget:
             "peak_allocated_bytes": self._memory.run_allocated_peak,
             "peak_reserved_bytes": peak,
             "wall_seconds": wall_seconds,
+            "rank": rank,
+            "world_size": world_size,
             "warnings": warnings,
         }
+
+
+def _distributed():
+    """(rank, world size) under torch.distributed, (0, 1) without it."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _rank_path(path):
+    """This process's report path: "{rank}" substituted, or a name per rank when several
+    processes would write the same file."""
+    rank, world_size = _distributed()
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    if world_size > 1:
+        root, ext = os.path.splitext(path)
+        return f"{root}.rank{rank}{ext}"
+    return path
 
 
 def _automatic(codec):
@@ -180,6 +281,7 @@ class _ModuleTracker:
         self._names = {}
         self._handles = []
         self.modules = {}  # name -> module, as seen running
+        self.compiled = False  # torch.compile'd code ran: modules inside it are not seen
 
     def squared_grad_norms(self):
         """{module name: squared norm of its own parameters' gradients}, for those with any."""
@@ -214,6 +316,11 @@ class _ModuleTracker:
         return self._stack[-1][1] if self._stack else ""
 
     def _enter(self, module, args):
+        # Under torch.compile the hooks are traced into the graph: keep them out of it (the
+        # stack is Python state a graph cannot hold). A set attribute is replayed by the graph.
+        if torch.compiler.is_compiling() or _is_compiled(module):
+            self.compiled = True
+            return
         name = ""
         if self._stack:
             parent, parent_name = self._stack[-1]
@@ -230,11 +337,19 @@ class _ModuleTracker:
         self.modules[name] = module
 
     def _leave(self, module, args, output):
+        if torch.compiler.is_compiling() or _is_compiled(module):
+            return
         # Pop down to this module (a forward that raised may have left children behind).
         while self._stack:
             top, _ = self._stack.pop()
             if top is module:
                 break
+
+
+def _is_compiled(module):
+    """A module wrapped by torch.compile (there is none before torch._dynamo is imported)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
 class _PeakMeter:
@@ -333,23 +448,28 @@ class _PeakMeter:
             self.release_cache()
 
     def stop(self, snapshot):
+        """The report's allocator section; the CPU allocator is left as start() found it."""
         if self._pressure_id is not None:
             self._mem.remove_pressure_callback(self._pressure_id)
             self._pressure_id = None
-        self._reset()
-        device = self._device()
-        # backend: the device; allocator: whose allocator served it (the CLI's schema).
-        ours = not self._cuda or self._actpack_cuda
-        stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
-        # Peaks over the whole run, not the last window since a per-step restart.
-        stats["allocated_bytes.all.peak"] = self.run_allocated_peak
-        stats["reserved_bytes.all.peak"] = self.run_peak
-        section = {"backend": device, "allocator": "actpack" if ours else "torch",
-                   "budget_bytes": self.budget_bytes, "stats": stats, "snapshot": None}
-        if snapshot and ours:
-            section["snapshot"] = self._mem.memory_snapshot(device)
-        if not self._cuda:
-            self._mem.set_cpu_budget(self._previous_cap)
-            if self._installed_here:
-                self._mem.uninstall_cpu_allocator()
+        try:
+            self._reset()
+            device = self._device()
+            # backend: the device; allocator: whose allocator served it (the CLI's schema).
+            ours = not self._cuda or self._actpack_cuda
+            stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
+            # Peaks over the whole run, not the last window since a per-step restart.
+            stats["allocated_bytes.all.peak"] = self.run_allocated_peak
+            stats["reserved_bytes.all.peak"] = self.run_peak
+            section = {"backend": device, "allocator": "actpack" if ours else "torch",
+                       "budget_bytes": self.budget_bytes, "stats": stats, "snapshot": None}
+            if snapshot and ours:
+                section["snapshot"] = self._mem.memory_snapshot(device)
+        finally:
+            if not self._cuda:
+                self._mem.set_cpu_budget(self._previous_cap)
+                self._capped = False
+                if self._installed_here:
+                    self._mem.uninstall_cpu_allocator()
+                    self._installed_here = False
         return section
