@@ -190,58 +190,120 @@ constexpr int WidthOf() {
   return K == elements::kF32 ? 4 : 2;
 }
 
+// The ZigZag residuals of a tile's codes k (row-major, `cols` per row) under `mode`, as
+// eb_math::Residual defines them, in loops the compiler vectorizes. Row and 2-D Lorenzo
+// residuals do not depend on their anchor (the tile's first code) but at value 0, where they
+// are 0.
+void Residuals(uint32_t mode, const int32_t* k, uint32_t rows, uint32_t cols, int32_t mid,
+               uint32_t* zz) {
+  const uint32_t* u = reinterpret_cast<const uint32_t*>(k);
+  const uint32_t count = rows * cols;
+  if (mode == eb_math::kOffset) {
+    const uint32_t anchor = static_cast<uint32_t>(mid);
+    for (uint32_t i = 0; i < count; ++i) zz[i] = eb_math::ZigZag(u[i] - anchor);
+    return;
+  }
+  zz[0] = 0;
+  for (uint32_t c = 1; c < cols; ++c) zz[c] = eb_math::ZigZag(u[c] - u[c - 1]);
+  for (uint32_t r = 1; r < rows; ++r) {
+    const uint32_t* here = u + r * cols;
+    const uint32_t* up = here - cols;
+    uint32_t* out = zz + r * cols;
+    out[0] = eb_math::ZigZag(here[0] - up[0]);
+    if (mode == eb_math::kRow) {
+      for (uint32_t c = 1; c < cols; ++c) out[c] = eb_math::ZigZag(here[c] - here[c - 1]);
+    } else {
+      for (uint32_t c = 1; c < cols; ++c) {
+        out[c] = eb_math::ZigZag(here[c] - here[c - 1] - up[c] + up[c - 1]);
+      }
+    }
+  }
+}
+
+uint32_t OrOf(const uint32_t* v, uint32_t count) {
+  uint32_t acc = 0;
+  for (uint32_t i = 0; i < count; ++i) acc |= v[i];
+  return acc;
+}
+
 // Encodes block b; returns its header word and appends its data and outliers to `out`.
 template <int K>
 uint32_t EncodeBlock(const void* input, const Layout& l, const Quantizer& qz, uint64_t b,
                      TaskOutput* out) {
   constexpr uint32_t kBytes = WidthOf<K>();
   const Tile t = eb_math::TileOf(l, b);
+  float x[eb_math::kBlockValues];
   int32_t k[eb_math::kBlockValues];
-  uint8_t stored[eb_math::kBlockValues];
-  uint32_t outliers = 0;
-  int32_t lo = eb_math::kMaxCode, hi = -eb_math::kMaxCode;
+  uint8_t fits[eb_math::kBlockValues];
   for (uint32_t r = 0; r < t.rows; ++r) {
     const uint64_t row = t.origin + r * l.cols;
-    for (uint32_t c = 0; c < t.cols; ++c) {
-      const uint32_t i = r * t.cols + c;
-      const bool fits = eb_math::Quantize<K>(elements::Load<K>(input, row + c), qz, &k[i]);
-      stored[i] = fits ? 0 : 1;
-      outliers += fits ? 0u : 1u;
-      lo = std::min(lo, k[i]);
-      hi = std::max(hi, k[i]);
+    float* dst = x + r * t.cols;
+    for (uint32_t c = 0; c < t.cols; ++c) dst[c] = elements::Load<K>(input, row + c);
+  }
+  // eb_math::Quantize in two passes: its first bin for every value, then the full function
+  // again for the few values that bin misses. The first pass is FirstBin and BinFits written
+  // to vectorize: float comparisons and conversions may trap, so nothing that could is left
+  // conditional: the comparisons, all of non-negative floats (or NaN, which must compare
+  // false), are made on their bits, the bin is clamped before it converts, and 2m - 1 < 2^24
+  // converts exactly either way.
+  uint32_t misses = 0;
+  const uint32_t top = portable::FloatBits(static_cast<float>(eb_math::kMaxCode));
+  const uint32_t bound = portable::FloatBits(qz.bound);
+  for (uint32_t i = 0; i < t.count; ++i) {
+    const uint32_t bits = portable::FloatBits(x[i]);
+    const uint32_t abs_bits = bits & 0x7fffffffu;
+    const float a = portable::BitsToFloat(abs_bits);
+    const float bin = portable::Div(a, qz.bin);
+    const bool in_range = portable::FloatBits(bin) <= top;
+    const float clamped = portable::BitsToFloat(std::min(portable::FloatBits(bin), top));
+    int32_t m = static_cast<int32_t>(clamped);
+    m += portable::FloatBits(static_cast<float>(m)) < portable::FloatBits(clamped) ? 1 : 0;
+    m = std::max(m, 1);
+    const uint32_t decoded = portable::FloatBits(
+        eb_math::RoundTo<K>(portable::Mul(static_cast<float>(2 * m - 1), qz.half_bin)));
+    const uint32_t error = portable::FloatBits(portable::Sub(a, portable::BitsToFloat(decoded))) &
+                           0x7fffffffu;
+    const bool fit = in_range & (decoded != 0) & (decoded < 0x7f800000u) & (error <= bound);
+    const bool zero = abs_bits == 0;
+    const int32_t signed_m = bits >> 31 ? -m : m;
+    k[i] = fit & !zero ? signed_m : 0;
+    fits[i] = fit | zero;
+    misses += fit | zero ? 0u : 1u;
+  }
+  uint32_t outliers = 0;
+  if (misses > 0) {
+    for (uint32_t i = 0; i < t.count; ++i) {
+      if (fits[i]) continue;
+      fits[i] = eb_math::Quantize<K>(x[i], qz, &k[i]) ? 1 : 0;
+      outliers += fits[i] ? 0u : 1u;
     }
+  }
+  int32_t lo = k[0], hi = k[0];
+  for (uint32_t i = 1; i < t.count; ++i) {
+    lo = std::min(lo, k[i]);
+    hi = std::max(hi, k[i]);
   }
   const int32_t mid = eb_math::MidCode(lo, hi);
-  const int32_t first = k[0];
-  uint32_t or_offset = 0, or_row = 0, or_lorenzo = 0;
-  for (uint32_t r = 0; r < t.rows; ++r) {
-    for (uint32_t c = 0; c < t.cols; ++c) {
-      or_offset |= eb_math::ZigZag(eb_math::Residual(eb_math::kOffset, k, t.cols, r, c, mid));
-      or_row |= eb_math::ZigZag(eb_math::Residual(eb_math::kRow, k, t.cols, r, c, first));
-      or_lorenzo |= eb_math::ZigZag(eb_math::Residual(eb_math::kLorenzo, k, t.cols, r, c, first));
-    }
-  }
+  uint32_t zz[3][eb_math::kBlockValues];
+  Residuals(eb_math::kOffset, k, t.rows, t.cols, mid, zz[0]);
+  Residuals(eb_math::kRow, k, t.rows, t.cols, mid, zz[1]);
+  Residuals(eb_math::kLorenzo, k, t.rows, t.cols, mid, zz[2]);
   const eb_math::BlockChoice choice =
-      eb_math::ChooseBlock(or_offset, or_row, or_lorenzo, mid, first, outliers, t.count, kBytes);
+      eb_math::ChooseBlock(OrOf(zz[0], t.count), OrOf(zz[1], t.count), OrOf(zz[2], t.count), mid,
+                           k[0], outliers, t.count, kBytes);
   const uint32_t mode = eb_math::HeaderMode(choice.header);
-  uint32_t v[eb_math::kBlockValues];
   if (mode == eb_math::kVerbatim) {
+    uint32_t raw[eb_math::kBlockValues];
     for (uint32_t i = 0; i < t.count; ++i) {
-      v[i] = elements::LoadBits<kBytes>(input, eb_math::ElementOf(l, t, i));
+      raw[i] = elements::LoadBits<kBytes>(input, eb_math::ElementOf(l, t, i));
     }
-    AppendPacked(v, t.count, 8 * kBytes, &out->data);
+    AppendPacked(raw, t.count, 8 * kBytes, &out->data);
     return choice.header;
   }
-  const int32_t anchor = eb_math::HeaderAnchor(choice.header);
-  for (uint32_t r = 0; r < t.rows; ++r) {
-    for (uint32_t c = 0; c < t.cols; ++c) {
-      v[r * t.cols + c] = eb_math::ZigZag(eb_math::Residual(mode, k, t.cols, r, c, anchor));
-    }
-  }
-  AppendPacked(v, t.count, eb_math::HeaderWidth(choice.header), &out->data);
+  AppendPacked(zz[mode - 1], t.count, eb_math::HeaderWidth(choice.header), &out->data);
   if (outliers > 0) {
     for (uint32_t i = 0; i < t.count; ++i) {
-      if (!stored[i]) continue;
+      if (fits[i]) continue;
       out->slots.push_back(b * eb_math::kBlockValues + i);
       out->raw.push_back(elements::LoadBits<kBytes>(input, eb_math::ElementOf(l, t, i)));
     }
@@ -434,12 +496,13 @@ void DecodeBlock(const uint32_t* data, uint32_t h, const Layout& l, float half_b
     }
   }
   const uint32_t anchor = static_cast<uint32_t>(eb_math::HeaderAnchor(h));
+  float v[eb_math::kBlockValues];
+  for (uint32_t i = 0; i < t.count; ++i) {
+    v[i] = eb_math::Dequantize(static_cast<int32_t>(k[i] + anchor), half_bin);
+  }
   for (uint32_t r = 0; r < t.rows; ++r) {
     const uint64_t row = t.origin + r * l.cols;
-    for (uint32_t c = 0; c < n; ++c) {
-      const int32_t code = static_cast<int32_t>(k[r * n + c] + anchor);
-      elements::Store<K>(output, row + c, eb_math::Dequantize(code, half_bin));
-    }
+    for (uint32_t c = 0; c < n; ++c) elements::Store<K>(output, row + c, v[r * n + c]);
   }
 }
 

@@ -128,10 +128,14 @@ ACTPACK_HD float RoundTo(float v) {
 
 // The decoded value of code k before rounding to the element type: sign(k)·(2|k| - 1)·q.
 // Unsigned arithmetic: a corrupt code decodes to some value, never to undefined behaviour.
+// Branch-free, so CPU loops over it vectorize.
 ACTPACK_HD float Dequantize(int32_t k, float half_bin) {
   const uint32_t m = k < 0 ? 0u - static_cast<uint32_t>(k) : static_cast<uint32_t>(k);
-  const float v = m == 0 ? 0.0f : portable::Mul(static_cast<float>(2u * m - 1u), half_bin);
-  return k < 0 ? -v : v;
+  // 2m - 1 converts from int32 (exact for every valid code; SIMD has no unsigned conversion).
+  const float v = portable::Mul(static_cast<float>(static_cast<int32_t>(2u * m - 1u)), half_bin);
+  const uint32_t sign = static_cast<uint32_t>(k) & 0x80000000u;
+  const uint32_t keep = 0u - static_cast<uint32_t>(m != 0);  // code 0 decodes to +0
+  return portable::BitsToFloat((portable::FloatBits(v) | sign) & keep);
 }
 
 // Whether |a| decoding to `decoded` (> 0 required: no sign change, no flush to zero) is within
@@ -143,6 +147,24 @@ ACTPACK_HD bool Fits(float a, float decoded, float bound) {
          portable::BitsToFloat(portable::FloatBits(error) & 0x7fffffffu) <= bound;
 }
 
+// The first bin tried for |x| = a > 0: ceil(a / 2q), at least 1; 0 when x is not finite or
+// beyond the code range (an outlier).
+ACTPACK_HD int32_t FirstBin(float a, const Quantizer& qz) {
+  const float t = portable::Div(a, qz.bin);
+  const bool in_range = t <= static_cast<float>(kMaxCode);  // false for NaN and infinity
+  const float clamped = in_range ? t : 0.0f;
+  int32_t m = static_cast<int32_t>(clamped);
+  m += static_cast<float>(m) < clamped ? 1 : 0;
+  m = m < 1 ? 1 : m;
+  return in_range ? m : 0;
+}
+
+// Whether bin m >= 1 decodes |x| = a within the bound, in the element type.
+template <int K>
+ACTPACK_HD bool BinFits(float a, int32_t m, const Quantizer& qz) {
+  return Fits(a, RoundTo<K>(Dequantize(m, qz.half_bin)), qz.bound);
+}
+
 // The code of x; false when x must be stored exactly (the code is then 0).
 template <int K>
 ACTPACK_HD bool Quantize(float x, const Quantizer& qz, int32_t* code) {
@@ -152,22 +174,14 @@ ACTPACK_HD bool Quantize(float x, const Quantizer& qz, int32_t* code) {
     *code = 0;
     return true;
   }
-  const float t = portable::Div(a, qz.bin);
-  if (!(t <= static_cast<float>(kMaxCode))) {  // NaN, infinity, or beyond the code range
-    *code = 0;
-    return false;
-  }
-  int32_t m = static_cast<int32_t>(t);
-  m += static_cast<float>(m) < t ? 1 : 0;  // ceil
-  m = m < 1 ? 1 : m;
-  const float decoded = RoundTo<K>(Dequantize(m, qz.half_bin));
-  bool fits = Fits(a, decoded, qz.bound);
-  if (!fits) {
+  int32_t m = FirstBin(a, qz);
+  bool fits = m > 0 && BinFits<K>(a, m, qz);
+  if (m > 0 && !fits) {
     // The rounded division may put a value right at a bin edge into the wrong bin: the
     // neighbouring centre is as close in exact arithmetic.
+    const float decoded = RoundTo<K>(Dequantize(m, qz.half_bin));
     const int32_t other = a > decoded ? m + 1 : m - 1;
-    if (other >= 1 && other <= kMaxCode &&
-        Fits(a, RoundTo<K>(Dequantize(other, qz.half_bin)), qz.bound)) {
+    if (other >= 1 && other <= kMaxCode && BinFits<K>(a, other, qz)) {
       m = other;
       fits = true;
     }
