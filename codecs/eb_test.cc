@@ -11,6 +11,7 @@
 
 #include "codecs/codec.h"
 #include "codecs/internal/eb_math.h"
+#include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
 #include "codecs/registry.h"
 #include "codecs/testing/test_util.h"
@@ -423,6 +424,215 @@ TEST(EbMathTest, ZigZagAndHeaders) {
   EXPECT_FALSE(eb_math::ValidHeader(eb_math::HeaderWord(eb_math::kRow, 28, 0)));
   EXPECT_FALSE(eb_math::ValidHeader(eb_math::HeaderWord(eb_math::kVerbatim, 1, 0)));
   EXPECT_FALSE(eb_math::ValidHeader(eb_math::HeaderWord(eb_math::kOffset, 3, (1u << 24) + 1)));
+}
+
+// ---- the order of work of the CUDA kernels, on the host ----
+//
+// cuda/eb_kernels.cu cannot run here, so these follow its algorithm step by step (codes in
+// the padded tile layout, eb_math::Residual, PackWord one word at a time, outliers by slot,
+// inverse prediction as prefix sums over padded rows and columns) and must reproduce the CPU
+// encoder's bytes and decoder's values exactly.
+
+eb_math::Layout LayoutFromHeader(const Header& h) {
+  const std::vector<int64_t> shape = h.Shape();
+  if (h.params[1] == 2) {
+    const uint64_t rows = shape[shape.size() - 2], cols = shape.back();
+    return eb_math::MakeLayout(2, h.numel / (rows * cols), rows, cols);
+  }
+  return eb_math::MakeLayout(1, 1, 1, h.numel);
+}
+
+template <int K>
+std::vector<uint32_t> KernelOrderPayload(const Typed& in, const Header& h) {
+  constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  const eb_math::Layout l = LayoutFromHeader(h);
+  const eb_math::Quantizer qz = eb_math::MakeQuantizer(ParamFloat(h, 4), ParamFloat(h, 8));
+  std::vector<uint32_t> headers(l.blocks), index(2 * l.chunks), data;
+  std::vector<uint64_t> slots;
+  std::vector<uint32_t> raw;
+  for (uint64_t b = 0; b < l.blocks; ++b) {
+    if (b % eb_math::kBlocksPerChunk == 0) {
+      index[2 * (b / 32)] = static_cast<uint32_t>(data.size());
+      index[2 * (b / 32) + 1] = static_cast<uint32_t>(static_cast<uint64_t>(data.size()) >> 32);
+    }
+    const eb_math::Tile t = eb_math::TileOf(l, b);
+    int32_t k[eb_math::kBlockValues] = {};
+    bool outlier[eb_math::kBlockValues] = {};
+    int32_t lo = eb_math::kMaxCode, hi = -eb_math::kMaxCode;
+    auto real = [&](uint32_t s) { return s / l.tile_cols < t.rows && s % l.tile_cols < t.cols; };
+    auto element = [&](uint32_t s) { return t.origin + s / l.tile_cols * l.cols + s % l.tile_cols; };
+    for (uint32_t s = 0; s < eb_math::kBlockValues; ++s) {
+      if (!real(s)) continue;
+      outlier[s] = !eb_math::Quantize<K>(in.values[element(s)], qz, &k[s]);
+      lo = std::min(lo, k[s]);
+      hi = std::max(hi, k[s]);
+    }
+    const int32_t mid = eb_math::MidCode(lo, hi);
+    uint32_t ors[4] = {}, outliers = 0;
+    for (uint32_t s = 0; s < eb_math::kBlockValues; ++s) {
+      if (!real(s)) continue;
+      outliers += outlier[s];
+      for (uint32_t mode = eb_math::kOffset; mode <= eb_math::kLorenzo; ++mode) {
+        ors[mode] |= eb_math::ZigZag(eb_math::Residual(mode, k, l.tile_cols, s / l.tile_cols,
+                                                       s % l.tile_cols,
+                                                       mode == eb_math::kOffset ? mid : k[0]));
+      }
+    }
+    const eb_math::BlockChoice choice = eb_math::ChooseBlock(
+        ors[1], ors[2], ors[3], mid, k[0], outliers, t.count, kBytes);
+    headers[b] = choice.header;
+    const uint32_t mode = eb_math::HeaderMode(choice.header);
+    uint32_t v[eb_math::kBlockValues];
+    for (uint32_t s = 0; s < eb_math::kBlockValues; ++s) {
+      if (!real(s)) continue;
+      const uint32_t i = s / l.tile_cols * t.cols + s % l.tile_cols;
+      v[i] = mode == eb_math::kVerbatim
+                 ? BitsOf(in, element(s))
+                 : eb_math::ZigZag(eb_math::Residual(mode, k, l.tile_cols, s / l.tile_cols,
+                                                     s % l.tile_cols,
+                                                     eb_math::HeaderAnchor(choice.header)));
+    }
+    for (uint32_t w = 0; w < choice.data_words; ++w) {
+      if (mode != eb_math::kVerbatim) {
+        data.push_back(eb_math::PackWord(v, t.count, eb_math::HeaderWidth(choice.header), w));
+      } else if (kBytes == 4) {
+        data.push_back(v[w]);
+      } else {
+        data.push_back(v[2 * w] | (2 * w + 1 < t.count ? v[2 * w + 1] << 16 : 0u));
+      }
+    }
+    for (uint32_t s = 0; s < eb_math::kBlockValues && mode != eb_math::kVerbatim; ++s) {
+      if (!real(s) || !outlier[s]) continue;
+      slots.push_back(b * eb_math::kBlockValues + s / l.tile_cols * t.cols + s % l.tile_cols);
+      raw.push_back(BitsOf(in, element(s)));
+    }
+  }
+  std::vector<uint32_t> payload = headers;
+  payload.insert(payload.end(), index.begin(), index.end());
+  payload.insert(payload.end(), data.begin(), data.end());
+  for (uint64_t slot : slots) {
+    payload.push_back(static_cast<uint32_t>(slot));
+    payload.push_back(static_cast<uint32_t>(slot >> 32));
+  }
+  payload.insert(payload.end(), raw.begin(), raw.end());
+  return payload;
+}
+
+// Decoded values (as float) of a valid payload, in the kernels' order of work.
+template <int K>
+std::vector<float> KernelOrderDecode(const std::vector<uint8_t>& buffer) {
+  constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  const Header h = HeaderOf(buffer);
+  const eb_math::Layout l = LayoutFromHeader(h);
+  const float q = ParamFloat(h, 4);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(buffer.data() + kHeaderSize);
+  const uint64_t data_words = h.payload_size / 4 - l.blocks - 2 * l.chunks - 3 * OutlierCount(h);
+  const uint32_t* data = words + l.blocks + 2 * l.chunks;
+  std::vector<uint32_t> out(h.numel);
+  const uint32_t tc = l.tile_cols, tr = l.tile_rows;
+  for (uint64_t b = 0; b < l.blocks; ++b) {
+    const uint32_t header = words[b];
+    const eb_math::Tile t = eb_math::TileOf(l, b);
+    const uint32_t mode = eb_math::HeaderMode(header);
+    if (mode == eb_math::kVerbatim) {
+      for (uint32_t i = 0; i < t.count; ++i) {
+        out[eb_math::ElementOf(l, t, i)] =
+            kBytes == 4 ? data[i] : (data[i / 2] >> (16 * (i % 2))) & 0xffffu;
+      }
+      data += eb_math::DataWords(header, t.count, kBytes);
+      continue;
+    }
+    uint32_t k[eb_math::kBlockValues] = {};
+    for (uint32_t s = 0; s < eb_math::kBlockValues; ++s) {
+      const uint32_t r = s / tc, c = s % tc;
+      if (r < t.rows && c < t.cols) {
+        k[s] = eb_math::UnZigZag(eb_math::UnpackValue(data, r * t.cols + c, eb_math::HeaderWidth(header)));
+      }
+    }
+    if (mode == eb_math::kRow) {
+      for (uint32_t r = 1; r < tr; ++r) k[r * tc] += k[(r - 1) * tc];
+    }
+    if (mode != eb_math::kOffset) {
+      for (uint32_t r = 0; r < tr; ++r) {
+        for (uint32_t c = 1; c < tc; ++c) k[r * tc + c] += k[r * tc + c - 1];
+      }
+    }
+    if (mode == eb_math::kLorenzo) {
+      for (uint32_t c = 0; c < tc; ++c) {
+        for (uint32_t r = 1; r < tr; ++r) k[r * tc + c] += k[(r - 1) * tc + c];
+      }
+    }
+    for (uint32_t s = 0; s < eb_math::kBlockValues; ++s) {
+      const uint32_t r = s / tc, c = s % tc;
+      if (r >= t.rows || c >= t.cols) continue;
+      const float v = eb_math::RoundTo<K>(
+          eb_math::Dequantize(static_cast<int32_t>(k[s] + eb_math::HeaderAnchor(header)), q));
+      uint32_t bits = portable::FloatBits(v);
+      if (K == elements::kF16) bits = portable::FloatToHalf(v);
+      if (K == elements::kBF16) bits = portable::FloatToBf16(v);
+      out[t.origin + r * l.cols + c] = bits;
+    }
+    data += eb_math::DataWords(header, t.count, kBytes);
+  }
+  const uint32_t* slots = words + l.blocks + 2 * l.chunks + data_words;
+  const uint32_t* raw = slots + 2 * OutlierCount(h);
+  for (uint64_t j = 0; j < OutlierCount(h); ++j) {
+    const uint64_t slot = slots[2 * j] | static_cast<uint64_t>(slots[2 * j + 1]) << 32;
+    const eb_math::Tile t = eb_math::TileOf(l, slot / eb_math::kBlockValues);
+    out[eb_math::ElementOf(l, t, slot % eb_math::kBlockValues)] = raw[j];
+  }
+  std::vector<float> values(h.numel);
+  for (uint64_t i = 0; i < h.numel; ++i) {
+    values[i] = K == elements::kF32 ? portable::BitsToFloat(out[i])
+                : K == elements::kF16 ? portable::HalfToFloat(static_cast<uint16_t>(out[i]))
+                                      : portable::Bf16ToFloat(static_cast<uint16_t>(out[i]));
+  }
+  return values;
+}
+
+// Also counts the blocks of each mode into `modes`.
+template <int K>
+void ExpectKernelOrderAgrees(const Typed& in, const std::string& spec, uint64_t modes[4]) {
+  const std::vector<uint8_t> buffer = *Encode(in, spec);
+  const Header h = HeaderOf(buffer);
+  const eb_math::Layout l = LayoutFromHeader(h);
+  for (uint64_t b = 0; b < l.blocks; ++b) {
+    uint32_t word;
+    std::memcpy(&word, buffer.data() + kHeaderSize + 4 * b, 4);
+    ++modes[eb_math::HeaderMode(word)];
+  }
+  const std::vector<uint32_t> expected = KernelOrderPayload<K>(in, h);
+  ASSERT_EQ(expected.size() * 4, h.payload_size) << spec;
+  EXPECT_EQ(std::memcmp(expected.data(), buffer.data() + kHeaderSize, h.payload_size), 0) << spec;
+  const std::vector<float> decoded = KernelOrderDecode<K>(buffer);
+  const Typed out = DecodeTyped(buffer, in.dtype, in.shape);
+  for (size_t i = 0; i < decoded.size(); ++i) {
+    ASSERT_EQ(portable::FloatBits(decoded[i]), portable::FloatBits(out.values[i]))
+        << spec << " " << DTypeName(in.dtype) << " i " << i;
+  }
+}
+
+TEST(EbTest, KernelOrderOfWorkGivesTheSameBytesAndValues) {
+  std::vector<float> smooth = SineField(45, 150, 2.0f);
+  std::vector<float> mixed = Gaussian(45 * 150, 12);
+  for (size_t i = 0; i < mixed.size(); i += 7) mixed[i] = 0.0f;
+  mixed[17] = std::nanf("");
+  mixed[900] = -kInf;
+  mixed[901] = 1e35f;  // an outlier by code range under abs bounds
+  uint64_t modes[4] = {};
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{45, 150}, {3, 15, 150}, {6750}, {150, 45}, {2, 3375}}) {
+    for (const auto* x : {&smooth, &mixed}) {
+      for (const char* spec : {"eb", "eb:rel=1e-4", "eb:abs=0.05", "eb:abs=1e-7"}) {
+        ExpectKernelOrderAgrees<elements::kF32>(MakeTyped(*x, DType::kFloat32, shape), spec, modes);
+        ExpectKernelOrderAgrees<elements::kF16>(MakeTyped(*x, DType::kFloat16, shape), spec, modes);
+        ExpectKernelOrderAgrees<elements::kBF16>(MakeTyped(*x, DType::kBFloat16, shape), spec,
+                                                 modes);
+      }
+    }
+  }
+  // Every predictor and the verbatim form were exercised.
+  for (int mode = 0; mode < 4; ++mode) EXPECT_GT(modes[mode], 10u) << "mode " << mode;
 }
 
 // ---- corrupt and truncated buffers ----
