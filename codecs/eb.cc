@@ -53,8 +53,9 @@ struct Shape {
 
 Shape ShapeOf(absl::Span<const int64_t> shape, uint64_t numel) {
   if (LayoutDims(shape) == 2) {
+    // rows * cols <= numel unless another dim is 0 (then it may overflow): no division then.
     const uint64_t rows = shape[shape.size() - 2], cols = shape.back();
-    return {2, numel / (rows * cols), rows, cols};
+    return {2, numel == 0 ? 0 : numel / (rows * cols), rows, cols};
   }
   return {1, 1, 1, numel};
 }

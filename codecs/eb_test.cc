@@ -291,7 +291,8 @@ TEST(EbTest, NonFiniteValuesDecodeExactlyAndDoNotWidenTheRange) {
 TEST(EbTest, EmptyAndScalarTensors) {
   for (DType dtype : kTypes) {
     for (const std::vector<int64_t>& shape :
-         std::vector<std::vector<int64_t>>{{0}, {0, 5}, {8, 0, 16}, {3, 8, 0}, {0, 8, 16}}) {
+         std::vector<std::vector<int64_t>>{{0}, {0, 5}, {8, 0, 16}, {3, 8, 0}, {0, 8, 16},
+                                         {0, int64_t{1} << 40, int64_t{1} << 40}}) {
       const Typed in = MakeTyped({}, dtype, shape);
       const std::vector<uint8_t> buffer = *Encode(in, "eb");
       EXPECT_EQ(buffer.size(), kHeaderSize);
