@@ -266,10 +266,12 @@ uint32_t EncodeBlock(const void* input, const Layout& l, const Quantizer& qz, ui
                            0x7fffffffu;
     const bool fit = in_range & (decoded != 0) & (decoded < 0x7f800000u) & (error <= bound);
     const bool zero = abs_bits == 0;
+    const bool coded = fit & !zero;
+    const bool done = fit | zero;
     const int32_t signed_m = bits >> 31 ? -m : m;
-    k[i] = fit & !zero ? signed_m : 0;
-    fits[i] = fit | zero;
-    misses += fit | zero ? 0u : 1u;
+    k[i] = coded ? signed_m : 0;
+    fits[i] = done;
+    misses += done ? 0u : 1u;
   }
   uint32_t outliers = 0;
   if (misses > 0) {
