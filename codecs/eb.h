@@ -9,7 +9,12 @@
 // tensor) by the narrowest of three predictors, and the residuals are bit-packed with one width
 // per block; blocks that would not shrink are stored verbatim, so a buffer is never much larger
 // than the raw tensor. internal/eb_math.h has the arithmetic, FORMAT.md the payload.
-// Dtypes: float32, float16, bfloat16.
+// Dtypes: float32, float16, bfloat16. In float16 a bound only a few float16 steps wide turns
+// some values into outliers (a bin centre rounded to float16 can land outside it), which costs
+// ratio, never the bound.
+//
+// MaxEncodedSize is the worst case (about the raw size); the buffer is shrunk to what Encode
+// returns (runtime::Buffer::ShrinkTo).
 //
 // Header parameters: byte 0 the bound mode (1 absolute, 2 relative), byte 1 the block layout
 // (1 runs of 128, 2 tiles of 8 x 16), bytes 4..7 the half-bin q (float32), bytes 8..11 the
