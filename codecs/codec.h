@@ -62,6 +62,12 @@ struct MutableTensorView {
   TensorSpec Spec() const { return {dtype, shape}; }
 };
 
+// How `eb` reads its error bound (the values are written into buffers).
+enum class EbMode : uint8_t {
+  kAbsolute = 1,  // every value within error_bound
+  kRelative = 2,  // within error_bound * (max - min) of the tensor's finite values
+};
+
 // What to encode with. Fields a codec does not use are ignored by it.
 struct CodecParams {
   CodecId codec = CodecId::kIdentity;
@@ -70,6 +76,8 @@ struct CodecParams {
   uint64_t seed = 0;       // stochastic rounding: the same seed gives the same bytes
   DType cast_to = DType::kFloat16;  // cast: the storage type, float16 or bfloat16
   int pool_window = 4;     // pool: values averaged into one stored mean, 2..64
+  EbMode eb_mode = EbMode::kRelative;  // eb: how error_bound is read
+  double error_bound = 1e-2;           // eb: the bound, absolute or relative to the range
 };
 
 // What a codec's encoder reports back to Encode.

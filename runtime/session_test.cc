@@ -15,6 +15,12 @@ class VectorBuffer : public Buffer {
   explicit VectorBuffer(size_t n) : bytes_(n) {}
   uint8_t* data() override { return bytes_.data(); }
   size_t size() const override { return bytes_.size(); }
+  // As the plugin's buffers do: a variable-size codec (eb) encodes into its worst case.
+  absl::Status ShrinkTo(size_t n) override {
+    bytes_.resize(n);
+    bytes_.shrink_to_fit();
+    return absl::OkStatus();
+  }
 
  private:
   std::vector<uint8_t> bytes_;

@@ -37,7 +37,7 @@ def main():
         y = torch.empty_like(x)
         copy = time_ms(lambda: y.copy_(x))
         nbytes = x.numel() * 4
-        for spec in ("identity", "quant2", "quant4", "quant8"):
+        for spec in ("identity", "quant2", "quant4", "quant8", "eb:rel=1e-2", "eb:rel=1e-3"):
             buffer = actpack.encode(x, spec)
             encode = time_ms(lambda: actpack.encode(x, spec))
             decode = time_ms(lambda: actpack.decode(buffer))
