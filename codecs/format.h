@@ -48,6 +48,8 @@ enum class CodecId : uint16_t {
   kCast = 3,
   kMask = 4,
   kPool = 5,
+  kDivision = 7,
+  kDivisionFft = 8,
 };
 
 struct Header {
