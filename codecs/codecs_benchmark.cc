@@ -38,11 +38,20 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * sizeof(float));
 }
 
-void BM_Encode(benchmark::State& state, const char* spec) {
+// The tensor's shape: 1-D, or n values as NCHW maps of 64 x 64 ("nchw") or as
+// [batch, 128 tokens, 512 hidden] ("btd"), the layouts the division codecs pool over.
+std::vector<int64_t> ShapeOf(size_t n, absl::string_view layout) {
+  const int64_t values = static_cast<int64_t>(n);
+  if (layout == "nchw") return {values / (64 * 64 * 64), 64, 64, 64};
+  if (layout == "btd") return {values / (128 * 512), 128, 512};
+  return {values};
+}
+
+void BM_Encode(benchmark::State& state, const char* spec, const char* layout = "") {
   const size_t n = state.range(0);
   const std::vector<float> x = Activations(n, spec);
   const CodecParams params = *ParseCodecSpec(spec);
-  TensorView input{x.data(), DType::kFloat32, {static_cast<int64_t>(n)}, Device::kCpu};
+  TensorView input{x.data(), DType::kFloat32, ShapeOf(n, layout), Device::kCpu};
   std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), params));
   size_t used = 0;
   for (auto _ : state) {
@@ -53,15 +62,15 @@ void BM_Encode(benchmark::State& state, const char* spec) {
   state.counters["ratio"] = static_cast<double>(n * sizeof(float)) / used;
 }
 
-void BM_Decode(benchmark::State& state, const char* spec) {
+void BM_Decode(benchmark::State& state, const char* spec, const char* layout = "") {
   const size_t n = state.range(0);
   const std::vector<float> x = Activations(n, spec);
   const CodecParams params = *ParseCodecSpec(spec);
-  TensorView input{x.data(), DType::kFloat32, {static_cast<int64_t>(n)}, Device::kCpu};
+  TensorView input{x.data(), DType::kFloat32, ShapeOf(n, layout), Device::kCpu};
   std::vector<uint8_t> buffer(*MaxEncodedSize(input.Spec(), params));
   const size_t used = *Encode(input, params, buffer.data(), buffer.size(), {});
   std::vector<float> y(n);
-  MutableTensorView output{y.data(), DType::kFloat32, {static_cast<int64_t>(n)}, Device::kCpu};
+  MutableTensorView output{y.data(), DType::kFloat32, input.shape, Device::kCpu};
   for (auto _ : state) {
     benchmark::DoNotOptimize(Decode(buffer.data(), used, output, {}).ok());
   }
@@ -82,6 +91,13 @@ BENCHMARK_CAPTURE(BM_Encode, mask, "mask")->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Decode, mask, "mask")->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Encode, pool4, "pool4")->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Decode, pool4, "pool4")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, division_nchw, "division", "nchw")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, division_nchw, "division", "nchw")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, division_btd, "division", "btd")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, division_btd, "division", "btd")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, division_fft_nchw, "division_fft", "nchw")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, division_fft_nchw, "division_fft", "nchw")->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, quant2_nchw, "quant2", "nchw")->Arg(1 << 20)->Arg(16 << 20);
 
 }  // namespace
 }  // namespace actpack::codecs

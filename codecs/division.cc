@@ -76,7 +76,7 @@ absl::StatusOr<Params> ReadParams(const Header& header, const Variant& v) {
     return absl::DataLossError(
         absl::StrCat("actpack: corrupt ", v.name, " buffer: ", v.lfc_option, " ", p.lfc));
   }
-  for (const auto [first, last] : {std::pair<size_t, size_t>{2, 4}, {16, kParamBytes}}) {
+  for (const auto& [first, last] : {std::pair<size_t, size_t>{2, 4}, {16, kParamBytes}}) {
     absl::Status unused = CheckParamBytesZero(header, first, last, v.name);
     if (!unused.ok()) return unused;
   }
@@ -309,34 +309,55 @@ void PoolBands(const void* input, const Layout& l, uint16_t* means, uint64_t beg
 }
 
 // The upsampled LFC of n values of plane p from value j0 on: runs of values that share a mean
-// (C == 1: a window's columns in one row) or read consecutive means (C > 1).
+// (C == 1: a window's columns in one row) or read consecutive means (C > 1). Positions advance
+// by counters: a division per value would cost more than the rest of decoding.
 void PoolApproximations(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0,
                         uint64_t n, float* approx) {
   uint64_t c = j0 % l.inner;
   uint64_t w = (j0 / l.inner) % l.width;
-  uint64_t h = j0 / (l.inner * l.width);
-  uint64_t i = 0;
-  while (i < n) {
-    const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * l.blocks_w * l.inner;
-    if (l.inner == 1) {
-      const uint64_t run = std::min({l.block_w - w % l.block_w, l.width - w, n - i});
-      const float value = portable::Bf16ToFloat(row[w / l.block_w]);
-      for (uint64_t k = 0; k < run; ++k) approx[i + k] = value;
-      i += run;
-      w += run;
-    } else {
-      const uint16_t* m = row + (w / l.block_w) * l.inner + c;
-      const uint64_t run = std::min(l.inner - c, n - i);
-      for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
-      i += run;
-      c += run;
-      if (c < l.inner) continue;
-      c = 0;
-      ++w;
+  const uint64_t h = j0 / (l.inner * l.width);
+  uint64_t h_in_block = h % l.block_h;
+  uint64_t wb = w / l.block_w, w_in_block = w % l.block_w;
+  const uint64_t row_means = l.blocks_w * l.inner;
+  const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * row_means;
+  // Moves (h, w) one column or a run of columns on.
+  const auto advance_columns = [&](uint64_t columns) {
+    w += columns;
+    w_in_block += columns;
+    if (w_in_block == l.block_w) {
+      w_in_block = 0;
+      ++wb;
     }
     if (w == l.width) {
       w = 0;
-      ++h;
+      wb = 0;
+      w_in_block = 0;
+      if (++h_in_block == l.block_h) {
+        h_in_block = 0;
+        row += row_means;
+      }
+    }
+  };
+  uint64_t i = 0;
+  if (l.inner == 1) {
+    while (i < n) {
+      const uint64_t run = std::min({l.block_w - w_in_block, l.width - w, n - i});
+      const float value = portable::Bf16ToFloat(row[wb]);
+      for (uint64_t k = 0; k < run; ++k) approx[i + k] = value;
+      i += run;
+      advance_columns(run);
+    }
+    return;
+  }
+  while (i < n) {
+    const uint64_t run = std::min(l.inner - c, n - i);
+    const uint16_t* m = row + wb * l.inner + c;
+    for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
+    i += run;
+    c += run;
+    if (c == l.inner) {
+      c = 0;
+      advance_columns(1);
     }
   }
 }
@@ -405,80 +426,135 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
 
 // ---- division_fft: the DFT LFC (CPU only) ----
 
-// cos/sin of 2*pi*m/n for m < n: a table for moderate n, computed on demand beyond.
-class Twiddles {
+// (phase + step) mod n for phase, step < n, without overflow.
+uint64_t AdvancePhase(uint64_t phase, uint64_t step, uint64_t n) {
+  return phase >= n - step ? phase - (n - step) : phase + step;
+}
+
+// The twiddles of one transform axis of length n: cos and sin of 2*pi*f*m/n for m < n at each
+// kept frequency f. One shared table when it is small; past kMaxTable entries (only long 1-D
+// tensors) each plane computes the frequency it needs into its own buffers.
+class AxisTwiddles {
  public:
-  explicit Twiddles(uint64_t n) : n_(n) {
-    if (n <= kMaxTable) {
-      table_.resize(n);
-      for (uint64_t m = 0; m < n; ++m) table_[m] = dft_math::TurnCosSin(m, n);
-    }
+  AxisTwiddles(uint64_t n, std::vector<uint64_t> frequencies)
+      : n_(n), frequencies_(std::move(frequencies)) {
+    if (n_ * frequencies_.size() > kMaxTable) return;
+    cos_.resize(n_ * frequencies_.size());
+    sin_.resize(cos_.size());
+    for (size_t f = 0; f < frequencies_.size(); ++f) Fill(f, &cos_[f * n_], &sin_[f * n_]);
   }
-  dft_math::CosSin operator()(uint64_t m) const {
-    return table_.empty() ? dft_math::TurnCosSin(m, n_) : table_[m];
+
+  struct Row {
+    const float* cos;
+    const float* sin;
+  };
+
+  // The twiddles of frequency index f, from the table or computed into *buffer.
+  Row Get(size_t f, std::vector<float>* buffer) const {
+    if (!cos_.empty()) return {&cos_[f * n_], &sin_[f * n_]};
+    buffer->resize(2 * n_);
+    Fill(f, buffer->data(), buffer->data() + n_);
+    return {buffer->data(), buffer->data() + n_};
   }
 
  private:
-  static constexpr uint64_t kMaxTable = 1 << 16;
+  static constexpr uint64_t kMaxTable = 1 << 20;
+
+  void Fill(size_t f, float* cos, float* sin) const {
+    uint64_t phase = 0;
+    for (uint64_t m = 0; m < n_; ++m) {
+      const dft_math::CosSin t = dft_math::TurnCosSin(phase, n_);
+      cos[m] = t.cos;
+      sin[m] = t.sin;
+      phase = AdvancePhase(phase, frequencies_[f], n_);
+    }
+  }
+
   uint64_t n_;
-  std::vector<dft_math::CosSin> table_;
+  std::vector<uint64_t> frequencies_;
+  std::vector<float> cos_, sin_;  // [frequency][m]
 };
 
-// One plane's DFT work, the C values of a (h, w) position side by side so that the loops over
-// c vectorize. Sums run in the order FORMAT.md specifies.
+// Both axes' twiddles of a layout: rows at the kept row frequencies, columns at v < V.
+struct DftTwiddles {
+  DftTwiddles(const Layout& l, const FftShape& shape, uint32_t keep)
+      : rows(std::max<uint64_t>(1, l.height), RowFrequencies(l, shape, keep)),
+        columns(std::max<uint64_t>(1, l.width), ColumnFrequencies(shape)) {}
+
+  static std::vector<uint64_t> RowFrequencies(const Layout& l, const FftShape& shape,
+                                              uint32_t keep) {
+    std::vector<uint64_t> u(shape.rows);
+    for (uint64_t r = 0; r < shape.rows; ++r) u[r] = dft_math::RowFrequency(r, l.height, keep);
+    return u;
+  }
+  static std::vector<uint64_t> ColumnFrequencies(const FftShape& shape) {
+    std::vector<uint64_t> v(shape.columns);
+    for (uint64_t c = 0; c < shape.columns; ++c) v[c] = c;
+    return v;
+  }
+
+  AxisTwiddles rows;
+  AxisTwiddles columns;
+};
+
+// One plane's DFT work. The loops put independent sums innermost (all (h, c) of a column, or
+// all w of a row) so that they vectorize; each sum still runs in the order FORMAT.md gives:
+// forward along w (w ascending) then along h (h ascending), inverse along h (kept rows in
+// stored order) then along w (columns v ascending).
 class PlaneDft {
  public:
-  PlaneDft(const Layout& l, uint32_t keep, const Twiddles& rows, const Twiddles& columns)
+  PlaneDft(const Layout& l, const FftShape& shape, const DftTwiddles& twiddles)
       : l_(l),
-        keep_(keep),
-        shape_(FftShapeOf(l, keep)),
-        rows_(rows),
-        columns_(columns),
-        g_re_(l.height * shape_.columns * l.inner),
+        shape_(shape),
+        twiddles_(twiddles),
+        transposed_(l.plane),
+        g_re_(shape.columns * l.height * l.inner),
         g_im_(g_re_.size()),
-        x_re_(shape_.rows * shape_.columns * l.inner),
+        x_re_(shape.rows * shape.columns * l.inner),
         x_im_(x_re_.size()),
-        approx_(l.plane),
-        phase_(std::max(shape_.rows, shape_.columns)) {}
+        approx_(l.plane) {}
 
   // The kept coefficients of plane p as LFC words; counts those that overflow float16.
   template <int K>
   void Forward(const void* input, uint64_t p, uint32_t* lfc, Partial* partial) {
     const uint64_t H = l_.height, W = l_.width, C = l_.inner, V = shape_.columns;
-    // Along w: G[h][v] = sum_w x[h][w] e^{-2 pi i v w / W}.
-    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
-    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
+    const uint64_t lanes = H * C;
+    // x[h][w][c] -> transposed[w][h][c] (a plain copy when W == 1).
+    const uint64_t base = p * l_.plane;
     for (uint64_t h = 0; h < H; ++h) {
-      std::fill(phase_.begin(), phase_.end(), 0);
       for (uint64_t w = 0; w < W; ++w) {
-        const uint64_t src = ((p * H + h) * W + w) * C;
-        for (uint64_t v = 0; v < V; ++v) {
-          const dft_math::CosSin t = columns_(phase_[v]);
-          float* re = &g_re_[(h * V + v) * C];
-          float* im = &g_im_[(h * V + v) * C];
-          for (uint64_t c = 0; c < C; ++c) {
-            dft_math::AddRealForward(elements::Load<K>(input, src + c), t, re + c, im + c);
-          }
-          phase_[v] = Advance(phase_[v], v, W);
+        for (uint64_t c = 0; c < C; ++c) {
+          transposed_[(w * H + h) * C + c] = elements::Load<K>(input, base + (h * W + w) * C + c);
         }
       }
     }
-    // Along h for each kept row u, then normalised by 1 / (H * W).
+    // Along w: G[v][h][c] = sum_w x[h][w][c] e^{-2 pi i v w / W}.
+    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
+    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
+    for (uint64_t v = 0; v < V; ++v) {
+      const AxisTwiddles::Row t = twiddles_.columns.Get(v, &buffer_);
+      float* re = &g_re_[v * lanes];
+      float* im = &g_im_[v * lanes];
+      for (uint64_t w = 0; w < W; ++w) {
+        const dft_math::CosSin tw{t.cos[w], t.sin[w]};
+        const float* x = &transposed_[w * lanes];
+        for (uint64_t k = 0; k < lanes; ++k) dft_math::AddRealForward(x[k], tw, re + k, im + k);
+      }
+    }
+    // Along h at each kept row frequency, normalised by 1 / (H * W).
     const float size = static_cast<float>(H * W);
     for (uint64_t r = 0; r < shape_.rows; ++r) {
-      const uint64_t u = dft_math::RowFrequency(r, H, keep_);
+      const AxisTwiddles::Row t = twiddles_.rows.Get(r, &buffer_);
       for (uint64_t v = 0; v < V; ++v) {
         float* re = &x_re_[(r * V + v) * C];
         float* im = &x_im_[(r * V + v) * C];
         std::fill(re, re + C, 0.0f);
         std::fill(im, im + C, 0.0f);
-        uint64_t phase = 0;
         for (uint64_t h = 0; h < H; ++h) {
-          const dft_math::CosSin t = rows_(phase);
-          const float* gr = &g_re_[(h * V + v) * C];
-          const float* gi = &g_im_[(h * V + v) * C];
-          for (uint64_t c = 0; c < C; ++c) dft_math::AddForward(gr[c], gi[c], t, re + c, im + c);
-          phase = Advance(phase, u, H);
+          const dft_math::CosSin th{t.cos[h], t.sin[h]};
+          const float* gr = &g_re_[(v * H + h) * C];
+          const float* gi = &g_im_[(v * H + h) * C];
+          for (uint64_t c = 0; c < C; ++c) dft_math::AddForward(gr[c], gi[c], th, re + c, im + c);
         }
         uint32_t* out = lfc + ((p * shape_.rows + r) * V + v) * C;
         for (uint64_t c = 0; c < C; ++c) {
@@ -494,49 +570,49 @@ class PlaneDft {
   // The real inverse DFT of plane p's stored coefficients: approximations of its H*W*C values.
   const float* Inverse(const uint32_t* lfc, uint64_t p) {
     const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = shape_.rows, V = shape_.columns;
-    for (uint64_t r = 0; r < R; ++r) {
-      for (uint64_t v = 0; v < V; ++v) {
-        const uint32_t* in = lfc + ((p * R + r) * V + v) * C;
-        for (uint64_t c = 0; c < C; ++c) {
-          x_re_[(r * V + v) * C + c] = portable::HalfToFloat(static_cast<uint16_t>(in[c]));
-          x_im_[(r * V + v) * C + c] = portable::HalfToFloat(static_cast<uint16_t>(in[c] >> 16));
-        }
-      }
+    for (uint64_t k = 0; k < R * V * C; ++k) {
+      const uint32_t word = lfc[p * R * V * C + k];
+      x_re_[k] = portable::HalfToFloat(static_cast<uint16_t>(word));
+      x_im_[k] = portable::HalfToFloat(static_cast<uint16_t>(word >> 16));
     }
-    // Along h: Y[h][v] = sum_r X[r][v] e^{+2 pi i u_r h / H} (reusing G's buffers).
-    std::fill(phase_.begin(), phase_.end(), 0);
-    for (uint64_t h = 0; h < H; ++h) {
+    // Along h: Y[v][h][c] = sum_r X[r][v][c] e^{+2 pi i u_r h / H} (in G's buffers).
+    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
+    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
+    for (uint64_t r = 0; r < R; ++r) {
+      const AxisTwiddles::Row t = twiddles_.rows.Get(r, &buffer_);
       for (uint64_t v = 0; v < V; ++v) {
-        float* re = &g_re_[(h * V + v) * C];
-        float* im = &g_im_[(h * V + v) * C];
-        std::fill(re, re + C, 0.0f);
-        std::fill(im, im + C, 0.0f);
-        for (uint64_t r = 0; r < R; ++r) {
-          const dft_math::CosSin t = rows_(phase_[r]);
-          const float* xr = &x_re_[(r * V + v) * C];
-          const float* xi = &x_im_[(r * V + v) * C];
-          for (uint64_t c = 0; c < C; ++c) dft_math::AddInverse(xr[c], xi[c], t, re + c, im + c);
+        const float* xr = &x_re_[(r * V + v) * C];
+        const float* xi = &x_im_[(r * V + v) * C];
+        for (uint64_t h = 0; h < H; ++h) {
+          const dft_math::CosSin th{t.cos[h], t.sin[h]};
+          float* yr = &g_re_[(v * H + h) * C];
+          float* yi = &g_im_[(v * H + h) * C];
+          for (uint64_t c = 0; c < C; ++c) dft_math::AddInverse(xr[c], xi[c], th, yr + c, yi + c);
         }
-      }
-      for (uint64_t r = 0; r < R; ++r) {
-        phase_[r] = Advance(phase_[r], dft_math::RowFrequency(r, H, keep_), H);
       }
     }
     // Along w: the real part, interior columns twice.
-    for (uint64_t h = 0; h < H; ++h) {
-      std::fill(phase_.begin(), phase_.end(), 0);
-      for (uint64_t w = 0; w < W; ++w) {
-        float* out = &approx_[(h * W + w) * C];
-        std::fill(out, out + C, 0.0f);
-        for (uint64_t v = 0; v < V; ++v) {
-          const dft_math::CosSin t = columns_(phase_[v]);
-          const bool twice = dft_math::ColumnCountsTwice(v, W);
-          const float* yr = &g_re_[(h * V + v) * C];
-          const float* yi = &g_im_[(h * V + v) * C];
-          for (uint64_t c = 0; c < C; ++c) {
-            out[c] = portable::Add(out[c], dft_math::RealTerm(yr[c], yi[c], t, twice));
+    std::fill(approx_.begin(), approx_.end(), 0.0f);
+    for (uint64_t v = 0; v < V; ++v) {
+      const AxisTwiddles::Row t = twiddles_.columns.Get(v, &buffer_);
+      const bool twice = dft_math::ColumnCountsTwice(v, W);
+      for (uint64_t h = 0; h < H; ++h) {
+        const float* yr = &g_re_[(v * H + h) * C];
+        const float* yi = &g_im_[(v * H + h) * C];
+        float* out = &approx_[h * W * C];
+        if (C == 1) {
+          const float y_re = yr[0], y_im = yi[0];
+          for (uint64_t w = 0; w < W; ++w) {
+            out[w] = portable::Add(out[w],
+                                   dft_math::RealTerm(y_re, y_im, {t.cos[w], t.sin[w]}, twice));
           }
-          phase_[v] = Advance(phase_[v], v, W);
+          continue;
+        }
+        for (uint64_t w = 0; w < W; ++w) {
+          const dft_math::CosSin tw{t.cos[w], t.sin[w]};
+          for (uint64_t c = 0; c < C; ++c) {
+            out[w * C + c] = portable::Add(out[w * C + c], dft_math::RealTerm(yr[c], yi[c], tw, twice));
+          }
         }
       }
     }
@@ -544,20 +620,14 @@ class PlaneDft {
   }
 
  private:
-  // (phase + step) mod n for phase, step < n, without overflow.
-  static uint64_t Advance(uint64_t phase, uint64_t step, uint64_t n) {
-    return phase >= n - step ? phase - (n - step) : phase + step;
-  }
-
   const Layout& l_;
-  const uint32_t keep_;
   const FftShape shape_;
-  const Twiddles& rows_;
-  const Twiddles& columns_;
-  std::vector<float> g_re_, g_im_;  // [H][V][C]: forward along w / inverse along h
+  const DftTwiddles& twiddles_;
+  std::vector<float> transposed_;   // [W][H][C]: the plane's input
+  std::vector<float> g_re_, g_im_;  // [V][H][C]: forward along w / inverse along h
   std::vector<float> x_re_, x_im_;  // [R][V][C]: the coefficients
   std::vector<float> approx_;       // [H][W][C]
-  std::vector<uint64_t> phase_;     // per kept row or column: its current twiddle index
+  std::vector<float> buffer_;       // twiddles computed on demand
 };
 
 // Planes per parallel chunk: about 64 Ki values.
@@ -568,10 +638,11 @@ int64_t PlaneGrain(const Layout& l) {
 Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t keep,
                      uint8_t* payload) {
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  const Twiddles rows(std::max<uint64_t>(1, l.height)), columns(std::max<uint64_t>(1, l.width));
+  const FftShape shape = FftShapeOf(l, keep);
+  const DftTwiddles twiddles(l, shape, keep);
   std::vector<Partial> partials(internal::MaxParallelChunks());
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int chunk, int64_t begin, int64_t end) {
-    PlaneDft dft(l, keep, rows, columns);
+    PlaneDft dft(l, shape, twiddles);
     GroupScratch s(l.group_length);
     Partial& partial = partials[chunk];
     DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
@@ -595,9 +666,10 @@ Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t k
 void FftDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, uint32_t keep,
                   void* output) {
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const Twiddles rows(std::max<uint64_t>(1, l.height)), columns(std::max<uint64_t>(1, l.width));
+  const FftShape shape = FftShapeOf(l, keep);
+  const DftTwiddles twiddles(l, shape, keep);
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int, int64_t begin, int64_t end) {
-    PlaneDft dft(l, keep, rows, columns);
+    PlaneDft dft(l, shape, twiddles);
     DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t p = begin; p < end; ++p) {
         const float* approx = dft.Inverse(words, p);

@@ -156,7 +156,9 @@ TEST(DivisionTest, LfcIsTheWindowMeanInEveryView) {
         const float stored = portable::Bf16ToFloat(static_cast<uint16_t>(words[m / 2] >> (16 * (m % 2))));
         ASSERT_NEAR(stored, expected[m], std::abs(expected[m]) / 256 + 1e-6) << spec << " m " << m;
       }
-      if (expected.size() % 2 == 1) EXPECT_EQ(words[expected.size() / 2] >> 16, 0u);
+      if (expected.size() % 2 == 1) {
+        EXPECT_EQ(words[expected.size() / 2] >> 16, 0u);
+      }
     }
   }
 }
