@@ -146,10 +146,12 @@ __global__ void DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layou
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   const uint64_t numel = l.planes * l.plane;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  const bool narrow = l.plane <= 0xffffffffu;  // 32-bit division where it suffices
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
     const uint64_t p = i / l.plane;
     const uint64_t j = i - p * l.plane;
-    const uint64_t q = j / l.group_length;
+    const uint64_t q = narrow ? static_cast<uint32_t>(j) / static_cast<uint32_t>(l.group_length)
+                              : j / l.group_length;
     const quant_math::GroupParams gp = quant_math::UnpackGroupParams(
         payload[division_math::ParamWord(l, p * l.groups_per_plane + q)]);
     const uint32_t word = payload[division_math::PlaneCodeWord(l, p) + j / per_word];

@@ -144,11 +144,22 @@ ACTPACK_HD uint32_t LfcWord(const void* input, const Layout& l, uint64_t w, uint
 
 // The LFC mean (index into the bfloat16 means) that element `j` of plane `p` upsamples from.
 ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j) {
-  const uint64_t c = j % l.inner;
-  const uint64_t t = j / l.inner;
-  const uint64_t w = t % l.width;
-  const uint64_t h = t / l.width;
-  return ((p * l.blocks_h + h / l.block_h) * l.blocks_w + w / l.block_w) * l.inner + c;
+  uint64_t c, hb, wb;
+  if (l.plane <= 0xffffffffu) {
+    // The usual case, in 32-bit arithmetic: a GPU divides 32-bit integers several times faster.
+    const uint32_t j32 = static_cast<uint32_t>(j), inner = static_cast<uint32_t>(l.inner);
+    const uint32_t width = static_cast<uint32_t>(l.width), t = j32 / inner;
+    c = j32 - t * inner;
+    const uint32_t h = t / width;
+    hb = h / l.block_h;
+    wb = (t - h * width) / l.block_w;
+  } else {
+    c = j % l.inner;
+    const uint64_t t = j / l.inner;
+    hb = t / l.width / l.block_h;
+    wb = t % l.width / l.block_w;
+  }
+  return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
 }
 
 // ---- the residual quantizer (both codecs) ----
