@@ -61,14 +61,22 @@ absl::StatusOr<void*> BudgetAdaptor::DoAllocate(size_t bytes, Stream stream,
       PressureScope() { in_pressure_callbacks = true; }
       ~PressureScope() { in_pressure_callbacks = false; }
     } scope;
-    for (const auto& callback : callbacks) {
-      const MemoryUsage usage = upstream()->GetUsage();
-      const size_t wanted = usage.allocated_bytes + bytes;
-      const size_t needed = wanted > budget() ? wanted - budget() : bytes;
-      if ((*callback)(needed) == 0) continue;
-      Notify({MemoryAction::kAllocRetry, 0, bytes, bytes, stream});
-      result = attempt();
-      if (result.ok()) return result;
+    // Rounds until one frees nothing: what a callback frees may not be contiguous with what
+    // the request needs (fragmentation), and a second round frees more.
+    constexpr int kMaxRounds = 16;
+    bool freed = true;
+    for (int round = 0; freed && round < kMaxRounds; ++round) {
+      freed = false;
+      for (const auto& callback : callbacks) {
+        const MemoryUsage usage = upstream()->GetUsage();
+        const size_t wanted = usage.allocated_bytes + bytes;
+        const size_t needed = wanted > budget() ? wanted - budget() : bytes;
+        if ((*callback)(needed) == 0) continue;
+        freed = true;
+        Notify({MemoryAction::kAllocRetry, 0, bytes, bytes, stream});
+        result = attempt();
+        if (result.ok()) return result;
+      }
     }
   }
 

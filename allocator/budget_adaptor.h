@@ -8,7 +8,9 @@
 //     adaptor empties the cache once more, in case the upstream cache is not a CachingPool);
 //  2. each registered pressure callback runs, in registration order, with the bytes needed; this
 //     is where the runtime compresses saved activations harder. After each callback that frees
-//     something the request is retried;
+//     something the request is retried; the callbacks run again, round after round (at most
+//     16), while a round frees something, as freed memory may not be contiguous with what the
+//     request needs;
 //  3. the request fails with kResourceExhausted and a message giving the request, the bytes in
 //     use, the bytes cached and the budget:
 //     "actpack: out of budget: requested 4.00 MiB with 5.98 GiB in use and 0 B cached;

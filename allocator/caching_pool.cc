@@ -61,9 +61,9 @@ size_t RoundBlockSize(size_t bytes) {
   return bytes < kMinBlockSize ? kMinBlockSize : RoundUp(bytes, kMinBlockSize);
 }
 
-size_t SegmentSizeFor(size_t block_size) {
+size_t SegmentSizeFor(size_t block_size, bool under_budget) {
   if (block_size <= kSmallSize) return kSmallSegmentSize;
-  if (block_size < kMinLargeAlloc) return kLargeSegmentSize;
+  if (block_size < kMinLargeAlloc) return under_budget ? block_size : kLargeSegmentSize;
   return RoundUp(block_size, kRoundLarge);
 }
 
@@ -141,15 +141,9 @@ CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is
 absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_size, size_t bytes,
                                                                 Stream stream, bool is_small,
                                                                 size_t reserve_limit) {
-  size_t segment_size = SegmentSizeFor(block_size);
+  const size_t segment_size = SegmentSizeFor(block_size, reserve_limit != kNoReserveLimit);
   auto try_reserve = [&]() -> absl::StatusOr<void*> {
     const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
-    // Near the limit, a mid-size request gets a segment of its own size instead of a 20 MiB
-    // one: the unused rest of a shared segment would count against the budget.
-    const size_t tight = is_small ? kSmallSegmentSize : RoundUp(block_size, kRoundLarge);
-    if (reserved + segment_size > reserve_limit && reserved + tight <= reserve_limit) {
-      segment_size = tight;
-    }
     if (reserved + segment_size > reserve_limit) {
       return ReserveLimitExceeded(absl::StrCat(
           "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),

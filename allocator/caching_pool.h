@@ -62,8 +62,12 @@ size_t RoundBlockSize(size_t bytes);
 
 // SegmentSizeFor
 //
-// The segment the pool reserves when no cached block fits a block of `block_size`.
-size_t SegmentSizeFor(size_t block_size);
+// The segment the pool reserves when no cached block fits a block of `block_size`. Under a
+// budget a mid-size block (1-10 MiB) gets a segment of exactly its size, not a shared 20 MiB
+// one: tails of shared segments that later requests cannot use count against the budget (two
+// 8 MiB attention blocks a segment stranded ~20% of a transformer step's budget in 4 MiB
+// tails), and so would a rounding remainder too small for the large pool to split off.
+size_t SegmentSizeFor(size_t block_size, bool under_budget = false);
 
 // BlockState
 //

@@ -51,6 +51,12 @@ TEST(CachingPoolSizesTest, RoundsLikePyTorch) {
   EXPECT_EQ(SegmentSizeFor(1_MiB + 512), 20_MiB);
   EXPECT_EQ(SegmentSizeFor(10_MiB - 512), 20_MiB);
   EXPECT_EQ(SegmentSizeFor(10_MiB), 10_MiB);
+  // Under a budget, mid-size blocks do not share segments; the small pool does.
+  EXPECT_EQ(SegmentSizeFor(1_MiB, /*under_budget=*/true), 2_MiB);
+  EXPECT_EQ(SegmentSizeFor(1_MiB + 512, /*under_budget=*/true), 1_MiB + 512);
+  EXPECT_EQ(SegmentSizeFor(8_MiB, /*under_budget=*/true), 8_MiB);
+  EXPECT_EQ(SegmentSizeFor(9_MiB - 512, /*under_budget=*/true), 9_MiB - 512);
+  EXPECT_EQ(SegmentSizeFor(10_MiB + 512, /*under_budget=*/true), 12_MiB);
   EXPECT_EQ(SegmentSizeFor(11_MiB), 12_MiB);
 }
 

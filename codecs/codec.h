@@ -62,6 +62,12 @@ struct MutableTensorView {
   TensorSpec Spec() const { return {dtype, shape}; }
 };
 
+// How `eb` reads its error bound (the values are written into buffers).
+enum class EbMode : uint8_t {
+  kAbsolute = 1,  // every value within error_bound
+  kRelative = 2,  // within error_bound * (max - min) of the tensor's finite values
+};
+
 // What to encode with. Fields a codec does not use are ignored by it.
 struct CodecParams {
   CodecId codec = CodecId::kIdentity;
@@ -73,6 +79,8 @@ struct CodecParams {
   int pool_window = 4;     // pool: values averaged into one stored mean, 2..64
   int block = 8;           // division: the B x B pooling window of the LFC, 2..64
   int keep = 2;            // division_fft: the lowest k x k frequencies kept, 1..8
+  EbMode eb_mode = EbMode::kRelative;  // eb: how error_bound is read
+  double error_bound = 1e-2;           // eb: the bound, absolute or relative to the range
 };
 
 // What a codec's encoder reports back to Encode.

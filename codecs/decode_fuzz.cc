@@ -96,8 +96,9 @@ TEST(DecodeFuzzReplayTest, DeterministicMutations) {
                                  {std::string("APK1"), std::string(8, '\xff'),
                                   std::string(8, '\0'), std::string("\x7f\xff\xff\xff", 4),
                                   std::string("\x01\x00", 2), std::string("\x02\x00", 2),
-                                  std::string("\x05\x00", 2), std::string("\x07\x00", 2),
-                                  std::string("\x08\x00", 2), std::string("\x03", 1),
+                                  std::string("\x05\x00", 2), std::string("\x06\x00", 2),
+                                  std::string("\x07\x00", 2), std::string("\x08\x00", 2),
+                                  std::string("\x03", 1),
                                   std::string("\x40\x00\x00\x00", 4)});
   for (int i = 0; i < 20000; ++i) RunOne(mutator.Next());
 }

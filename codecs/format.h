@@ -48,6 +48,7 @@ enum class CodecId : uint16_t {
   kCast = 3,
   kMask = 4,
   kPool = 5,
+  kEb = 6,
   kDivision = 7,
   kDivisionFft = 8,
 };

@@ -6,11 +6,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "codecs/cast.h"
 #include "codecs/division.h"
+#include "codecs/eb.h"
 #include "codecs/identity.h"
 #include "codecs/mask.h"
 #include "codecs/pool.h"
@@ -46,6 +48,17 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
                                                    "': cast stores fp16 or bf16, not '",
                                                    value.empty() ? key : value, "'"));
   }
+  // eb takes its bound as a real number: rel=1e-3 or abs=0.01.
+  if (params->codec == CodecId::kEb && (key == "rel" || key == "abs")) {
+    double bound = 0;
+    if (!absl::SimpleAtod(value, &bound)) {
+      return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec, "': option '",
+                                                     key, "' needs a number, got '", value, "'"));
+    }
+    params->eb_mode = key == "rel" ? EbMode::kRelative : EbMode::kAbsolute;
+    params->error_bound = bound;
+    return absl::OkStatus();
+  }
   int64_t number = 0;
   if (!absl::SimpleAtoi(value, &number)) {
     return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec, "': option '",
@@ -74,9 +87,28 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
                                                    "': unknown option '", key,
                                                    "'; known: bits, group, seed (quant, "
                                                    "division), k (pool), block (division), "
-                                                   "keep (division_fft), to (cast)"));
+                                                   "keep (division_fft), to (cast), rel or abs "
+                                                   "(eb)"));
   }
   return absl::OkStatus();
+}
+
+// The shortest "1e-2" / "2.5e-1" form of v that reads back as v.
+std::string ShortestNumber(double v) {
+  std::string text;
+  for (int digits = 0; digits <= 17; ++digits) {
+    text = absl::StrFormat("%.*e", digits, v);
+    double back = 0;
+    if (absl::SimpleAtod(text, &back) && back == v) break;
+  }
+  // "1e-02" -> "1e-2", "5e+00" -> "5e0".
+  const size_t e = text.find('e');
+  if (e == std::string::npos) return text;
+  std::string exponent = text.substr(e + 1);
+  const bool negative = !exponent.empty() && exponent[0] == '-';
+  if (!exponent.empty() && (exponent[0] == '-' || exponent[0] == '+')) exponent.erase(0, 1);
+  exponent.erase(0, std::min(exponent.find_first_not_of('0'), exponent.size() - 1));
+  return absl::StrCat(text.substr(0, e), "e", negative ? "-" : "", exponent);
 }
 
 }  // namespace
@@ -84,8 +116,8 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
 const std::vector<const Codec*>& AllCodecs() {
   static const std::vector<const Codec*>* const codecs =
       new std::vector<const Codec*>{IdentityCodec(), QuantCodec(),    CastCodec(),
-                                    MaskCodec(),     PoolCodec(),     DivisionCodec(),
-                                    DivisionFftCodec()};
+                                    MaskCodec(),     PoolCodec(),     EbCodec(),
+                                    DivisionCodec(), DivisionFftCodec()};
   return *codecs;
 }
 
@@ -151,12 +183,17 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
     }
   }
   if (!name_and_options.second.empty()) {
+    int bounds = 0;
     for (absl::string_view option : absl::StrSplit(name_and_options.second, ',')) {
       std::pair<absl::string_view, absl::string_view> kv =
           absl::StrSplit(option, absl::MaxSplits('=', 1));
-      absl::Status set = SetOption(spec, absl::StripAsciiWhitespace(kv.first),
-                                   absl::StripAsciiWhitespace(kv.second), &params);
+      const absl::string_view key = absl::StripAsciiWhitespace(kv.first);
+      absl::Status set = SetOption(spec, key, absl::StripAsciiWhitespace(kv.second), &params);
       if (!set.ok()) return set;
+      if (params.codec == CodecId::kEb && (key == "rel" || key == "abs") && ++bounds > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "actpack: codec spec '", spec, "': eb takes one bound, rel=... or abs=..."));
+      }
     }
   }
   // Validate the numbers now, against a float32 tensor, so a bad spec fails where it is given.
@@ -189,6 +226,10 @@ std::string FormatCodecSpec(const CodecParams& params) {
       absl::StrAppend(&spec, ",group=", params.group_size);
     }
     return spec;
+  }
+  if (params.codec == CodecId::kEb) {
+    return absl::StrCat(name, params.eb_mode == EbMode::kAbsolute ? ":abs=" : ":rel=",
+                        ShortestNumber(params.error_bound));
   }
   if (params.codec == CodecId::kCast) {
     return absl::StrCat(name, params.cast_to == DType::kBFloat16 ? ":bf16" : ":fp16");

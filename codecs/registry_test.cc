@@ -68,6 +68,48 @@ TEST(RegistryTest, BadCastMaskAndPoolSpecs) {
   }
 }
 
+TEST(RegistryTest, ParsesEbSpecs) {
+  absl::StatusOr<CodecParams> p = ParseCodecSpec("eb");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->codec, CodecId::kEb);
+  EXPECT_EQ(p->eb_mode, EbMode::kRelative);
+  EXPECT_EQ(p->error_bound, 1e-2);
+  p = ParseCodecSpec("eb:rel=1e-2");  // the runtime's default ladder names this one
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->eb_mode, EbMode::kRelative);
+  EXPECT_EQ(p->error_bound, 1e-2);
+  p = ParseCodecSpec("eb:abs=0.01");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->eb_mode, EbMode::kAbsolute);
+  EXPECT_EQ(p->error_bound, 0.01);
+  EXPECT_EQ(ParseCodecSpec("eb:rel=1e-3")->error_bound, 1e-3);
+  EXPECT_EQ(FindCodec(CodecId::kEb)->name(), "eb");
+}
+
+TEST(RegistryTest, EbSpecsRoundTrip) {
+  for (const char* spec : {"eb:rel=1e-2", "eb:rel=1e-3", "eb:abs=1e-2", "eb:abs=2.5e-1",
+                           "eb:abs=3e0", "eb:rel=1.234e-5", "eb:abs=1e30"}) {
+    absl::StatusOr<CodecParams> p = ParseCodecSpec(spec);
+    ASSERT_TRUE(p.ok()) << spec << ": " << p.status();
+    EXPECT_EQ(FormatCodecSpec(*p), spec);
+  }
+  EXPECT_EQ(FormatCodecSpec(*ParseCodecSpec("eb")), "eb:rel=1e-2");
+  EXPECT_EQ(FormatCodecSpec(*ParseCodecSpec("eb:abs=0.001")), "eb:abs=1e-3");
+  EXPECT_EQ(FormatCodecSpec(*ParseCodecSpec("eb:abs=3")), "eb:abs=3e0");
+}
+
+TEST(RegistryTest, BadEbSpecsNameTheValue) {
+  for (const char* bad : {"eb:rel=0", "eb:rel=2", "eb:rel=-1e-3", "eb:abs=0", "eb:abs=-1",
+                          "eb:abs=1e31", "eb:rel=x", "eb:rel=nan", "eb:abs=inf", "eb3",
+                          "eb:rel=1e-3,abs=0.1", "eb:bound=1"}) {
+    EXPECT_EQ(ParseCodecSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseCodecSpec("eb:rel=2").status().message().find("2"), absl::string_view::npos);
+  EXPECT_NE(ParseCodecSpec("eb:rel=x").status().message().find("'x'"), absl::string_view::npos);
+  EXPECT_NE(ParseCodecSpec("eb:rel=1e-3,abs=0.1").status().message().find("one bound"),
+            absl::string_view::npos);
+}
+
 TEST(RegistryTest, BadSpecsNameTheValue) {
   for (const char* bad : {"quant3", "zstd", "quant:bits=x", "quant:colour=2", "quant:group=100", ""}) {
     const absl::StatusOr<CodecParams> p = ParseCodecSpec(bad);

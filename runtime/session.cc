@@ -190,6 +190,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kTooSmall: return "below min_bytes";
     case KeepReason::kLossInput: return "log-probabilities of the loss";
     case KeepReason::kPolicyExact: return "exact: fits the budget";
+    case KeepReason::kSavedInBackward: return "saved during backward (create_graph or recomputation)";
   }
   return "";
 }
@@ -249,6 +250,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.reason = KeepReason::kDisabled;
   } else if (info.is_parameter) {
     plan.reason = KeepReason::kParameter;
+  } else if (info.in_backward) {
+    plan.reason = KeepReason::kSavedInBackward;
   } else if (!mask && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {
@@ -309,6 +312,71 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   return plan;
 }
 
+int Session::HarshestCandidate(const SavedRecord& record) {
+  // The candidate with the smallest bytes (measured, else the codec's bound); 0 (exact) when
+  // the ladder is empty.
+  int choice = record.candidates.size() > 1 ? 1 : 0;
+  for (size_t i = 1; i < record.candidates.size(); ++i) {
+    if (record.candidates[i].bytes < record.candidates[choice].bytes) choice = static_cast<int>(i);
+  }
+  return choice;
+}
+
+void Session::SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms) {
+  double sum = 0;
+  size_t count = 0;
+  for (const auto& [module, norm] : squared_grad_norms) {
+    if (std::isfinite(norm) && norm > 0) {
+      sum += norm;
+      ++count;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  module_weight_.clear();
+  if (count == 0) return;
+  // A saved tensor's error reaches the gradients two ways: through its module's parameter
+  // gradients (measured: the norm over the mean) and through the activation gradient passed
+  // down (not measured: uniform). Both count half.
+  const double mean = sum / static_cast<double>(count);
+  for (const auto& [module, norm] : squared_grad_norms) {
+    if (std::isfinite(norm) && norm > 0) module_weight_[module] = 0.5 + 0.5 * norm / mean;
+  }
+}
+
+double Session::WeightOf(const std::string& module) const {
+  // The module itself, else its nearest parent with a weight ("blocks.0.attn" -> "blocks.0").
+  std::string name = module;
+  while (true) {
+    auto it = module_weight_.find(name);
+    if (it != module_weight_.end()) return it->second;
+    const size_t dot = name.rfind('.');
+    if (dot == std::string::npos) break;
+    name.resize(dot);
+  }
+  return 1.0;
+}
+
+void Session::OnPressure() {
+  absl::MutexLock lock(&mu_);
+  if (!pressure_this_step_) ++policy_.pressure_events;
+  pressure_this_step_ = true;
+}
+
+PackPlan Session::ReliefPlan(int record_index) {
+  absl::MutexLock lock(&mu_);
+  PackPlan plan;
+  plan.record = record_index;
+  if (record_index < 0 || static_cast<size_t>(record_index) >= records_.size()) return plan;
+  const SavedRecord& record = records_[record_index];
+  const int choice = HarshestCandidate(record);
+  if (!record.assigned.automatic || choice == 0) return plan;  // kKeep: nothing to re-pack
+  plan.action = PackAction::kPack;
+  plan.params = options_.ladder[choice - 1];
+  plan.params.seed = options_.seed + pack_counter_++;
+  plan.relief = true;
+  return plan;
+}
+
 void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan) {
   if (record.candidates.empty()) {
     // Until measured, a candidate's bytes are its bound and its error unknown (infinite).
@@ -322,13 +390,9 @@ void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, Pa
   }
   int choice = record.choice;
   if (options_.budget_bytes == 0) choice = 0;  // no budget, nothing to fit: exact
-  if (choice < 0) {
-    // Not planned yet: the safe default, the ladder's smallest bound.
-    choice = 1;
-    for (size_t i = 1; i < record.candidates.size(); ++i) {
-      if (record.candidates[i].bytes < record.candidates[choice].bytes) choice = static_cast<int>(i);
-    }
-    if (record.candidates.size() == 1) choice = 0;
+  // Not planned yet, or out of memory mid-step: the safe default, the harshest codec.
+  if (choice < 0 || (pressure_this_step_ && options_.budget_bytes > 0)) {
+    choice = HarshestCandidate(record);
   }
   if (choice == 0) {
     plan.action = PackAction::kKeep;
@@ -385,6 +449,13 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   if (!note.empty()) {
     record.note = note;
     ++totals_.exact_fallbacks;
+  }
+  if (plan.relief) {
+    // It was counted as kept when it was saved.
+    totals_.kept_bytes -= std::min(totals_.kept_bytes, packed->raw_bytes_);
+    current_step_.stored_bytes -= std::min(current_step_.stored_bytes, packed->raw_bytes_);
+    current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, packed->raw_bytes_);
+    policy_.relieved_bytes += packed->raw_bytes_;
   }
   ++totals_.packs;
   totals_.packed_raw_bytes += packed->raw_bytes_;
@@ -461,7 +532,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       continue;
     }
     planned.push_back(index);
-    input.items.push_back({record.candidates, 1.0});
+    input.items.push_back({record.candidates, WeightOf(record.module)});
   }
   input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
   if (planned.empty()) return absl::OkStatus();
@@ -478,7 +549,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   using allocator::FormatBytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "actpack: a budget of ", FormatBytes(options_.budget_bytes),
-      " cannot hold this training step: the step peaked at ", FormatBytes(peak_bytes),
+      " cannot hold this training step: its tensors peaked at ", FormatBytes(peak_bytes),
       ", of which ", FormatBytes(input.other_bytes),
       " is not saved activations (parameters, gradients, optimizer state, workspace), and "
       "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
@@ -488,10 +559,11 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       "% headroom), or use a smaller batch"));
 }
 
-absl::Status Session::EndStep(uint64_t peak_bytes) {
+absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
   absl::MutexLock lock(&mu_);
   if (ordinal_ == 0) return absl::OkStatus();
   current_step_.peak_bytes = peak_bytes;
+  current_step_.peak_reserved_bytes = reserved_bytes;
   absl::Status status = absl::OkStatus();
   if (current_step_.profiled) profiled_since_plan_ = true;
   const bool has_policy = profiled_since_plan_ || current_step_.automatic_bytes > 0;
@@ -501,11 +573,12 @@ absl::Status Session::EndStep(uint64_t peak_bytes) {
   // half the headroom of the budget (the model of the step was off).
   if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0 && step_index_ >= 1) {
     const double close = static_cast<double>(options_.budget_bytes) * (1.0 - options_.headroom / 2);
-    if (profiled_since_plan_ || static_cast<double>(peak_bytes) > close) {
+    if (profiled_since_plan_ || pressure_this_step_ || static_cast<double>(peak_bytes) > close) {
       status = Replan(peak_bytes);
       profiled_since_plan_ = false;
     }
   }
+  pressure_this_step_ = false;
   steps_.push_back(current_step_);
   current_step_ = StepRecord{};
   step_records_.clear();
@@ -568,6 +641,9 @@ json::Value Session::ActivationReport() const {
   policy.Set("feasible", policy_.feasible);
   policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);
   policy.Set("weighted_error", policy_.weighted_error);
+  policy.Set("sensitivity", module_weight_.empty() ? "uniform" : "gradient");
+  policy.Set("pressure_events", policy_.pressure_events);
+  policy.Set("relieved_bytes", policy_.relieved_bytes);
   report.Set("policy", std::move(policy));
   report.Set("min_bytes", options_.min_bytes);
   report.Set("enabled", options_.enabled);
@@ -588,6 +664,7 @@ json::Value Session::ActivationReport() const {
   for (const StepRecord& step : steps_) {
     json::Value s = json::Value::Object();
     s.Set("peak_bytes", step.peak_bytes);
+    s.Set("peak_reserved_bytes", step.peak_reserved_bytes);
     s.Set("saved_raw_bytes", step.saved_raw_bytes);
     s.Set("stored_bytes", step.stored_bytes);
     s.Set("ratio", Ratio(step.saved_raw_bytes, step.stored_bytes));
@@ -605,6 +682,9 @@ json::Value Session::ActivationReport() const {
     r.Set("ordinal", record.ordinal);
     r.Set("producer", record.producer);
     if (!record.module.empty()) r.Set("module", record.module);
+    if (record.assigned.automatic && !module_weight_.empty()) {
+      r.Set("sensitivity", WeightOf(record.module));
+    }
     r.Set("shape", ShapeJson(record.shape));
     r.Set("dtype", codecs::DTypeName(record.dtype));
     r.Set("codec", record.codec.empty() ? std::string("reused") : record.codec);

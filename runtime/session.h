@@ -102,6 +102,10 @@ struct SavedTensorInfo {
   codecs::Device device = codecs::Device::kCpu;
   int device_index = 0;
   bool is_parameter = false;  // a parameter or buffer of the model: it lives anyway
+  // Saved while a backward pass runs: by a backward with create_graph=True for the graph a
+  // later backward differentiates (double backward), or by a recomputation. Kept exact: its
+  // error would reach the gradients twice, and a recomputed tensor is unpacked at once.
+  bool in_backward = false;
   bool supported_dtype = true;  // false for dtypes the plugin cannot describe
   // Identity of the saved data, for dedup: the same storage, offset, shape, strides and
   // version is the same tensor. `storage` must name the storage object, not its data pointer
@@ -122,7 +126,8 @@ enum class PackAction { kKeep, kReuse, kPack };
 
 // Why a tensor is kept as it is. Values are the report's strings.
 enum class KeepReason {
-  kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact
+  kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
+  kSavedInBackward
 };
 
 class PackedTensor;
@@ -136,6 +141,9 @@ struct PackPlan {
   // Codecs to measure on this tensor (a profile step): the plugin encodes a sample with each
   // and reports through Session::RecordMeasurement(record, i, ...).
   std::vector<codecs::CodecParams> measure;
+  // Re-packing, under memory pressure, a tensor this step kept exact (ReliefPlan): Pack moves
+  // its bytes from kept to packed.
+  bool relief = false;
 };
 
 class Session;
@@ -194,7 +202,8 @@ struct SavedRecord {
 };
 
 struct StepRecord {
-  uint64_t peak_bytes = 0;         // the allocator's peak over the step (0: not measured)
+  uint64_t peak_bytes = 0;         // the allocator's allocated peak over the step (0: unknown)
+  uint64_t peak_reserved_bytes = 0;  // its reserved peak: what a cap counts (0: unknown)
   uint64_t saved_raw_bytes = 0;    // what autograd would have kept without actpack
   uint64_t stored_bytes = 0;       // what actpack kept instead (packed + kept)
   uint64_t peak_live_stored = 0;   // peak of live packed bytes during the step
@@ -211,6 +220,8 @@ struct PolicyState {
   bool feasible = true;
   uint64_t smallest_feasible_budget = 0;
   double weighted_error = 0.0;
+  uint64_t pressure_events = 0;    // times the allocator ran out of budget mid-step
+  uint64_t relieved_bytes = 0;     // raw bytes of kept tensors re-packed under pressure
 };
 
 struct SessionTotals {
@@ -246,15 +257,33 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
+  // Sensitivity from gradient statistics: each module's squared parameter-gradient norm (the
+  // plugin measures them at the end of a backward pass). A module's weight-gradient error grows
+  // with the relative error of its saved input times its gradient's magnitude (ActNN, GACT), so
+  // the policy weighs a tensor's measured error by 1/2 + 1/2 * its module's norm over the mean
+  // of those given (the other half: the error passed down through the activation gradient,
+  // not measured). A tensor whose module (or nearest parent, by dotted name) has none weighs 1.
+  void SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms);
+
+  // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
+  // policy's tensors with their harshest codec, and the policy plans again at the step's end.
+  void OnPressure();
+
+  // The plan that re-packs record `record`'s tensor, kept exact by the policy earlier in this
+  // step, with its harshest codec to free memory under pressure (PackPlan::relief).
+  PackPlan ReliefPlan(int record);
+
   // What the plugin measured for candidate `index` of plan.measure.
   void RecordMeasurement(int record, size_t index, const CodecMeasurement& measurement);
 
   // Closes the current step (a forward and its backward): records its totals and restarts the
   // ordinals. A step in which nothing was saved is not recorded. `peak_bytes` is the
-  // allocator's peak over the step (0 when unknown); with it the policy re-plans after profile
-  // steps and whenever the peak came close to the budget. kResourceExhausted when even the
-  // harshest plan cannot fit the budget, naming the smallest budget that would.
-  absl::Status EndStep(uint64_t peak_bytes = 0);
+  // allocator's allocated peak over the step (0 when unknown): the policy plans tensors'
+  // bytes, and its headroom covers the allocator's fragmentation. With it the policy re-plans
+  // after profile steps and whenever the peak came close to the budget. `reserved_bytes` (the
+  // reserved peak, what a cap counts) is recorded for the report. kResourceExhausted when
+  // even the harshest plan cannot fit the budget, naming the smallest budget that would.
+  absl::Status EndStep(uint64_t peak_bytes = 0, uint64_t reserved_bytes = 0);
 
   SessionTotals Totals() const;
   PolicyState Policy() const;
@@ -271,6 +300,7 @@ class Session {
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static int HarshestCandidate(const SavedRecord& record);
   void OnRelease(const PackedTensor& packed);
 
   const SessionOptions options_;
@@ -289,6 +319,9 @@ class Session {
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
+  bool pressure_this_step_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, double> module_weight_ ABSL_GUARDED_BY(mu_);  // mean 1
+  double WeightOf(const std::string& module) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
 

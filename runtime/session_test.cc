@@ -15,6 +15,12 @@ class VectorBuffer : public Buffer {
   explicit VectorBuffer(size_t n) : bytes_(n) {}
   uint8_t* data() override { return bytes_.data(); }
   size_t size() const override { return bytes_.size(); }
+  // As the plugin's buffers do: a variable-size codec (eb) encodes into its worst case.
+  absl::Status ShrinkTo(size_t n) override {
+    bytes_.resize(n);
+    bytes_.shrink_to_fit();
+    return absl::OkStatus();
+  }
 
  private:
   std::vector<uint8_t> bytes_;
@@ -98,6 +104,12 @@ TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
   EXPECT_EQ(session.Plan(log_probs.info).reason, KeepReason::kLossInput);
   Saved big = MakeSaved(64, 64, 4);
   EXPECT_EQ(session.Plan(big.info).action, PackAction::kPack);
+  Saved for_double_backward = MakeSaved(64, 64, 6);
+  for_double_backward.info.in_backward = true;
+  EXPECT_EQ(session.Plan(for_double_backward.info).reason, KeepReason::kSavedInBackward);
+  const std::vector<SavedRecord> records = session.Records();
+  EXPECT_EQ(records.back().codec, "kept");
+  EXPECT_EQ(records.back().note, "saved during backward (create_graph or recomputation)");
 }
 
 TEST(SessionTest, DisabledSessionKeepsEverythingAndRecordsStayBounded) {
@@ -272,6 +284,71 @@ TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
   const json::Value& record = report.Find("saved_tensors")->elements()[0];
   EXPECT_EQ(record.Find("module")->as_string(), "encoder.layer0");
   EXPECT_NE(record.Find("candidates"), nullptr);
+}
+
+TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
+  // Room for three of four same-sized tensors at 8 bits and one at 4: the one to lose bits is
+  // never the module with the large gradients, whichever module that is.
+  const uint64_t other = 1 << 20;
+  for (const char* sensitive : {"head", "encoder.layer0"}) {
+    Session session(AutoOptions(other + 62000), HostFactory());
+    std::map<std::string, double> norms = {{"encoder.layer0", 1.0}, {"encoder", 1.0},
+                                           {"head", 1.0}};
+    norms[sensitive] = 100.0;
+    session.SetModuleSensitivity(norms);
+    const uint64_t first = WarmUp(session, other);
+    ASSERT_TRUE(session.EndStep(other + first).ok());
+    RunStep(session);
+    const std::vector<SavedRecord> records = session.Records();
+    // RunStep: tensors 0 and 1 are encoder.layer0 and encoder.layer1, 2 and 3 head.
+    int harsher = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      const bool favoured = records[i].module == sensitive ||
+                            (std::string(sensitive) == "head" && i >= 2);
+      if (favoured) {
+        EXPECT_EQ(records[i].codec, "quant8") << sensitive << " " << i;
+      } else if (records[i].codec != "quant8") {
+        ++harsher;
+      }
+    }
+    EXPECT_GE(harsher, 1) << sensitive;
+    const json::Value report = session.ActivationReport();
+    EXPECT_EQ(report.Find("policy")->Find("sensitivity")->as_string(), "gradient");
+  }
+  // encoder.layer1 has no weight of its own: its parent's, 1/2 + 1/2 * 2 / mean(2, 6).
+  Session session(AutoOptions(10 << 20), HostFactory());
+  session.SetModuleSensitivity({{"encoder", 2.0}, {"head", 6.0}});
+  RunStep(session);
+  const json::Value report = session.ActivationReport();
+  const json::Value& layer1 = report.Find("saved_tensors")->elements()[1];
+  EXPECT_EQ(layer1.Find("module")->as_string(), "encoder.layer1");
+  EXPECT_DOUBLE_EQ(layer1.Find("sensitivity")->as_double(), 0.75);
+}
+
+TEST(SessionPolicyTest, PressureRepacksKeptTensorsAndTurnsTheRestOfTheStepHarsh) {
+  Session session(AutoOptions(10 << 20), HostFactory());
+  const uint64_t first = WarmUp(session, 1 << 20);
+  ASSERT_TRUE(session.EndStep(first + (1 << 20)).ok());
+  // The plan keeps everything exact; then the allocator runs out mid-step.
+  Saved kept = MakeSaved(64, 256, 200, 0);
+  PackPlan plan = session.Plan(kept.info);
+  ASSERT_EQ(plan.action, PackAction::kKeep);
+  session.OnPressure();
+  PackPlan relief = session.ReliefPlan(plan.record);
+  ASSERT_EQ(relief.action, PackAction::kPack);
+  EXPECT_TRUE(relief.relief);
+  absl::StatusOr<std::shared_ptr<PackedTensor>> repacked =
+      session.Pack(kept.info, relief, kept.view(), {});
+  ASSERT_TRUE(repacked.ok()) << repacked.status();
+  EXPECT_LT((*repacked)->stored_bytes() * 10, kept.info.Bytes());  // the harshest codec
+  // The rest of the step is packed harsh although the plan says exact.
+  Saved next = MakeSaved(64, 256, 201, 1);
+  EXPECT_EQ(session.Plan(next.info).action, PackAction::kPack);
+  EXPECT_EQ(session.Policy().pressure_events, 1u);
+  EXPECT_EQ(session.Policy().relieved_bytes, kept.info.Bytes());
+  // A parameter or an unknown record has nothing to re-pack.
+  EXPECT_EQ(session.ReliefPlan(-1).action, PackAction::kKeep);
+  EXPECT_EQ(session.ReliefPlan(12345).action, PackAction::kKeep);
 }
 
 TEST(SessionPolicyTest, AnImpossibleBudgetNamesTheSmallestThatWorks) {

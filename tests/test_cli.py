@@ -3,10 +3,9 @@ real run: exit codes, the text and JSON reports, diff, plan, the SVG rendered to
 rsvg-convert (Debian librsvg2-bin), and the allocator snapshot pickled in C++ and read by
 Python's pickle and torch's memory_viz.
 
-The planner, allocator and per-module sections have no producer in the runtime yet (it lands
-separately): their tests read tools/testdata/run_quant2_full.json, a real report with those
-sections added by tools/testdata/make_full_report.py, and a live CPU-allocator snapshot put into
-a fresh report here. Regenerate the fixture from a real run once the runtime writes them.
+The planner, allocator and per-module sections are read from tools/testdata/run_quant2_full.json
+(a real demo run with every section, tools/testdata/make_full_report.py), from a fresh
+actpack.plan report, and from a live CPU-allocator snapshot put into a fresh report here.
 
 Runs against whichever actpack is importable; to test a build without replacing the
 installed package:
@@ -77,8 +76,10 @@ def test_report_text(run_report):
     assert result.stderr == ""
     assert "actpack run report: run.json" in result.stdout
     assert "64.00 MiB" in result.stdout
-    assert "top consumers by producer" in result.stdout
+    assert "top consumers by module" in result.stdout
     assert "quant4" in result.stdout
+    # nn.Sequential's children by name, as named_modules() gives them.
+    assert "\n  0 " in result.stdout and "\n  3 " in result.stdout
 
 
 def test_report_json_matches_the_run(run_report):
@@ -185,7 +186,7 @@ def test_report_shows_modules_planner_and_allocator():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in ("top consumers by module", "convs.0", "rel rms", "max abs",
-                 "batch-size planner", "verified: quant2 at batch",
+                 "batch-size planner", "verified: auto at batch",
                  "allocator (cpu)", "peak reserved", "fragmentation", "alloc retries", "OOMs"):
         assert text in out, (text, out)
     stats = full_report()["allocator"]["stats"]
@@ -206,7 +207,7 @@ def test_plan_replans_with_fixed_plus_per_sample(budget, budget_bytes):
     assert list(plan["choices"]) == list(planner["choices"])
     expected = {}
     for name, choice in planner["choices"].items():
-        fits = budget_bytes - choice["fixed_bytes"]
+        fits = int(budget_bytes * (1 - planner["headroom"])) - choice["fixed_bytes"]
         expected[name] = max(0, fits // choice["per_sample_bytes"])
         assert plan["choices"][name]["max_batch_size"] == expected[name], name
         assert plan["choices"][name]["recorded_max_batch_size"] == choice["max_batch_size"]
@@ -220,6 +221,31 @@ def test_plan_replans_with_fixed_plus_per_sample(budget, budget_bytes):
     for name, batch in expected.items():
         row = next(line for line in text.splitlines() if line.split()[:1] == [name])
         assert row.split()[-2] == str(batch), row
+
+
+def test_cli_plan_agrees_with_the_python_planner(tmp_path):
+    """actpack.plan's answer, re-planned by the CLI from its report at the same budget."""
+    torch.manual_seed(0)
+    # Deep enough that saved activations, not one layer's transients, make the peak.
+    model = nn.Sequential(*[m for _ in range(12) for m in (nn.Linear(256, 256), nn.Tanh())],
+                          nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch):
+        x, y = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    path = tmp_path / "plan.json"
+    plan = actpack.plan(step, "64MiB", batch_sizes=(64, 256), codecs=("none", "quant2"),
+                        report=path, progress=False)
+    assert plan.max_batch_size["quant2"] > plan.max_batch_size["none"] > 0, plan.table()
+    code, out, err = run_cli("plan", path, "--budget", "64MiB", "--json")
+    assert code == 0, err
+    cli = json.loads(out)
+    assert {n: c["max_batch_size"] for n, c in cli["choices"].items()} == plan.max_batch_size
+    assert cli["headroom"] == actpack._planner.HEADROOM
 
 
 def test_plan_refuses_a_share_of_the_device():
@@ -327,11 +353,12 @@ def test_snapshot_pickles_edge_values_exactly(tmp_path):
 
 
 def test_snapshot_without_one_exits_2(run_report, tmp_path):
+    # budget(snapshot=False), the default: the allocator section has stats, no snapshot.
     result = actpack_cli("snapshot", run_report, "-o", tmp_path / "x.pickle")
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
-    assert "no allocator section" in result.stderr
+    assert "allocator section has no snapshot" in result.stderr
     assert not (tmp_path / "x.pickle").exists()
 
 

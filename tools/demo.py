@@ -1,10 +1,12 @@
-"""actpack's main job: train a character-level transformer on the Python standard library's own
-source files, twice with the same seed (plain PyTorch, then under actpack), and print the two
-runs side by side: the loss, activation bytes raw vs stored, peak memory, wall time, the run
-report and the batch size the budget supports.
+"""actpack's main job: train a byte-level language model (a causal conv net, or a small
+transformer with --model transformer) on the Python standard library's own source files, twice
+with the same seed: plain PyTorch, then under a memory budget plain training does not fit, with
+actpack choosing the codecs. Prints the two runs side by side (loss, activation bytes raw vs
+stored, peak memory, wall time), the batch size the budget supports per codec choice
+(actpack.plan, verified by real steps), and writes the run report.
 
-    python tools/demo.py                      # defaults: 60 steps, batch 32, quant2, 256MiB
-    python tools/demo.py --steps 200 --codec quant4 --budget 1GiB --report run.json
+    python tools/demo.py                 # 40 steps, batch 32, codec auto, 60% of plain's peak
+    python tools/demo.py --steps 200 --codec quant4 --budget 64MiB --report run.json
 
 Uses CUDA when a GPU is present, the CPU otherwise. Needs nothing from the network: the data
 is the interpreter's own standard library.
@@ -35,7 +37,8 @@ def load_corpus(max_bytes=4 << 20):
         total += len(data)
         if total >= max_bytes:
             break
-    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8).long()
+    # Bytes, widened per batch: the corpus is data, not part of a training step's memory.
+    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
 
 
 class Block(nn.Module):
@@ -108,6 +111,7 @@ def batches(corpus, batch, context, seed, device):
     while True:
         starts = torch.randint(0, corpus.numel() - context - 1, (batch,), generator=generator)
         window = torch.stack([corpus[s: s + context + 1] for s in starts.tolist()])
+        window = window.long()
         yield window[:, :-1].to(device), window[:, 1:].to(device)
 
 
@@ -143,74 +147,129 @@ def train(corpus, steps, batch, context, device, seed, budget=None, codec="quant
     return losses, wall, (run.report if run is not None else None), model
 
 
-def model_state_bytes(model):
-    """Parameters + gradients + Adam's two moments."""
-    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+def measure(device):
+    """The allocator's peaks since the last reset: (reserved, allocated)."""
+    return (actpack.max_memory_reserved(device.type), actpack.max_memory_allocated(device.type))
+
+
+def install_allocator(device):
+    """actpack's allocator under torch for `device`, without a cap: the plain run and the
+    budgeted run are measured by the same allocator (the budget caps only inside its context)."""
+    if device.type == "cpu":
+        actpack.install_cpu_allocator()
+    else:
+        actpack.install_allocator()
+
+
+def plan_step(corpus, context, device, seed, model_name):
+    """step(batch) for actpack.plan: one training step of a fresh model at that batch size (the
+    same batch of data each time); returns the loss."""
+    torch.manual_seed(seed)
+    model = MODELS[model_name](context=context).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def step(batch):
+        x, y = next(batches(corpus, batch, context, seed, device))
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--context", type=int, default=128)
-    parser.add_argument("--codec", default="quant2")
-    parser.add_argument("--budget", default="256MiB")
+    parser.add_argument("--codec", default="auto")
+    parser.add_argument("--budget", default=None,
+                        help="e.g. 48MiB; default: 60%% of what plain training reserved")
     parser.add_argument("--report", default="run.json")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plan-batches", default="8,16",
+                        help="batch sizes the planner profiles; 'none' skips planning")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="put the allocator snapshot in the report (for actpack snapshot)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
-    budget_bytes = actpack.parse_budget(args.budget)
+    fmt = actpack.format_bytes
+    install_allocator(device)
     corpus = load_corpus()
-    print(f"actpack demo: byte-level {args.model} language model on {corpus.numel() / 1e6:.1f} MB of the Python "
-          f"standard library, {args.steps} steps, batch {args.batch}, context {args.context}, "
-          f"device {device}, codec {args.codec}, budget {budget_bytes['text']}")
-    plain, plain_wall, _, model = train(corpus, args.steps, args.batch, args.context, device,
-                                        args.seed, model_name=args.model)
-    plain_peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-    packed, packed_wall, report, _ = train(corpus, args.steps, args.batch, args.context, device,
-                                           args.seed, budget=args.budget, codec=args.codec,
-                                           report=args.report, model_name=args.model)
-    packed_peak = report["run"]["peak_allocated_bytes"]
+    print(f"actpack demo: byte-level {args.model} language model on {corpus.numel() / 1e6:.1f} "
+          f"MB of the Python standard library, {args.steps} steps, batch {args.batch}, context "
+          f"{args.context}, device {device}, codec {args.codec}")
+
+    actpack.empty_cache(device.type)
+    actpack.reset_peak_memory_stats(device.type)
+    plain, plain_wall, _, _ = train(corpus, args.steps, args.batch, args.context, device,
+                                    args.seed, model_name=args.model)
+    plain_reserved, plain_allocated = measure(device)
+    budget = args.budget or int(0.6 * plain_reserved)
+    budget_bytes = actpack.parse_budget(budget)["bytes"] or budget
+    print(f"plain PyTorch peaked at {fmt(plain_reserved)} reserved ({fmt(plain_allocated)} "
+          f"allocated); budget {fmt(budget_bytes)}"
+          + ("" if args.budget else " (60% of plain's peak: plain training does not fit)"))
+
+    actpack.empty_cache(device.type)
+    with actpack.budget(budget, codec=args.codec, seed=args.seed,
+                        snapshot=args.snapshot) as run:
+        torch.manual_seed(args.seed)
+        model = MODELS[args.model](context=args.context).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        data = batches(corpus, args.batch, args.context, args.seed, device)
+        packed = []
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            x, y = next(data)
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            packed.append(loss.item())
+        packed_wall = time.perf_counter() - start
+    report = run.report
 
     print(f"\n{'step':>6} {'plain loss':>12} {'actpack loss':>13}")
     for i in range(0, args.steps, max(1, args.steps // 10)):
         print(f"{i:>6} {plain[i]:>12.4f} {packed[i]:>13.4f}")
     print(f"{args.steps - 1:>6} {plain[-1]:>12.4f} {packed[-1]:>13.4f}")
 
-    totals = report["activations"]["totals"]
-    last = report["activations"]["steps"][-1]
-    per_step_raw = max(s["peak_live_raw_bytes"] for s in report["activations"]["steps"])
-    per_step_stored = max(s["peak_live_stored_bytes"] for s in report["activations"]["steps"])
-    fmt = actpack.format_bytes
+    steps = report["activations"]["steps"]
+    last = steps[-1]
+    codecs = {}
+    for record in report["activations"]["saved_tensors"]:
+        codecs[record["codec"]] = codecs.get(record["codec"], 0) + 1
     print("\nactivation memory of one step (what autograd saves for backward):")
     print(f"  plain PyTorch        {fmt(last['saved_raw_bytes']):>12}")
-    print(f"  actpack {args.codec:<12} {fmt(last['stored_bytes']):>12}   "
-          f"({last['saved_raw_bytes'] / last['stored_bytes']:.1f}x overall)")
-    print(f"  of which packed      {fmt(per_step_raw):>12} -> {fmt(per_step_stored)}   "
-          f"(ratio {totals['ratio']:.1f}x; {totals['exact_fallbacks']} tensors kept exact)")
-    print(f"  kept as they are     {fmt(last['stored_bytes'] - per_step_stored):>12}   "
-          "(parameters, small tensors, the loss's log-probabilities)")
-    if plain_peak is not None:
-        print(f"peak device memory: plain {fmt(plain_peak)}, actpack {fmt(packed_peak)}")
+    print(f"  actpack              {fmt(last['stored_bytes']):>12}   "
+          f"({last['saved_raw_bytes'] / max(1, last['stored_bytes']):.1f}x smaller)")
+    print("  codecs chosen        " + ", ".join(f"{c} x{n}" for c, n in sorted(codecs.items())))
+    print(f"peak memory per step: plain {fmt(plain_reserved)}; actpack at most "
+          f"{fmt(max(s['peak_reserved_bytes'] for s in steps))} under the {fmt(budget_bytes)} budget "
+          f"(reserved, everything: parameters, optimizer state, activations, workspace)")
     print(f"wall time: plain {plain_wall:.1f} s, actpack {packed_wall:.1f} s "
           f"({packed_wall / plain_wall:.2f}x)")
     print(f"final loss: plain {plain[-1]:.4f}, actpack {packed[-1]:.4f} "
           f"({100 * (packed[-1] / plain[-1] - 1):+.2f}%)")
 
-    # First-order estimate until the planner lands: fixed model state plus per-sample
-    # activations must fit the budget.
-    budget = budget_bytes["bytes"] or int(budget_bytes["fraction"] * (
-        torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0))
-    fixed = model_state_bytes(model)
-    if budget:
-        plain_batch = max(0, (budget - fixed) * args.batch // last['saved_raw_bytes'])
-        packed_batch = max(0, (budget - fixed) * args.batch // last['stored_bytes'])
-        print(f"\nsupported batch size under {fmt(budget)} (model state {fmt(fixed)} + saved "
-              f"activations; estimate): plain {plain_batch}, actpack {args.codec} {packed_batch}")
-    print(f"report written to {args.report}")
+    if args.plan_batches != "none":
+        sizes = tuple(int(b) for b in args.plan_batches.split(","))
+        print(f"\nthe batch size {fmt(budget_bytes)} supports (actpack.plan, profiled at "
+              f"batch {', '.join(map(str, sizes))}, verified by real steps under the cap):")
+        plan = actpack.plan(plan_step(corpus, args.context, device, args.seed, args.model),
+                            budget_bytes, batch_sizes=sizes, verify=True)
+        print(plan.table())
+        report["planner"] = plan.report["planner"]
+    with open(args.report, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    print(f"report written to {args.report} (read it with: actpack report {args.report})")
     return 0
 
 

@@ -39,6 +39,7 @@ def main():
         nbytes = x.numel() * 4
         # division pools 8x8 windows of NCHW maps: the same values as [n, 64, 64, 64].
         for spec, tensor in (("identity", x), ("quant2", x), ("quant4", x), ("quant8", x),
+                             ("eb:rel=1e-2", x), ("eb:rel=1e-3", x),
                              ("division", x.view(-1, 64, 64, 64))):
             buffer = actpack.encode(tensor, spec)
             encode = time_ms(lambda: actpack.encode(tensor, spec))

@@ -89,6 +89,11 @@ std::vector<StepUsage> ReadSteps(const json::Value* activations) {
     step.stored_bytes = *stored;
     step.peak_live_raw_bytes = FindBytes(&entry, "peak_live_raw_bytes");
     step.peak_live_stored_bytes = FindBytes(&entry, "peak_live_stored_bytes");
+    // 0: not measured (a run without an allocator to read).
+    const std::optional<uint64_t> allocated = FindBytes(&entry, "peak_bytes");
+    const std::optional<uint64_t> reserved = FindBytes(&entry, "peak_reserved_bytes");
+    if (allocated.value_or(0) > 0) step.peak_allocated_bytes = allocated;
+    if (reserved.value_or(0) > 0) step.peak_reserved_bytes = reserved;
     steps.push_back(step);
   }
   return steps;
@@ -297,6 +302,13 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
   if (section == nullptr) return std::nullopt;
   PlannerProfile planner;
   planner.budget_bytes = check.Count(*section, "budget_bytes", "planner");
+  if (std::optional<double> headroom = check.MagnitudeOrNull(*section, "headroom", "planner")) {
+    if (*headroom >= 1) {
+      check.Fail("planner.headroom", section->Find("headroom"), "a fraction below 1");
+    } else {
+      planner.headroom = *headroom;
+    }
+  }
   if (const json::Value* sizes = check.Array(*section, "batch_sizes", "planner")) {
     for (size_t i = 0; i < sizes->size(); ++i) {
       planner.batch_sizes.push_back(
@@ -632,6 +644,8 @@ ByteAxis NiceByteAxis(double max_bytes) {
 constexpr absl::string_view kRawColor = "#9aa5b1";
 constexpr absl::string_view kStoredColor = "#1f77b4";
 constexpr absl::string_view kBudgetColor = "#d62728";
+constexpr absl::string_view kReservedColor = "#2ca02c";
+constexpr absl::string_view kAllocatedColor = "#ff7f0e";
 
 void AppendText(std::string* svg, double x, double y, absl::string_view text,
                 absl::string_view anchor = "start", absl::string_view extra = "") {
@@ -660,6 +674,8 @@ void AppendLegendEntry(std::string* svg, double x, double y, absl::string_view c
   if (dashed_line) {
     AppendLine(svg, x, y - 4, x + 18, y - 4, color,
                " stroke-width=\"2\" stroke-dasharray=\"6 3\"");
+  } else if (absl::StrContains(label, "peak")) {  // a line with markers
+    AppendLine(svg, x, y - 4, x + 18, y - 4, color, " stroke-width=\"2\"");
   } else {
     AppendRect(svg, x, y - 10, 18, 10, color, label);
   }
@@ -1649,7 +1665,8 @@ const PlannerChoice* BestChoice(const PlannerProfile& planner, uint64_t budget_b
   std::optional<uint64_t> best_batch;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+                     choice.per_sample_bytes);
     const bool better = best == nullptr || (best_batch.has_value() &&
                                             (!batch.has_value() || *batch > *best_batch));
     if (better) {
@@ -1678,14 +1695,15 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   std::string text = absl::StrCat("actpack plan: ", report.FileName(), " at a budget of ",
                                   budget, "\n", "planner profile: budget ", recorded,
                                   ", profiled batch sizes: ", JoinCounts(planner.batch_sizes),
-                                  "\n\n");
+                                  ", headroom ", std::lround(planner.headroom * 100), "%\n\n");
   TextTable table({1, 2, 3, 4});
   table.AddRow({"choice", "fixed", "per sample", absl::StrCat("max batch at ", budget),
                 absl::StrCat("recorded at ", recorded)});
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+                     choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
     table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
                   FormatBytes(choice.per_sample_bytes), BatchText(batch),
@@ -1698,7 +1716,7 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   absl::StrAppend(&text, table.Render(), "\n");
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   const std::optional<uint64_t> best_batch =
-      MaxBatchSize(budget_bytes, best->fixed_bytes, best->per_sample_bytes);
+      MaxBatchSize(planner.Usable(budget_bytes), best->fixed_bytes, best->per_sample_bytes);
   if (best_batch.has_value() && *best_batch == 0) {
     absl::StrAppend(&text, "  no choice fits one sample in ", budget, "\n");
   } else {
@@ -1723,11 +1741,13 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   plan.Set("budget_bytes", budget_bytes);
   plan.Set("recorded_budget_bytes", planner.budget_bytes);
   plan.Set("batch_sizes", CountArray(planner.batch_sizes));
+  plan.Set("headroom", planner.headroom);
   json::Value choices = json::Value::Object();
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(budget_bytes, choice.fixed_bytes, choice.per_sample_bytes);
+        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+                     choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
     json::Value entry = json::Value::Object();
     entry.Set("fixed_bytes", choice.fixed_bytes);
@@ -1741,7 +1761,8 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   // The choice with the largest batch, null when none fits one sample.
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   if (best != nullptr &&
-      MaxBatchSize(budget_bytes, best->fixed_bytes, best->per_sample_bytes) == uint64_t{0}) {
+      MaxBatchSize(planner.Usable(budget_bytes), best->fixed_bytes, best->per_sample_bytes) ==
+          uint64_t{0}) {
     best = nullptr;
   }
   plan.Set("best", best == nullptr ? json::Value() : json::Value(best->name));
@@ -1754,7 +1775,7 @@ std::string RenderMemorySvg(const RunReport& report) {
   constexpr double kWidth = 960;
   constexpr double kLeft = 100;   // room for byte tick labels
   constexpr double kRight = 40;
-  constexpr double kStepTop = 80;
+  constexpr double kStepTop = 96;
   constexpr double kStepHeight = 240;
   constexpr double kConsumerLeft = 220;  // room for module or producer names
   constexpr double kRowHeight = 28;
@@ -1790,16 +1811,29 @@ std::string RenderMemorySvg(const RunReport& report) {
   const double plot_left = kLeft;
   const double plot_width = kWidth - kLeft - kRight;
   const double plot_bottom = kStepTop + kStepHeight;
-  AppendText(&svg, plot_left, kStepTop - 26, "activations saved for backward, per training step",
+  const bool has_peaks = std::any_of(report.steps.begin(), report.steps.end(), [](const auto& s) {
+    return s.peak_reserved_bytes.has_value() || s.peak_allocated_bytes.has_value();
+  });
+  AppendText(&svg, plot_left, kStepTop - 44,
+             has_peaks ? "memory per training step: activations saved for backward and the "
+                         "step's peak"
+                       : "activations saved for backward, per training step",
              "start", " font-size=\"13\" font-weight=\"bold\"");
-  // Legend, right-aligned above the plot.
+  // Legend, one row above the plot.
   {
-    double x = kWidth - kRight - 430;
-    AppendLegendEntry(&svg, x, kStepTop - 24, kRawColor, "saved raw (without actpack)");
-    AppendLegendEntry(&svg, x + 200, kStepTop - 24, kStoredColor, "stored by actpack");
-    if (report.budget_bytes) {
-      AppendLegendEntry(&svg, x + 340, kStepTop - 24, kBudgetColor, "budget", true);
+    double x = plot_left;
+    const double y = kStepTop - 22;
+    AppendLegendEntry(&svg, x, y, kRawColor, "saved raw (without actpack)");
+    x += 200;
+    AppendLegendEntry(&svg, x, y, kStoredColor, "stored by actpack");
+    x += 140;
+    if (has_peaks) {
+      AppendLegendEntry(&svg, x, y, kReservedColor, "step peak reserved");
+      x += 150;
+      AppendLegendEntry(&svg, x, y, kAllocatedColor, "step peak allocated");
+      x += 160;
     }
+    if (report.budget_bytes) AppendLegendEntry(&svg, x, y, kBudgetColor, "budget", true);
   }
   if (report.steps.empty()) {
     AppendText(&svg, plot_left + plot_width / 2, kStepTop + kStepHeight / 2,
@@ -1808,7 +1842,9 @@ std::string RenderMemorySvg(const RunReport& report) {
     double max_bytes = 0;
     for (const StepUsage& step : report.steps) {
       max_bytes = std::max({max_bytes, static_cast<double>(step.saved_raw_bytes),
-                            static_cast<double>(step.stored_bytes)});
+                            static_cast<double>(step.stored_bytes),
+                            static_cast<double>(step.peak_reserved_bytes.value_or(0)),
+                            static_cast<double>(step.peak_allocated_bytes.value_or(0))});
     }
     // The budget joins the scale unless it would flatten the bars; then it is stated instead.
     bool budget_on_scale = false;
@@ -1842,6 +1878,32 @@ std::string RenderMemorySvg(const RunReport& report) {
                    "middle");
       }
     }
+    // The step's peaks as lines through the slots' centres, a marker per step.
+    auto draw_peaks = [&](auto peak_of, absl::string_view color, absl::string_view what) {
+      std::optional<std::pair<double, double>> previous;
+      for (size_t i = 0; i < n; ++i) {
+        const std::optional<uint64_t> peak = peak_of(report.steps[i]);
+        if (!peak.has_value()) {
+          previous.reset();
+          continue;
+        }
+        const double x = plot_left + (i + 0.5) * slot;
+        const double y = y_of(static_cast<double>(*peak));
+        if (previous) {
+          AppendLine(&svg, previous->first, previous->second, x, y, color,
+                     " stroke-width=\"2\"");
+        }
+        absl::StrAppendFormat(&svg,
+                              "  <circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\">"
+                              "<title>step %d: %s %s</title></circle>\n",
+                              x, y, color, i, what, FormatBytes(*peak));
+        previous = std::make_pair(x, y);
+      }
+    };
+    draw_peaks([](const StepUsage& s) { return s.peak_reserved_bytes; }, kReservedColor,
+               "peak reserved");
+    draw_peaks([](const StepUsage& s) { return s.peak_allocated_bytes; }, kAllocatedColor,
+               "peak allocated");
     if (report.budget_bytes) {
       if (budget_on_scale) {
         const double y = y_of(static_cast<double>(*report.budget_bytes));

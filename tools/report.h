@@ -72,6 +72,9 @@ struct StepUsage {
   uint64_t stored_bytes = 0;
   std::optional<uint64_t> peak_live_raw_bytes;
   std::optional<uint64_t> peak_live_stored_bytes;
+  // The allocator's peaks over the step (everything, not only activations), when recorded.
+  std::optional<uint64_t> peak_allocated_bytes;
+  std::optional<uint64_t> peak_reserved_bytes;
 };
 
 // CodecError
@@ -127,6 +130,13 @@ struct PlannerVerified {
 // PlannerChoice per choice (in the report's order), and the verification step if it ran one.
 struct PlannerProfile {
   uint64_t budget_bytes = 0;
+  // The fraction of a budget kept free for fragmentation (the runtime's policy keeps the
+  // same); a batch must fit budget * (1 - headroom). 0 when the report does not say.
+  double headroom = 0;
+  // The bytes a batch may use at `budget`.
+  uint64_t Usable(uint64_t budget) const {
+    return static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - headroom));
+  }
   std::vector<uint64_t> batch_sizes;
   std::vector<PlannerChoice> choices;
   std::optional<PlannerVerified> verified;

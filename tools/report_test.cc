@@ -1,15 +1,14 @@
 // Tests of the actpack CLI over reports written by real runs of the runtime.
 //
-// tools/testdata/run_quant2.json and run_quant4.json come from the demo (torch CPU):
+// tools/testdata/run_quant2.json and run_quant4.json are version-1 reports (no module, planner
+// or allocator sections) from an earlier demo, kept to test that older reports still read:
 //   R=$PWD; cd /tmp
 //   python3 $R/tools/demo.py --steps 10 --report $R/tools/testdata/run_quant2.json
 //   python3 $R/tools/demo.py --steps 10 --codec quant4 --report $R/tools/testdata/run_quant4.json
 //
-// tools/testdata/run_quant2_full.json is run_quant2.json plus the sections whose producer (the
-// runtime's planner, allocator section, per-module records with codec errors) lands
-// separately: tools/testdata/make_full_report.py adds them (see its docstring for where each
-// number comes from; the allocator section is a real CPU-allocator snapshot). Once the runtime
-// writes these sections, regenerate the fixture from a real run and the goldens below.
+// tools/testdata/run_quant2_full.json is a real run of today's demo with every section the
+// runtime writes (modules with measured errors, policy, allocator stats and snapshot, the
+// planner with a verified step): python3 tools/testdata/make_full_report.py
 //
 // After regenerating fixtures (or changing the text format on purpose), rewrite the goldens
 // from the repository root:
@@ -39,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "allocator/units.h"
 #include "gtest/gtest.h"
 #include "runtime/json.h"
 
@@ -506,8 +506,7 @@ TEST(ErrorTest, UsageErrorsExitTwoWithUsage) {
 
 // ---------------------------------------------------------------------------------------------
 // The sections added after version 1 (planner, allocator, module and error per saved tensor),
-// on run_quant2_full.json (see the top of this file: synthetic additions to a real report until
-// the runtime writes them).
+// on run_quant2_full.json (a real run, see the top of this file).
 
 TEST(FullReportTest, TextMatchesGolden) {
   const CliResult result = RunActpack({"report", kFullReport});
@@ -536,7 +535,8 @@ TEST(FullReportTest, ReadsPlannerAndAllocatorSections) {
   }
   EXPECT_EQ(report->planner->choices.front().name, "none");  // the report's order
   ASSERT_TRUE(report->planner->verified.has_value());
-  EXPECT_EQ(report->planner->verified->codec, "quant2");
+  EXPECT_EQ(report->planner->verified->codec, "auto");
+  EXPECT_DOUBLE_EQ(report->planner->headroom, 0.15);
 
   ASSERT_TRUE(report->allocator.has_value());
   const json::Value* stats = document.Find("allocator")->Find("stats");
@@ -640,7 +640,7 @@ TEST(FullReportTest, JsonSummaryCarriesTheNewSections) {
   EXPECT_EQ(planner->Find("choices")->Find("quant2")->Find("max_batch_size")->as_int(),
             report->document.Find("planner")->Find("choices")->Find("quant2")->Find(
                 "max_batch_size")->as_int());
-  EXPECT_EQ(planner->Find("verified")->Find("codec")->as_string(), "quant2");
+  EXPECT_EQ(planner->Find("verified")->Find("codec")->as_string(), "auto");
 
   const json::Value* allocator = summary->Find("allocator");
   ASSERT_NE(allocator, nullptr);
@@ -708,7 +708,10 @@ TEST(PlanTest, ReplansEveryChoiceForTheNewBudget) {
   for (const json::Value::Member& choice : document.Find("planner")->Find("choices")->members()) {
     const uint64_t fixed = choice.second.Find("fixed_bytes")->as_int();
     const uint64_t per_sample = choice.second.Find("per_sample_bytes")->as_int();
-    const uint64_t batch = (budget - fixed) / per_sample;
+    // The planner keeps its headroom free, as the runtime's policy does.
+    const double headroom = document.Find("planner")->Find("headroom")->as_double();
+    const uint64_t usable = static_cast<uint64_t>(static_cast<double>(budget) * (1 - headroom));
+    const uint64_t batch = (usable - fixed) / per_sample;
     if (batch > best) {
       best = batch;
       best_name = choice.first;
@@ -740,26 +743,30 @@ TEST(PlanTest, AtTheRecordedBudgetReproducesTheRecordedBatchSizes) {
   EXPECT_EQ(plan->Find("schema")->as_string(), "actpack.plan");
   EXPECT_EQ(plan->Find("budget_bytes")->as_int(), int64_t{256} << 20);
   EXPECT_EQ(plan->Find("recorded_budget_bytes")->as_int(), int64_t{256} << 20);
-  ASSERT_EQ(plan->Find("choices")->size(), 4u);
+  ASSERT_EQ(plan->Find("choices")->size(), 3u);  // none, quant2, auto
   for (const json::Value::Member& choice : plan->Find("choices")->members()) {
     EXPECT_FALSE(choice.second.Find("unbounded")->as_bool());
     EXPECT_EQ(choice.second.Find("max_batch_size")->as_int(),
               choice.second.Find("recorded_max_batch_size")->as_int())
         << choice.first;
   }
-  EXPECT_EQ(plan->Find("best")->as_string(), "quant2");
-  EXPECT_EQ(plan->Find("verified")->Find("codec")->as_string(), "quant2");
+  EXPECT_EQ(plan->Find("best")->as_string(), "quant2");  // the first of equals (auto)
+  EXPECT_EQ(plan->Find("verified")->Find("codec")->as_string(), "auto");
 }
 
 TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {
-  // 24 MiB: 10 to 28 samples per choice, inside the profiled 8..32.
-  const CliResult json_result = RunActpack({"plan", kFullReport, "--budget", "24MiB", "--json"});
+  // 30 MiB: 9 to 26 samples per choice, inside the profiled 8..32.
+  const CliResult json_result = RunActpack({"plan", kFullReport, "--budget", "30MiB", "--json"});
   absl::StatusOr<json::Value> plan = json::Parse(json_result.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->Find("extrapolated")->as_bool());
+  const json::Value document = ParseJsonFile(kFullReport);
+  const json::Value* none = document.Find("planner")->Find("choices")->Find("none");
+  const auto usable = static_cast<int64_t>((int64_t{30} << 20) * (1 - 0.15));
   EXPECT_EQ(plan->Find("choices")->Find("none")->Find("max_batch_size")->as_int(),
-            ((int64_t{24} << 20) - (int64_t{6} << 20)) / 1831392);
-  const CliResult text = RunActpack({"plan", kFullReport, "--budget", "24MiB"});
+            (usable - none->Find("fixed_bytes")->as_int()) /
+                none->Find("per_sample_bytes")->as_int());
+  const CliResult text = RunActpack({"plan", kFullReport, "--budget", "30MiB"});
   EXPECT_FALSE(absl::StrContains(text.out, "extrapolated")) << text.out;
 }
 
@@ -872,7 +879,7 @@ TEST(SnapshotTest, WritesTheReportsSnapshotAsAPickle) {
   const std::string path = TempPath("snap.pickle");
   const CliResult result = RunActpack({"snapshot", kFullReport, "-o", path});
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
-  EXPECT_TRUE(absl::StartsWith(result.out, absl::StrCat("wrote ", path, " (7 segments, ")))
+  EXPECT_TRUE(absl::StartsWith(result.out, absl::StrCat("wrote ", path, " (17 segments, ")))
       << result.out;
   absl::StatusOr<json::Value> back = Unpickle(ReadText(path));
   ASSERT_TRUE(back.ok()) << back.status();
@@ -916,10 +923,11 @@ TEST(DiffTest, ComparesPlannerBatchSizesAndModules) {
   // After: a larger budget, one choice gone, one new; one module stores twice as much.
   Member(document, {"planner"})->Set("budget_bytes", int64_t{512} << 20);
   json::Value* choices = Member(document, {"planner", "choices"});
+  const int64_t none_before = choices->Find("none")->Find("max_batch_size")->as_int();
   choices->Find("none")->Set("max_batch_size", 290);
   json::Value replacement = json::Value::Object();
   for (const json::Value::Member& member : choices->members()) {
-    if (member.first != "quant4") replacement.Set(member.first, member.second);
+    if (member.first != "auto") replacement.Set(member.first, member.second);
   }
   json::Value division = json::Value::Object();
   division.Set("fixed_bytes", int64_t{6} << 20);
@@ -950,9 +958,9 @@ TEST(DiffTest, ComparesPlannerBatchSizesAndModules) {
     if (cells.size() >= 2) row_end[std::string(absl::StripAsciiWhitespace(cells[0]))] =
         std::string(absl::StripAsciiWhitespace(cells.back()));
   }
-  EXPECT_EQ(row_end["none"], "+147") << text;
+  EXPECT_EQ(row_end["none"], absl::StrCat("+", 290 - none_before)) << text;
   EXPECT_EQ(row_end["quant2"], "=") << text;
-  EXPECT_EQ(row_end["quant4"], "only before") << text;
+  EXPECT_EQ(row_end["auto"], "only before") << text;
   EXPECT_EQ(row_end["division"], "only after") << text;
   EXPECT_EQ(row_end["convs.0"], "=") << text;
   EXPECT_TRUE(absl::StartsWith(row_end["head"], "+")) << text;
@@ -967,6 +975,19 @@ TEST(PlotTest, GroupsByModuleWhenTheReportNamesModules) {
   EXPECT_EQ(CheckWellFormedXml(svg), "");
   EXPECT_TRUE(absl::StrContains(svg, "top consumers by module")) << svg;
   EXPECT_TRUE(absl::StrContains(svg, ">convs.0</text>"));
+  // The steps record the allocator's peaks: a line each, a marker per step with its value.
+  EXPECT_TRUE(absl::StrContains(svg, ">step peak reserved</text>")) << svg;
+  EXPECT_TRUE(absl::StrContains(svg, ">step peak allocated</text>")) << svg;
+  const json::Value document = ParseJsonFile(kFullReport);
+  const json::Value& first = document.Find("activations")->Find("steps")->elements()[0];
+  EXPECT_TRUE(absl::StrContains(
+      svg, absl::StrCat("<title>step 0: peak reserved ",
+                        allocator::FormatBytes(first.Find("peak_reserved_bytes")->as_int()),
+                        "</title>")))
+      << svg;
+  // A report without them (version 1) draws neither.
+  ASSERT_EQ(RunActpack({"plot", kQuant2Report, "-o", path}).exit_code, kExitOk);
+  EXPECT_FALSE(absl::StrContains(ReadText(path), "step peak"));
 }
 
 // Ill-typed fields in the checked sections: exit 2 and one line naming the field, for every

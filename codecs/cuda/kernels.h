@@ -85,6 +85,37 @@ int DivisionEncode(const void* input, const division_math::Layout& layout, int e
 int DivisionDecode(const uint8_t* payload, const division_math::Layout& layout, int element_kind,
                    void* output, void* stream);
 
+struct EbShape {
+  int dims;  // 2: 8 x 16 tiles over [planes, rows, cols]; 1: runs of 128 (planes = rows = 1)
+  uint64_t planes;
+  uint64_t rows;
+  uint64_t cols;
+  int element_kind;  // elements::Kind
+};
+
+// `eb`: the smallest and largest finite value and the count of finite values (lo = +inf and
+// hi = -inf when there is none). Waits for `stream`.
+int EbRange(const void* input, uint64_t numel, int element_kind, void* stream, float* lo,
+            float* hi, uint64_t* finite);
+
+// `eb`: writes the payload of eb.cc for the quantizer (half_bin, bound), using `scratch`
+// (8-byte aligned, 16 bytes per chunk of 32 blocks) for the chunk sums. Waits for `stream` to
+// report the payload's size in words, the outlier count and the checksum.
+int EbEncode(const void* input, const EbShape& shape, float half_bin, float bound,
+             uint8_t* payload, uint8_t* scratch, void* stream, uint64_t* payload_words,
+             uint64_t* outliers, uint64_t* payload_checksum);
+
+// Failure bits of EbDecode.
+inline constexpr uint32_t kEbBadBlockHeader = 1;
+inline constexpr uint32_t kEbBadChunkIndex = 2;
+inline constexpr uint32_t kEbBadOutlier = 4;
+
+// `eb`: validates the block headers, the chunk index and the outliers of a payload with
+// `data_words` words of block data, waiting for `stream`; writes the output only when
+// *failures is 0 (asynchronously on `stream`).
+int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint64_t data_words,
+             uint64_t outliers, void* output, void* stream, uint32_t* failures);
+
 }  // namespace actpack::codecs::cuda
 
 #endif  // ACTPACK_CODECS_CUDA_KERNELS_H_

@@ -7,10 +7,13 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,10 +65,72 @@ runtime::BufferFactory TorchBufferFactory() {
   };
 }
 
-// What pack() hands to autograd for a packed tensor.
+// How a saved tensor lies over its memory. A tensor is packed as it is stored: dimensions in
+// memory order (a transpose or a channels_last activation is dense, so packing copies nothing)
+// and broadcast dimensions (stride 0, from expand) once; unpack puts the strides back.
+struct Layout {
+  std::vector<int64_t> order;  // stored dim i is the saved tensor's dim order[i]; empty: same
+  std::vector<int64_t> sizes;  // the saved tensor's sizes, when broadcast dims were dropped
+};
+
+// `tensor` as stored: broadcast dims narrowed to one element, then permuted to memory order.
+// The result is a view; it is contiguous unless `tensor` skips memory (a slice).
+at::Tensor Stored(const at::Tensor& tensor, Layout& layout) {
+  if (tensor.is_contiguous()) return tensor;
+  at::Tensor stored = tensor;
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.stride(d) == 0 && tensor.size(d) > 1) {
+      stored = stored.narrow(d, 0, 1);
+      layout.sizes = tensor.sizes().vec();
+    }
+  }
+  // Dims of size 1 have no place in memory: they keep theirs, the others are sorted by stride.
+  std::vector<int64_t> order(static_cast<size_t>(tensor.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<int64_t> spread;
+  for (int64_t d : order) {
+    if (stored.size(d) > 1) spread.push_back(d);
+  }
+  std::vector<int64_t> sorted = spread;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](int64_t a, int64_t b) { return stored.stride(a) > stored.stride(b); });
+  for (size_t i = 0; i < spread.size(); ++i) order[spread[i]] = sorted[i];
+  if (!std::is_sorted(order.begin(), order.end())) {
+    stored = stored.permute(order);
+    layout.order = std::move(order);
+  }
+  return stored;
+}
+
+// The inverse of Stored: a view of `stored` with the saved tensor's sizes and stride order.
+at::Tensor Restore(const at::Tensor& stored, const Layout& layout) {
+  at::Tensor tensor = stored;
+  if (!layout.order.empty()) {
+    std::vector<int64_t> inverse(layout.order.size());
+    for (size_t i = 0; i < layout.order.size(); ++i) inverse[layout.order[i]] = static_cast<int64_t>(i);
+    tensor = tensor.permute(inverse);
+  }
+  if (!layout.sizes.empty()) tensor = tensor.expand(layout.sizes);
+  return tensor;
+}
+
+// A tensor the policy kept exact this step. Under memory pressure it is re-packed with the
+// harshest codec and the tensor dropped (PySession::Relieve), which frees its memory when this
+// was the only reference.
+struct KeptTensor {
+  at::Tensor tensor;  // undefined once re-packed
+  std::shared_ptr<runtime::PackedTensor> packed;
+  runtime::SavedTensorInfo info;
+  int record = -1;
+};
+
+// What pack() hands to autograd for a packed (or policy-kept) tensor.
 struct PackedHandle {
   std::shared_ptr<runtime::PackedTensor> packed;
+  std::shared_ptr<KeptTensor> kept;  // instead of `packed`, for a policy-exact tensor
   at::TensorOptions options;  // dtype and device of the original
+  const runtime::PackedTensor* Packed() const { return kept ? kept->packed.get() : packed.get(); }
+  Layout layout;
 };
 
 // Profile steps measure each candidate codec on a sample of the saved tensor: whole samples
@@ -114,13 +179,15 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
   return m;
 }
 
-runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
+// `tensor` as autograd saved it, described by `stored` (its Stored view): shape, strides and
+// bytes are those of what is kept.
+runtime::SavedTensorInfo Describe(const at::Tensor& tensor, const at::Tensor& stored) {
   runtime::SavedTensorInfo info;
   const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
   info.supported_dtype = dtype.has_value() && (tensor.is_cpu() || tensor.is_cuda());
   info.dtype = dtype.value_or(codecs::DType::kUInt8);
-  info.shape = tensor.sizes().vec();
-  info.strides = tensor.strides().vec();
+  info.shape = stored.sizes().vec();
+  info.strides = stored.strides().vec();
   info.device = tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
   info.device_index = tensor.is_cuda() ? tensor.get_device() : 0;
   // A parameter lives anyway, and so does a view of one (linear layers save weight.t()):
@@ -139,6 +206,7 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor) {
     info.storage_offset = tensor.storage_offset();
   }
   info.version = static_cast<uint32_t>(tensor._version());
+  info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   if (const auto node = tensor.grad_fn()) {
     info.producer = node->name();
   } else {
@@ -183,23 +251,27 @@ class PySession {
 
   py::object Pack(const at::Tensor& tensor, const std::string& module) {
     const c10::OptionalDeviceGuard device_guard(tensor.device());
-    runtime::SavedTensorInfo info = Describe(tensor);
+    PackedHandle handle;
+    handle.options = tensor.options();
+    const at::Tensor stored = Stored(tensor.detach(), handle.layout);
+    runtime::SavedTensorInfo info = Describe(tensor, stored);
     info.module = module;
     runtime::PackPlan plan = session_->Plan(info);
     if (plan.action == runtime::PackAction::kReuse) {
-      PackedHandle handle;
-      handle.options = tensor.options();
       handle.packed = std::move(plan.duplicate);
       return py::cast(std::move(handle));
     }
-    if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) return py::cast(tensor);
-    const at::Tensor contiguous = tensor.detach().contiguous();
+    if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) {
+      return Keep(tensor, info, plan, std::move(handle));
+    }
+    // A copy only for a tensor that skips memory (a slice); it dies once encoded.
+    const at::Tensor contiguous = stored.contiguous();
     for (size_t i = 0; i < plan.measure.size(); ++i) {
       session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
     }
-    if (plan.action == runtime::PackAction::kKeep) return py::cast(tensor);
-    PackedHandle handle;
-    handle.options = tensor.options();
+    if (plan.action == runtime::PackAction::kKeep) {
+      return Keep(tensor, info, plan, std::move(handle));
+    }
     absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
         session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
     ThrowIfError(packed.status());
@@ -207,18 +279,79 @@ class PySession {
     return py::cast(std::move(handle));
   }
 
-  at::Tensor Unpack(const py::object& handle) {
-    if (THPVariable_Check(handle.ptr())) return THPVariable_Unpack(handle.ptr());
-    const PackedHandle& packed = handle.cast<const PackedHandle&>();
-    const c10::OptionalDeviceGuard device_guard(packed.options.device());
-    at::Tensor output = at::empty(packed.packed->shape(), packed.options);
-    ThrowIfError(session_->Unpack(*packed.packed, ToMutableView(output), ContextFor(output)));
-    return output;
+  // A kept tensor as autograd saves it: itself, or, when the policy chose to keep it exact, a
+  // handle that Relieve can re-pack under memory pressure.
+  py::object Keep(const at::Tensor& tensor, const runtime::SavedTensorInfo& info,
+                  const runtime::PackPlan& plan, PackedHandle handle) {
+    if (plan.reason != runtime::KeepReason::kPolicyExact) return py::cast(tensor);
+    handle.kept = std::make_shared<KeptTensor>(KeptTensor{tensor, nullptr, info, plan.record});
+    kept_.push_back(handle.kept);
+    return py::cast(std::move(handle));
   }
 
-  // `peak_bytes`: the allocator's peak over the step, 0 when unknown. Raises
-  // torch.OutOfMemoryError when even the harshest plan cannot fit the budget.
-  void EndStep(uint64_t peak_bytes) { ThrowIfError(session_->EndStep(peak_bytes)); }
+  at::Tensor Unpack(const py::object& handle) {
+    if (THPVariable_Check(handle.ptr())) return THPVariable_Unpack(handle.ptr());
+    const PackedHandle& h = handle.cast<const PackedHandle&>();
+    if (h.kept && h.kept->tensor.defined()) return h.kept->tensor;
+    const runtime::PackedTensor& packed = *h.Packed();
+    const c10::OptionalDeviceGuard device_guard(h.options.device());
+    at::Tensor output = at::empty(packed.shape(), h.options);
+    ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
+    return Restore(output, h.layout);
+  }
+
+  void SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms) {
+    session_->SetModuleSensitivity(squared_grad_norms);
+  }
+
+  // The allocator's pressure callback: the rest of the step packs harsh, and tensors the policy
+  // kept exact are re-packed with their harshest codec, largest first, until `needed` bytes are
+  // freed. Only a tensor whose memory nothing else holds frees anything; a non-contiguous one
+  // would need a contiguous copy first, so it stays. Returns the bytes freed.
+  size_t Relieve(size_t needed) {
+    session_->OnPressure();
+    std::vector<std::shared_ptr<KeptTensor>> candidates;
+    std::vector<std::weak_ptr<KeptTensor>> live;
+    for (const std::weak_ptr<KeptTensor>& weak : kept_) {
+      std::shared_ptr<KeptTensor> kept = weak.lock();
+      if (kept == nullptr) continue;
+      live.push_back(weak);
+      const at::Tensor& t = kept->tensor;
+      if (t.defined() && t.is_contiguous() &&
+          t.storage().use_count() == 1 && t.storage().nbytes() == t.nbytes()) {
+        candidates.push_back(std::move(kept));
+      }
+    }
+    kept_ = std::move(live);
+    std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return a->tensor.nbytes() > b->tensor.nbytes();
+    });
+    size_t freed = 0;
+    for (const std::shared_ptr<KeptTensor>& kept : candidates) {
+      if (freed >= needed) break;
+      const runtime::PackPlan plan = session_->ReliefPlan(kept->record);
+      if (plan.action != runtime::PackAction::kPack) continue;
+      const c10::OptionalDeviceGuard device_guard(kept->tensor.device());
+      absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed;
+      try {
+        packed = session_->Pack(kept->info, plan, ToView(kept->tensor),
+                                ContextFor(kept->tensor));
+      } catch (const c10::Error&) {
+        continue;  // no room even for the encoded copy
+      }
+      if (!packed.ok()) continue;
+      kept->packed = std::move(*packed);
+      freed += kept->tensor.nbytes();
+      kept->tensor = at::Tensor();
+    }
+    return freed;
+  }
+
+  // The allocator's allocated and reserved peaks over the step, 0 when unknown (see
+  // Session::EndStep). Raises torch.OutOfMemoryError when even the harshest plan cannot fit.
+  void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
+    ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes));
+  }
 
   py::dict Policy() const {
     const runtime::PolicyState p = session_->Policy();
@@ -253,6 +386,8 @@ class PySession {
   }
 
  private:
+  // Tensors the policy kept exact, for Relieve (pruned as they expire).
+  std::vector<std::weak_ptr<KeptTensor>> kept_;
   static runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
     absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
     ThrowIfError(choice.status());
@@ -365,9 +500,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
 #endif
   py::class_<PackedHandle>(m, "PackedTensor")
-      .def_property_readonly("raw_bytes", [](const PackedHandle& h) { return h.packed->raw_bytes(); })
-      .def_property_readonly("stored_bytes",
-                             [](const PackedHandle& h) { return h.packed->stored_bytes(); });
+      .def_property_readonly("raw_bytes",
+                             [](const PackedHandle& h) {
+                               return h.Packed() ? h.Packed()->raw_bytes() : h.kept->info.Bytes();
+                             })
+      .def_property_readonly("stored_bytes", [](const PackedHandle& h) {
+        return h.Packed() ? h.Packed()->stored_bytes() : h.kept->info.Bytes();
+      });
   py::class_<PySession>(m, "Session")
       .def(py::init<const std::string&, const std::vector<std::pair<std::string, std::string>>&,
                     int64_t, uint64_t, bool, int64_t, double, int64_t,
@@ -378,7 +517,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("ladder") = std::vector<std::string>{})
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
-      .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0)
+      .def("relieve", &PySession::Relieve, py::arg("needed"))
+      .def("set_module_sensitivity", &PySession::SetModuleSensitivity,
+           py::arg("squared_grad_norms"))
+      .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0,
+           py::arg("reserved_bytes") = 0)
       .def("policy", &PySession::Policy)
       .def("totals", &PySession::Totals)
       .def("activation_report", &PySession::ActivationReport);

@@ -1,8 +1,11 @@
 """The memory-budget context: saved_tensors_hooks backed by the C++ session."""
+import functools
 import json
 import os
 import platform
+import sys
 import time
+import warnings
 
 import torch
 
@@ -16,11 +19,31 @@ class Run:
     def __init__(self, budget_spec, session):
         self.budget = budget_spec
         self._session = session
+        self._final_totals = None
         self.report = None
 
     def totals(self):
-        """Live byte counts of the session: packed raw/stored bytes, peaks, fallbacks."""
+        """Byte counts of the session (packed raw/stored bytes, peaks, fallbacks): live inside
+        the context, as they were at its exit after it."""
+        if self._session is None:
+            return dict(self._final_totals)
         return dict(self._session.totals())
+
+    def _close(self):
+        # The run outlives the context; the session need not live as long.
+        self._final_totals = dict(self._session.totals())
+        self._session = None
+
+
+def _eager(method):
+    """Runs `method` outside torch.compile's tracing (as a graph break there): entering and
+    leaving a budget change process state (hooks, the allocator) that a graph cannot replay."""
+    @functools.wraps(method)
+    def run(*args):
+        if torch.compiler.is_compiling():
+            return torch._dynamo.disable(method)(*args)
+        return method(*args)
+    return run
 
 
 class budget:
@@ -34,7 +57,9 @@ class budget:
             there is room), a codec spec ("quant2", "quant:bits=4,group=128", "identity", ...),
             or a dict from module-name patterns ("layer1.*", "*attn*") to either; the first
             matching pattern wins and unmatched tensors get "auto".
-        report: a path; on exit the run report (JSON) is written there.
+        report: a path; on exit the run report (JSON) is written there. Under
+            torch.distributed, "{rank}" in it becomes the process's rank ("run-{rank}.json");
+            a multi-process run without "{rank}" writes "<name>.rank<N><ext>" per rank.
         min_bytes: saved tensors smaller than this are kept as they are.
         seed: seed of the stochastic rounding.
         enabled: False keeps every saved tensor as it is (for parity runs).
@@ -48,6 +73,16 @@ class budget:
     it first (actpack.install_allocator or ACTPACK_CONF) to enforce the budget, otherwise the
     peak is read from torch.cuda and the budget is a target. Memory allocated before the
     allocator was installed (on CPU: before entering, unless installed earlier) is not counted.
+
+    With other PyTorch features: a backward with create_graph=True (gradient penalties, double
+    backward) continues the step, and what it saves for the next backward is kept exact;
+    autocast's float16/bfloat16 activations are packed in their dtype; non-reentrant
+    checkpointing keeps its own hooks inside checkpointed regions; a tensor is packed as it
+    lies in memory (a transpose or a channels_last activation without a copy, an expanded one
+    once) and comes back with its strides. Code compiled by torch.compile is packed as its
+    graph saves tensors, but modules inside it are not seen (a warning says so). An exception
+    inside the context still removes the hooks, restores the allocator and writes the report,
+    with the error among its warnings.
     """
 
     def __init__(self, limit, codec="auto", report=None, min_bytes="64KiB", seed=0,
@@ -67,27 +102,47 @@ class budget:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._modules = _ModuleTracker()
         self._end_of_backward_queued = False
+        self._steps = 0
+        self._profile_every = int(profile_every)
+        self._hooks_traced = False
+        self._warnings = []
         self.run = Run(self._budget, self._session)
         self._started = None
 
     def _pack(self, tensor):
+        if torch.compiler.is_compiling():
+            # torch.compile is tracing this hook into a graph, where the session cannot run:
+            # that graph keeps the tensor as it is.
+            self._hooks_traced = True
+            return tensor
+        if torch._C._current_graph_task_id() == -1:
+            # No backward is running: one that raised never ran its queued end of step.
+            self._end_of_backward_queued = False
         return self._session.pack(tensor, self._modules.current())
 
     def _unpack(self, handle):
         # The first unpack of a backward pass queues the end of the step for when that pass
-        # finishes (the engine runs queued callbacks once all of its work is done).
-        if not self._end_of_backward_queued:
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
-                self._end_of_backward_queued = True
-            except RuntimeError:
-                pass  # unpacked outside a backward pass (e.g. grad_fn._saved_self)
+        # finishes (the engine runs queued callbacks once all of its work is done). A backward
+        # with create_graph=True runs with grad mode on and builds a graph that a later
+        # backward differentiates: the step goes on until that one. A backward after the
+        # context exited still unpacks, but its steps are no longer the run's.
+        if (self._started is not None and not self._end_of_backward_queued
+                and not torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1):
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
+            self._end_of_backward_queued = True
         return self._session.unpack(handle)
 
     def _end_step(self):
         self._end_of_backward_queued = False
+        self._check_compiled()
+        # Gradient statistics weigh each module's codec error (the policy's sensitivity), on
+        # the steps whose end may re-plan from new measurements.
+        if _automatic(self._codec) and (self._steps < 3 or self._steps % self._profile_every == 0):
+            self._session.set_module_sensitivity(self._modules.squared_grad_norms())
+        self._steps += 1
         plans = self._session.policy()["plans"]
-        self._session.end_step(self._memory.step_peak())  # raises when no plan fits the budget
+        # Raises when no plan fits the budget.
+        self._session.end_step(*self._memory.step_peaks())
         replanned = self._session.policy()["plans"] != plans
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
@@ -95,31 +150,66 @@ class budget:
         if replanned or not _automatic(self._codec):
             self._memory.enforce()
 
+    @_eager
     def __enter__(self):
         self._started = time.perf_counter()
         self._memory.start()
+        if _automatic(self._codec):
+            # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
+            self._memory.watch_pressure(self._session.relieve)
         self._modules.start()
         self._hooks.__enter__()
         return self.run
 
+    @_eager
     def __exit__(self, exc_type, exc, tb):
-        self._hooks.__exit__(exc_type, exc, tb)
-        self._modules.stop()
-        allocator = self._memory.stop(self._snapshot)
+        # What the context changed is put back even when a step of the way out fails.
+        try:
+            self._hooks.__exit__(exc_type, exc, tb)
+        finally:
+            try:
+                self._modules.stop()
+            finally:
+                allocator = self._memory.stop(self._snapshot)
+        self._check_compiled()
+        if exc_type is not None:
+            self._warnings.append(f"the run stopped on an exception: {exc_type.__name__}: {exc}")
         wall = time.perf_counter() - self._started
+        self._started = None
         self.run.report = json.loads(_C.build_report(json.dumps(self._run_metadata(wall)),
                                                      self._session))
         self.run.report["allocator"] = allocator
+        self.run._close()
         if self._report_path is not None:
-            with open(self._report_path, "w") as f:
+            with open(_rank_path(self._report_path), "w") as f:
                 json.dump(self.run.report, f, indent=2)
                 f.write("\n")
         return False
 
+    def _check_compiled(self):
+        """Warns once when torch.compile'd code ran in the budget."""
+        if self._hooks_traced:
+            self._warn("torch.compile traced actpack's saved-tensor hooks into its graph (the "
+                       "budget was entered inside compiled code): the tensors that graph saves "
+                       "are kept as they are and save no memory; enter actpack.budget outside "
+                       "compiled code")
+        elif self._modules.compiled:
+            self._warn("torch.compile'd code ran in the budget: the tensors its graphs save "
+                       "are packed, but modules inside compiled code are not seen, so module "
+                       "names in the report and per-module codec rules apply to eager modules "
+                       "only")
+
+    def _warn(self, message):
+        message = f"actpack.budget: {message}"
+        if message not in self._warnings:
+            self._warnings.append(message)
+            warnings.warn(message, stacklevel=3)
+
     def _run_metadata(self, wall_seconds):
         peak = self._memory.run_peak
         budget_bytes = self._memory.budget_bytes or None
-        warnings = list(self._memory.warnings)
+        warnings = list(self._memory.warnings) + self._warnings
+        rank, world_size = _distributed()
         if peak is not None and budget_bytes is not None and peak > budget_bytes:
             warnings.append(f"peak memory {format_bytes(peak)} exceeded the budget "
                             f"{format_bytes(budget_bytes)}")
@@ -133,8 +223,30 @@ class budget:
             "peak_allocated_bytes": self._memory.run_allocated_peak,
             "peak_reserved_bytes": peak,
             "wall_seconds": wall_seconds,
+            "rank": rank,
+            "world_size": world_size,
             "warnings": warnings,
         }
+
+
+def _distributed():
+    """(rank, world size) under torch.distributed, (0, 1) without it."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _rank_path(path):
+    """This process's report path: "{rank}" substituted, or a name per rank when several
+    processes would write the same file."""
+    rank, world_size = _distributed()
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    if world_size > 1:
+        root, ext = os.path.splitext(path)
+        return f"{root}.rank{rank}{ext}"
+    return path
 
 
 def _automatic(codec):
@@ -168,6 +280,25 @@ class _ModuleTracker:
         self._stack = []
         self._names = {}
         self._handles = []
+        self.modules = {}  # name -> module, as seen running
+        self.compiled = False  # torch.compile'd code ran: modules inside it are not seen
+
+    def squared_grad_norms(self):
+        """{module name: squared norm of its own parameters' gradients}, for those with any."""
+        names, grads = [], []
+        for name, module in self.modules.items():
+            for p in module.parameters(recurse=False):
+                if p.grad is not None and not p.grad.is_sparse:
+                    names.append(name)
+                    grads.append(p.grad.detach())
+        if not grads:
+            return {}
+        norms = torch._foreach_norm(grads)
+        norms = torch.stack([n.to(norms[0].device) for n in norms]).tolist()  # one sync
+        result = {}
+        for name, norm in zip(names, norms):
+            result[name] = result.get(name, 0.0) + float(norm) ** 2
+        return result
 
     def start(self):
         hooks = torch.nn.modules.module
@@ -179,29 +310,46 @@ class _ModuleTracker:
             handle.remove()
         self._handles = []
         self._stack.clear()
+        self.modules.clear()
 
     def current(self):
         return self._stack[-1][1] if self._stack else ""
 
     def _enter(self, module, args):
+        # Under torch.compile the hooks are traced into the graph: keep them out of it (the
+        # stack is Python state a graph cannot hold). A set attribute is replayed by the graph.
+        if torch.compiler.is_compiling() or _is_compiled(module):
+            self.compiled = True
+            return
         name = ""
         if self._stack:
             parent, parent_name = self._stack[-1]
             key = (id(parent), id(module))
             child = self._names.get(key)
             if child is None:
-                child = next((n for n, m in parent._modules.items() if m is module), None)
+                # A descendant, not only a child: containers such as ModuleList are iterated,
+                # never called, so "blocks.0" runs straight under the model.
+                child = next((n for n, m in parent.named_modules() if m is module and n), None)
                 child = child if child is not None else type(module).__name__
                 self._names[key] = child
             name = f"{parent_name}.{child}" if parent_name else child
         self._stack.append((module, name))
+        self.modules[name] = module
 
     def _leave(self, module, args, output):
+        if torch.compiler.is_compiling() or _is_compiled(module):
+            return
         # Pop down to this module (a forward that raised may have left children behind).
         while self._stack:
             top, _ = self._stack.pop()
             if top is module:
                 break
+
+
+def _is_compiled(module):
+    """A module wrapped by torch.compile (there is none before torch._dynamo is imported)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
 class _PeakMeter:
@@ -223,6 +371,8 @@ class _PeakMeter:
         self.budget_bytes = parsed_budget["bytes"] or int(parsed_budget["fraction"] * total)
         self._installed_here = False
         self._previous_cap = None
+        self._capped = False
+        self._pressure_id = None
         self._actpack_cuda = False
 
     def start(self):
@@ -234,17 +384,24 @@ class _PeakMeter:
                     "installed (call actpack.install_allocator(budget=...) before any CUDA work, "
                     "or set ACTPACK_CONF); the peak comes from torch.cuda.max_memory_allocated")
             self._reset()
-            return
-        if not self._mem.cpu_allocator_installed():
-            self._mem.install_cpu_allocator()
-            self._installed_here = True
-        self._previous_cap = self._mem.memory_budget("cpu")
-        self.release_cache()
+        else:
+            if not self._mem.cpu_allocator_installed():
+                self._mem.install_cpu_allocator()
+                self._installed_here = True
+            self._previous_cap = self._mem.memory_budget("cpu")
+            self._capped = self._previous_cap is not None
+            self.release_cache()
+        # What ran before the budget is not the run's.
+        self.run_peak = self.run_allocated_peak = None
 
     def _device(self):
         return "cuda" if self._cuda else "cpu"
 
     def _reset(self):
+        # The allocator has one peak counter, restarted per step; the run's peaks are the
+        # maxima over every window, so fold the closing window in first.
+        self.run_peak = max(self.run_peak or 0, self._peak())
+        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
         if self._cuda and not self._actpack_cuda:
             torch.cuda.reset_peak_memory_stats()
         else:
@@ -269,35 +426,50 @@ class _PeakMeter:
             return torch.cuda.max_memory_allocated()
         return self._mem.max_memory_allocated(self._device())
 
-    def step_peak(self):
-        """The peak since the last call (or start), and restarts the measurement."""
-        peak = self._peak()
-        self.run_peak = max(self.run_peak or 0, peak)
-        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
+    def step_peaks(self):
+        """(allocated, reserved) peaks since the last call (or start); restarts measuring."""
+        peaks = (self._allocated_peak(), self._peak())
         self._reset()
-        return peak
+        return peaks
+
+    def watch_pressure(self, relieve):
+        """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
+        allocator only: torch's has no such hook)."""
+        if not self._cuda or self._actpack_cuda:
+            device = self._device() if not self._cuda else torch.cuda.current_device()
+            self._pressure_id = self._mem.add_pressure_callback(relieve, device)
 
     def enforce(self):
         """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
-        if not self._cuda and self._mem.memory_budget("cpu") is None:
+        if not self._cuda and not self._capped:
+            self._capped = True
             self._mem.set_cpu_budget(self.budget_bytes)
             # A cap binds new reservations only: give back what the uncapped steps cached.
             self.release_cache()
 
     def stop(self, snapshot):
-        self.run_peak = max(self.run_peak or 0, self._peak())
-        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
-        device = self._device()
-        if self._cuda and not self._actpack_cuda:
-            stats, backend = dict(torch.cuda.memory_stats()), "torch.cuda"
-        else:
-            stats, backend = self._mem.memory_stats(device), f"actpack-{device}"
-        section = {"backend": backend, "budget_bytes": self.budget_bytes, "stats": stats,
-                   "snapshot": None}
-        if snapshot and backend.startswith("actpack"):
-            section["snapshot"] = self._mem.memory_snapshot(device)
-        if not self._cuda:
-            self._mem.set_cpu_budget(self._previous_cap)
-            if self._installed_here:
-                self._mem.uninstall_cpu_allocator()
+        """The report's allocator section; the CPU allocator is left as start() found it."""
+        if self._pressure_id is not None:
+            self._mem.remove_pressure_callback(self._pressure_id)
+            self._pressure_id = None
+        try:
+            self._reset()
+            device = self._device()
+            # backend: the device; allocator: whose allocator served it (the CLI's schema).
+            ours = not self._cuda or self._actpack_cuda
+            stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
+            # Peaks over the whole run, not the last window since a per-step restart.
+            stats["allocated_bytes.all.peak"] = self.run_allocated_peak
+            stats["reserved_bytes.all.peak"] = self.run_peak
+            section = {"backend": device, "allocator": "actpack" if ours else "torch",
+                       "budget_bytes": self.budget_bytes, "stats": stats, "snapshot": None}
+            if snapshot and ours:
+                section["snapshot"] = self._mem.memory_snapshot(device)
+        finally:
+            if not self._cuda:
+                self._mem.set_cpu_budget(self._previous_cap)
+                self._capped = False
+                if self._installed_here:
+                    self._mem.uninstall_cpu_allocator()
+                    self._installed_here = False
         return section

@@ -60,7 +60,10 @@ class Plan:
                          f"{v['predicted_batch_size']}) ran under the cap, peak "
                          f"{format_bytes(v['peak_bytes'])} reserved")
         elif self.verified:
-            lines.append(f"verified: {self.verified['codec']} did not fit even at batch 1")
+            v = self.verified
+            lines.append(f"verified: {v['codec']} did not fit the cap at batch "
+                         f"{v['smallest_tried']}..{v['predicted_batch_size']} (predicted "
+                         f"{v['predicted_batch_size']}); the model of the step is off")
         return "\n".join(lines)
 
     def __repr__(self):
@@ -72,10 +75,11 @@ HEADROOM = 0.15  # as budget(): fragmentation and what the model misses
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
     """The largest batch whose modelled peak fixed + per_sample * b fits the budget's room."""
-    room = budget_bytes * (1.0 - headroom) - fixed
+    # In whole bytes, as the CLI's `actpack plan` computes it from the recorded numbers.
+    room = int(budget_bytes * (1.0 - headroom)) - int(fixed)
     if per_sample <= 0:
         return 0 if room < 0 else sys.maxsize
-    return max(0, math.floor(room / per_sample))
+    return max(0, room // int(per_sample))
 
 
 def _progress(done, total, what, enabled):
@@ -153,11 +157,12 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         mean_y = sum(p[1] for p in peaks) / n
         var_b = sum((p[0] - mean_b) ** 2 for p in peaks)
         per_sample = sum((p[0] - mean_b) * (p[1] - mean_y) for p in peaks) / var_b
-        fixed = mean_y - per_sample * mean_b
+        fixed = max(0.0, mean_y - per_sample * mean_b)  # a negative intercept is noise
         fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
+        fixed, per_sample = int(round(fixed)), int(math.ceil(per_sample))
         choices[choice] = {
-            "fixed_bytes": int(round(fixed)),
-            "per_sample_bytes": int(math.ceil(per_sample)),
+            "fixed_bytes": fixed,
+            "per_sample_bytes": per_sample,
             "fragmentation": fragmentation,
             "max_batch_size": max_batch(budget_bytes, fixed, per_sample),
             "measured": [{"batch_size": b, "allocated_bytes": a, "reserved_bytes": r}
@@ -173,7 +178,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         done += 1
         _progress(done, total, "done", progress)
 
-    section = {"budget_bytes": budget_bytes, "batch_sizes": sizes,
+    section = {"budget_bytes": budget_bytes, "headroom": HEADROOM, "batch_sizes": sizes,
                "choices": {name: {k: v for k, v in c.items()} for name, c in choices.items()},
                "verified": verified}
     document = dict(last_report)
@@ -185,21 +190,28 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     return Plan(budget_bytes, sizes, choices, verified, document)
 
 
+# auto plans at the end of its second step and the cap holds from then on: the peak verified
+# is the reserved peak of the capped steps.
+VERIFY_STEPS = 4
+CAPPED_FROM = 2
+
+
 def _verify(step, budget_bytes, choice, predicted, say):
     """Real steps under the cap at `predicted`, stepping down 5% at a time until they fit."""
     import gc
 
     import torch
 
-    batch = predicted
+    batch = tried = predicted
     for _ in range(8):
         if batch < 1:
             break
         say(f"verify {choice} at batch {batch}")
+        tried = batch
         try:
             with _budget_context(budget_bytes, codec=_SPECS[choice] if choice != "none" else "quant2",
                                  enabled=choice != "none") as run:
-                for _ in range(3):  # auto plans after its second step; the cap holds from then on
+                for _ in range(VERIFY_STEPS):
                     step(batch)
         except torch.OutOfMemoryError:
             gc.collect()
@@ -207,9 +219,11 @@ def _verify(step, budget_bytes, choice, predicted, say):
             continue
         steps = run.report["activations"]["steps"]
         return ({"codec": choice, "batch_size": batch, "predicted_batch_size": predicted,
-                 "peak_bytes": max(s["peak_bytes"] for s in steps) if steps else None,
+                 "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[CAPPED_FROM:])
+                 if len(steps) > CAPPED_FROM else None,
                  "peak_allocated_bytes": run.report["run"]["peak_allocated_bytes"]}, run.report)
     return {"codec": choice, "batch_size": 0, "predicted_batch_size": predicted,
+            "smallest_tried": tried,
             "peak_bytes": None, "peak_allocated_bytes": None}, None
 
 

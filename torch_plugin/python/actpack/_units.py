@@ -25,5 +25,6 @@ def parse_budget(text):
 
 
 def format_bytes(n):
-    """"1.50 GiB" for 1610612736."""
-    return _C.format_bytes(int(n))
+    """"1.50 GiB" for 1610612736; "-1.00 MiB" for a negative difference or model intercept."""
+    n = int(n)
+    return "-" + _C.format_bytes(-n) if n < 0 else _C.format_bytes(n)
