@@ -71,11 +71,14 @@ enum class EbMode : uint8_t {
 // What to encode with. Fields a codec does not use are ignored by it.
 struct CodecParams {
   CodecId codec = CodecId::kIdentity;
-  int bits = 2;            // quant: bits per value, 1, 2, 4 or 8
-  int group_size = 256;    // quant: values per (min, step) pair; a multiple of 32
+  int bits = 2;            // quant, division: bits per value, 1, 2, 4 or 8
+  int group_size = 256;    // quant, division: values per (min, step) pair; a multiple of 32
+                           // (ParseCodecSpec gives division kDivisionDefaultGroup)
   uint64_t seed = 0;       // stochastic rounding: the same seed gives the same bytes
   DType cast_to = DType::kFloat16;  // cast: the storage type, float16 or bfloat16
   int pool_window = 4;     // pool: values averaged into one stored mean, 2..64
+  int block = 8;           // division: the B x B pooling window of the LFC, 2..64
+  int keep = 2;            // division_fft: the lowest k x k frequencies kept, 1..8
   EbMode eb_mode = EbMode::kRelative;  // eb: how error_bound is read
   double error_bound = 1e-2;           // eb: the bound, absolute or relative to the range
 };

@@ -28,12 +28,14 @@ std::vector<float> Activations(size_t n, absl::string_view spec = "") {
   return v;
 }
 
-// What a benchmark encodes: post-ReLU values as a 1-D tensor, or a smooth 2-D field
-// [n / 1024, 1024] (where eb's 2-D tiles and predictors pay).
-enum class Data { kActivations, kSmooth };
+// What a benchmark encodes: post-ReLU values as a 1-D tensor, a smooth 2-D field
+// [n / 1024, 1024] (where eb's 2-D tiles and predictors pay), or post-ReLU values as NCHW maps
+// [n / 64^3, 64, 64, 64] or as [n / 65536, 128 tokens, 512 hidden] (the layouts the division
+// codecs low-pass over).
+enum class Data { kActivations, kSmooth, kNchw, kTokens };
 
 std::vector<float> Input(size_t n, absl::string_view spec, Data data) {
-  if (data == Data::kActivations) return Activations(n, spec);
+  if (data != Data::kSmooth) return Activations(n, spec);
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
     v[i] = std::sin(static_cast<float>(i % 1024) / 37.0f) * std::cos(static_cast<float>(i / 1024) / 23.0f);
@@ -42,8 +44,13 @@ std::vector<float> Input(size_t n, absl::string_view spec, Data data) {
 }
 
 std::vector<int64_t> ShapeOf(size_t n, Data data) {
-  if (data == Data::kActivations) return {static_cast<int64_t>(n)};
-  return {static_cast<int64_t>(n / 1024), 1024};
+  const int64_t values = static_cast<int64_t>(n);
+  switch (data) {
+    case Data::kActivations: return {values};
+    case Data::kSmooth: return {values / 1024, 1024};
+    case Data::kNchw: return {values / (64 * 64 * 64), 64, 64, 64};
+    default: return {values / (128 * 512), 128, 512};
+  }
 }
 
 void BM_Memcpy(benchmark::State& state) {
@@ -109,6 +116,13 @@ BENCHMARK_CAPTURE(BM_Encode, eb_rel1e2_smooth, "eb:rel=1e-2", Data::kSmooth)
     ->Arg(1 << 20)->Arg(16 << 20);
 BENCHMARK_CAPTURE(BM_Decode, eb_rel1e2_smooth, "eb:rel=1e-2", Data::kSmooth)
     ->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, division_nchw, "division", Data::kNchw)->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, division_nchw, "division", Data::kNchw)->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, division_tokens, "division", Data::kTokens)->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, division_tokens, "division", Data::kTokens)->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, division_fft_nchw, "division_fft", Data::kNchw)->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Decode, division_fft_nchw, "division_fft", Data::kNchw)->Arg(1 << 20)->Arg(16 << 20);
+BENCHMARK_CAPTURE(BM_Encode, quant2_nchw, "quant2", Data::kNchw)->Arg(1 << 20)->Arg(16 << 20);
 
 }  // namespace
 }  // namespace actpack::codecs

@@ -91,12 +91,13 @@ TEST(DecodeFuzzReplayTest, SeedCorpusDecodes) {
 TEST(DecodeFuzzReplayTest, DeterministicMutations) {
   const std::vector<std::string> corpus =
       actpack::fuzz::ReadCorpus("codecs/testdata/decode_corpus");
-  // Tokens: the magic, extreme sizes and dims, each codec id, bit widths.
+  // Tokens: the magic, extreme sizes and dims, codec ids, bit widths.
   actpack::fuzz::Mutator mutator(0x61637470, corpus,
                                  {std::string("APK1"), std::string(8, '\xff'),
                                   std::string(8, '\0'), std::string("\x7f\xff\xff\xff", 4),
                                   std::string("\x01\x00", 2), std::string("\x02\x00", 2),
                                   std::string("\x05\x00", 2), std::string("\x06\x00", 2),
+                                  std::string("\x07\x00", 2), std::string("\x08\x00", 2),
                                   std::string("\x03", 1),
                                   std::string("\x40\x00\x00\x00", 4)});
   for (int i = 0; i < 20000; ++i) RunOne(mutator.Next());

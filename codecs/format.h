@@ -49,6 +49,8 @@ enum class CodecId : uint16_t {
   kMask = 4,
   kPool = 5,
   kEb = 6,
+  kDivision = 7,
+  kDivisionFft = 8,
 };
 
 struct Header {

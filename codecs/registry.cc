@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "codecs/cast.h"
+#include "codecs/division.h"
 #include "codecs/eb.h"
 #include "codecs/identity.h"
 #include "codecs/mask.h"
@@ -77,11 +78,17 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
     params->seed = static_cast<uint64_t>(number);
   } else if (key == "k") {
     params->pool_window = static_cast<int>(number);
+  } else if (key == "block") {
+    params->block = static_cast<int>(number);
+  } else if (key == "keep") {
+    params->keep = static_cast<int>(number);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("actpack: codec spec '", spec,
                                                    "': unknown option '", key,
-                                                   "'; known: bits, group, seed (quant), "
-                                                   "k (pool), to (cast), rel or abs (eb)"));
+                                                   "'; known: bits, group, seed (quant, "
+                                                   "division), k (pool), block (division), "
+                                                   "keep (division_fft), to (cast), rel or abs "
+                                                   "(eb)"));
   }
   return absl::OkStatus();
 }
@@ -108,8 +115,9 @@ std::string ShortestNumber(double v) {
 
 const std::vector<const Codec*>& AllCodecs() {
   static const std::vector<const Codec*>* const codecs =
-      new std::vector<const Codec*>{IdentityCodec(), QuantCodec(), CastCodec(), MaskCodec(),
-                                    PoolCodec(), EbCodec()};
+      new std::vector<const Codec*>{IdentityCodec(), QuantCodec(),    CastCodec(),
+                                    MaskCodec(),     PoolCodec(),     EbCodec(),
+                                    DivisionCodec(), DivisionFftCodec()};
   return *codecs;
 }
 
@@ -161,6 +169,9 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
                                                    "pool4; cast: fp16, bf16)"));
   }
   params.codec = (*codec)->id();
+  if (params.codec == CodecId::kDivision || params.codec == CodecId::kDivisionFft) {
+    params.group_size = kDivisionDefaultGroup;
+  }
   if (digits != absl::string_view::npos && digits > 0) {
     if (params.codec == CodecId::kQuant) {
       params.bits = suffix;
@@ -203,6 +214,19 @@ std::string FormatCodecSpec(const CodecParams& params) {
     return spec;
   }
   if (params.codec == CodecId::kPool) return absl::StrCat(name, params.pool_window);
+  if (params.codec == CodecId::kDivision || params.codec == CodecId::kDivisionFft) {
+    const bool fft = params.codec == CodecId::kDivisionFft;
+    const int lfc = fft ? params.keep : params.block;
+    const int default_lfc = fft ? kDivisionDefaultKeep : kDivisionDefaultBlock;
+    if (lfc == default_lfc && params.bits == 2 && params.group_size == kDivisionDefaultGroup) {
+      return name;
+    }
+    std::string spec = absl::StrCat(name, fft ? ":keep=" : ":block=", lfc, ",bits=", params.bits);
+    if (params.group_size != kDivisionDefaultGroup) {
+      absl::StrAppend(&spec, ",group=", params.group_size);
+    }
+    return spec;
+  }
   if (params.codec == CodecId::kEb) {
     return absl::StrCat(name, params.eb_mode == EbMode::kAbsolute ? ":abs=" : ":rel=",
                         ShortestNumber(params.error_bound));

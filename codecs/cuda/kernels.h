@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "codecs/internal/division_math.h"
+
 namespace actpack::codecs::cuda {
 
 // "cudaMemcpyAsync(...) at codecs/cuda/device_ops.cu:42" for the last failed call.
@@ -70,6 +72,18 @@ int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, vo
 
 // Repeats each mean over its window; asynchronous on `stream`.
 int PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output, void* stream);
+
+// `division`: the pooled bfloat16 LFC, then the residual quantized per group: the payload of
+// division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind. Waits for
+// `stream` to report the checksum and the counts of non-finite inputs, of LFC means that are
+// not finite in bfloat16, and of groups whose residual range overflows float.
+int DivisionEncode(const void* input, const division_math::Layout& layout, int element_kind,
+                   uint8_t* payload, void* stream, uint64_t* payload_checksum,
+                   uint64_t* nonfinite, uint64_t* nonfinite_lfc, uint64_t* overflow_groups);
+
+// Upsampled LFC + dequantized residual; asynchronous on `stream`.
+int DivisionDecode(const uint8_t* payload, const division_math::Layout& layout, int element_kind,
+                   void* output, void* stream);
 
 struct EbShape {
   int dims;  // 2: 8 x 16 tiles over [planes, rows, cols]; 1: runs of 128 (planes = rows = 1)

@@ -1,0 +1,828 @@
+#include "codecs/division.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "codecs/internal/cuda_status.h"
+#include "codecs/internal/dft_math.h"
+#include "codecs/internal/division_math.h"
+#include "codecs/internal/elements.h"
+#include "codecs/internal/parallel.h"
+#include "codecs/internal/portable.h"
+#include "codecs/internal/quant_math.h"
+
+#ifdef ACTPACK_WITH_CUDA
+#include "codecs/cuda/kernels.h"
+#endif
+
+namespace actpack::codecs {
+namespace {
+
+using division_math::Layout;
+
+constexpr int kMinBlock = 2;
+constexpr int kMaxBlock = 64;
+constexpr int kMinKeep = 1;
+constexpr int kMaxKeep = 8;
+constexpr int kMaxGroup = 65536;
+
+bool ValidBits(int bits) { return bits == 1 || bits == 2 || bits == 4 || bits == 8; }
+
+// The two codecs differ only in their LFC; this names it and its header parameter (byte 1).
+struct Variant {
+  CodecId id;
+  const char* name;
+  const char* lfc_option;  // "block" or "keep"
+  int min_lfc;
+  int max_lfc;
+};
+
+constexpr Variant kPoolVariant{CodecId::kDivision, "division", "block", kMinBlock, kMaxBlock};
+constexpr Variant kFftVariant{CodecId::kDivisionFft, "division_fft", "keep", kMinKeep,
+                              kMaxKeep};
+
+// The header parameters: byte 0 bits, byte 1 block (division) or keep (division_fft), bytes
+// 4..7 group, bytes 8..15 seed; the rest zero.
+struct Params {
+  uint32_t bits;
+  uint32_t lfc;
+  uint32_t group;
+  uint64_t seed;
+};
+
+void WriteParams(const Params& p, Header* header) {
+  header->params.fill(0);
+  header->params[0] = static_cast<uint8_t>(p.bits);
+  header->params[1] = static_cast<uint8_t>(p.lfc);
+  std::memcpy(header->params.data() + 4, &p.group, 4);
+  std::memcpy(header->params.data() + 8, &p.seed, 8);
+}
+
+absl::StatusOr<Params> ReadParams(const Header& header, const Variant& v) {
+  Params p;
+  p.bits = header.params[0];
+  p.lfc = header.params[1];
+  std::memcpy(&p.group, header.params.data() + 4, 4);
+  std::memcpy(&p.seed, header.params.data() + 8, 8);
+  if (!ValidBits(static_cast<int>(p.bits))) {
+    return absl::DataLossError(absl::StrCat("actpack: corrupt ", v.name, " buffer: bits ", p.bits));
+  }
+  if (p.lfc < static_cast<uint32_t>(v.min_lfc) || p.lfc > static_cast<uint32_t>(v.max_lfc)) {
+    return absl::DataLossError(
+        absl::StrCat("actpack: corrupt ", v.name, " buffer: ", v.lfc_option, " ", p.lfc));
+  }
+  for (const auto& [first, last] : {std::pair<size_t, size_t>{2, 4}, {16, kParamBytes}}) {
+    absl::Status unused = CheckParamBytesZero(header, first, last, v.name);
+    if (!unused.ok()) return unused;
+  }
+  if (p.group == 0 || p.group % 32 != 0 || p.group > kMaxGroup) {
+    return absl::DataLossError(
+        absl::StrCat("actpack: corrupt ", v.name, " buffer: group size ", p.group));
+  }
+  if (!IsLossyFloat(header.dtype)) {
+    return absl::DataLossError(
+        absl::StrCat("actpack: corrupt ", v.name, " buffer: dtype ", DTypeName(header.dtype)));
+  }
+  return p;
+}
+
+Layout ResidualLayout(absl::Span<const int64_t> shape, const Params& p) {
+  return division_math::MakeResidualLayout(shape.data(), static_cast<int>(shape.size()), p.bits,
+                                           p.group, p.seed);
+}
+
+// The FFT's LFC: one word (float16 real part low, imaginary part high) per kept coefficient,
+// [planes, rows, columns, C].
+struct FftShape {
+  uint64_t rows;
+  uint64_t columns;
+};
+
+FftShape FftShapeOf(const Layout& l, uint32_t keep) {
+  if (l.planes == 0) return {0, 0};
+  return {dft_math::KeptRows(l.height, keep), dft_math::KeptColumns(l.width, keep)};
+}
+
+Layout LayoutOf(const Variant& v, absl::Span<const int64_t> shape, const Params& p) {
+  Layout l = ResidualLayout(shape, p);
+  if (v.id == CodecId::kDivision) return division_math::MakePoolLayout(l, p.lfc);
+  const FftShape f = FftShapeOf(l, p.lfc);
+  l.lfc_words = l.planes * f.rows * f.columns * l.inner;
+  return l;
+}
+
+// Payload bytes of a layout, or 0 with *overflow set when a corrupt header's shape would need
+// more than 2^62 (no real tensor can: each section holds at most one word per element).
+uint64_t PayloadBytes(const Layout& l, bool* overflow) {
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(l.payload_words()) * 4;
+  *overflow = bytes > (static_cast<unsigned __int128>(1) << 62);
+  return *overflow ? 0 : static_cast<uint64_t>(bytes);
+}
+
+struct Partial {
+  uint64_t checksum = 0;
+  uint64_t nonfinite = 0;        // non-finite inputs
+  uint64_t nonfinite_lfc = 0;    // LFC values out of their storage type's range
+  uint64_t overflow_groups = 0;  // residual ranges that overflow float
+};
+
+Partial Sum(const std::vector<Partial>& partials) {
+  Partial total;
+  for (const Partial& p : partials) {
+    total.checksum += p.checksum;
+    total.nonfinite += p.nonfinite;
+    total.nonfinite_lfc += p.nonfinite_lfc;
+    total.overflow_groups += p.overflow_groups;
+  }
+  return total;
+}
+
+// ---- the residual quantizer (both codecs) ----
+
+// Per-thread buffers of one group.
+struct GroupScratch {
+  explicit GroupScratch(uint64_t n) : approx(n), residual(n), codes(n) {}
+  std::vector<float> approx;
+  std::vector<float> residual;
+  std::vector<uint32_t> codes;
+};
+
+// Quantizes group q of plane p given the LFC approximations of its values: writes the
+// group's parameter word and code words. As quant.cc, in flat passes the compiler vectorizes;
+// the arithmetic per value is division_math's and quant_math's, as on the GPU.
+template <int K, int kBits>
+void EncodeGroup(const void* input, const Layout& l, uint64_t p, uint64_t q,
+                 const float* approx, uint32_t* words, GroupScratch& s, Partial* partial) {
+  constexpr uint32_t kPerWord = 32 / kBits;
+  constexpr uint32_t kLevels = (1u << kBits) - 1;
+  const uint64_t j0 = q * l.group_length;
+  const uint32_t n = static_cast<uint32_t>(division_math::GroupSize(l, q));
+  const uint64_t first = p * l.plane + j0;  // the group's flat element index
+  float lo = portable::BitsToFloat(0x7f800000u);  // +inf
+  float hi = -lo;
+  uint32_t nonfinite = 0;
+  uint32_t overflow = 0;
+  float* residual = s.residual.data();
+  for (uint32_t i = 0; i < n; ++i) {
+    const float x = elements::Load<K>(input, first + i);
+    const float r = division_math::Residual(x, approx[i]);
+    const bool x_finite = portable::IsFinite(x);
+    const bool r_finite = portable::IsFinite(r);
+    nonfinite += x_finite ? 0u : 1u;
+    overflow += (x_finite && !r_finite) ? 1u : 0u;
+    lo = r_finite ? portable::Min(lo, r) : lo;
+    hi = r_finite ? portable::Max(hi, r) : hi;
+    residual[i] = r;
+  }
+  partial->nonfinite += nonfinite;
+  const quant_math::GroupParams gp = quant_math::MakeGroupParams(lo, hi, kBits);
+  if (!gp.ok || overflow > 0) ++partial->overflow_groups;
+  const uint64_t param_word = division_math::ParamWord(l, p * l.groups_per_plane + q);
+  words[param_word] = gp.packed;
+  partial->checksum += portable::ChecksumTerm(gp.packed, param_word);
+  uint32_t* codes = s.codes.data();
+  const auto quantize = [&](uint32_t i, float u) {
+    const float r = residual[i];
+    // Non-finite residuals only occur in tensors the caller refuses; code 0 keeps NaN away
+    // from the float-to-int conversion.
+    const bool finite = portable::IsFinite(r);
+    const uint32_t code = quant_math::Quantize(finite ? r : gp.min, gp, u, kLevels);
+    codes[i] = finite ? code : 0u;
+  };
+  if ((first >> 32) == ((first + n - 1) >> 32)) {
+    const uint32_t key = portable::UniformKey(l.seed, first);
+    for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFromKey(key, first + i));
+  } else {
+    for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFloat(l.seed, first + i));
+  }
+  const uint64_t n_words = division_math::CeilDiv(n, kPerWord);
+  for (uint64_t i = n; i < n_words * kPerWord; ++i) codes[i] = 0;
+  const uint64_t first_word = division_math::PlaneCodeWord(l, p) + j0 / kPerWord;
+  for (uint64_t w = 0; w < n_words; ++w) {
+    uint32_t word = 0;
+    for (uint32_t j = 0; j < kPerWord; ++j) word |= codes[w * kPerWord + j] << (j * kBits);
+    words[first_word + w] = word;
+    partial->checksum += portable::ChecksumTerm(word, first_word + w);
+  }
+}
+
+template <int K, int kBits>
+void DecodeGroup(const uint32_t* words, const Layout& l, uint64_t p, uint64_t q,
+                 const float* approx, void* output) {
+  constexpr uint32_t kPerWord = 32 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+  const uint64_t j0 = q * l.group_length;
+  const uint64_t n = division_math::GroupSize(l, q);
+  const uint64_t first = p * l.plane + j0;
+  const quant_math::GroupParams gp = quant_math::UnpackGroupParams(
+      words[division_math::ParamWord(l, p * l.groups_per_plane + q)]);
+  const uint32_t* in = words + division_math::PlaneCodeWord(l, p) + j0 / kPerWord;
+  const uint64_t full_words = n / kPerWord;
+  for (uint64_t w = 0; w < full_words; ++w) {
+    const uint32_t word = in[w];
+    for (uint32_t j = 0; j < kPerWord; ++j) {
+      const uint64_t i = w * kPerWord + j;
+      elements::Store<K>(output, first + i,
+                         division_math::Reconstruct(approx[i], (word >> (j * kBits)) & kMask, gp));
+    }
+  }
+  for (uint64_t i = full_words * kPerWord; i < n; ++i) {
+    const uint32_t code = (in[i / kPerWord] >> ((i % kPerWord) * kBits)) & kMask;
+    elements::Store<K>(output, first + i, division_math::Reconstruct(approx[i], code, gp));
+  }
+}
+
+// Calls fn.template operator()<K, kBits>() for the dtype's element kind and the bit width.
+template <typename Fn>
+void DispatchKindAndBits(DType dtype, uint32_t bits, Fn&& fn) {
+  auto with_kind = [&](auto kind) {
+    constexpr int K = decltype(kind)::value;
+    switch (bits) {
+      case 1: fn.template operator()<K, 1>(); break;
+      case 2: fn.template operator()<K, 2>(); break;
+      case 4: fn.template operator()<K, 4>(); break;
+      default: fn.template operator()<K, 8>(); break;
+    }
+  };
+  switch (dtype) {
+    case DType::kFloat16: with_kind(std::integral_constant<int, elements::kF16>()); break;
+    case DType::kBFloat16: with_kind(std::integral_constant<int, elements::kBF16>()); break;
+    default: with_kind(std::integral_constant<int, elements::kF32>()); break;
+  }
+}
+
+// ---- division: the pooled LFC ----
+
+// The means of bands [begin, end) of windows: band b is (plane b / blocks_h, window row
+// b % blocks_h). Each window sums its values in division_math::WindowMean's order (rows, then
+// columns, left to right); the loops here only interleave independent windows so that they
+// vectorize.
+template <int K>
+void PoolBands(const void* input, const Layout& l, uint16_t* means, uint64_t begin, uint64_t end,
+               Partial* partial) {
+  const uint64_t row_means = l.blocks_w * l.inner;
+  std::vector<float> acc(row_means);
+  for (uint64_t b = begin; b < end; ++b) {
+    const uint64_t p = b / l.blocks_h;
+    const uint64_t h0 = (b % l.blocks_h) * l.block_h;
+    const uint64_t h1 = std::min<uint64_t>(h0 + l.block_h, l.height);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (uint64_t h = h0; h < h1; ++h) {
+      const uint64_t row = (p * l.height + h) * l.width * l.inner;
+      if (l.inner == 1) {
+        // Column k of every full window, then the partial window at the right edge.
+        const uint64_t full = l.width / l.block_w;
+        for (uint64_t k = 0; k < l.block_w; ++k) {
+          for (uint64_t wb = 0; wb < full; ++wb) {
+            acc[wb] = portable::Add(acc[wb], elements::Load<K>(input, row + wb * l.block_w + k));
+          }
+        }
+        for (uint64_t w = full * l.block_w; w < l.width; ++w) {
+          acc[full] = portable::Add(acc[full], elements::Load<K>(input, row + w));
+        }
+      } else {
+        for (uint64_t w = 0; w < l.width; ++w) {
+          float* dst = acc.data() + (w / l.block_w) * l.inner;
+          const uint64_t src = row + w * l.inner;
+          for (uint64_t c = 0; c < l.inner; ++c) {
+            dst[c] = portable::Add(dst[c], elements::Load<K>(input, src + c));
+          }
+        }
+      }
+    }
+    uint16_t* out = means + b * row_means;
+    for (uint64_t wb = 0; wb < l.blocks_w; ++wb) {
+      const uint64_t w0 = wb * l.block_w;
+      const uint64_t count = (h1 - h0) * (std::min<uint64_t>(w0 + l.block_w, l.width) - w0);
+      const float divisor = static_cast<float>(count);
+      for (uint64_t c = 0; c < l.inner; ++c) {
+        const float mean = portable::Div(acc[wb * l.inner + c], divisor);
+        out[wb * l.inner + c] = division_math::StoredMean(mean, &partial->nonfinite_lfc);
+      }
+    }
+  }
+}
+
+// The upsampled LFC of n values of plane p from value j0 on: runs of values that share a mean
+// (C == 1: a window's columns in one row) or read consecutive means (C > 1). Positions advance
+// by counters: a division per value would cost more than the rest of decoding.
+void PoolApproximations(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0,
+                        uint64_t n, float* approx) {
+  uint64_t c = j0 % l.inner;
+  uint64_t w = (j0 / l.inner) % l.width;
+  const uint64_t h = j0 / (l.inner * l.width);
+  uint64_t h_in_block = h % l.block_h;
+  uint64_t wb = w / l.block_w, w_in_block = w % l.block_w;
+  const uint64_t row_means = l.blocks_w * l.inner;
+  const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * row_means;
+  // Moves (h, w) one column or a run of columns on.
+  const auto advance_columns = [&](uint64_t columns) {
+    w += columns;
+    w_in_block += columns;
+    if (w_in_block == l.block_w) {
+      w_in_block = 0;
+      ++wb;
+    }
+    if (w == l.width) {
+      w = 0;
+      wb = 0;
+      w_in_block = 0;
+      if (++h_in_block == l.block_h) {
+        h_in_block = 0;
+        row += row_means;
+      }
+    }
+  };
+  uint64_t i = 0;
+  if (l.inner == 1) {
+    while (i < n) {
+      const uint64_t run = std::min({l.block_w - w_in_block, l.width - w, n - i});
+      const float value = portable::Bf16ToFloat(row[wb]);
+      for (uint64_t k = 0; k < run; ++k) approx[i + k] = value;
+      i += run;
+      advance_columns(run);
+    }
+    return;
+  }
+  while (i < n) {
+    const uint64_t run = std::min(l.inner - c, n - i);
+    const uint16_t* m = row + wb * l.inner + c;
+    for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
+    i += run;
+    c += run;
+    if (c == l.inner) {
+      c = 0;
+      advance_columns(1);
+    }
+  }
+}
+
+// Groups per parallel chunk: about 64 Ki values.
+int64_t GroupGrain(const Layout& l) {
+  return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.group_length)));
+}
+
+Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* payload) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(payload);
+  uint16_t* means = reinterpret_cast<uint16_t*>(payload);  // little-endian: low half first
+  std::vector<Partial> partials(internal::MaxParallelChunks());
+  const uint64_t bands = l.planes * l.blocks_h;
+  const int64_t band_values = static_cast<int64_t>(l.block_h * l.width * l.inner);
+  internal::ParallelFor(bands, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, band_values)),
+                        [&](int chunk, int64_t begin, int64_t end) {
+    switch (dtype) {
+      case DType::kFloat16:
+        PoolBands<elements::kF16>(input, l, means, begin, end, &partials[chunk]);
+        break;
+      case DType::kBFloat16:
+        PoolBands<elements::kBF16>(input, l, means, begin, end, &partials[chunk]);
+        break;
+      default:
+        PoolBands<elements::kF32>(input, l, means, begin, end, &partials[chunk]);
+    }
+  });
+  if (l.means % 2 != 0) means[l.means] = 0;  // the unused high half of the last LFC word
+  internal::ParallelFor(l.lfc_words, 65536, [&](int chunk, int64_t begin, int64_t end) {
+    uint64_t sum = 0;
+    for (int64_t w = begin; w < end; ++w) sum += portable::ChecksumTerm(words[w], w);
+    partials[chunk].checksum += sum;
+  });
+  internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
+    GroupScratch s(l.group_length);
+    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+      for (int64_t g = begin; g < end; ++g) {
+        const uint64_t p = g / l.groups_per_plane;
+        const uint64_t q = g % l.groups_per_plane;
+        PoolApproximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
+                           s.approx.data());
+        EncodeGroup<K, kBits>(input, l, p, q, s.approx.data(), words, s, &partials[chunk]);
+      }
+    });
+  });
+  return Sum(partials);
+}
+
+void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* output) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
+  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
+  internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
+    std::vector<float> approx(l.group_length);
+    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+      for (int64_t g = begin; g < end; ++g) {
+        const uint64_t p = g / l.groups_per_plane;
+        const uint64_t q = g % l.groups_per_plane;
+        PoolApproximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
+                           approx.data());
+        DecodeGroup<K, kBits>(words, l, p, q, approx.data(), output);
+      }
+    });
+  });
+}
+
+// ---- division_fft: the DFT LFC (CPU only) ----
+
+// (phase + step) mod n for phase, step < n, without overflow.
+uint64_t AdvancePhase(uint64_t phase, uint64_t step, uint64_t n) {
+  return phase >= n - step ? phase - (n - step) : phase + step;
+}
+
+// The twiddles of one transform axis of length n: cos and sin of 2*pi*f*m/n for m < n at each
+// kept frequency f. One shared table when it is small; past kMaxTable entries (only long 1-D
+// tensors) each plane computes the frequency it needs into its own buffers.
+class AxisTwiddles {
+ public:
+  AxisTwiddles(uint64_t n, std::vector<uint64_t> frequencies)
+      : n_(n), frequencies_(std::move(frequencies)) {
+    if (n_ * frequencies_.size() > kMaxTable) return;
+    cos_.resize(n_ * frequencies_.size());
+    sin_.resize(cos_.size());
+    for (size_t f = 0; f < frequencies_.size(); ++f) Fill(f, &cos_[f * n_], &sin_[f * n_]);
+  }
+
+  struct Row {
+    const float* cos;
+    const float* sin;
+  };
+
+  // The twiddles of frequency index f, from the table or computed into *buffer.
+  Row Get(size_t f, std::vector<float>* buffer) const {
+    if (!cos_.empty()) return {&cos_[f * n_], &sin_[f * n_]};
+    buffer->resize(2 * n_);
+    Fill(f, buffer->data(), buffer->data() + n_);
+    return {buffer->data(), buffer->data() + n_};
+  }
+
+ private:
+  static constexpr uint64_t kMaxTable = 1 << 20;
+
+  void Fill(size_t f, float* cos, float* sin) const {
+    uint64_t phase = 0;
+    for (uint64_t m = 0; m < n_; ++m) {
+      const dft_math::CosSin t = dft_math::TurnCosSin(phase, n_);
+      cos[m] = t.cos;
+      sin[m] = t.sin;
+      phase = AdvancePhase(phase, frequencies_[f], n_);
+    }
+  }
+
+  uint64_t n_;
+  std::vector<uint64_t> frequencies_;
+  std::vector<float> cos_, sin_;  // [frequency][m]
+};
+
+// Both axes' twiddles of a layout: rows at the kept row frequencies, columns at v < V.
+struct DftTwiddles {
+  DftTwiddles(const Layout& l, const FftShape& shape, uint32_t keep)
+      : rows(std::max<uint64_t>(1, l.height), RowFrequencies(l, shape, keep)),
+        columns(std::max<uint64_t>(1, l.width), ColumnFrequencies(shape)) {}
+
+  static std::vector<uint64_t> RowFrequencies(const Layout& l, const FftShape& shape,
+                                              uint32_t keep) {
+    std::vector<uint64_t> u(shape.rows);
+    for (uint64_t r = 0; r < shape.rows; ++r) u[r] = dft_math::RowFrequency(r, l.height, keep);
+    return u;
+  }
+  static std::vector<uint64_t> ColumnFrequencies(const FftShape& shape) {
+    std::vector<uint64_t> v(shape.columns);
+    for (uint64_t c = 0; c < shape.columns; ++c) v[c] = c;
+    return v;
+  }
+
+  AxisTwiddles rows;
+  AxisTwiddles columns;
+};
+
+// One plane's DFT work. The loops put independent sums innermost (all (h, c) of a column, or
+// all w of a row) so that they vectorize; each sum still runs in the order FORMAT.md gives:
+// forward along w (w ascending) then along h (h ascending), inverse along h (kept rows in
+// stored order) then along w (columns v ascending).
+class PlaneDft {
+ public:
+  PlaneDft(const Layout& l, const FftShape& shape, const DftTwiddles& twiddles)
+      : l_(l),
+        shape_(shape),
+        twiddles_(twiddles),
+        transposed_(l.plane),
+        g_re_(shape.columns * l.height * l.inner),
+        g_im_(g_re_.size()),
+        x_re_(shape.rows * shape.columns * l.inner),
+        x_im_(x_re_.size()),
+        approx_(l.plane) {}
+
+  // The kept coefficients of plane p as LFC words; counts those that overflow float16.
+  template <int K>
+  void Forward(const void* input, uint64_t p, uint32_t* lfc, Partial* partial) {
+    const uint64_t H = l_.height, W = l_.width, C = l_.inner, V = shape_.columns;
+    const uint64_t lanes = H * C;
+    // x[h][w][c] -> transposed[w][h][c] (a plain copy when W == 1).
+    const uint64_t base = p * l_.plane;
+    for (uint64_t h = 0; h < H; ++h) {
+      for (uint64_t w = 0; w < W; ++w) {
+        for (uint64_t c = 0; c < C; ++c) {
+          transposed_[(w * H + h) * C + c] = elements::Load<K>(input, base + (h * W + w) * C + c);
+        }
+      }
+    }
+    // Along w: G[v][h][c] = sum_w x[h][w][c] e^{-2 pi i v w / W}.
+    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
+    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
+    for (uint64_t v = 0; v < V; ++v) {
+      const AxisTwiddles::Row t = twiddles_.columns.Get(v, &buffer_);
+      float* re = &g_re_[v * lanes];
+      float* im = &g_im_[v * lanes];
+      for (uint64_t w = 0; w < W; ++w) {
+        const dft_math::CosSin tw{t.cos[w], t.sin[w]};
+        const float* x = &transposed_[w * lanes];
+        for (uint64_t k = 0; k < lanes; ++k) dft_math::AddRealForward(x[k], tw, re + k, im + k);
+      }
+    }
+    // Along h at each kept row frequency, normalised by 1 / (H * W).
+    const float size = static_cast<float>(H * W);
+    for (uint64_t r = 0; r < shape_.rows; ++r) {
+      const AxisTwiddles::Row t = twiddles_.rows.Get(r, &buffer_);
+      for (uint64_t v = 0; v < V; ++v) {
+        float* re = &x_re_[(r * V + v) * C];
+        float* im = &x_im_[(r * V + v) * C];
+        std::fill(re, re + C, 0.0f);
+        std::fill(im, im + C, 0.0f);
+        for (uint64_t h = 0; h < H; ++h) {
+          const dft_math::CosSin th{t.cos[h], t.sin[h]};
+          const float* gr = &g_re_[(v * H + h) * C];
+          const float* gi = &g_im_[(v * H + h) * C];
+          for (uint64_t c = 0; c < C; ++c) dft_math::AddForward(gr[c], gi[c], th, re + c, im + c);
+        }
+        uint32_t* out = lfc + ((p * shape_.rows + r) * V + v) * C;
+        for (uint64_t c = 0; c < C; ++c) {
+          const uint16_t hr = portable::FloatToHalf(portable::Div(re[c], size));
+          const uint16_t hi = portable::FloatToHalf(portable::Div(im[c], size));
+          if ((hr & 0x7c00u) == 0x7c00u || (hi & 0x7c00u) == 0x7c00u) ++partial->nonfinite_lfc;
+          out[c] = static_cast<uint32_t>(hr) | (static_cast<uint32_t>(hi) << 16);
+        }
+      }
+    }
+  }
+
+  // The real inverse DFT of plane p's stored coefficients: approximations of its H*W*C values.
+  const float* Inverse(const uint32_t* lfc, uint64_t p) {
+    const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = shape_.rows, V = shape_.columns;
+    for (uint64_t k = 0; k < R * V * C; ++k) {
+      const uint32_t word = lfc[p * R * V * C + k];
+      x_re_[k] = portable::HalfToFloat(static_cast<uint16_t>(word));
+      x_im_[k] = portable::HalfToFloat(static_cast<uint16_t>(word >> 16));
+    }
+    // Along h: Y[v][h][c] = sum_r X[r][v][c] e^{+2 pi i u_r h / H} (in G's buffers).
+    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
+    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
+    for (uint64_t r = 0; r < R; ++r) {
+      const AxisTwiddles::Row t = twiddles_.rows.Get(r, &buffer_);
+      for (uint64_t v = 0; v < V; ++v) {
+        const float* xr = &x_re_[(r * V + v) * C];
+        const float* xi = &x_im_[(r * V + v) * C];
+        for (uint64_t h = 0; h < H; ++h) {
+          const dft_math::CosSin th{t.cos[h], t.sin[h]};
+          float* yr = &g_re_[(v * H + h) * C];
+          float* yi = &g_im_[(v * H + h) * C];
+          for (uint64_t c = 0; c < C; ++c) dft_math::AddInverse(xr[c], xi[c], th, yr + c, yi + c);
+        }
+      }
+    }
+    // Along w: the real part, interior columns twice.
+    std::fill(approx_.begin(), approx_.end(), 0.0f);
+    for (uint64_t v = 0; v < V; ++v) {
+      const AxisTwiddles::Row t = twiddles_.columns.Get(v, &buffer_);
+      const bool twice = dft_math::ColumnCountsTwice(v, W);
+      for (uint64_t h = 0; h < H; ++h) {
+        const float* yr = &g_re_[(v * H + h) * C];
+        const float* yi = &g_im_[(v * H + h) * C];
+        float* out = &approx_[h * W * C];
+        if (C == 1) {
+          const float y_re = yr[0], y_im = yi[0];
+          for (uint64_t w = 0; w < W; ++w) {
+            out[w] = portable::Add(out[w],
+                                   dft_math::RealTerm(y_re, y_im, {t.cos[w], t.sin[w]}, twice));
+          }
+          continue;
+        }
+        for (uint64_t w = 0; w < W; ++w) {
+          const dft_math::CosSin tw{t.cos[w], t.sin[w]};
+          for (uint64_t c = 0; c < C; ++c) {
+            out[w * C + c] = portable::Add(out[w * C + c], dft_math::RealTerm(yr[c], yi[c], tw, twice));
+          }
+        }
+      }
+    }
+    return approx_.data();
+  }
+
+ private:
+  const Layout& l_;
+  const FftShape shape_;
+  const DftTwiddles& twiddles_;
+  std::vector<float> transposed_;   // [W][H][C]: the plane's input
+  std::vector<float> g_re_, g_im_;  // [V][H][C]: forward along w / inverse along h
+  std::vector<float> x_re_, x_im_;  // [R][V][C]: the coefficients
+  std::vector<float> approx_;       // [H][W][C]
+  std::vector<float> buffer_;       // twiddles computed on demand
+};
+
+// Planes per parallel chunk: about 64 Ki values.
+int64_t PlaneGrain(const Layout& l) {
+  return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.plane)));
+}
+
+Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t keep,
+                     uint8_t* payload) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(payload);
+  const FftShape shape = FftShapeOf(l, keep);
+  const DftTwiddles twiddles(l, shape, keep);
+  std::vector<Partial> partials(internal::MaxParallelChunks());
+  internal::ParallelFor(l.planes, PlaneGrain(l), [&](int chunk, int64_t begin, int64_t end) {
+    PlaneDft dft(l, shape, twiddles);
+    GroupScratch s(l.group_length);
+    Partial& partial = partials[chunk];
+    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+      for (int64_t p = begin; p < end; ++p) {
+        dft.Forward<K>(input, p, words, &partial);
+        const float* approx = dft.Inverse(words, p);
+        for (uint64_t q = 0; q < l.groups_per_plane; ++q) {
+          EncodeGroup<K, kBits>(input, l, p, q, approx + q * l.group_length, words, s, &partial);
+        }
+      }
+    });
+  });
+  internal::ParallelFor(l.lfc_words, 65536, [&](int chunk, int64_t begin, int64_t end) {
+    uint64_t sum = 0;
+    for (int64_t w = begin; w < end; ++w) sum += portable::ChecksumTerm(words[w], w);
+    partials[chunk].checksum += sum;
+  });
+  return Sum(partials);
+}
+
+void FftDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, uint32_t keep,
+                  void* output) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
+  const FftShape shape = FftShapeOf(l, keep);
+  const DftTwiddles twiddles(l, shape, keep);
+  internal::ParallelFor(l.planes, PlaneGrain(l), [&](int, int64_t begin, int64_t end) {
+    PlaneDft dft(l, shape, twiddles);
+    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+      for (int64_t p = begin; p < end; ++p) {
+        const float* approx = dft.Inverse(words, p);
+        for (uint64_t q = 0; q < l.groups_per_plane; ++q) {
+          DecodeGroup<K, kBits>(words, l, p, q, approx + q * l.group_length, output);
+        }
+      }
+    });
+  });
+}
+
+// ---- the codecs ----
+
+class Division final : public Codec {
+ public:
+  explicit Division(const Variant& variant) : v_(variant) {}
+
+  CodecId id() const override { return v_.id; }
+  absl::string_view name() const override { return v_.name; }
+
+  absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const override {
+    if (!IsLossyFloat(spec.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "actpack: ", v_.name, " encodes float32, float16 and bfloat16 tensors, not ",
+          DTypeName(spec.dtype)));
+    }
+    if (!ValidBits(params.bits)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("actpack: ", v_.name, " bits must be 1, 2, 4 or 8, not ", params.bits));
+    }
+    const int lfc = LfcParam(params);
+    if (lfc < v_.min_lfc || lfc > v_.max_lfc) {
+      return absl::InvalidArgumentError(absl::StrCat("actpack: ", v_.name, " ", v_.lfc_option,
+                                                     " must be ", v_.min_lfc, "..", v_.max_lfc,
+                                                     ", not ", lfc));
+    }
+    if (params.group_size <= 0 || params.group_size % 32 != 0 ||
+        params.group_size > kMaxGroup) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "actpack: ", v_.name, " group size must be a positive multiple of 32 up to ",
+          kMaxGroup, ", not ", params.group_size));
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams& params) const override {
+    bool overflow = false;
+    return PayloadBytes(LayoutOf(v_, spec.shape, ParamsOf(params)), &overflow);
+  }
+
+  absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
+                                            Header* header, uint8_t* payload,
+                                            const ExecContext& context) const override {
+    const Params p = ParamsOf(params);
+    const Layout l = LayoutOf(v_, input.shape, p);
+    bool overflow = false;
+    const uint64_t bytes = PayloadBytes(l, &overflow);
+    WriteParams(p, header);
+    Partial total;
+    if (input.device == Device::kCuda) {
+      if (v_.id == CodecId::kDivisionFft) return CpuOnly("encode");
+#ifdef ACTPACK_WITH_CUDA
+      absl::Status status = internal::CudaStatus(cuda::DivisionEncode(
+          input.data, l, static_cast<int>(input.dtype), payload, context.stream, &total.checksum,
+          &total.nonfinite, &total.nonfinite_lfc, &total.overflow_groups));
+      if (!status.ok()) return status;
+#else
+      return internal::CudaNotCompiledIn("division encode");
+#endif
+    } else if (v_.id == CodecId::kDivision) {
+      total = PoolEncodeCpu(input.data, input.dtype, l, payload);
+    } else {
+      total = FftEncodeCpu(input.data, input.dtype, l, p.lfc, payload);
+    }
+    if (total.nonfinite > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("actpack: ", v_.name, " cannot encode a tensor with ", total.nonfinite,
+                       " non-finite values; keep it exact"));
+    }
+    if (total.nonfinite_lfc > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "actpack: ", v_.name, " cannot encode this tensor: ", total.nonfinite_lfc,
+          v_.id == CodecId::kDivision ? " window means overflow bfloat16 (a window sum overflows)"
+                                      : " DFT coefficients overflow float16",
+          "; keep it exact"));
+    }
+    if (total.overflow_groups > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "actpack: ", v_.name, " cannot encode a tensor whose residual range overflows float in ",
+          total.overflow_groups, " groups; keep it exact"));
+    }
+    return PayloadInfo{bytes, total.checksum};
+  }
+
+  absl::Status DecodePayload(const Header& header, const uint8_t* payload,
+                             const MutableTensorView& output,
+                             const ExecContext& context) const override {
+    absl::StatusOr<Params> p = ReadParams(header, v_);
+    if (!p.ok()) return p.status();
+    const Layout l = LayoutOf(v_, header.Shape(), *p);
+    bool overflow = false;
+    const uint64_t expected = PayloadBytes(l, &overflow);
+    if (overflow || header.payload_size != expected) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt ", v_.name, " buffer: payload of ",
+                                              header.payload_size, " bytes, expected ",
+                                              overflow ? "more than 2^62" : absl::StrCat(expected)));
+    }
+    if (output.device == Device::kCuda) {
+      if (v_.id == CodecId::kDivisionFft) return CpuOnly("decode");
+#ifdef ACTPACK_WITH_CUDA
+      return internal::CudaStatus(cuda::DivisionDecode(
+          payload, l, static_cast<int>(header.dtype), output.data, context.stream));
+#else
+      return internal::CudaNotCompiledIn("division decode");
+#endif
+    }
+    if (v_.id == CodecId::kDivision) {
+      PoolDecodeCpu(payload, header.dtype, l, output.data);
+    } else {
+      FftDecodeCpu(payload, header.dtype, l, p->lfc, output.data);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int LfcParam(const CodecParams& params) const {
+    return v_.id == CodecId::kDivision ? params.block : params.keep;
+  }
+
+  Params ParamsOf(const CodecParams& params) const {
+    return Params{static_cast<uint32_t>(params.bits), static_cast<uint32_t>(LfcParam(params)),
+                  static_cast<uint32_t>(params.group_size), params.seed};
+  }
+
+  absl::Status CpuOnly(const char* what) const {
+    return absl::UnimplementedError(absl::StrCat(
+        "actpack: division_fft runs on the CPU only (cannot ", what,
+        " on CUDA); use 'division' (average-pooled LFC) on the GPU"));
+  }
+
+  const Variant v_;
+};
+
+}  // namespace
+
+const Codec* DivisionCodec() {
+  static const Division* const codec = new Division(kPoolVariant);
+  return codec;
+}
+
+const Codec* DivisionFftCodec() {
+  static const Division* const codec = new Division(kFftVariant);
+  return codec;
+}
+
+}  // namespace actpack::codecs

@@ -1,0 +1,190 @@
+// The layout and arithmetic of the DIVISION codecs (`division`, `division_fft`), shared by the
+// CPU reference (division.cc) and the CUDA kernels (cuda/division_kernels.cu) so that both
+// write the same bytes. codecs/FORMAT.md is the specification; this header is its code.
+//
+// A tensor is viewed as [planes, H, W, C] (row-major, a reshape of the contiguous tensor):
+//   ndim >= 4: [prod(leading dims), H, W, 1]   (NCHW: one plane per sample and channel)
+//   ndim 2, 3: [prod(leading dims), T, 1, D]   (the low-pass runs along dim -2: tokens)
+//   ndim 1:    [1, 1, n, 1]                    ndim 0: [1, 1, 1, 1]
+// The low-frequency component (LFC) is computed over (H, W) for every (plane, c); the
+// high-frequency residual is quantized per group of at most `group` values of a plane (the
+// plane's H*W*C values cut into near-equal chunks whose length is a multiple of 32, so every
+// group starts at a code-word boundary).
+//
+// This header is included by nvcc: it must not include Abseil.
+#ifndef ACTPACK_CODECS_INTERNAL_DIVISION_MATH_H_
+#define ACTPACK_CODECS_INTERNAL_DIVISION_MATH_H_
+
+#include <cstdint>
+
+#include "codecs/internal/elements.h"
+#include "codecs/internal/portable.h"
+#include "codecs/internal/quant_math.h"
+
+namespace actpack::codecs::division_math {
+
+struct Layout {
+  // The view.
+  uint64_t planes, height, width, inner;  // P, H, W, C
+  uint64_t plane;                         // H * W * C
+  // `division`: the B x B pooling window (clipped to H and W) and the means it yields.
+  uint32_t block_h, block_w;
+  uint64_t blocks_h, blocks_w;  // ceil(H / block_h), ceil(W / block_w)
+  uint64_t means;               // planes * blocks_h * blocks_w * C
+  // The residual quantizer.
+  uint32_t bits;
+  uint64_t seed;
+  uint64_t group_length;  // values per (min, step) word, a multiple of 32
+  uint64_t groups_per_plane;
+  uint64_t groups;       // planes * groups_per_plane
+  uint64_t plane_words;  // code words per plane: ceil(plane * bits / 32)
+  // Payload sections, in 32-bit words: [LFC][group parameters][codes].
+  uint64_t lfc_words;
+  ACTPACK_HD uint64_t payload_words() const { return lfc_words + groups + planes * plane_words; }
+};
+
+ACTPACK_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+ACTPACK_HD uint64_t MinU(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+// The view and the residual quantizer's groups of a tensor of this shape. The LFC fields are
+// left zero; MakePoolLayout and the FFT's layout fill them in. A tensor with no elements has
+// no planes, groups or words.
+ACTPACK_HD Layout MakeResidualLayout(const int64_t* shape, int ndim, uint32_t bits,
+                                     uint32_t group, uint64_t seed) {
+  Layout l{};
+  l.bits = bits;
+  l.seed = seed;
+  uint64_t numel = 1;
+  for (int i = 0; i < ndim; ++i) numel *= static_cast<uint64_t>(shape[i]);
+  if (numel == 0) return l;
+  uint64_t leading = 1;
+  for (int i = 0; i + 2 < ndim; ++i) leading *= static_cast<uint64_t>(shape[i]);
+  l.planes = leading;
+  if (ndim >= 4) {
+    l.height = static_cast<uint64_t>(shape[ndim - 2]);
+    l.width = static_cast<uint64_t>(shape[ndim - 1]);
+    l.inner = 1;
+  } else if (ndim >= 2) {
+    l.height = static_cast<uint64_t>(shape[ndim - 2]);
+    l.width = 1;
+    l.inner = static_cast<uint64_t>(shape[ndim - 1]);
+  } else {
+    l.height = 1;
+    l.width = ndim == 1 ? static_cast<uint64_t>(shape[0]) : 1;
+    l.inner = 1;
+  }
+  l.plane = l.height * l.width * l.inner;
+  // Near-equal chunks of at most `group` values, rounded up to whole code words.
+  const uint64_t chunks = CeilDiv(l.plane, group);
+  l.group_length = CeilDiv(CeilDiv(l.plane, chunks), 32) * 32;
+  l.groups_per_plane = CeilDiv(l.plane, l.group_length);
+  l.groups = l.planes * l.groups_per_plane;
+  l.plane_words = CeilDiv(l.plane, 32 / bits);
+  return l;
+}
+
+// `division`: adds the B x B average-pooling LFC (bfloat16 means, two per word, low half
+// first) to a residual layout.
+ACTPACK_HD Layout MakePoolLayout(Layout l, uint32_t block) {
+  if (l.planes == 0) return l;
+  l.block_h = static_cast<uint32_t>(MinU(block, l.height));
+  l.block_w = static_cast<uint32_t>(MinU(block, l.width));
+  l.blocks_h = CeilDiv(l.height, l.block_h);
+  l.blocks_w = CeilDiv(l.width, l.block_w);
+  l.means = l.planes * l.blocks_h * l.blocks_w * l.inner;
+  l.lfc_words = CeilDiv(l.means, 2);
+  return l;
+}
+
+// ---- `division`: the pooled LFC ----
+
+// Mean `m` of the LFC ([planes, blocks_h, blocks_w, C], row-major): the window's values summed
+// left to right in row-major order (h, then w) in float, divided by their count, both
+// correctly rounded. Windows at the bottom and right edges hold fewer values.
+template <int K>
+ACTPACK_HD float WindowMean(const void* input, const Layout& l, uint64_t m) {
+  const uint64_t c = m % l.inner;
+  uint64_t t = m / l.inner;
+  const uint64_t wb = t % l.blocks_w;
+  t /= l.blocks_w;
+  const uint64_t hb = t % l.blocks_h;
+  const uint64_t p = t / l.blocks_h;
+  const uint64_t h0 = hb * l.block_h, h1 = MinU(h0 + l.block_h, l.height);
+  const uint64_t w0 = wb * l.block_w, w1 = MinU(w0 + l.block_w, l.width);
+  float sum = 0.0f;
+  for (uint64_t h = h0; h < h1; ++h) {
+    const uint64_t row = ((p * l.height + h) * l.width) * l.inner + c;
+    for (uint64_t w = w0; w < w1; ++w) {
+      sum = portable::Add(sum, elements::Load<K>(input, row + w * l.inner));
+    }
+  }
+  return portable::Div(sum, static_cast<float>((h1 - h0) * (w1 - w0)));
+}
+
+// A mean rounded to its stored bfloat16; counts a non-finite result (a non-finite input or an
+// overflowing window sum: the encoder refuses such a tensor).
+ACTPACK_HD uint16_t StoredMean(float mean, uint64_t* nonfinite) {
+  const uint16_t h = portable::FloatToBf16(mean);
+  if ((h & 0x7f80u) == 0x7f80u) ++*nonfinite;
+  return h;
+}
+
+// LFC payload word `w`: means 2w (low half) and 2w + 1 (high half, zero past the end).
+template <int K>
+ACTPACK_HD uint32_t LfcWord(const void* input, const Layout& l, uint64_t w, uint64_t* nonfinite) {
+  uint32_t word = 0;
+  for (uint64_t half = 0; half < 2; ++half) {
+    const uint64_t m = 2 * w + half;
+    if (m >= l.means) break;
+    word |= static_cast<uint32_t>(StoredMean(WindowMean<K>(input, l, m), nonfinite))
+            << (16 * half);
+  }
+  return word;
+}
+
+// The LFC mean (index into the bfloat16 means) that element `j` of plane `p` upsamples from.
+ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j) {
+  uint64_t c, hb, wb;
+  if (l.plane <= 0xffffffffu) {
+    // The usual case, in 32-bit arithmetic: a GPU divides 32-bit integers several times faster.
+    const uint32_t j32 = static_cast<uint32_t>(j), inner = static_cast<uint32_t>(l.inner);
+    const uint32_t width = static_cast<uint32_t>(l.width), t = j32 / inner;
+    c = j32 - t * inner;
+    const uint32_t h = t / width;
+    hb = h / l.block_h;
+    wb = (t - h * width) / l.block_w;
+  } else {
+    c = j % l.inner;
+    const uint64_t t = j / l.inner;
+    hb = t / l.width / l.block_h;
+    wb = t % l.width / l.block_w;
+  }
+  return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
+}
+
+// ---- the residual quantizer (both codecs) ----
+
+// The residual of a value against its LFC approximation; its code with uniform draw u. A
+// non-finite residual (an input near the float limits) never reaches a tensor that encodes:
+// the group's range overflows and the encoder refuses the tensor.
+ACTPACK_HD float Residual(float x, float approximation) { return portable::Sub(x, approximation); }
+
+// Group `q` of a plane covers its values [q * group_length, + GroupSize).
+ACTPACK_HD uint64_t GroupSize(const Layout& l, uint64_t q) {
+  return MinU(l.group_length, l.plane - q * l.group_length);
+}
+
+// Word offsets of group g's parameter word and of plane p's first code word.
+ACTPACK_HD uint64_t ParamWord(const Layout& l, uint64_t g) { return l.lfc_words + g; }
+ACTPACK_HD uint64_t PlaneCodeWord(const Layout& l, uint64_t p) {
+  return l.lfc_words + l.groups + p * l.plane_words;
+}
+
+// The decoded value: the approximation plus the dequantized residual.
+ACTPACK_HD float Reconstruct(float approximation, uint32_t code, const quant_math::GroupParams& p) {
+  return portable::Add(approximation, quant_math::Dequantize(code, p));
+}
+
+}  // namespace actpack::codecs::division_math
+
+#endif  // ACTPACK_CODECS_INTERNAL_DIVISION_MATH_H_
