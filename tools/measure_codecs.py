@@ -5,8 +5,9 @@ step of the demo models (tools/demo.py) after a short warm-up, encoded and decod
     python3 tools/measure_codecs.py --model cnn --codecs quant2 division division_fft:keep=1,bits=2
 
 For each model and codec: the compression ratio (raw bytes / encoded bytes, all saved float
-tensors of at least 64 KiB, as the session packs) and the relative RMS error
-sqrt(sum (x' - x)^2 / sum x^2) over them, overall and by tensor rank. A codec followed by
+tensors of at least 64 KiB, as the session packs), the relative RMS error
+sqrt(sum (x' - x)^2 / sum x^2) and the largest absolute error over them, overall and (ratio,
+relative error) by tensor rank. A codec followed by
 "@last" sees each 2-D and 3-D tensor [..., n, d] as [1, rows, 1, d]: the division codecs then
 low-pass along the last dim (hidden) instead of dim -2 (tokens), with the same residual groups
 (contiguous runs of at most `group` values along the last dim). Tensors a codec refuses
@@ -25,7 +26,7 @@ import demo  # noqa: E402
 
 import actpack  # noqa: E402
 
-DEFAULT_CODECS = ["quant2", "quant4", "division", "division@last", "division:block=4,bits=2",
+DEFAULT_CODECS = ["quant8", "quant4", "quant2", "eb:rel=1e-3", "eb:rel=1e-2", "division", "division@last", "division:block=4,bits=2",
                   "division:block=16,bits=2", "division:block=8,bits=2,group=64",
                   "division:block=8,bits=2,group=256", "division_fft:keep=1,bits=2",
                   "division_fft", "division_fft:keep=4,bits=2", "division_fft:keep=8,bits=2"]
@@ -78,7 +79,8 @@ def smooth_maps(noise, shape=(4, 16, 56, 56), seed=0):
 
 
 def encode_each(tensors, spec):
-    """Per tensor: (rank, raw bytes, stored bytes, squared error, squared norm, kept exact)."""
+    """Per tensor: (rank, raw bytes, stored bytes, squared error, squared norm, kept exact,
+    max abs error)."""
     codec, _, layout = spec.partition("@")
     rows = []
     for t in tensors:
@@ -88,19 +90,21 @@ def encode_each(tensors, spec):
         try:
             buffer = actpack.encode(x, codec, seed=1)
         except RuntimeError:  # refused (non-finite values): the session keeps it exact
-            rows.append((t.dim(), raw, raw, 0.0, norm, True))
+            rows.append((t.dim(), raw, raw, 0.0, norm, True, 0.0))
             continue
-        err = (actpack.decode(buffer).double() - x.double()).pow(2).sum().item()
-        rows.append((t.dim(), raw, buffer.numel(), err, norm, False))
+        diff = actpack.decode(buffer).double() - x.double()
+        rows.append((t.dim(), raw, buffer.numel(), diff.pow(2).sum().item(), norm, False,
+                     diff.abs().max().item() if diff.numel() else 0.0))
     return rows
 
 
 def summarise(rows):
-    """(ratio, relative RMS error, tensors kept exact) of some of encode_each's rows."""
+    """(ratio, relative RMS error, tensors kept exact, max abs error) of some of encode_each's
+    rows."""
     raw = sum(r[1] for r in rows)
     stored = sum(r[2] for r in rows)
     return raw / stored, math.sqrt(sum(r[3] for r in rows) / sum(r[4] for r in rows)), \
-        sum(r[5] for r in rows)
+        sum(r[5] for r in rows), max(r[6] for r in rows)
 
 
 def main(argv=None):
@@ -127,16 +131,16 @@ def main(argv=None):
     for title, tensors in datasets:
         print(f"\n{title}")
         ranks = sorted({t.dim() for t in tensors})
-        header = f"{'codec':<36} {'ratio':>6} {'rel rms':>8}"
+        header = f"{'codec':<36} {'ratio':>6} {'rel rms':>8} {'max abs':>8}"
         for rank in ranks:
             header += f" | {rank}-D ratio  rel rms"
         print(header)
         for spec in args.codecs:
             rows = encode_each(tensors, spec)
-            ratio, error, exact = summarise(rows)
-            line = f"{spec:<36} {ratio:>6.2f} {error:>8.4f}"
+            ratio, error, exact, max_abs = summarise(rows)
+            line = f"{spec:<36} {ratio:>6.2f} {error:>8.4f} {max_abs:>8.3g}"
             for rank in ranks:
-                r, e, _ = summarise([row for row in rows if row[0] == rank])
+                r, e, _, _ = summarise([row for row in rows if row[0] == rank])
                 line += f" | {r:>10.2f} {e:>8.4f}"
             print(line + (f"  ({exact} kept exact)" if exact else ""))
     return 0
