@@ -1,4 +1,5 @@
-"""actpack.encode / actpack.decode for the cast, mask and pool codecs."""
+"""actpack.encode / actpack.decode for the cast, mask and pool codecs (and division in the shared
+cases; tests/test_division.py has the rest)."""
 import pytest
 import torch
 
@@ -80,14 +81,15 @@ def test_pool_refuses_non_finite_and_bad_windows():
             actpack.encode(torch.randn(8), bad)
 
 
-@pytest.mark.parametrize("spec", ["cast:fp16", "cast:bf16", "mask", "pool4"])
+@pytest.mark.parametrize("spec", ["cast:fp16", "cast:bf16", "mask", "pool4", "division",
+                                  "division_fft"])
 def test_empty_and_scalar(spec):
     for x in [torch.zeros(0, 5), torch.tensor(1.0)]:
         y = actpack.decode(actpack.encode(x, spec))
         assert y.shape == x.shape and torch.equal(y, x)
 
 
-@pytest.mark.parametrize("spec", ["cast:fp16", "mask", "pool4"])
+@pytest.mark.parametrize("spec", ["cast:fp16", "mask", "pool4", "division", "division_fft"])
 def test_corrupt_and_truncated_buffers(spec):
     x = (torch.rand(40, 7) > 0.5).float() * 3
     buffer = actpack.encode(x, spec)
@@ -101,7 +103,7 @@ def test_corrupt_and_truncated_buffers(spec):
 
 
 def test_codec_names():
-    assert {"cast", "mask", "pool"} <= set(actpack.codec_names())
+    assert {"cast", "mask", "pool", "division", "division_fft"} <= set(actpack.codec_names())
 
 
 def _mask_input(shape, dtype):
