@@ -85,7 +85,26 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
   std::lock_guard<std::mutex> lock(mutex_);
   if (pending_event_count_ > 0) ProcessCompletedEvents();
 
-  Block* block = TakeBestFit(size, stream, is_small);
+  Block* block = nullptr;
+  if (!is_small && reserve_limit != kNoReserveLimit) {
+    // Under a budget, a block carved from a larger free one strands the rest of that segment
+    // for as long as it lives (a segment is released whole): a packed activation cut from a
+    // freed 4 MiB gradient buffer keeps 2.6 MiB unusable for the 4 MiB buffers that follow.
+    // So: a free block that fits without a split, else a segment of the request's own size,
+    // and a split only when the budget leaves no room for one.
+    block = TakeBestFit(size, stream, /*is_small=*/false, /*max_size=*/size + kSmallSize);
+    if (block == nullptr) {
+      absl::StatusOr<Block*> segment = ReserveSegment(size, bytes, stream, false, reserve_limit);
+      if (segment.ok()) {
+        block = *segment;
+      } else if (!IsReserveLimitExceeded(segment.status()) ||
+                 (block = TakeBestFit(size, stream, /*is_small=*/false)) == nullptr) {
+        return segment.status();
+      }
+    }
+  } else {
+    block = TakeBestFit(size, stream, is_small);
+  }
   if (block == nullptr) {
     absl::StatusOr<Block*> segment = ReserveSegment(size, bytes, stream, is_small, reserve_limit);
     // At the limit, a small request may take a piece of a free large block rather than fail:
@@ -126,13 +145,16 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
   return reinterpret_cast<void*>(block->address);
 }
 
-CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is_small) {
+CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is_small,
+                                             size_t max_size) {
   FreeBlocks& free_blocks = FreeBlocksFor(is_small);
   Block key;
   key.stream = stream;
   key.size = size;
   auto it = free_blocks.lower_bound(&key);
-  if (it == free_blocks.end() || (*it)->stream != stream) return nullptr;
+  if (it == free_blocks.end() || (*it)->stream != stream || (*it)->size > max_size) {
+    return nullptr;
+  }
   Block* block = *it;
   free_blocks.erase(it);
   return block;

@@ -167,7 +167,9 @@ class CachingPool final : public MemoryResource {
 
   // All of the following need mutex_ held.
   FreeBlocks& FreeBlocksFor(bool is_small) { return is_small ? small_free_ : large_free_; }
-  Block* TakeBestFit(size_t size, Stream stream, bool is_small);
+  // The smallest free block of at least `size` bytes on `stream`, if it is at most `max_size`.
+  Block* TakeBestFit(size_t size, Stream stream, bool is_small,
+                     size_t max_size = std::numeric_limits<size_t>::max());
   absl::StatusOr<Block*> ReserveSegment(size_t block_size, size_t bytes, Stream stream,
                                         bool is_small, size_t reserve_limit);
   void FreeBlock(Block* block);

@@ -34,6 +34,7 @@ struct Stack {
   std::unique_ptr<StreamEvents> events = std::make_unique<HostStreamEvents>();
   std::vector<std::unique_ptr<MemoryResource>> layers;
   bool caches = false;
+  bool budgeted = false;  // a budget adaptor above the pool: its allocations carry a limit
   // The smallest block the stack hands out for a request, and how much larger it may be: the
   // pool does not split off large-pool remainders of <= 1 MiB, so such blocks keep them.
   size_t (*block_size)(size_t bytes) = nullptr;
@@ -104,6 +105,7 @@ std::vector<StackFactory> Factories() {
          auto* stats = stack->Push<StatisticsAdaptor>(budget);
          stack->Push<TracingAdaptor>(stats, 1024);
          stack->caches = true;
+         stack->budgeted = true;
          stack->block_size = RoundBlockSize;
          stack->segment_size = [](size_t block) { return SegmentSizeFor(block, true); };
          stack->block_slack = PoolSlack;
@@ -248,6 +250,25 @@ TEST_P(ConformanceTest, BlocksSplitAndCoalesce) {
   EXPECT_EQ(mr_->GetUsage().reserved_bytes, 2_MiB);
   mr_->Deallocate(whole, 1_MiB, kStreamA);
 
+  if (stack_->budgeted) {
+    // Under a budget a free block is split only when the budget leaves no room for a segment
+    // of the request's size: a block that fits without a split is taken whole, a smaller
+    // request gets a segment of its own (and a fully free segment can always be released).
+    void* first = MustAllocate(8_MiB, kStreamA);
+    mr_->Deallocate(first, 8_MiB, kStreamA);
+    void* close = MustAllocate(8_MiB - 512_KiB, kStreamA);
+    EXPECT_EQ(close, first);
+    void* x = MustAllocate(3_MiB, kStreamA);
+    EXPECT_EQ(mr_->GetUsage().reserved_bytes, 2_MiB + 8_MiB + 3_MiB);
+    mr_->Deallocate(close, 8_MiB - 512_KiB, kStreamA);
+    void* y = MustAllocate(5_MiB, kStreamA);
+    EXPECT_NE(y, first);
+    EXPECT_EQ(mr_->GetUsage().reserved_bytes, 2_MiB + 8_MiB + 3_MiB + 5_MiB);
+    mr_->Deallocate(x, 3_MiB, kStreamA);
+    mr_->Deallocate(y, 5_MiB, kStreamA);
+    EXPECT_EQ(mr_->EmptyCache(), 2_MiB + 16_MiB);
+    return;
+  }
   // Large pool: 3 and 5 MiB are carved from a cached 8 MiB block; 8 MiB reuses the merged space.
   const size_t reserved = 2_MiB + stack_->segment_size(8_MiB);
   void* first = MustAllocate(8_MiB, kStreamA);

@@ -178,10 +178,13 @@ TEST_F(DeviceAllocatorTest, PressureCallbackOnABadDeviceIsRefused) {
 }
 
 TEST_F(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
-  // `a` and `b` are carved from one cached 8 MiB segment, `b` after `a`.
+  // `a` and `b` are carved from one cached 8 MiB segment, `b` after `a`, with the budget
+  // lifted (under one the pool gives such blocks segments of their own size).
   actpack_free(actpack_alloc(8_MiB, 2, kStream), 8_MiB, 2, kStream);
+  FindDeviceAllocator(2)->budget().SetBudget(kNoReserveLimit);
   void* a = actpack_alloc(3_MiB, 2, kStream);
   void* b = actpack_alloc(4_MiB, 2, kStream);
+  FindDeviceAllocator(2)->budget().SetBudget(64_MiB);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   size_t size = 0;

@@ -191,6 +191,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kLossInput: return "log-probabilities of the loss";
     case KeepReason::kPolicyExact: return "exact: fits the budget";
     case KeepReason::kSavedInBackward: return "saved during backward (create_graph or recomputation)";
+    case KeepReason::kAwaitingBound: return "exact until its error bound is known (first step)";
   }
   return "";
 }
@@ -288,10 +289,21 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.params.codec = codecs::CodecId::kMask;
   } else if (record.assigned.automatic) {
     PlanAutomatic(info, record, plan);
-    if (profile && record.measured_step != step_index_) {
-      plan.measure = options_.ladder;
+    if ((profile || record.measured_step == UINT64_MAX) && record.measured_step != step_index_) {
+      plan.measure = record.codecs;
+      // With nothing to measure, identity still gives the data's mean square (error bounds).
+      if (plan.measure.empty() && options_.allowed_loss_increase > 0) {
+        plan.measure = {IdentityParams()};
+      }
       record.measured_step = step_index_;
       current_step_.profiled = true;
+    }
+  } else if (options_.allowed_loss_increase > 0 &&
+             record.assigned.params.codec == codecs::CodecId::kEb) {
+    PlanBoundedEb(record, plan);
+    if ((profile || record.measured_step == UINT64_MAX) && record.measured_step != step_index_) {
+      plan.measure = {plan.action == PackAction::kKeep ? IdentityParams() : plan.params};
+      record.measured_step = step_index_;
     }
   } else {
     plan.params = record.assigned.params;
@@ -305,41 +317,119 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     record.note = std::string(KeepReasonName(plan.reason));
     totals_.kept_bytes += bytes;
     current_step_.stored_bytes += bytes;
-    current_step_.automatic_bytes += bytes;
+    if (record.assigned.automatic) current_step_.automatic_bytes += bytes;
     return plan;
   }
   plan.params.seed = options_.seed + pack_counter_++;
   return plan;
 }
 
-int Session::HarshestCandidate(const SavedRecord& record) {
-  // The candidate with the smallest bytes (measured, else the codec's bound); 0 (exact) when
-  // the ladder is empty.
-  int choice = record.candidates.size() > 1 ? 1 : 0;
+int Session::HarshestCandidate(const SavedRecord& record) const {
+  // The allowed codec with the smallest bytes (measured, else the codec's bound); 0 (exact)
+  // when there is none.
+  int choice = 0;
   for (size_t i = 1; i < record.candidates.size(); ++i) {
-    if (record.candidates[i].bytes < record.candidates[choice].bytes) choice = static_cast<int>(i);
+    if (!Allowed(record, static_cast<int>(i))) continue;
+    if (choice == 0 || record.candidates[i].bytes < record.candidates[choice].bytes) {
+      choice = static_cast<int>(i);
+    }
   }
   return choice;
 }
 
-void Session::SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms) {
+bool Session::Allowed(const SavedRecord& record, int candidate) const {
+  // Exact always; eb at the bound by construction; the rest when measured within the cap. An
+  // unknown cap (the data not measured yet) rules nothing out: the first step's safe default.
+  if (candidate == 0 || candidate == record.bound_candidate) return true;
+  return record.candidates[candidate].error <= record.error_cap;
+}
+
+void Session::UpdateErrorBound(SavedRecord& record) {
+  const double e = options_.allowed_loss_increase;
+  if (e <= 0 || record.mean_square <= 0 || record.cap_version == gradients_version_) return;
+  // AC-GC: the loss rises by at most a fraction e over an exact step when every weight
+  // gradient's error stays within ||dg_W||^2 <= (e/2) ||g_W||^2. A layer y = x W^T (or a
+  // convolution, each input element reaching `fan` outputs per weight) has
+  // ||dg_W||^2 <= fan ||g_y||^2 ||dx||^2, so its saved input may carry a mean squared error
+  // dx^2 = e ||g_W||^2 / (2 numel fan ||g_y||^2); over the data's mean square, the cap. A
+  // tensor that is no such layer's input (an activation's, a norm's) passes its error on
+  // through the activation gradient, whose relative error it about equals: cap e/2.
+  record.error_cap = e / 2;
+  record.cap_source = "relative";
+  auto it = module_gradients_.find(record.module);
+  if (it != module_gradients_.end()) {
+    const ModuleGradients& g = it->second;
+    uint64_t numel = 1;
+    for (int64_t d : record.shape) numel *= static_cast<uint64_t>(d);
+    if (g.weight_sq > 0 && g.output_sq > 0 && g.fan > 0 && numel > 0 &&
+        std::isfinite(g.weight_sq) && std::isfinite(g.output_sq)) {
+      const double dx2 = e * g.weight_sq / (2.0 * static_cast<double>(numel) * g.fan * g.output_sq);
+      record.error_cap = dx2 / record.mean_square;
+      record.cap_source = "weight gradient";
+    }
+  }
+  record.cap_version = gradients_version_;
+  record.measured_step = UINT64_MAX;  // measure at the new bound
+  if (!record.assigned.automatic || codecs::FindCodec(codecs::CodecId::kEb) == nullptr) return;
+  // eb at the bound: every value within sqrt(cap * mean square), so the mean squared error
+  // is within the cap too.
+  const codecs::CodecParams params = BoundedEb(record);
+  const PolicyCandidate candidate{codecs::FormatCodecSpec(params), record.raw_bytes,
+                                  std::numeric_limits<double>::infinity()};
+  if (record.bound_candidate < 0) {
+    record.candidates.push_back(candidate);
+    record.codecs.push_back(params);
+    record.bound_candidate = static_cast<int>(record.candidates.size() - 1);
+  } else {
+    record.candidates[record.bound_candidate] = candidate;
+    record.codecs[record.bound_candidate - 1] = params;
+  }
+  absl::StatusOr<size_t> bound =
+      codecs::MaxEncodedSize({record.dtype, record.shape}, params);
+  if (bound.ok()) record.candidates[record.bound_candidate].bytes = *bound;
+}
+
+codecs::CodecParams Session::BoundedEb(const SavedRecord& record) {
+  codecs::CodecParams params;
+  params.codec = codecs::CodecId::kEb;
+  params.eb_mode = codecs::EbMode::kAbsolute;
+  params.error_bound = std::sqrt(record.error_cap * record.mean_square);
+  return params;
+}
+
+void Session::PlanBoundedEb(SavedRecord& record, PackPlan& plan) {
+  // A fixed eb in the error-bounded mode packs at the record's bound, exact until it is known.
+  UpdateErrorBound(record);
+  if (!std::isfinite(record.error_cap)) {
+    plan.action = PackAction::kKeep;
+    plan.reason = KeepReason::kAwaitingBound;
+    return;
+  }
+  plan.params = BoundedEb(record);
+}
+
+void Session::SetModuleGradients(const std::map<std::string, ModuleGradients>& gradients) {
   double sum = 0;
   size_t count = 0;
-  for (const auto& [module, norm] : squared_grad_norms) {
-    if (std::isfinite(norm) && norm > 0) {
-      sum += norm;
+  for (const auto& [module, g] : gradients) {
+    if (std::isfinite(g.params_sq) && g.params_sq > 0) {
+      sum += g.params_sq;
       ++count;
     }
   }
   absl::MutexLock lock(&mu_);
+  module_gradients_ = gradients;
+  ++gradients_version_;
   module_weight_.clear();
   if (count == 0) return;
   // A saved tensor's error reaches the gradients two ways: through its module's parameter
   // gradients (measured: the norm over the mean) and through the activation gradient passed
   // down (not measured: uniform). Both count half.
   const double mean = sum / static_cast<double>(count);
-  for (const auto& [module, norm] : squared_grad_norms) {
-    if (std::isfinite(norm) && norm > 0) module_weight_[module] = 0.5 + 0.5 * norm / mean;
+  for (const auto& [module, g] : gradients) {
+    if (std::isfinite(g.params_sq) && g.params_sq > 0) {
+      module_weight_[module] = 0.5 + 0.5 * g.params_sq / mean;
+    }
   }
 }
 
@@ -371,7 +461,7 @@ PackPlan Session::ReliefPlan(int record_index) {
   const int choice = HarshestCandidate(record);
   if (!record.assigned.automatic || choice == 0) return plan;  // kKeep: nothing to re-pack
   plan.action = PackAction::kPack;
-  plan.params = options_.ladder[choice - 1];
+  plan.params = record.codecs[choice - 1];
   plan.params.seed = options_.seed + pack_counter_++;
   plan.relief = true;
   return plan;
@@ -386,10 +476,16 @@ void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, Pa
       record.candidates.push_back({codecs::FormatCodecSpec(params),
                                    bound.ok() ? *bound : info.Bytes(),
                                    std::numeric_limits<double>::infinity()});
+      record.codecs.push_back(params);
     }
   }
+  UpdateErrorBound(record);
   int choice = record.choice;
-  if (options_.budget_bytes == 0) choice = 0;  // no budget, nothing to fit: exact
+  if (options_.budget_bytes == 0) {
+    // No budget, nothing to fit: exact; in the error-bounded mode, as small as the cap allows.
+    const bool bounded = options_.allowed_loss_increase > 0 && std::isfinite(record.error_cap);
+    choice = bounded ? HarshestCandidate(record) : 0;
+  }
   // Not planned yet, or out of memory mid-step: the safe default, the harshest codec.
   if (choice < 0 || (pressure_this_step_ && options_.budget_bytes > 0)) {
     choice = HarshestCandidate(record);
@@ -400,7 +496,7 @@ void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, Pa
     record.error = CodecMeasurement{};
     return;
   }
-  plan.params = options_.ladder[choice - 1];
+  plan.params = record.codecs[choice - 1];
 }
 
 absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInfo& info,
@@ -498,6 +594,9 @@ void Session::RecordMeasurement(int record_index, size_t index,
   absl::MutexLock lock(&mu_);
   if (record_index < 0 || static_cast<size_t>(record_index) >= records_.size()) return;
   SavedRecord& record = records_[record_index];
+  if (!measurement.exact && measurement.count > 0 && std::isfinite(measurement.squared_norm)) {
+    record.mean_square = measurement.squared_norm / static_cast<double>(measurement.count);
+  }
   if (!record.assigned.automatic) {
     record.error = measurement;
     return;
@@ -507,13 +606,15 @@ void Session::RecordMeasurement(int record_index, size_t index,
   // A codec that cannot encode the tensor leaves it exact: raw bytes, no error.
   candidate.bytes = measurement.exact ? record.raw_bytes : measurement.bytes;
   candidate.error = measurement.exact ? 0.0 : measurement.RelativeError();
-  if (record.codec == codecs::FormatCodecSpec(options_.ladder[index])) record.error = measurement;
+  if (record.codec == codecs::FormatCodecSpec(record.codecs[index])) record.error = measurement;
 }
 
 absl::Status Session::Replan(uint64_t peak_bytes) {
   // The policy's tensors of this step that have measured candidates are the items; the peak
   // minus what they held is the rest of the step. Tensors not measured yet stay as they are.
   std::vector<int> planned;
+  std::vector<std::vector<int>> allowed;  // per planned record, its candidates within the cap
+  uint64_t capped = 0;
   PolicyInput input;
   input.budget_bytes = options_.budget_bytes;
   input.headroom = options_.headroom;
@@ -526,19 +627,34 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
     const SavedRecord& record = records_[index];
     if (!record.assigned.automatic || record.candidates.empty()) continue;
     const int current = record.choice;
-    const bool measured = std::isfinite(record.candidates.back().error);
+    const bool measured =
+        std::all_of(record.candidates.begin(), record.candidates.end(),
+                    [](const PolicyCandidate& c) { return std::isfinite(c.error); });
     if (!measured) {
       unmeasured += record.candidates[std::max(current, 0)].bytes;
       continue;
     }
     planned.push_back(index);
-    input.items.push_back({record.candidates, WeightOf(record.module)});
+    PolicyItem item{{}, WeightOf(record.module)};
+    allowed.emplace_back();
+    for (size_t i = 0; i < record.candidates.size(); ++i) {
+      if (!Allowed(record, static_cast<int>(i))) {
+        ++capped;
+        continue;
+      }
+      allowed.back().push_back(static_cast<int>(i));
+      item.candidates.push_back(record.candidates[i]);
+    }
+    input.items.push_back(std::move(item));
   }
   input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
   if (planned.empty()) return absl::OkStatus();
   const PolicyPlan plan = SolvePolicy(input);
-  for (size_t i = 0; i < planned.size(); ++i) records_[planned[i]].choice = plan.choice[i];
+  for (size_t i = 0; i < planned.size(); ++i) {
+    records_[planned[i]].choice = allowed[i][plan.choice[i]];
+  }
   ++policy_.plans;
+  policy_.capped_candidates = capped;
   policy_.other_bytes = input.other_bytes;
   policy_.projected_peak = plan.projected_peak;
   policy_.feasible = plan.feasible;
@@ -555,8 +671,12 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
       " of activations; the smallest budget that would work is ",
       FormatBytes(plan.smallest_feasible_budget), " (with ",
-      static_cast<int>(std::lround(options_.headroom * 100)),
-      "% headroom), or use a smaller batch"));
+      static_cast<int>(std::lround(options_.headroom * 100)), "% headroom",
+      options_.allowed_loss_increase > 0
+          ? absl::StrCat(" and allowed_loss_increase=", options_.allowed_loss_increase,
+                         "; a larger allowed increase permits harsher codecs")
+          : std::string(),
+      "), or use a smaller batch"));
 }
 
 absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
@@ -644,6 +764,10 @@ json::Value Session::ActivationReport() const {
   policy.Set("sensitivity", module_weight_.empty() ? "uniform" : "gradient");
   policy.Set("pressure_events", policy_.pressure_events);
   policy.Set("relieved_bytes", policy_.relieved_bytes);
+  if (options_.allowed_loss_increase > 0) {
+    policy.Set("allowed_loss_increase", options_.allowed_loss_increase);
+    policy.Set("capped_candidates", policy_.capped_candidates);
+  }
   report.Set("policy", std::move(policy));
   report.Set("min_bytes", options_.min_bytes);
   report.Set("enabled", options_.enabled);
@@ -695,6 +819,13 @@ json::Value Session::ActivationReport() const {
     r.Set("reused", record.reused);
     if (!record.note.empty()) r.Set("note", record.note);
     if (record.error.count > 0) r.Set("error", ErrorJson(record.error));
+    if (std::isfinite(record.error_cap)) {
+      json::Value cap = json::Value::Object();
+      cap.Set("rel_rms", std::sqrt(record.error_cap));
+      cap.Set("rms", std::sqrt(record.error_cap * record.mean_square));
+      cap.Set("source", record.cap_source);
+      r.Set("error_cap", std::move(cap));
+    }
     if (record.assigned.automatic && !record.candidates.empty()) {
       json::Value candidates = json::Value::Array();
       for (size_t i = 0; i < record.candidates.size(); ++i) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,6 +78,12 @@ struct SessionOptions {
   int profile_every = 50;          // steps between re-measurements of the candidates
   std::vector<codecs::CodecParams> ladder = DefaultLadder();  // candidates besides exact
 
+  // The error-bounded mode (AC-GC): the loss may rise by at most this fraction over an exact
+  // step (0: off). Each packed tensor gets an error cap from its module's gradients (see
+  // ErrorCap in session.cc): an eb codec packs at exactly that bound, and the policy never
+  // picks a candidate whose measured error is above it.
+  double allowed_loss_increase = 0.0;
+
   // quant8, quant4, quant2, and division and eb where they are built in.
   static std::vector<codecs::CodecParams> DefaultLadder();
 };
@@ -127,7 +134,18 @@ enum class PackAction { kKeep, kReuse, kPack };
 // Why a tensor is kept as it is. Values are the report's strings.
 enum class KeepReason {
   kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
-  kSavedInBackward
+  kSavedInBackward, kAwaitingBound
+};
+
+// Gradient statistics of one module, measured by the plugin at the end of a backward pass.
+struct ModuleGradients {
+  double params_sq = 0.0;  // Σ ‖g‖² over the module's own parameters (the policy's sensitivity)
+  // For a layer whose weight gradient is linear in its saved input (Linear, ConvNd): ‖g_W‖² of
+  // its weight, ‖g_y‖² of its output, and the fan, how many outputs each input element reaches
+  // per weight (kernel area over stride product; 1 for Linear). 0 where not measured.
+  double weight_sq = 0.0;
+  double output_sq = 0.0;
+  double fan = 0.0;
 };
 
 class PackedTensor;
@@ -193,12 +211,23 @@ struct SavedRecord {
   uint64_t reused = 0;  // times a duplicate save reused an earlier copy
 
   // The codec the record's tensor gets: fixed, or chosen by the policy among `candidates`
-  // (index 0 is exact, then the ladder; bytes and error as last measured).
+  // (index 0 is exact, then `codecs`: the ladder, and in the error-bounded mode eb at the
+  // record's bound; bytes and error as last measured).
   CodecChoice assigned;
   std::vector<PolicyCandidate> candidates;
-  int choice = -1;  // -1: not planned yet (the safe default: the smallest ladder entry)
+  std::vector<codecs::CodecParams> codecs;  // candidates[i + 1]'s codec
+  int choice = -1;  // -1: not planned yet (the safe default: the harshest candidate)
   CodecMeasurement error;  // of the codec in use, as last measured
   uint64_t measured_step = UINT64_MAX;
+
+  // Error-bounded mode: the mean square of the data (from the last measurement, 0: unknown),
+  // the relative squared error allowed (infinite: no cap), where the cap came from
+  // ("weight gradient" or "relative"), and the gradient-statistics version it was set from.
+  double mean_square = 0.0;
+  double error_cap = std::numeric_limits<double>::infinity();
+  std::string cap_source;
+  uint64_t cap_version = UINT64_MAX;
+  int bound_candidate = -1;  // index into candidates of eb at the bound, -1: none yet
 };
 
 struct StepRecord {
@@ -222,6 +251,7 @@ struct PolicyState {
   double weighted_error = 0.0;
   uint64_t pressure_events = 0;    // times the allocator ran out of budget mid-step
   uint64_t relieved_bytes = 0;     // raw bytes of kept tensors re-packed under pressure
+  uint64_t capped_candidates = 0;  // candidates the error caps ruled out at the last plan
 };
 
 struct SessionTotals {
@@ -257,13 +287,14 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
-  // Sensitivity from gradient statistics: each module's squared parameter-gradient norm (the
-  // plugin measures them at the end of a backward pass). A module's weight-gradient error grows
-  // with the relative error of its saved input times its gradient's magnitude (ActNN, GACT), so
-  // the policy weighs a tensor's measured error by 1/2 + 1/2 * its module's norm over the mean
-  // of those given (the other half: the error passed down through the activation gradient,
-  // not measured). A tensor whose module (or nearest parent, by dotted name) has none weighs 1.
-  void SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms);
+  // Gradient statistics per module (the plugin measures them at the end of a backward pass).
+  // Sensitivity: a module's weight-gradient error grows with the relative error of its saved
+  // input times its gradient's magnitude (ActNN, GACT), so the policy weighs a tensor's
+  // measured error by 1/2 + 1/2 * its module's params_sq over the mean of those given (the
+  // other half: the error passed down through the activation gradient, not measured). A tensor
+  // whose module (or nearest parent, by dotted name) has none weighs 1. In the error-bounded
+  // mode the weight and output norms also set the error caps (ErrorCap in session.cc).
+  void SetModuleGradients(const std::map<std::string, ModuleGradients>& gradients);
 
   // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
   // policy's tensors with their harshest codec, and the policy plans again at the step's end.
@@ -300,7 +331,11 @@ class Session {
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static int HarshestCandidate(const SavedRecord& record);
+  int HarshestCandidate(const SavedRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Allowed(const SavedRecord& record, int candidate) const;
+  void UpdateErrorBound(SavedRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlanBoundedEb(SavedRecord& record, PackPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static codecs::CodecParams BoundedEb(const SavedRecord& record);
   void OnRelease(const PackedTensor& packed);
 
   const SessionOptions options_;
@@ -321,6 +356,8 @@ class Session {
   bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
   bool pressure_this_step_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, double> module_weight_ ABSL_GUARDED_BY(mu_);  // mean 1
+  std::map<std::string, ModuleGradients> module_gradients_ ABSL_GUARDED_BY(mu_);
+  uint64_t gradients_version_ ABSL_GUARDED_BY(mu_) = 0;  // SetModuleGradients calls
   double WeightOf(const std::string& module) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);

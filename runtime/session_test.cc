@@ -292,10 +292,10 @@ TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
   const uint64_t other = 1 << 20;
   for (const char* sensitive : {"head", "encoder.layer0"}) {
     Session session(AutoOptions(other + 62000), HostFactory());
-    std::map<std::string, double> norms = {{"encoder.layer0", 1.0}, {"encoder", 1.0},
-                                           {"head", 1.0}};
-    norms[sensitive] = 100.0;
-    session.SetModuleSensitivity(norms);
+    std::map<std::string, ModuleGradients> norms = {
+        {"encoder.layer0", {1.0}}, {"encoder", {1.0}}, {"head", {1.0}}};
+    norms[sensitive].params_sq = 100.0;
+    session.SetModuleGradients(norms);
     const uint64_t first = WarmUp(session, other);
     ASSERT_TRUE(session.EndStep(other + first).ok());
     RunStep(session);
@@ -317,7 +317,7 @@ TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
   }
   // encoder.layer1 has no weight of its own: its parent's, 1/2 + 1/2 * 2 / mean(2, 6).
   Session session(AutoOptions(10 << 20), HostFactory());
-  session.SetModuleSensitivity({{"encoder", 2.0}, {"head", 6.0}});
+  session.SetModuleGradients({{"encoder", {2.0}}, {"head", {6.0}}});
   RunStep(session);
   const json::Value report = session.ActivationReport();
   const json::Value& layer1 = report.Find("saved_tensors")->elements()[1];
@@ -372,6 +372,122 @@ TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
   EXPECT_EQ(records[1].codec, "quant4");
   EXPECT_EQ(records[2].codec, "kept");  // auto without a budget: nothing to fit, kept exact
   EXPECT_GT(records[0].error.count, 0u);  // profiled: the report carries the error
+}
+
+// Error-bounded mode (AC-GC). The mean square of RunStep's data (standard normal samples).
+double MeanSquare(const Saved& s) {
+  double sum = 0;
+  for (float v : s.values) sum += static_cast<double>(v) * v;
+  return sum / static_cast<double>(s.values.size());
+}
+
+TEST(SessionErrorBoundTest, FixedEbPacksAtTheBoundTheGradientsAllow) {
+  SessionOptions options = Options("eb");
+  options.allowed_loss_increase = 0.02;
+  Session session(options, HostFactory());
+  Saved fc = MakeSaved(64, 256, 300, 7);
+  fc.info.module = "fc";
+  Saved act = MakeSaved(64, 256, 301, 8);
+  act.info.module = "act";
+  // The first step keeps them exact and measures the data.
+  for (Saved* s : {&fc, &act}) {
+    PackPlan plan = session.Plan(s->info);
+    ASSERT_EQ(plan.action, PackAction::kKeep);
+    EXPECT_EQ(plan.reason, KeepReason::kAwaitingBound);
+    ASSERT_EQ(plan.measure.size(), 1u);
+    session.RecordMeasurement(plan.record, 0, Measure(*s, plan.measure[0]));
+  }
+  // fc is a layer y = x W^T: ||g_W||^2 = 4, ||g_y||^2 = 2.
+  session.SetModuleGradients({{"fc", {4.0, 4.0, 2.0, 1.0}}});
+  ASSERT_TRUE(session.EndStep().ok());
+  const double numel = 64 * 256;
+  const double fc_bound = std::sqrt(0.02 * 4.0 / (2 * numel * 1.0 * 2.0));
+  const double act_bound = std::sqrt(0.02 / 2 * MeanSquare(act));
+  for (auto [s, bound] : {std::pair{&fc, fc_bound}, std::pair{&act, act_bound}}) {
+    PackPlan plan = session.Plan(s->info);
+    ASSERT_EQ(plan.action, PackAction::kPack) << s->info.module;
+    EXPECT_EQ(plan.params.codec, codecs::CodecId::kEb);
+    EXPECT_EQ(plan.params.eb_mode, codecs::EbMode::kAbsolute);
+    EXPECT_NEAR(plan.params.error_bound, bound, bound * 1e-3) << s->info.module;
+    std::shared_ptr<PackedTensor> packed = *session.Pack(s->info, plan, s->view(), {});
+    std::vector<float> out(s->values.size());
+    ASSERT_TRUE(session.Unpack(*packed, {out.data(), codecs::DType::kFloat32, s->info.shape,
+                                         codecs::Device::kCpu}, {}).ok());
+    double squared_error = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double d = static_cast<double>(out[i]) - s->values[i];
+      EXPECT_LE(std::abs(d), bound * (1 + 1e-6));
+      squared_error += d * d;
+    }
+    EXPECT_LE(squared_error / numel, bound * bound);
+  }
+  const json::Value report = session.ActivationReport();
+  EXPECT_DOUBLE_EQ(report.Find("policy")->Find("allowed_loss_increase")->as_double(), 0.02);
+  const json::Value& first = report.Find("saved_tensors")->elements()[0];
+  EXPECT_EQ(first.Find("error_cap")->Find("source")->as_string(), "weight gradient");
+  EXPECT_NEAR(first.Find("error_cap")->Find("rms")->as_double(), fc_bound, fc_bound * 1e-3);
+  const json::Value& second = report.Find("saved_tensors")->elements()[1];
+  EXPECT_EQ(second.Find("error_cap")->Find("source")->as_string(), "relative");
+}
+
+TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
+  // A budget that quant2 everywhere would fit; a loss bound (cap e/2 = 0.5% relative squared
+  // error) that rules quant2 and quant4 out, leaving exact, quant8 and eb at the bound.
+  const uint64_t other = 1 << 20;
+  const uint64_t raw = 4u * 64 * 256 * 4;
+  SessionOptions options = AutoOptions(other + raw / 3);
+  options.allowed_loss_increase = 0.01;
+  Session session(options, HostFactory());
+  const uint64_t first = RunStep(session);
+  ASSERT_TRUE(session.EndStep(other + first).ok());
+  const uint64_t second = RunStep(session);
+  ASSERT_TRUE(session.EndStep(other + second).ok());
+  RunStep(session);
+  const std::vector<SavedRecord> records = session.Records();
+  for (const SavedRecord& record : records) {
+    ASSERT_TRUE(std::isfinite(record.error_cap));
+    EXPECT_DOUBLE_EQ(record.error_cap, 0.005);
+    ASSERT_GE(record.bound_candidate, 1);
+    ASSERT_GE(record.choice, 1) << "the budget needs every tensor packed";
+    const PolicyCandidate& chosen = record.candidates[record.choice];
+    EXPECT_LE(chosen.error, record.error_cap) << chosen.spec;
+    EXPECT_NE(record.codec, "quant2");
+    EXPECT_NE(record.codec, "quant4");
+  }
+  EXPECT_GT(session.Policy().capped_candidates, 0u);
+  EXPECT_TRUE(session.Policy().feasible);
+
+  // A budget only quant2 would fit: infeasible within the cap, and the message says so.
+  SessionOptions tight = AutoOptions(other + raw / 12);
+  tight.allowed_loss_increase = 0.01;
+  Session impossible(tight, HostFactory());
+  const uint64_t warm = RunStep(impossible);
+  ASSERT_TRUE(impossible.EndStep(other + warm).ok());
+  const uint64_t held = RunStep(impossible);
+  const absl::Status status = impossible.EndStep(other + held);
+  ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("allowed_loss_increase=0.01"), std::string::npos)
+      << status.message();
+}
+
+TEST(SessionErrorBoundTest, WithoutABudgetAutoPacksAsSmallAsTheCapAllows) {
+  SessionOptions options = AutoOptions(0);
+  options.allowed_loss_increase = 0.01;
+  Session session(options, HostFactory());
+  std::vector<PackAction> actions;
+  RunStep(session, &actions);
+  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));  // the bound is unknown
+  ASSERT_TRUE(session.EndStep().ok());
+  RunStep(session);  // measures eb at the bound
+  ASSERT_TRUE(session.EndStep().ok());
+  actions.clear();
+  const uint64_t held = RunStep(session, &actions);
+  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kPack));
+  EXPECT_LT(held * 2, 4u * 64 * 256 * 4);
+  for (const SavedRecord& record : session.Records()) {
+    EXPECT_LE(record.error.RelativeError(), record.error_cap) << record.codec;
+    EXPECT_NE(record.codec, "quant2");
+  }
 }
 
 TEST(SessionPolicyTest, GlobMatch) {

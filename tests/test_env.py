@@ -71,6 +71,8 @@ def test_budget_is_enforced_by_the_installed_allocator(tmp_path):
     ("budget=1GiB,codec=zstd", "unknown codec 'zstd'"),
     ("budget=1GiB,seed=x", "key 'seed' is 'x'"),
     ("budget", "'budget' is not key=value"),
+    ("budget=1GiB,codec=eb,allowed_loss_increase=lots", "key 'allowed_loss_increase' is 'lots'"),
+    ("budget=1GiB,codec=quant2,allowed_loss_increase=0.01", "does not apply to codec 'quant2'"),
 ])
 def test_malformed_values_stop_at_start_naming_the_key(tmp_path, conf, words):
     script = tmp_path / "train.py"

@@ -101,12 +101,22 @@ def test_an_impossible_budget_names_the_smallest_that_works(corpus):
 
 
 def test_planner_predicts_the_largest_batch(corpus, tmp_path):
+    check_planner_against_binary_search(corpus, tmp_path, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_planner_predicts_the_largest_batch_on_cuda(corpus, tmp_path):
+    """The same check on the GPU (tools/gpu_check.sh): peaks from the CUDA allocator in use."""
+    check_planner_against_binary_search(corpus, tmp_path, torch.device("cuda"))
+
+
+def check_planner_against_binary_search(corpus, tmp_path, device):
     torch.manual_seed(0)
-    model = demo.MODELS["cnn"](context=CONTEXT)
+    model = demo.MODELS["cnn"](context=CONTEXT).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(batch):
-        x, y = next(demo.batches(corpus, batch, CONTEXT, 0, torch.device("cpu")))
+        x, y = next(demo.batches(corpus, batch, CONTEXT, 0, device))
         F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

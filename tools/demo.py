@@ -116,7 +116,7 @@ def batches(corpus, batch, context, seed, device):
 
 
 def train(corpus, steps, batch, context, device, seed, budget=None, codec="quant2",
-          report=None, model_name="cnn"):
+          report=None, model_name="cnn", allowed_loss_increase=None):
     """Trains from a fixed seed; returns (losses, wall seconds, run report or None, model)."""
     torch.manual_seed(seed)
     model = MODELS[model_name](context=context).to(device)
@@ -140,7 +140,8 @@ def train(corpus, steps, batch, context, device, seed, budget=None, codec="quant
         for i in range(steps):
             losses.append(step())
     else:
-        with actpack.budget(budget, codec=codec, report=report, seed=seed) as run:
+        with actpack.budget(budget, codec=codec, report=report, seed=seed,
+                            allowed_loss_increase=allowed_loss_increase) as run:
             for i in range(steps):
                 losses.append(step())
     wall = time.perf_counter() - start
@@ -194,6 +195,8 @@ def main(argv=None):
                         help="batch sizes the planner profiles; 'none' skips planning")
     parser.add_argument("--snapshot", action="store_true",
                         help="put the allocator snapshot in the report (for actpack snapshot)")
+    parser.add_argument("--allowed-loss-increase", type=float, default=None,
+                        help="the error-bounded mode (with --codec eb or auto), e.g. 0.01")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
 
@@ -203,7 +206,9 @@ def main(argv=None):
     corpus = load_corpus()
     print(f"actpack demo: byte-level {args.model} language model on {corpus.numel() / 1e6:.1f} "
           f"MB of the Python standard library, {args.steps} steps, batch {args.batch}, context "
-          f"{args.context}, device {device}, codec {args.codec}")
+          f"{args.context}, device {device}, codec {args.codec}"
+          + (f", allowed loss increase {args.allowed_loss_increase}"
+             if args.allowed_loss_increase else ""))
 
     actpack.empty_cache(device.type)
     actpack.reset_peak_memory_stats(device.type)
@@ -217,8 +222,8 @@ def main(argv=None):
           + ("" if args.budget else " (60% of plain's peak: plain training does not fit)"))
 
     actpack.empty_cache(device.type)
-    with actpack.budget(budget, codec=args.codec, seed=args.seed,
-                        snapshot=args.snapshot) as run:
+    with actpack.budget(budget, codec=args.codec, seed=args.seed, snapshot=args.snapshot,
+                        allowed_loss_increase=args.allowed_loss_increase) as run:
         torch.manual_seed(args.seed)
         model = MODELS[args.model](context=args.context).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <cmath>
+#include <tuple>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -220,7 +221,8 @@ class PySession {
   // `codec` is "auto" or a codec spec; `rules` maps module-name globs to either.
   PySession(const std::string& codec, const std::vector<std::pair<std::string, std::string>>& rules,
             int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes, double headroom,
-            int64_t profile_every, const std::vector<std::string>& ladder) {
+            int64_t profile_every, const std::vector<std::string>& ladder,
+            double allowed_loss_increase) {
     runtime::SessionOptions options;
     options.codec = ChoiceOrThrow(codec);
     for (const auto& [pattern, spec] : rules) {
@@ -238,6 +240,11 @@ class PySession {
     options.budget_bytes = static_cast<uint64_t>(budget_bytes);
     options.headroom = headroom;
     options.profile_every = static_cast<int>(std::min<int64_t>(profile_every, 1 << 30));
+    TORCH_CHECK_VALUE(std::isfinite(allowed_loss_increase) && allowed_loss_increase >= 0.0 &&
+                          allowed_loss_increase < 1.0,
+                      "actpack: allowed_loss_increase must be a fraction in (0, 1) (0: off), got ",
+                      allowed_loss_increase);
+    options.allowed_loss_increase = allowed_loss_increase;
     if (!ladder.empty()) {
       options.ladder.clear();
       for (const std::string& spec : ladder) {
@@ -300,8 +307,14 @@ class PySession {
     return Restore(output, h.layout);
   }
 
-  void SetModuleSensitivity(const std::map<std::string, double>& squared_grad_norms) {
-    session_->SetModuleSensitivity(squared_grad_norms);
+  // {module: (Σ‖g‖² of its parameters, ‖g_W‖² of its weight, ‖g_y‖² of its output, fan)}.
+  void SetModuleGradients(
+      const std::map<std::string, std::tuple<double, double, double, double>>& gradients) {
+    std::map<std::string, runtime::ModuleGradients> converted;
+    for (const auto& [module, g] : gradients) {
+      converted[module] = {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g)};
+    }
+    session_->SetModuleGradients(converted);
   }
 
   // The allocator's pressure callback: the rest of the step packs harsh, and tensors the policy
@@ -510,16 +523,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<PySession>(m, "Session")
       .def(py::init<const std::string&, const std::vector<std::pair<std::string, std::string>>&,
                     int64_t, uint64_t, bool, int64_t, double, int64_t,
-                    const std::vector<std::string>&>(),
+                    const std::vector<std::string>&, double>(),
            py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
            py::arg("min_bytes") = 64 * 1024, py::arg("seed") = 0, py::arg("enabled") = true,
            py::arg("budget_bytes") = 0, py::arg("headroom") = 0.05, py::arg("profile_every") = 50,
-           py::arg("ladder") = std::vector<std::string>{})
+           py::arg("ladder") = std::vector<std::string>{},
+           py::arg("allowed_loss_increase") = 0.0)
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
       .def("relieve", &PySession::Relieve, py::arg("needed"))
-      .def("set_module_sensitivity", &PySession::SetModuleSensitivity,
-           py::arg("squared_grad_norms"))
+      .def("set_module_gradients", &PySession::SetModuleGradients, py::arg("gradients"))
       .def("end_step", &PySession::EndStep, py::arg("peak_bytes") = 0,
            py::arg("reserved_bytes") = 0)
       .def("policy", &PySession::Policy)

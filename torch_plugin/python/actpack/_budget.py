@@ -67,6 +67,15 @@ class budget:
         profile_every: steps between re-measurements of each codec's error and size.
         snapshot: put the allocator's snapshot (segments and trace) into the report, for
             `actpack snapshot run.json -o snap.pickle`.
+        allowed_loss_increase: the error-bounded mode (AC-GC): a fraction such as 0.01, the
+            most the loss may rise over an exact step. Each saved tensor gets an error cap
+            from its module's gradients (a Linear's or convolution's input from the norms of
+            its weight and output gradients, any other tensor a relative cap of
+            allowed_loss_increase / 2), refreshed on the first steps and every profile_every.
+            With codec="eb" every tensor is packed by eb at its bound (the first step exact,
+            while the bounds are measured); with "auto" the policy never picks a codec whose
+            measured error is over the cap and adds eb at the bound to its candidates. When no
+            plan within the caps fits the budget, the error says so.
 
     The step's peak is measured by actpack's allocator: on CPU the context installs it (when
     it is not installed yet) and enforces the budget from the second step on; on CUDA install
@@ -86,16 +95,19 @@ class budget:
     """
 
     def __init__(self, limit, codec="auto", report=None, min_bytes="64KiB", seed=0,
-                 enabled=True, headroom=0.15, profile_every=50, snapshot=False):
+                 enabled=True, headroom=0.15, profile_every=50, snapshot=False,
+                 allowed_loss_increase=None):
         self._budget = parse_budget(limit)
         default, rules = _codec_rules(codec)
+        self._loss_bound = _check_loss_bound(allowed_loss_increase, default, rules)
         # 0 packs every saved tensor, however small.
         if not (isinstance(min_bytes, int) and not isinstance(min_bytes, bool) and min_bytes == 0):
             min_bytes = parse_size(min_bytes)
         self._memory = _PeakMeter(self._budget)
         self._session = _C.Session(codec=default, rules=rules, min_bytes=min_bytes, seed=int(seed),
                                    enabled=bool(enabled), budget_bytes=self._memory.budget_bytes,
-                                   headroom=float(headroom), profile_every=int(profile_every))
+                                   headroom=float(headroom), profile_every=int(profile_every),
+                                   allowed_loss_increase=self._loss_bound)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._snapshot = bool(snapshot)
         self._report_path = os.fspath(report) if report is not None else None
@@ -135,11 +147,13 @@ class budget:
     def _end_step(self):
         self._end_of_backward_queued = False
         self._check_compiled()
-        # Gradient statistics weigh each module's codec error (the policy's sensitivity), on
-        # the steps whose end may re-plan from new measurements.
-        if _automatic(self._codec) and (self._steps < 3 or self._steps % self._profile_every == 0):
-            self._session.set_module_sensitivity(self._modules.squared_grad_norms())
+        # Gradient statistics weigh each module's codec error (the policy's sensitivity) and set
+        # the error caps, on the steps whose end may re-plan from new measurements.
+        if self._statistics_step(self._steps):
+            self._session.set_module_gradients(self._modules.gradient_statistics())
         self._steps += 1
+        # The next step's output gradients, for the error caps.
+        self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(self._steps)
         plans = self._session.policy()["plans"]
         # Raises when no plan fits the budget.
         self._session.end_step(*self._memory.step_peaks())
@@ -150,6 +164,10 @@ class budget:
         if replanned or not _automatic(self._codec):
             self._memory.enforce()
 
+    def _statistics_step(self, step):
+        wanted = _automatic(self._codec) or self._loss_bound > 0
+        return wanted and (step < 3 or step % self._profile_every == 0)
+
     @_eager
     def __enter__(self):
         self._started = time.perf_counter()
@@ -158,6 +176,7 @@ class budget:
             # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
             self._memory.watch_pressure(self._session.relieve)
         self._modules.start()
+        self._modules.watch_outputs = self._loss_bound > 0
         self._hooks.__enter__()
         return self.run
 
@@ -220,6 +239,7 @@ class budget:
             "budget": self._budget["text"],
             "budget_bytes": budget_bytes,
             "codec": self._codec,
+            "allowed_loss_increase": self._loss_bound or None,
             "peak_allocated_bytes": self._memory.run_allocated_peak,
             "peak_reserved_bytes": peak,
             "wall_seconds": wall_seconds,
@@ -247,6 +267,21 @@ def _rank_path(path):
         root, ext = os.path.splitext(path)
         return f"{root}.rank{rank}{ext}"
     return path
+
+
+def _check_loss_bound(value, default, rules):
+    """allowed_loss_increase as a float (0.0: off), checked against the codecs it applies to."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError("actpack.budget: allowed_loss_increase is the fraction the loss may rise "
+                         f"over an exact step, in (0, 1) (e.g. 0.01), got {value!r}")
+    for spec in [default] + [codec for _, codec in rules]:
+        if spec not in ("auto", "eb"):
+            raise ValueError("actpack.budget: allowed_loss_increase sets the error bounds of "
+                             "'eb' and the caps of 'auto'; it does not apply to codec "
+                             f"{spec!r} (use 'eb' or 'auto', or leave allowed_loss_increase out)")
+    return float(value)
 
 
 def _automatic(codec):
@@ -282,23 +317,38 @@ class _ModuleTracker:
         self._handles = []
         self.modules = {}  # name -> module, as seen running
         self.compiled = False  # torch.compile'd code ran: modules inside it are not seen
+        # Record ||g_y||^2 of Linear and convolution outputs in this step's backward.
+        self.watch_outputs = False
+        self._output_norms = []  # (name, 0-d tensor), filled by the output-gradient hooks
 
-    def squared_grad_norms(self):
-        """{module name: squared norm of its own parameters' gradients}, for those with any."""
-        names, grads = [], []
+    def gradient_statistics(self):
+        """{module name: (sum of its own parameters' squared gradient norms, ||g_W||^2 of its
+        weight, ||g_y||^2 of its output, fan)} for modules with parameter gradients (runtime
+        ModuleGradients); the output norm is 0 unless watched, the fan 0 unless a Linear or a
+        convolution."""
+        names, grads = [], []  # (name, is the weight) and the gradients
         for name, module in self.modules.items():
             for p in module.parameters(recurse=False):
                 if p.grad is not None and not p.grad.is_sparse:
-                    names.append(name)
+                    names.append((name, p is getattr(module, "weight", None)))
                     grads.append(p.grad.detach())
+        outputs, self._output_norms = self._output_norms, []
         if not grads:
             return {}
-        norms = torch._foreach_norm(grads)
-        norms = torch.stack([n.to(norms[0].device) for n in norms]).tolist()  # one sync
-        result = {}
-        for name, norm in zip(names, norms):
-            result[name] = result.get(name, 0.0) + float(norm) ** 2
-        return result
+        values = [n.reshape(()) for n in torch._foreach_norm(grads)]
+        values += [norm.reshape(()) for _, norm in outputs]
+        device = values[0].device
+        values = torch.stack([v.to(device, torch.float64) for v in values]).tolist()  # one sync
+        stats = {}
+        for (name, is_weight), norm in zip(names, values):
+            entry = stats.setdefault(name, [0.0, 0.0, 0.0, _fan(self.modules[name])])
+            entry[0] += norm ** 2
+            if is_weight:
+                entry[1] = norm ** 2
+        for (name, _), norm in zip(outputs, values[len(names):]):
+            if name in stats:
+                stats[name][2] += norm ** 2
+        return {name: tuple(entry) for name, entry in stats.items()}
 
     def start(self):
         hooks = torch.nn.modules.module
@@ -311,6 +361,7 @@ class _ModuleTracker:
         self._handles = []
         self._stack.clear()
         self.modules.clear()
+        self._output_norms.clear()
 
     def current(self):
         return self._stack[-1][1] if self._stack else ""
@@ -341,15 +392,44 @@ class _ModuleTracker:
             return
         # Pop down to this module (a forward that raised may have left children behind).
         while self._stack:
-            top, _ = self._stack.pop()
+            top, name = self._stack.pop()
             if top is module:
+                if self.watch_outputs and _fan(module) > 0:
+                    self._watch_output(name, output)
                 break
+
+    def _watch_output(self, name, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
+            def record(grad, name=name):
+                # A norm, not a sum of squares: no gradient-sized temporary in backward.
+                self._output_norms.append((name, torch.linalg.vector_norm(grad.detach(),
+                                                                          dtype=torch.float32)))
+            output.register_hook(record)
+
+
+def _fan(module):
+    """Outputs each input element reaches per weight: 1 for Linear, kernel area over stride
+    product for a convolution; 0 for other modules (no such bound)."""
+    if isinstance(module, torch.nn.Linear):
+        return 1.0
+    if isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed:
+        area = 1
+        for k in module.kernel_size:
+            area *= k
+        step = 1
+        for s in module.stride:
+            step *= s
+        return area / step
+    return 0.0
 
 
 def _is_compiled(module):
     """A module wrapped by torch.compile (there is none before torch._dynamo is imported)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+
+
+_UNCAPPED = 1 << 62  # a reserve limit that never binds
 
 
 class _PeakMeter:
@@ -390,6 +470,11 @@ class _PeakMeter:
                 self._installed_here = True
             self._previous_cap = self._mem.memory_budget("cpu")
             self._capped = self._previous_cap is not None
+            if not self._capped:
+                # No cap until the first plan, but segments laid out as under one from the
+                # start: mid-size blocks in shared 20 MiB segments would strand their free
+                # tails under the cap later (caching_pool.h, SegmentSizeFor).
+                self._mem.set_cpu_budget(_UNCAPPED)
             self.release_cache()
         # What ran before the budget is not the run's.
         self.run_peak = self.run_allocated_peak = None

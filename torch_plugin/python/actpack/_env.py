@@ -1,6 +1,7 @@
 """Activation from the environment: ACTPACK_CONF enables actpack for an unmodified script.
 
     ACTPACK_CONF="budget=6GiB,codec=quant2,report=run.json" python train.py
+    ACTPACK_CONF="budget=6GiB,codec=eb,allowed_loss_increase=0.01" python train.py
 
 The file actpack-env.pth, installed beside the package, calls activate_from_env() at
 interpreter start only when ACTPACK_CONF is set (otherwise it imports nothing). Activation
@@ -13,7 +14,8 @@ import atexit
 import os
 import sys
 
-KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator"]
+KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator",
+        "allowed_loss_increase"]
 _ALLOCATORS = ("auto", "cpu", "cuda", "none")
 _active = None
 
@@ -42,6 +44,13 @@ def _parse(text):
                 except ValueError:
                     raise ValueError(f"actpack: ACTPACK_CONF: key 'seed' is '{value}'; expected "
                                      "an integer") from None
+    if "allowed_loss_increase" in options:
+        value = options["allowed_loss_increase"]
+        try:
+            options["allowed_loss_increase"] = float(value)
+        except ValueError:
+            raise ValueError("actpack: ACTPACK_CONF: key 'allowed_loss_increase' is "
+                             f"'{value}'; expected a fraction such as 0.01") from None
     return options
 
 
