@@ -430,6 +430,11 @@ TEST(SessionErrorBoundTest, FixedEbPacksAtTheBoundTheGradientsAllow) {
   EXPECT_EQ(second.Find("error_cap")->Find("source")->as_string(), "relative");
 }
 
+// One step, ended with a peak of `other` bytes besides what its saved tensors held.
+absl::Status StepWithPeak(Session& session, uint64_t other) {
+  return session.EndStep(other + RunStep(session));
+}
+
 TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
   // A budget that quant2 everywhere would fit; a loss bound (cap e/2 = 0.5% relative squared
   // error) that rules quant2 and quant4 out, leaving exact, quant8 and eb at the bound.
@@ -438,10 +443,8 @@ TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
   SessionOptions options = AutoOptions(other + raw / 3);
   options.allowed_loss_increase = 0.01;
   Session session(options, HostFactory());
-  const uint64_t first = RunStep(session);
-  ASSERT_TRUE(session.EndStep(other + first).ok());
-  const uint64_t second = RunStep(session);
-  ASSERT_TRUE(session.EndStep(other + second).ok());
+  ASSERT_TRUE(StepWithPeak(session, other).ok());
+  ASSERT_TRUE(StepWithPeak(session, other).ok());
   RunStep(session);
   const std::vector<SavedRecord> records = session.Records();
   for (const SavedRecord& record : records) {
@@ -461,10 +464,8 @@ TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
   SessionOptions tight = AutoOptions(other + raw / 12);
   tight.allowed_loss_increase = 0.01;
   Session impossible(tight, HostFactory());
-  const uint64_t warm = RunStep(impossible);
-  ASSERT_TRUE(impossible.EndStep(other + warm).ok());
-  const uint64_t held = RunStep(impossible);
-  const absl::Status status = impossible.EndStep(other + held);
+  ASSERT_TRUE(StepWithPeak(impossible, other).ok());
+  const absl::Status status = StepWithPeak(impossible, other);
   ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find("allowed_loss_increase=0.01"), std::string::npos)
       << status.message();

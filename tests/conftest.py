@@ -15,3 +15,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def cpu_allocator():
+    """actpack's CPU allocator from before the model is built: a budget counts everything."""
+    import actpack
+    installed = actpack.cpu_allocator_installed()
+    actpack.install_cpu_allocator()
+    yield
+    if not installed:
+        actpack.uninstall_cpu_allocator()

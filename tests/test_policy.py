@@ -21,13 +21,7 @@ def corpus():
     return demo.load_corpus()
 
 
-@pytest.fixture(autouse=True)
-def cpu_allocator():
-    installed = actpack.cpu_allocator_installed()
-    actpack.install_cpu_allocator()
-    yield
-    if not installed:
-        actpack.uninstall_cpu_allocator()
+pytestmark = pytest.mark.usefixtures("cpu_allocator")
 
 
 def plain_peak(corpus, model_name, batch, steps=3):

@@ -429,9 +429,6 @@ def _is_compiled(module):
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
-_UNCAPPED = 1 << 62  # a reserve limit that never binds
-
-
 class _PeakMeter:
     """The memory side of a budget: installs and reads the allocator, enforces the cap."""
 
@@ -470,11 +467,6 @@ class _PeakMeter:
                 self._installed_here = True
             self._previous_cap = self._mem.memory_budget("cpu")
             self._capped = self._previous_cap is not None
-            if not self._capped:
-                # No cap until the first plan, but segments laid out as under one from the
-                # start: mid-size blocks in shared 20 MiB segments would strand their free
-                # tails under the cap later (caching_pool.h, SegmentSizeFor).
-                self._mem.set_cpu_budget(_UNCAPPED)
             self.release_cache()
         # What ran before the budget is not the run's.
         self.run_peak = self.run_allocated_peak = None
