@@ -282,14 +282,20 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     }
     dedup_.erase(it);
   }
-  const bool profile = step_index_ % static_cast<uint64_t>(std::max(1, options_.profile_every)) == 0 ||
-                       record.measured_step == UINT64_MAX;
+  // Measured on profile steps and when never measured (or its error bound changed while this
+  // tensor was planned), once per step. A call: planning may reset measured_step.
+  const auto profile = [&] {
+    const bool due =
+        step_index_ % static_cast<uint64_t>(std::max(1, options_.profile_every)) == 0 ||
+        record.measured_step == UINT64_MAX;
+    return due && record.measured_step != step_index_;
+  };
   plan.action = PackAction::kPack;
   if (mask) {
     plan.params.codec = codecs::CodecId::kMask;
   } else if (record.assigned.automatic) {
     PlanAutomatic(info, record, plan);
-    if ((profile || record.measured_step == UINT64_MAX) && record.measured_step != step_index_) {
+    if (profile()) {
       plan.measure = record.codecs;
       // With nothing to measure, identity still gives the data's mean square (error bounds).
       if (plan.measure.empty() && options_.allowed_loss_increase > 0) {
@@ -301,13 +307,13 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   } else if (options_.allowed_loss_increase > 0 &&
              record.assigned.params.codec == codecs::CodecId::kEb) {
     PlanBoundedEb(record, plan);
-    if ((profile || record.measured_step == UINT64_MAX) && record.measured_step != step_index_) {
+    if (profile()) {
       plan.measure = {plan.action == PackAction::kKeep ? IdentityParams() : plan.params};
       record.measured_step = step_index_;
     }
   } else {
     plan.params = record.assigned.params;
-    if (profile && record.measured_step != step_index_) {
+    if (profile()) {
       plan.measure = {plan.params};
       record.measured_step = step_index_;
     }
@@ -359,8 +365,7 @@ void Session::UpdateErrorBound(SavedRecord& record) {
   auto it = module_gradients_.find(record.module);
   if (it != module_gradients_.end()) {
     const ModuleGradients& g = it->second;
-    uint64_t numel = 1;
-    for (int64_t d : record.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t numel = codecs::TensorSpec{record.dtype, record.shape}.numel();
     if (g.weight_sq > 0 && g.output_sq > 0 && g.fan > 0 && numel > 0 &&
         std::isfinite(g.weight_sq) && std::isfinite(g.output_sq)) {
       const double dx2 = e * g.weight_sq / (2.0 * static_cast<double>(numel) * g.fan * g.output_sq);
@@ -393,8 +398,12 @@ codecs::CodecParams Session::BoundedEb(const SavedRecord& record) {
   codecs::CodecParams params;
   params.codec = codecs::CodecId::kEb;
   params.eb_mode = codecs::EbMode::kAbsolute;
-  params.error_bound = std::sqrt(record.error_cap * record.mean_square);
+  params.error_bound = AllowedRms(record);
   return params;
+}
+
+double Session::AllowedRms(const SavedRecord& record) {
+  return std::sqrt(record.error_cap * record.mean_square);
 }
 
 void Session::PlanBoundedEb(SavedRecord& record, PackPlan& plan) {
@@ -822,7 +831,7 @@ json::Value Session::ActivationReport() const {
     if (std::isfinite(record.error_cap)) {
       json::Value cap = json::Value::Object();
       cap.Set("rel_rms", std::sqrt(record.error_cap));
-      cap.Set("rms", std::sqrt(record.error_cap * record.mean_square));
+      cap.Set("rms", AllowedRms(record));
       cap.Set("source", record.cap_source);
       r.Set("error_cap", std::move(cap));
     }

@@ -335,7 +335,9 @@ class Session {
   bool Allowed(const SavedRecord& record, int candidate) const;
   void UpdateErrorBound(SavedRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlanBoundedEb(SavedRecord& record, PackPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // eb at the record's bound; the bound: the rms error its cap allows.
   static codecs::CodecParams BoundedEb(const SavedRecord& record);
+  static double AllowedRms(const SavedRecord& record);
   void OnRelease(const PackedTensor& packed);
 
   const SessionOptions options_;

@@ -1,6 +1,7 @@
 """The memory-budget context: saved_tensors_hooks backed by the C++ session."""
 import functools
 import json
+import math
 import os
 import platform
 import sys
@@ -413,13 +414,7 @@ def _fan(module):
     if isinstance(module, torch.nn.Linear):
         return 1.0
     if isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed:
-        area = 1
-        for k in module.kernel_size:
-            area *= k
-        step = 1
-        for s in module.stride:
-            step *= s
-        return area / step
+        return math.prod(module.kernel_size) / math.prod(module.stride)
     return 0.0
 
 
