@@ -61,11 +61,22 @@ def actpack_cc_benchmark(name, deps = [], copts = [], tags = [], **kwargs):
     )
 
 def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
-    """Compiles .cu sources with nvcc when --config=cuda is on; an empty library otherwise.
+    """The CUDA kernels of `srcs`: nvcc objects under --config=cuda, the same sources compiled
+    as host C++ for the emulator under --config=cudaemu, an empty library otherwise.
 
-    The objects are position independent so they link into tests and the Python extension.
+    The nvcc objects are position independent so they link into tests and the Python extension.
+    Under the emulator each .cu is copied to a .cc that starts with a #line directive, so that
+    diagnostics, __FILE__ and coverage name the .cu file; `__CUDA_ARCH__` is defined, so shared
+    headers take their device branches, as nvcc's device pass does.
     """
+    native.cc_library(
+        name = name + "_headers",
+        hdrs = hdrs,
+        deps = deps,
+        visibility = ["//visibility:private"],
+    )
     objects = []
+    emulated = []
     for src in srcs:
         obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
         native.genrule(
@@ -77,15 +88,42 @@ def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
             tags = ["cuda", "manual"],  # built only through the select() below
         )
         objects.append(obj)
+        copy = name + "_emulated/" + src + ".cc"
+        native.genrule(
+            name = name + "_emulated_" + src.replace("/", "_"),
+            srcs = [src],
+            outs = [copy],
+            cmd = "(echo '#line 1 \"%s/%s\"'; cat $<) > $@" % (native.package_name(), src),
+            tags = ["manual"],
+        )
+        emulated.append(copy)
+    native.cc_library(
+        name = name + "_emulated",
+        srcs = emulated,
+        copts = ACTPACK_COPTS + select({
+            "//third_party:cudaemu_race": ["-fsanitize=thread"],
+            "//third_party:cudaemu_coverage": ["--coverage"],
+            "//conditions:default": [],
+        }),
+        linkopts = select({
+            "//third_party:cudaemu_coverage": ["--coverage"],
+            "//conditions:default": [],
+        }),
+        local_defines = ["ACTPACK_WITH_CUDA=1", "__CUDA_ARCH__=900"],
+        deps = [":" + name + "_headers", "//testing/cudaemu:cudart"],
+        tags = ["manual"],
+        visibility = ["//visibility:private"],
+    )
     cc_library(
         name = name,
         srcs = select({
+            "//third_party:cudaemu_enabled": [],
             "//third_party:cuda_enabled": objects,
             "//conditions:default": [],
         }),
-        hdrs = hdrs,
-        deps = deps + select({
-            "//third_party:cuda_enabled": ["@cuda//:cudart"],
+        deps = [":" + name + "_headers"] + select({
+            "//third_party:cudaemu_enabled": [":" + name + "_emulated"],
+            "//third_party:cuda_enabled": ["//third_party:cudart"],
             "//conditions:default": [],
         }),
         **kwargs

@@ -1,0 +1,65 @@
+// cudaemu's control surface for tests: the emulated machine's shape and what it did.
+//
+// The defaults come from the environment, so a whole test binary runs on another machine
+// shape without code changes:
+//   CUDAEMU_DEVICES=N             devices (default 2)
+//   CUDAEMU_DEVICE_MEMORY=BYTES   memory per device, with an optional K/M/G suffix (default 8G)
+//   CUDAEMU_SCHEDULE=forward|reverse|random:SEED
+//                                 the order threads and blocks run in, and (random) the order
+//                                 in which independent streams make progress (default forward)
+//   CUDAEMU_STREAMS=deferred|eager
+//                                 deferred (default): work runs when something waits for it or
+//                                 a query nudges its stream; eager: at once, as the prototype did
+//
+// Example:
+//   cudaemu::SetDeviceMemory(0, 64 << 20);     // cudaMalloc fails past 64 MiB on device 0
+//   kernel<<<...>>>;                            // queued, not run
+//   EXPECT_EQ(cudaemu::PendingOperations(stream), 1u);
+//   cudaStreamSynchronize(stream);              // runs it
+#ifndef CUDAEMU_CONTROL_H_
+#define CUDAEMU_CONTROL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda_runtime_api.h"
+
+namespace cudaemu {
+
+// The memory of `device`: cudaMalloc fails with cudaErrorMemoryAllocation once the allocations
+// (rounded up to the allocation granularity) plus the context's share would pass it.
+void SetDeviceMemory(int device, size_t bytes);
+
+// Memory the emulated CUDA context holds on `device` (cuBLAS workspaces, the context itself):
+// counted as used by cudaMemGetInfo and against the device memory, outside any allocator.
+void SetContextMemory(int device, size_t bytes);
+
+// cudaMalloc charges whole multiples of this (the driver maps device memory in pages); 2 MiB.
+inline constexpr size_t kAllocationGranularity = size_t{2} << 20;
+
+// Bytes cudaMalloc has charged on `device` (allocations rounded to the granularity).
+size_t DeviceAllocatedBytes(int device);
+
+// Operations queued on `stream` that have not run yet.
+size_t PendingOperations(cudaStream_t stream);
+
+// Runs the oldest queued operation of `stream` (and what it waits for); false when none.
+bool RunOne(cudaStream_t stream);
+
+// Kernels queued and kernels executed since the process started.
+uint64_t KernelsLaunched();
+uint64_t KernelsExecuted();
+
+// The schedule in force, as CUDAEMU_SCHEDULE spells it ("forward", "reverse", "random:7").
+std::string ScheduleName();
+
+// Sets the schedule for the launches that follow (tests of the emulator itself).
+void SetSchedule(const std::string& spelling);
+
+// Whether this binary runs the race checker (kernels built with --config=cudaemu_race).
+bool RaceCheckerActive();
+
+}  // namespace cudaemu
+
+#endif  // CUDAEMU_CONTROL_H_

@@ -1,0 +1,88 @@
+// What the parts of cudaemu share: the runtime (memory, streams), the executor (fibers,
+// barriers, collectives) and the race checker.
+#ifndef CUDAEMU_INTERNAL_H_
+#define CUDAEMU_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cudaemu/device.h"
+
+namespace cudaemu::internal {
+
+// Everything the emulator does happens under this lock: one host thread at a time drives the
+// emulated devices, and one kernel runs at a time.
+std::recursive_mutex& DeviceLock();
+
+// Prints "cudaemu: <message>" and aborts: what a GPU would report as a launch failure or
+// leave undefined. Tests of such failures are death tests.
+[[noreturn]] void Fatal(const std::string& message);
+
+// ---- memory (runtime.cc) ----
+
+struct Allocation {
+  uintptr_t base = 0;
+  size_t size = 0;   // as requested
+  int device = -1;   // -1: pinned host memory
+};
+
+// The allocation (device or pinned host) holding [address, address + bytes), if any.
+bool FindAllocation(uintptr_t address, size_t bytes, Allocation* found);
+
+// The live allocation nearest below `address` (for messages about out-of-bounds accesses).
+bool NearestAllocationBelow(uintptr_t address, Allocation* found);
+
+// ---- the schedule (runtime.cc) ----
+
+enum class ScheduleKind { kForward, kReverse, kRandom };
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::kForward;
+  uint64_t seed = 0;
+};
+const Schedule& CurrentSchedule();
+
+// ---- kernels (executor.cc) ----
+
+struct KernelLaunch {
+  const char* name = "";
+  dim3 grid, block;
+  ThreadBody body = nullptr;
+  std::shared_ptr<const void> closure;
+  uint64_t id = 0;  // launch number, from 1
+  uint64_t schedule_index = 0;  // launches since the schedule was set: what random orders draw from
+};
+
+// Runs every thread of every block of `launch` to completion, in the current schedule's order.
+void RunKernel(const KernelLaunch& launch);
+
+// The CUDA thread whose fiber runs now, or nullptr outside kernels.
+struct ThreadContext {
+  const KernelLaunch* launch;
+  uint64_t block;     // linear block index
+  uint32_t thread;    // linear thread index in the block
+  uint32_t threads;   // threads in the block
+  uintptr_t stack_lo, stack_hi;
+};
+const ThreadContext* CurrentThread();
+
+// ---- race checker hooks (race_checker.cc registers itself when it is linked) ----
+
+class RaceObserver {
+ public:
+  virtual ~RaceObserver() = default;
+  virtual void BlockBegin(const KernelLaunch& launch, uint64_t block, uint32_t threads) = 0;
+  // Every thread of the block passed a __syncthreads.
+  virtual void BlockBarrier() = 0;
+  // The lanes of `mask` in `warp` synchronised (__syncwarp, or any warp collective).
+  virtual void WarpSync(uint32_t warp, uint32_t mask) = 0;
+  virtual void KernelEnd() = 0;
+};
+void SetRaceObserver(RaceObserver* observer);
+RaceObserver* GetRaceObserver();
+
+}  // namespace cudaemu::internal
+
+#endif  // CUDAEMU_INTERNAL_H_
