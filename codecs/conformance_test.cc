@@ -23,10 +23,14 @@
 #include "codecs/dtype.h"
 #include "codecs/internal/portable.h"
 #include "codecs/registry.h"
+#include "codecs/testing/test_util.h"
 #include "gtest/gtest.h"
 
 namespace actpack::codecs {
 namespace {
+
+using testing::ToBytes;
+using testing::ToFloats;
 
 // How a codec's decoded values relate to its input.
 enum class Fidelity {
@@ -84,37 +88,6 @@ uint64_t Numel(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
-}
-
-// A tensor of `dtype` holding `values` rounded to it.
-std::vector<uint8_t> ToBytes(const std::vector<float>& values, DType dtype) {
-  std::vector<uint8_t> bytes(values.size() * ElementSize(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kFloat32) {
-      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-    } else {
-      const uint16_t bits = dtype == DType::kFloat16 ? portable::FloatToHalf(values[i])
-                                                     : portable::FloatToBf16(values[i]);
-      std::memcpy(bytes.data() + 2 * i, &bits, 2);
-    }
-  }
-  return bytes;
-}
-
-std::vector<float> ToFloats(const std::vector<uint8_t>& bytes, DType dtype) {
-  const size_t n = bytes.size() / ElementSize(dtype);
-  std::vector<float> values(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (dtype == DType::kFloat32) {
-      std::memcpy(&values[i], bytes.data() + 4 * i, 4);
-    } else {
-      uint16_t bits;
-      std::memcpy(&bits, bytes.data() + 2 * i, 2);
-      values[i] = dtype == DType::kFloat16 ? portable::HalfToFloat(bits)
-                                           : portable::Bf16ToFloat(bits);
-    }
-  }
-  return values;
 }
 
 // Smooth-ish activation-like data with ReLU zeros: what saved tensors look like.

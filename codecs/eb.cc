@@ -397,8 +397,10 @@ std::pair<uint64_t, uint64_t> CpuEncode(const void* input, DType dtype, const La
     for (int64_t t = begin; t < end; ++t) {
       const TaskOutput& out = outputs[t];
       if (first_chunk[t] < 0) continue;
-      std::memcpy(words + s.data + ReadU64(words + s.index, first_chunk[t]), out.data.data(),
-                  4 * out.data.size());
+      if (!out.data.empty()) {  // memcpy from an empty vector's null data is undefined
+        std::memcpy(words + s.data + ReadU64(words + s.index, first_chunk[t]), out.data.data(),
+                    4 * out.data.size());
+      }
       for (size_t j = 0; j < out.slots.size(); ++j) {
         WriteU64(slots, outlier_start[t] + j, out.slots[j]);
         raw[outlier_start[t] + j] = out.raw[j];

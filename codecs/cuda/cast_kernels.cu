@@ -11,6 +11,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/cast_math.h"
 #include "codecs/internal/portable.h"
 
@@ -52,8 +53,7 @@ int CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload
   if (error != 0) return error;
   const uint64_t words = (numel + 1) / 2;
   if (words > 0) {
-    CastEncodeKernel<<<BlocksFor(words, kThreads), kThreads, 0,
-                       static_cast<cudaStream_t>(stream)>>>(
+    ACTPACK_LAUNCH(CastEncodeKernel, BlocksFor(words, kThreads), kThreads, static_cast<cudaStream_t>(stream))(
         input, numel, to_bf16 != 0, reinterpret_cast<uint32_t*>(payload), counters);
     ACTPACK_CUDA_TRY_LAUNCH();
   }
@@ -68,8 +68,7 @@ int CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload
 int CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
                void* stream) {
   if (numel == 0) return 0;
-  CastDecodeKernel<<<BlocksFor(numel, kThreads), kThreads, 0,
-                     static_cast<cudaStream_t>(stream)>>>(
+  ACTPACK_LAUNCH(CastDecodeKernel, BlocksFor(numel, kThreads), kThreads, static_cast<cudaStream_t>(stream))(
       reinterpret_cast<const uint16_t*>(payload), numel, from_bf16 != 0, output);
   ACTPACK_CUDA_TRY_LAUNCH();
   return 0;

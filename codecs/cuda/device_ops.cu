@@ -5,6 +5,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/portable.h"
 
 namespace actpack::codecs::cuda {
@@ -87,7 +88,7 @@ int PayloadChecksum(const uint8_t* payload, uint64_t bytes, void* stream, uint64
   if (error != 0) return error;
   const uint64_t words = bytes / 4 + 1;
   const int blocks = static_cast<int>(std::min<uint64_t>(4096, (words + 255) / 256));
-  ChecksumKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(payload, bytes, scratch);
+  ACTPACK_LAUNCH(ChecksumKernel, blocks, 256, static_cast<cudaStream_t>(stream))(payload, bytes, scratch);
   ACTPACK_CUDA_TRY_LAUNCH();
   return ReadScratch(scratch, stream, checksum, 1);
 }

@@ -17,6 +17,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
@@ -175,15 +176,15 @@ int DivisionEncode(const void* input, const division_math::Layout& layout, int e
     const int blocks = BlocksFor(layout.lfc_words, kThreads);
     switch (element_kind) {
       case elements::kF16:
-        DivisionLfcKernel<elements::kF16><<<blocks, kThreads, 0, s>>>(input, layout, words,
+        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF16>, blocks, kThreads, s)(input, layout, words,
                                                                       counters);
         break;
       case elements::kBF16:
-        DivisionLfcKernel<elements::kBF16><<<blocks, kThreads, 0, s>>>(input, layout, words,
+        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kBF16>, blocks, kThreads, s)(input, layout, words,
                                                                        counters);
         break;
       default:
-        DivisionLfcKernel<elements::kF32><<<blocks, kThreads, 0, s>>>(input, layout, words,
+        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF32>, blocks, kThreads, s)(input, layout, words,
                                                                       counters);
     }
     ACTPACK_CUDA_TRY_LAUNCH();
@@ -192,15 +193,15 @@ int DivisionEncode(const void* input, const division_math::Layout& layout, int e
     const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
     switch (element_kind) {
       case elements::kF16:
-        DivisionResidualKernel<elements::kF16><<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+        ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
         break;
       case elements::kBF16:
-        DivisionResidualKernel<elements::kBF16><<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+        ACTPACK_LAUNCH(DivisionResidualKernel<elements::kBF16>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
         break;
       default:
-        DivisionResidualKernel<elements::kF32><<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+        ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
     }
     ACTPACK_CUDA_TRY_LAUNCH();
@@ -224,13 +225,13 @@ int DivisionDecode(const uint8_t* payload, const division_math::Layout& layout, 
   const int blocks = BlocksFor(numel, kThreads);
   switch (element_kind) {
     case elements::kF16:
-      DivisionDecodeKernel<elements::kF16><<<blocks, kThreads, 0, s>>>(words, layout, output);
+      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF16>, blocks, kThreads, s)(words, layout, output);
       break;
     case elements::kBF16:
-      DivisionDecodeKernel<elements::kBF16><<<blocks, kThreads, 0, s>>>(words, layout, output);
+      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kBF16>, blocks, kThreads, s)(words, layout, output);
       break;
     default:
-      DivisionDecodeKernel<elements::kF32><<<blocks, kThreads, 0, s>>>(words, layout, output);
+      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF32>, blocks, kThreads, s)(words, layout, output);
   }
   ACTPACK_CUDA_TRY_LAUNCH();
   return 0;

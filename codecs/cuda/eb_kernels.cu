@@ -24,6 +24,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/eb_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
@@ -493,7 +494,7 @@ int EbRange(const void* input, uint64_t numel, int element_kind, void* stream, f
   if (numel > 0) {
     const int blocks = BlocksFor(numel, 256 * 8);
     DispatchKind(element_kind, [&](auto kind) {
-      EbRangeKernel<decltype(kind)::value><<<blocks, 256, 0, s>>>(input, numel, counters);
+      ACTPACK_LAUNCH(EbRangeKernel<decltype(kind)::value>, blocks, 256, s)(input, numel, counters);
     });
     ACTPACK_CUDA_TRY_LAUNCH();
   }
@@ -523,11 +524,11 @@ int EbEncode(const void* input, const EbShape& shape, float half_bin, float boun
   const int blocks = BlocksFor(l.chunks, kWarps);
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
-      EbPlanKernel<decltype(kind)::value><<<blocks, kWarps * 32, 0, s>>>(
+      ACTPACK_LAUNCH(EbPlanKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           input, l, qz, words, chunk_words, chunk_outliers);
     });
     ACTPACK_CUDA_TRY_LAUNCH();
-    EbScanKernel<<<1, kScanThreads, 0, s>>>(chunk_words, chunk_outliers, l.chunks,
+    ACTPACK_LAUNCH(EbScanKernel, 1, kScanThreads, s)(chunk_words, chunk_outliers, l.chunks,
                                              words + l.blocks, counters);
     ACTPACK_CUDA_TRY_LAUNCH();
   }
@@ -539,7 +540,7 @@ int EbEncode(const void* input, const EbShape& shape, float half_bin, float boun
   const uint64_t raw_start = slots_start + 2 * totals[1];
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
-      EbWriteKernel<decltype(kind)::value><<<blocks, kWarps * 32, 0, s>>>(
+      ACTPACK_LAUNCH(EbWriteKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           input, l, qz, words, chunk_outliers, data_start, slots_start, raw_start);
     });
     ACTPACK_CUDA_TRY_LAUNCH();
@@ -564,13 +565,13 @@ int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint6
   const int blocks = BlocksFor(l.chunks, kWarps);
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
-      EbValidateKernel<decltype(kind)::value><<<blocks, kWarps * 32, 0, s>>>(
+      ACTPACK_LAUNCH(EbValidateKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           words, l, data_words, counters);
     });
     ACTPACK_CUDA_TRY_LAUNCH();
   }
   if (outliers > 0) {
-    EbValidateOutliersKernel<<<BlocksFor(outliers, 256), 256, 0, s>>>(
+    ACTPACK_LAUNCH(EbValidateOutliersKernel, BlocksFor(outliers, 256), 256, s)(
         words, l, slots, raw, outliers, element_bytes, counters);
     ACTPACK_CUDA_TRY_LAUNCH();
   }
@@ -581,7 +582,7 @@ int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint6
   if (bits != 0) return 0;
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
-      EbDecodeKernel<decltype(kind)::value><<<blocks, kWarps * 32, 0, s>>>(
+      ACTPACK_LAUNCH(EbDecodeKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           words, l, half_bin, data_start, output);
     });
     ACTPACK_CUDA_TRY_LAUNCH();
@@ -589,9 +590,9 @@ int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint6
   if (outliers > 0) {
     // After the blocks (same stream): an outlier overwrites its block's placeholder value.
     if (element_bytes == 4) {
-      EbScatterKernel<4><<<BlocksFor(outliers, 256), 256, 0, s>>>(l, slots, raw, outliers, output);
+      ACTPACK_LAUNCH(EbScatterKernel<4>, BlocksFor(outliers, 256), 256, s)(l, slots, raw, outliers, output);
     } else {
-      EbScatterKernel<2><<<BlocksFor(outliers, 256), 256, 0, s>>>(l, slots, raw, outliers, output);
+      ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outliers, 256), 256, s)(l, slots, raw, outliers, output);
     }
     ACTPACK_CUDA_TRY_LAUNCH();
   }

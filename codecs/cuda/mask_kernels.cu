@@ -12,6 +12,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
 
@@ -76,13 +77,13 @@ int MaskEncode(const void* input, uint64_t numel, int width, uint8_t* payload, v
     const int blocks = BlocksFor(words, kWarpsPerBlock);
     switch (width) {
       case 4:
-        MaskEncodeKernel<4><<<blocks, kWarpsPerBlock * 32, 0, s>>>(input, numel, out, counters);
+        ACTPACK_LAUNCH(MaskEncodeKernel<4>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
         break;
       case 2:
-        MaskEncodeKernel<2><<<blocks, kWarpsPerBlock * 32, 0, s>>>(input, numel, out, counters);
+        ACTPACK_LAUNCH(MaskEncodeKernel<2>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
         break;
       default:
-        MaskEncodeKernel<1><<<blocks, kWarpsPerBlock * 32, 0, s>>>(input, numel, out, counters);
+        ACTPACK_LAUNCH(MaskEncodeKernel<1>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
     }
     ACTPACK_CUDA_TRY_LAUNCH();
   }
@@ -102,9 +103,9 @@ int MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(numel, 256);
   switch (width) {
-    case 4: MaskDecodeKernel<4><<<blocks, 256, 0, s>>>(words, numel, value, output); break;
-    case 2: MaskDecodeKernel<2><<<blocks, 256, 0, s>>>(words, numel, value, output); break;
-    default: MaskDecodeKernel<1><<<blocks, 256, 0, s>>>(words, numel, value, output);
+    case 4: ACTPACK_LAUNCH(MaskDecodeKernel<4>, blocks, 256, s)(words, numel, value, output); break;
+    case 2: ACTPACK_LAUNCH(MaskDecodeKernel<2>, blocks, 256, s)(words, numel, value, output); break;
+    default: ACTPACK_LAUNCH(MaskDecodeKernel<1>, blocks, 256, s)(words, numel, value, output);
   }
   ACTPACK_CUDA_TRY_LAUNCH();
   return 0;

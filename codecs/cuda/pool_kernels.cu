@@ -13,6 +13,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/pool_math.h"
 #include "codecs/internal/portable.h"
@@ -73,15 +74,15 @@ int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, vo
     const int blocks = BlocksFor(words, kThreads);
     switch (layout.element_kind) {
       case elements::kF16:
-        PoolEncodeKernel<elements::kF16><<<blocks, kThreads, 0, s>>>(input, shape, words, out,
+        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF16>, blocks, kThreads, s)(input, shape, words, out,
                                                                      counters);
         break;
       case elements::kBF16:
-        PoolEncodeKernel<elements::kBF16><<<blocks, kThreads, 0, s>>>(input, shape, words, out,
+        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kBF16>, blocks, kThreads, s)(input, shape, words, out,
                                                                       counters);
         break;
       default:
-        PoolEncodeKernel<elements::kF32><<<blocks, kThreads, 0, s>>>(input, shape, words, out,
+        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF32>, blocks, kThreads, s)(input, shape, words, out,
                                                                      counters);
     }
     ACTPACK_CUDA_TRY_LAUNCH();
@@ -102,9 +103,9 @@ int PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output, v
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = BlocksFor(numel, kThreads);
   if (layout.element_kind == elements::kF32) {
-    PoolDecodeKernel<4><<<blocks, kThreads, 0, s>>>(payload, shape, output);
+    ACTPACK_LAUNCH(PoolDecodeKernel<4>, blocks, kThreads, s)(payload, shape, output);
   } else {
-    PoolDecodeKernel<2><<<blocks, kThreads, 0, s>>>(payload, shape, output);
+    ACTPACK_LAUNCH(PoolDecodeKernel<2>, blocks, kThreads, s)(payload, shape, output);
   }
   ACTPACK_CUDA_TRY_LAUNCH();
   return 0;

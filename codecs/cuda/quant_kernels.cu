@@ -13,6 +13,7 @@
 #include "codecs/cuda/cuda_check.cuh"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
+#include "codecs/cuda/launch.cuh"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
@@ -122,15 +123,15 @@ int QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload, 
     const int blocks = BlocksFor(groups, kWarpsPerBlock);
     switch (layout.element_kind) {
       case elements::kF16:
-        QuantEncodeKernel<elements::kF16><<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+        ACTPACK_LAUNCH(QuantEncodeKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
         break;
       case elements::kBF16:
-        QuantEncodeKernel<elements::kBF16><<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+        ACTPACK_LAUNCH(QuantEncodeKernel<elements::kBF16>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
         break;
       default:
-        QuantEncodeKernel<elements::kF32><<<blocks, kWarpsPerBlock * 32, 0, s>>>(
+        ACTPACK_LAUNCH(QuantEncodeKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
     }
     ACTPACK_CUDA_TRY_LAUNCH();
@@ -151,13 +152,13 @@ int QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output,
   const int blocks = BlocksFor(layout.numel, 256);
   switch (layout.element_kind) {
     case elements::kF16:
-      QuantDecodeKernel<elements::kF16><<<blocks, 256, 0, s>>>(words, layout, output);
+      ACTPACK_LAUNCH(QuantDecodeKernel<elements::kF16>, blocks, 256, s)(words, layout, output);
       break;
     case elements::kBF16:
-      QuantDecodeKernel<elements::kBF16><<<blocks, 256, 0, s>>>(words, layout, output);
+      ACTPACK_LAUNCH(QuantDecodeKernel<elements::kBF16>, blocks, 256, s)(words, layout, output);
       break;
     default:
-      QuantDecodeKernel<elements::kF32><<<blocks, 256, 0, s>>>(words, layout, output);
+      ACTPACK_LAUNCH(QuantDecodeKernel<elements::kF32>, blocks, 256, s)(words, layout, output);
   }
   ACTPACK_CUDA_TRY_LAUNCH();
   return 0;

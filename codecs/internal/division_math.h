@@ -40,7 +40,7 @@ struct Layout {
   uint64_t plane_words;  // code words per plane: ceil(plane * bits / 32)
   // Payload sections, in 32-bit words: [LFC][group parameters][codes].
   uint64_t lfc_words;
-  ACTPACK_HD uint64_t payload_words() const { return lfc_words + groups + planes * plane_words; }
+  ACTPACK_HD_METHOD uint64_t payload_words() const { return lfc_words + groups + planes * plane_words; }
 };
 
 ACTPACK_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }

@@ -14,10 +14,21 @@
 #include <cstdint>
 #include <cstring>
 
+// ACTPACK_HD marks a function both devices run; ACTPACK_HD_METHOD a member function.
+// Under the CUDA emulator (testing/cudaemu) a kernel source is host C++ compiled with
+// __CUDA_ARCH__ defined, so its copies of these functions take the device branches below while
+// the CPU reference's take the host ones. They must not be merged at link time (the one
+// definition rule would let the linker keep either copy for both, and the CPU-vs-CUDA identity
+// tests would compare a path with itself): there they get internal linkage.
 #if defined(__CUDACC__)
 #define ACTPACK_HD __host__ __device__ __forceinline__
+#define ACTPACK_HD_METHOD __host__ __device__ __forceinline__
+#elif defined(__CUDA_ARCH__)
+#define ACTPACK_HD static inline
+#define ACTPACK_HD_METHOD inline
 #else
 #define ACTPACK_HD inline
+#define ACTPACK_HD_METHOD inline
 #endif
 
 namespace actpack::codecs::portable {

@@ -1,7 +1,10 @@
 #include "codecs/testing/test_util.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
+
+#include "codecs/internal/portable.h"
 
 #include "gtest/gtest.h"
 
@@ -40,6 +43,36 @@ std::vector<float> Gaussian(size_t n, uint32_t seed, float mean, float stddev) {
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
   return v;
+}
+
+std::vector<uint8_t> ToBytes(const std::vector<float>& values, DType dtype) {
+  std::vector<uint8_t> bytes(values.size() * ElementSize(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kFloat32) {
+      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
+    } else {
+      const uint16_t bits = dtype == DType::kFloat16 ? portable::FloatToHalf(values[i])
+                                                     : portable::FloatToBf16(values[i]);
+      std::memcpy(bytes.data() + 2 * i, &bits, 2);
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> ToFloats(const std::vector<uint8_t>& bytes, DType dtype) {
+  const size_t n = bytes.size() / ElementSize(dtype);
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (dtype == DType::kFloat32) {
+      std::memcpy(&values[i], bytes.data() + 4 * i, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, bytes.data() + 2 * i, 2);
+      values[i] = dtype == DType::kFloat16 ? portable::HalfToFloat(bits)
+                                           : portable::Bf16ToFloat(bits);
+    }
+  }
+  return values;
 }
 
 }  // namespace actpack::codecs::testing

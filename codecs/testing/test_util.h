@@ -26,6 +26,12 @@ std::vector<float> DecodeFloats(const std::vector<uint8_t>& buffer, std::vector<
 
 std::vector<float> Gaussian(size_t n, uint32_t seed, float mean = 0.0f, float stddev = 1.0f);
 
+// The bytes of a `dtype` tensor holding `values` rounded to it (round to nearest even).
+std::vector<uint8_t> ToBytes(const std::vector<float>& values, DType dtype);
+
+// The values of a `dtype` tensor's bytes, widened to float.
+std::vector<float> ToFloats(const std::vector<uint8_t>& bytes, DType dtype);
+
 }  // namespace actpack::codecs::testing
 
 #endif  // ACTPACK_CODECS_TESTING_TEST_UTIL_H_

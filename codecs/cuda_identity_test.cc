@@ -1,0 +1,273 @@
+// CPU and CUDA write the same bytes: every codec spec x dtype x shape x kind of data, encoded
+// and decoded on both devices and compared byte for byte, and corrupt or truncated buffers
+// refused on the device exactly as on the CPU.
+//
+// Without a GPU this runs on the CUDA emulator (bazel test --config=cudaemu), which executes
+// the unchanged kernel source; on a GPU build it runs on the GPU. Without CUDA compiled in,
+// every case skips and says why.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "codecs/codec.h"
+#include "codecs/dtype.h"
+#include "codecs/registry.h"
+#include "codecs/testing/device_runner.h"
+#include "codecs/testing/test_util.h"
+#include "gtest/gtest.h"
+
+namespace actpack::codecs {
+namespace {
+
+using testing::DeviceRunner;
+
+// Every codec, each with the options that select different kernel paths.
+const char* const kSpecs[] = {
+    "identity",
+    "quant1",
+    "quant2",
+    "quant4",
+    "quant8",
+    "quant:bits=2,group=64",
+    "quant:bits=4,group=32",
+    "cast:fp16",
+    "cast:bf16",
+    "mask",
+    "pool4",
+    "pool:k=3",
+    "pool:k=64",
+    "eb:rel=1e-2",
+    "eb:rel=1e-4",
+    "eb:abs=1e-3",
+    "eb:abs=0.5",
+    "division",
+    "division:block=4,bits=4",
+    "division:block=2,bits=1",
+    "division:block=16,bits=8",
+};
+
+const DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+const std::vector<std::vector<int64_t>> kShapes = {
+    {},              // 0-d
+    {0},             // empty
+    {4, 0, 3},       // empty with other dims
+    {1},
+    {31},            // less than a warp
+    {257},           // one past a 256-value group
+    {1000},
+    {33, 129},       // past 32-value groups and 128-value blocks and 8 x 16 tiles
+    {17, 16},        // tile rows exactly, columns one tile
+    {2, 3, 17, 19},  // NCHW, H and W not multiples of 8
+    {2, 16, 24, 24}, // NCHW, whole pooling windows
+    {3, 130, 40},    // [batch, tokens, hidden]
+};
+
+enum class Data { kGaussian, kSmooth, kReluSparse, kOutliers, kConstant, kNonFinite, kZeroOrValue };
+
+const char* DataName(Data d) {
+  switch (d) {
+    case Data::kGaussian: return "gaussian";
+    case Data::kSmooth: return "smooth";
+    case Data::kReluSparse: return "relu";
+    case Data::kOutliers: return "outliers";
+    case Data::kConstant: return "constant";
+    case Data::kNonFinite: return "nonfinite";
+    case Data::kZeroOrValue: return "zero_or_value";
+  }
+  return "?";
+}
+
+std::vector<float> MakeValues(Data kind, const std::vector<int64_t>& shape, uint32_t seed) {
+  const uint64_t n = TensorSpec{DType::kFloat32, shape}.numel();
+  std::vector<float> v = testing::Gaussian(n, seed);
+  const uint64_t cols = shape.empty() ? 1 : std::max<int64_t>(1, shape.back());
+  for (uint64_t i = 0; i < n; ++i) {
+    const float r = static_cast<float>(i / cols), c = static_cast<float>(i % cols);
+    switch (kind) {
+      case Data::kGaussian: break;
+      case Data::kSmooth: v[i] = std::sin(0.11f * r) * std::cos(0.07f * c) * 3.0f + 0.01f * v[i]; break;
+      case Data::kReluSparse: v[i] = v[i] > 0.3f ? v[i] : 0.0f; break;
+      case Data::kOutliers: v[i] = (i % 97 == 5) ? 1e4f * (1 + v[i]) : 0.05f * v[i] + 0.001f * c; break;
+      case Data::kConstant: v[i] = -2.5f; break;
+      case Data::kNonFinite: break;
+      case Data::kZeroOrValue: v[i] = v[i] > 0 ? 1.5f : 0.0f; break;
+    }
+  }
+  if (kind == Data::kNonFinite && n >= 3) {
+    v[0] = std::numeric_limits<float>::quiet_NaN();
+    v[n / 2] = std::numeric_limits<float>::infinity();
+    v[n - 1] = -std::numeric_limits<float>::infinity();
+  }
+  return v;
+}
+
+struct Case {
+  std::string spec;
+  DType dtype;
+  std::vector<int64_t> shape;
+  Data data;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = absl::StrCat(
+      info.param.spec, "_", DTypeName(info.param.dtype), "_",
+      info.param.shape.empty() ? std::string("scalar") : absl::StrJoin(info.param.shape, "x"),
+      "_", DataName(info.param.data));
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (const char* spec : kSpecs) {
+    const bool mask = std::string(spec) == "mask";
+    for (DType dtype : kDTypes) {
+      for (const auto& shape : kShapes) {
+        if (mask) {
+          cases.push_back({spec, dtype, shape, Data::kZeroOrValue});
+          cases.push_back({spec, dtype, shape, Data::kConstant});
+          continue;
+        }
+        for (Data data : {Data::kGaussian, Data::kSmooth, Data::kReluSparse, Data::kOutliers,
+                          Data::kConstant, Data::kNonFinite}) {
+          cases.push_back({spec, dtype, shape, data});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+class CudaIdentityTest : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    cpu_ = new DeviceRunner(Device::kCpu);
+    cuda_ = new DeviceRunner(Device::kCuda);
+  }
+  static void TearDownTestSuite() {
+    delete cpu_;
+    delete cuda_;
+  }
+
+  void SetUp() override {
+    if (!cuda_->available()) GTEST_SKIP() << cuda_->why_unavailable();
+    absl::StatusOr<CodecParams> params = ParseCodecSpec(GetParam().spec);
+    ASSERT_TRUE(params.ok()) << params.status();
+    params_ = *params;
+    params_.seed = 11;
+    input_ = testing::ToBytes(MakeValues(GetParam().data, GetParam().shape, 5), GetParam().dtype);
+  }
+
+  static DeviceRunner* cpu_;
+  static DeviceRunner* cuda_;
+  CodecParams params_;
+  std::vector<uint8_t> input_;
+};
+
+DeviceRunner* CudaIdentityTest::cpu_ = nullptr;
+DeviceRunner* CudaIdentityTest::cuda_ = nullptr;
+
+TEST_P(CudaIdentityTest, EncodeAndDecodeAreByteIdentical) {
+  const Case& c = GetParam();
+  absl::StatusOr<std::vector<uint8_t>> on_cpu = cpu_->Encode(input_, c.dtype, c.shape, params_);
+  absl::StatusOr<std::vector<uint8_t>> on_cuda = cuda_->Encode(input_, c.dtype, c.shape, params_);
+  ASSERT_EQ(on_cpu.status(), on_cuda.status());
+  if (!on_cpu.ok()) return;  // refused alike (an unsupported dtype, non-finite data)
+  ASSERT_EQ(on_cpu->size(), on_cuda->size());
+  for (size_t i = 0; i < on_cpu->size(); ++i) {
+    ASSERT_EQ((*on_cpu)[i], (*on_cuda)[i]) << "first differing byte " << i << " of "
+                                           << on_cpu->size();
+  }
+  std::vector<uint8_t> decoded_cpu, decoded_cuda;
+  const absl::Status cpu_status =
+      cpu_->Decode(*on_cpu, on_cpu->size(), c.dtype, c.shape, &decoded_cpu);
+  const absl::Status cuda_status =
+      cuda_->Decode(*on_cuda, on_cuda->size(), c.dtype, c.shape, &decoded_cuda);
+  ASSERT_TRUE(cpu_status.ok()) << cpu_status;
+  ASSERT_TRUE(cuda_status.ok()) << cuda_status;
+  for (size_t i = 0; i < decoded_cpu.size(); ++i) {
+    ASSERT_EQ(decoded_cpu[i], decoded_cuda[i]) << "first differing output byte " << i;
+  }
+}
+
+TEST_P(CudaIdentityTest, CorruptAndTruncatedBuffersAreRefusedAlike) {
+  const Case& c = GetParam();
+  if (c.data != Data::kGaussian && c.data != Data::kZeroOrValue) {
+    GTEST_SKIP() << "one kind of data per shape is enough for corruptions";
+  }
+  absl::StatusOr<std::vector<uint8_t>> buffer = cpu_->Encode(input_, c.dtype, c.shape, params_);
+  if (!buffer.ok()) GTEST_SKIP() << buffer.status();
+  std::vector<uint8_t> out_cpu, out_cuda;
+  // Truncations: every short prefix, then a spread.
+  const size_t step = std::max<size_t>(1, buffer->size() / 23);
+  for (size_t size = 0; size < buffer->size(); size += size < 80 ? 1 : step) {
+    const absl::Status on_cpu = cpu_->Decode(*buffer, size, c.dtype, c.shape, &out_cpu);
+    const absl::Status on_cuda = cuda_->Decode(*buffer, size, c.dtype, c.shape, &out_cuda);
+    ASSERT_EQ(on_cpu.code(), absl::StatusCode::kDataLoss) << size << ": " << on_cpu;
+    ASSERT_EQ(on_cpu, on_cuda) << "prefix of " << size << " bytes";
+  }
+  // Flipped bytes in the header and across the payload.
+  for (size_t at : {size_t{0}, size_t{5}, size_t{9}, size_t{20}, kHeaderSize - 1, kHeaderSize,
+                    kHeaderSize + 3, buffer->size() / 2, buffer->size() - 1}) {
+    if (at >= buffer->size()) continue;
+    std::vector<uint8_t> corrupt = *buffer;
+    corrupt[at] ^= 0x5A;
+    const absl::Status on_cpu = cpu_->Decode(corrupt, corrupt.size(), c.dtype, c.shape, &out_cpu);
+    const absl::Status on_cuda =
+        cuda_->Decode(corrupt, corrupt.size(), c.dtype, c.shape, &out_cuda);
+    ASSERT_FALSE(on_cpu.ok()) << "byte " << at;
+    ASSERT_EQ(on_cpu, on_cuda) << "byte " << at;
+    const absl::StatusOr<Header> verified_cpu = cpu_->Verify(corrupt, corrupt.size());
+    const absl::StatusOr<Header> verified_cuda = cuda_->Verify(corrupt, corrupt.size());
+    ASSERT_EQ(verified_cpu.status(), verified_cuda.status()) << "byte " << at;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSpecs, CudaIdentityTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+// division_fft has no CUDA kernel: the device path says so instead of guessing.
+TEST(CudaIdentityOtherTest, DivisionFftSaysItIsCpuOnly) {
+  DeviceRunner cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  absl::StatusOr<CodecParams> params = ParseCodecSpec("division_fft");
+  ASSERT_TRUE(params.ok());
+  const std::vector<uint8_t> input = testing::ToBytes(testing::Gaussian(2 * 16 * 16, 3), DType::kFloat32);
+  absl::StatusOr<std::vector<uint8_t>> encoded = cuda.Encode(input, DType::kFloat32, {2, 16, 16}, *params);
+  ASSERT_FALSE(encoded.ok());
+  EXPECT_EQ(encoded.status().code(), absl::StatusCode::kUnimplemented) << encoded.status();
+}
+
+// One tensor of 16 MiB (float32, [64, 256, 256]) through the codecs the runtime uses most:
+// grids of thousands of blocks, chunk indexes past one block of the scan.
+TEST(CudaIdentityLargeTest, SixteenMebibytes) {
+  DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  const std::vector<int64_t> shape = {64, 256, 256};
+  const std::vector<uint8_t> input =
+      testing::ToBytes(MakeValues(Data::kSmooth, shape, 9), DType::kFloat32);
+  ASSERT_GE(input.size(), size_t{16} << 20);
+  for (const char* spec : {"quant2", "eb:rel=1e-3", "division"}) {
+    absl::StatusOr<CodecParams> params = ParseCodecSpec(spec);
+    ASSERT_TRUE(params.ok());
+    absl::StatusOr<std::vector<uint8_t>> a = cpu.Encode(input, DType::kFloat32, shape, *params);
+    absl::StatusOr<std::vector<uint8_t>> b = cuda.Encode(input, DType::kFloat32, shape, *params);
+    ASSERT_TRUE(a.ok()) << spec << ": " << a.status();
+    ASSERT_TRUE(b.ok()) << spec << ": " << b.status();
+    ASSERT_TRUE(*a == *b) << spec;
+    std::vector<uint8_t> out_a, out_b;
+    ASSERT_TRUE(cpu.Decode(*a, a->size(), DType::kFloat32, shape, &out_a).ok()) << spec;
+    ASSERT_TRUE(cuda.Decode(*b, b->size(), DType::kFloat32, shape, &out_b).ok()) << spec;
+    ASSERT_TRUE(out_a == out_b) << spec;
+  }
+}
+
+}  // namespace
+}  // namespace actpack::codecs
