@@ -13,6 +13,7 @@
 
 #include "allocator/budget_adaptor.h"
 #include "allocator/caching_pool.h"
+#include "allocator/cuda_memory_resource.h"
 #include "allocator/host_memory_resource.h"
 #include "allocator/memory_resource.h"
 #include "allocator/statistics_adaptor.h"
@@ -21,19 +22,26 @@
 #include "allocator/units.h"
 #include "gtest/gtest.h"
 
+#if ACTPACK_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace actpack::allocator {
 namespace {
 
 using namespace literals;
 
-const Stream kStreamA = reinterpret_cast<Stream>(0xA);
-const Stream kStreamB = reinterpret_cast<Stream>(0xB);
-
 // A stack of resources, bottom first; destroyed top first.
 struct Stack {
   std::unique_ptr<StreamEvents> events = std::make_unique<HostStreamEvents>();
   std::vector<std::unique_ptr<MemoryResource>> layers;
+  // Device memory (CUDA) is filled and read through the CUDA runtime, never dereferenced on
+  // the host; its streams are real ones. Host stacks take any tag as a stream.
+  bool device = false;
+  Stream stream_a = reinterpret_cast<Stream>(0xA);
+  Stream stream_b = reinterpret_cast<Stream>(0xB);
   bool caches = false;
+  CachingPool* pool = nullptr;
   bool budgeted = false;  // a budget adaptor above the pool: its allocations carry a limit
   // The smallest block the stack hands out for a request, and how much larger it may be: the
   // pool does not split off large-pool remainders of <= 1 MiB, so such blocks keep them.
@@ -53,6 +61,36 @@ struct Stack {
   MemoryResource* top() const { return layers.back().get(); }
   ~Stack() {
     while (!layers.empty()) layers.pop_back();
+#if ACTPACK_WITH_CUDA
+    if (device) {
+      cudaStreamDestroy(static_cast<cudaStream_t>(stream_a));
+      cudaStreamDestroy(static_cast<cudaStream_t>(stream_b));
+    }
+#endif
+  }
+
+  // Sets `bytes` bytes at `p` to `value`.
+  void Fill(void* p, uint8_t value, size_t bytes) const {
+    if (!device) {
+      std::memset(p, value, bytes);
+      return;
+    }
+#if ACTPACK_WITH_CUDA
+    ASSERT_EQ(cudaMemset(p, value, bytes), cudaSuccess);
+#endif
+  }
+
+  // Whether every byte of [p, p + bytes) is `value`.
+  bool AllEqual(const void* p, uint8_t value, size_t bytes) const {
+    const auto* bytes_at = static_cast<const uint8_t*>(p);
+    if (!device) {
+      return std::all_of(bytes_at, bytes_at + bytes, [&](uint8_t b) { return b == value; });
+    }
+    std::vector<uint8_t> host(bytes);
+#if ACTPACK_WITH_CUDA
+    EXPECT_EQ(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+#endif
+    return std::all_of(host.begin(), host.end(), [&](uint8_t b) { return b == value; });
   }
 };
 
@@ -65,8 +103,30 @@ struct StackFactory {
   std::function<std::unique_ptr<Stack>()> make;
 };
 
+void PrintTo(const StackFactory& factory, std::ostream* os) { *os << factory.name; }
+
+#if ACTPACK_WITH_CUDA
+// A stack on CUDA device 0 with two streams of its own.
+std::unique_ptr<Stack> CudaStack() {
+  auto stack = std::make_unique<Stack>();
+  stack->device = true;
+  cudaStream_t a = nullptr, b = nullptr;
+  EXPECT_EQ(cudaStreamCreate(&a), cudaSuccess);
+  EXPECT_EQ(cudaStreamCreate(&b), cudaSuccess);
+  stack->stream_a = a;
+  stack->stream_b = b;
+  stack->events = std::make_unique<CudaStreamEvents>(0);
+  return stack;
+}
+
+bool HaveCudaDevice() {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  return count.ok() && *count > 0;
+}
+#endif
+
 std::vector<StackFactory> Factories() {
-  return {
+  std::vector<StackFactory> factories = {
       {"Host",
        [] {
          auto stack = std::make_unique<Stack>();
@@ -89,7 +149,7 @@ std::vector<StackFactory> Factories() {
        [] {
          auto stack = std::make_unique<Stack>();
          auto* host = stack->Push<HostMemoryResource>();
-         stack->Push<CachingPool>(host, stack->events.get());
+         stack->pool = stack->Push<CachingPool>(host, stack->events.get());
          stack->caches = true;
          stack->block_size = RoundBlockSize;
          stack->segment_size = [](size_t block) { return SegmentSizeFor(block); };
@@ -101,6 +161,7 @@ std::vector<StackFactory> Factories() {
          auto stack = std::make_unique<Stack>();
          auto* host = stack->Push<HostMemoryResource>();
          auto* pool = stack->Push<CachingPool>(host, stack->events.get());
+         stack->pool = pool;
          auto* budget = stack->Push<BudgetAdaptor>(pool, 4_GiB);
          auto* stats = stack->Push<StatisticsAdaptor>(budget);
          stack->Push<TracingAdaptor>(stats, 1024);
@@ -112,6 +173,44 @@ std::vector<StackFactory> Factories() {
          return stack;
        }},
   };
+#if ACTPACK_WITH_CUDA
+  if (!HaveCudaDevice()) return factories;
+  factories.push_back({"Cuda", [] {
+                         auto stack = CudaStack();
+                         stack->Push<CudaMemoryResource>(0);
+                         stack->block_size = HostBlockSize;
+                         stack->block_slack = NoSlack;
+                         return stack;
+                       }});
+  factories.push_back({"CachingPoolOnCuda", [] {
+                         auto stack = CudaStack();
+                         auto* device = stack->Push<CudaMemoryResource>(0);
+                         stack->pool = stack->Push<CachingPool>(device, stack->events.get());
+                         stack->caches = true;
+                         stack->block_size = RoundBlockSize;
+                         stack->segment_size = [](size_t block) { return SegmentSizeFor(block); };
+                         stack->block_slack = PoolSlack;
+                         return stack;
+                       }});
+  factories.push_back({"TraceStatsBudgetPoolOnCuda", [] {
+                         auto stack = CudaStack();
+                         auto* device = stack->Push<CudaMemoryResource>(0);
+                         auto* pool = stack->Push<CachingPool>(device, stack->events.get());
+                         stack->pool = pool;
+                         auto* budget = stack->Push<BudgetAdaptor>(pool, 4_GiB);
+                         auto* stats = stack->Push<StatisticsAdaptor>(budget);
+                         stack->Push<TracingAdaptor>(stats, 1024);
+                         stack->caches = true;
+                         stack->budgeted = true;
+                         stack->block_size = RoundBlockSize;
+                         stack->segment_size = [](size_t block) {
+                           return SegmentSizeFor(block, true);
+                         };
+                         stack->block_slack = PoolSlack;
+                         return stack;
+                       }});
+#endif
+  return factories;
 }
 
 class ConformanceTest : public ::testing::TestWithParam<StackFactory> {
@@ -119,6 +218,8 @@ class ConformanceTest : public ::testing::TestWithParam<StackFactory> {
   void SetUp() override {
     stack_ = GetParam().make();
     mr_ = stack_->top();
+    kStreamA = stack_->stream_a;
+    kStreamB = stack_->stream_b;
   }
 
   void* MustAllocate(size_t bytes, Stream stream = nullptr) {
@@ -129,6 +230,8 @@ class ConformanceTest : public ::testing::TestWithParam<StackFactory> {
 
   std::unique_ptr<Stack> stack_;
   MemoryResource* mr_ = nullptr;
+  Stream kStreamA = nullptr;
+  Stream kStreamB = nullptr;
 };
 
 // Sizes around every boundary of the pool's size classes.
@@ -191,8 +294,7 @@ TEST_P(ConformanceTest, LiveAllocationsDoNotOverlap) {
   std::map<uintptr_t, uintptr_t> ranges;  // begin -> end of live allocations
   auto check_and_free = [&](size_t index) {
     Live entry = live[index];
-    const bool intact = std::all_of(entry.ptr, entry.ptr + entry.bytes,
-                                    [&](uint8_t byte) { return byte == entry.fill; });
+    const bool intact = stack_->AllEqual(entry.ptr, entry.fill, entry.bytes);
     EXPECT_TRUE(intact) << "allocation of " << entry.bytes << " bytes was overwritten";
     ranges.erase(reinterpret_cast<uintptr_t>(entry.ptr));
     mr_->Deallocate(entry.ptr, entry.bytes, entry.stream);
@@ -218,7 +320,7 @@ TEST_P(ConformanceTest, LiveAllocationsDoNotOverlap) {
     }
     ranges[begin] = begin + bytes;
     const auto fill = static_cast<uint8_t>(op);
-    std::memset(p, fill, bytes);
+    stack_->Fill(p, fill, bytes);
     live.push_back({p, bytes, fill, stream});
   }
   while (!live.empty()) check_and_free(live.size() - 1);
@@ -304,7 +406,7 @@ TEST_P(ConformanceTest, CachedBlocksStayWithTheirStream) {
 
 TEST_P(ConformanceTest, EmptyCacheKeepsLiveMemory) {
   auto* keep = static_cast<uint8_t*>(MustAllocate(4_MiB, kStreamA));
-  std::memset(keep, 0x5A, 4_MiB);
+  stack_->Fill(keep, 0x5A, 4_MiB);
   void* drop = MustAllocate(12_MiB, kStreamA);
   mr_->Deallocate(drop, 12_MiB, kStreamA);
   mr_->EmptyCache();
@@ -313,11 +415,59 @@ TEST_P(ConformanceTest, EmptyCacheKeepsLiveMemory) {
   // Only the segment holding `keep` stays.
   EXPECT_EQ(usage.reserved_bytes,
             stack_->caches ? stack_->segment_size(4_MiB) : stack_->block_size(4_MiB));
-  EXPECT_TRUE(std::all_of(keep, keep + 4_MiB, [](uint8_t b) { return b == 0x5A; }));
+  EXPECT_TRUE(stack_->AllEqual(keep, 0x5A, 4_MiB));
   mr_->Deallocate(keep, 4_MiB, kStreamA);
   mr_->EmptyCache();
   EXPECT_EQ(mr_->GetUsage().reserved_bytes, 0u);
 }
+
+#if ACTPACK_WITH_CUDA
+// The stream-ordering contract on a device whose streams really lag: a block freed while
+// another stream's queued work still writes it is not handed out until that work has run.
+// Reused early, the late write would land on the new owner's data.
+TEST_P(ConformanceTest, ABlockWaitsForTheStreamsItWasUsedOn) {
+  if (!stack_->device || !stack_->caches) GTEST_SKIP() << "needs a caching stack on a device";
+  const cudaStream_t b = static_cast<cudaStream_t>(kStreamB);
+  void* p = MustAllocate(1_MiB, kStreamA);
+  ASSERT_TRUE(stack_->pool->RecordStream(p, kStreamB).ok());
+  ASSERT_EQ(cudaMemsetAsync(p, 0x07, 1_MiB, b), cudaSuccess);  // queued on B, not yet run
+  mr_->Deallocate(p, 1_MiB, kStreamA);
+  void* q = MustAllocate(1_MiB, kStreamA);
+  ASSERT_EQ(cudaMemsetAsync(q, 0x09, 1_MiB, static_cast<cudaStream_t>(kStreamA)), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(stack_->AllEqual(q, 0x09, 1_MiB)) << (q == p ? "reused before B finished" : "");
+  mr_->Deallocate(q, 1_MiB, kStreamA);
+  // Once B is done the block is reusable.
+  void* r = MustAllocate(1_MiB, kStreamA);
+  EXPECT_TRUE(r == p || r == q);
+  mr_->Deallocate(r, 1_MiB, kStreamA);
+}
+
+// cudaMalloc failing (the device, not a budget, is full) makes a caching stack release what it
+// caches and try again, as PyTorch's allocator does, before it reports out of memory.
+TEST_P(ConformanceTest, DeviceOutOfMemoryReleasesTheCacheAndRetries) {
+  if (!stack_->device || !stack_->caches) GTEST_SKIP() << "needs a caching stack on a device";
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  ASSERT_LE(free_bytes, 2_GiB) << "run with a small device (CUDAEMU_DEVICE_MEMORY) or skip";
+  const size_t big = RoundUp(free_bytes * 6 / 10, 2_MiB);
+  void* on_a = MustAllocate(big, kStreamA);
+  mr_->Deallocate(on_a, big, kStreamA);  // cached for stream A
+  EXPECT_GE(mr_->GetUsage().reserved_bytes, big);
+  // B cannot reuse A's block, and two such segments do not fit: the cache must go first.
+  void* on_b = MustAllocate(big, kStreamB);
+  ASSERT_NE(on_b, nullptr);
+  EXPECT_LT(mr_->GetUsage().reserved_bytes, 2 * big);
+  mr_->Deallocate(on_b, big, kStreamB);
+  // Past what the device has, the error says what was asked.
+  absl::StatusOr<void*> too_big = mr_->Allocate(free_bytes + 1_GiB, kStreamA);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
+  EXPECT_NE(too_big.status().message().find("cudaErrorMemoryAllocation"), absl::string_view::npos)
+      << too_big.status();
+  mr_->EmptyCache();
+}
+#endif
 
 // A StatisticsAdaptor over the stack agrees with a model that knows only the requests and the
 // stack's rounding rule, after every operation.

@@ -2,12 +2,18 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/cuda_memory_resource.h"
 #include "allocator/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+
+#if ACTPACK_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace actpack::allocator {
 namespace {
@@ -16,25 +22,82 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using namespace literals;
 
-void* const kStream = reinterpret_cast<void*>(0x77);
-
-// The device allocator on the host backend: the C ABI's logic without a GPU.
-class DeviceAllocatorTest : public ::testing::Test {
+// The device allocator through the C ABI, on the host backend (the logic without a GPU) and on
+// the CUDA backend (a GPU, or the CUDA emulator under --config=cudaemu).
+class DeviceAllocatorTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
     ResetDeviceAllocatorForTesting();
     AllocatorConfig config;
-    config.backend = Backend::kHost;
+    config.backend = GetParam();
     config.budget_bytes = 64_MiB;
     ASSERT_TRUE(ConfigureDeviceAllocator(config).ok());
+    // Host streams are tags; CUDA ones are real: the default stream of each device.
+    kStream = GetParam() == Backend::kHost ? reinterpret_cast<void*>(0x77) : nullptr;
   }
-  void TearDown() override { ResetDeviceAllocatorForTesting(); }
+  void TearDown() override {
+    ResetDeviceAllocatorForTesting();
+#if ACTPACK_WITH_CUDA
+    for (auto& [device, stream] : streams_) {
+      cudaSetDevice(device);
+      cudaStreamDestroy(stream);
+    }
+    cudaSetDevice(0);
+#endif
+  }
+
+  // Another stream than kStream on `device`.
+  void* OtherStream(int device) {
+    if (GetParam() == Backend::kHost) return reinterpret_cast<void*>(0x99);
+#if ACTPACK_WITH_CUDA
+    cudaStream_t s = nullptr;
+    EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    streams_.emplace_back(device, s);
+    return s;
+#else
+    return nullptr;
+#endif
+  }
+
+  // Writes every byte of an allocation on `device` (never dereferencing device memory).
+  void Fill(void* p, int value, size_t bytes, int device) {
+    if (GetParam() == Backend::kHost) {
+      std::memset(p, value, bytes);
+      return;
+    }
+#if ACTPACK_WITH_CUDA
+    ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, value, bytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+#endif
+  }
+
+  void* kStream = nullptr;
+#if ACTPACK_WITH_CUDA
+  std::vector<std::pair<int, cudaStream_t>> streams_;
+#endif
 };
 
-TEST_F(DeviceAllocatorTest, AllocAndFreeThroughTheCAbi) {
+std::vector<Backend> Backends() {
+  std::vector<Backend> backends = {Backend::kHost};
+  absl::StatusOr<int> devices = CudaDeviceCount();
+  // The tests use devices 0..5.
+  if (devices.ok() && *devices >= 6) backends.push_back(Backend::kCuda);
+  return backends;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceAllocatorTest, ::testing::ValuesIn(Backends()),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return std::string(info.param == Backend::kHost ? "Host" : "Cuda");
+                         });
+
+TEST_P(DeviceAllocatorTest, AllocAndFreeThroughTheCAbi) {
   void* p = actpack_alloc(4_MiB, 0, kStream);
   ASSERT_NE(p, nullptr) << actpack_last_error();
-  std::memset(p, 1, 4_MiB);
+  Fill(p, 1, 4_MiB, 0);
   AllocatorStack* stack = FindDeviceAllocator(0);
   ASSERT_NE(stack, nullptr);
   EXPECT_EQ(stack->stats().GetStats().allocated_bytes.current, static_cast<int64_t>(4_MiB));
@@ -48,7 +111,7 @@ TEST_F(DeviceAllocatorTest, AllocAndFreeThroughTheCAbi) {
   EXPECT_EQ(stack->stats().GetStats().reserved_bytes.current, 0);
 }
 
-TEST_F(DeviceAllocatorTest, ConfiguringAfterTheFirstAllocationFails) {
+TEST_P(DeviceAllocatorTest, ConfiguringAfterTheFirstAllocationFails) {
   void* p = actpack_alloc(1, 0, kStream);
   ASSERT_NE(p, nullptr);
   absl::Status status = ConfigureDeviceAllocator(AllocatorConfig{Backend::kHost});
@@ -57,7 +120,7 @@ TEST_F(DeviceAllocatorTest, ConfiguringAfterTheFirstAllocationFails) {
   actpack_free(p, 1, 0, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, OverBudgetReturnsNullWithTheReason) {
+TEST_P(DeviceAllocatorTest, OverBudgetReturnsNullWithTheReason) {
   void* p = actpack_alloc(64_MiB + 1, 0, kStream);
   EXPECT_EQ(p, nullptr);
   EXPECT_STREQ(actpack_last_error(),
@@ -66,7 +129,7 @@ TEST_F(DeviceAllocatorTest, OverBudgetReturnsNullWithTheReason) {
   EXPECT_EQ(FindDeviceAllocator(0)->stats().GetStats().num_ooms, 1);
 }
 
-TEST_F(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
+TEST_P(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
   void* p = actpack_alloc(1_MiB, 2, kStream);
   ASSERT_NE(p, nullptr);
   actpack_memory_fraction(0.5, 2);
@@ -81,10 +144,10 @@ TEST_F(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
   actpack_free(p, 1_MiB, 2, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, RecordStreamFindsTheAllocation) {
+TEST_P(DeviceAllocatorTest, RecordStreamFindsTheAllocation) {
   void* p = actpack_alloc(4_KiB, 1, kStream);
   ASSERT_NE(p, nullptr);
-  actpack_record_stream(p, reinterpret_cast<void*>(0x99));
+  actpack_record_stream(p, OtherStream(1));
   EXPECT_STREQ(actpack_last_error(), "");
   int not_allocated = 0;
   actpack_record_stream(&not_allocated, kStream);
@@ -92,12 +155,12 @@ TEST_F(DeviceAllocatorTest, RecordStreamFindsTheAllocation) {
   actpack_free(p, 4_KiB, 1, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, DeviceOutOfRangeFails) {
+TEST_P(DeviceAllocatorTest, DeviceOutOfRangeFails) {
   EXPECT_EQ(actpack_alloc(1, kMaxDevices, kStream), nullptr);
   EXPECT_THAT(actpack_last_error(), HasSubstr("outside [0, 64)"));
 }
 
-TEST_F(DeviceAllocatorTest, SnapshotCoversEveryDevice) {
+TEST_P(DeviceAllocatorTest, SnapshotCoversEveryDevice) {
   void* a = actpack_alloc(1000, 0, kStream);
   void* b = actpack_alloc(2000, 3, kStream);
   const std::string json = DeviceSnapshotJson();
@@ -105,12 +168,13 @@ TEST_F(DeviceAllocatorTest, SnapshotCoversEveryDevice) {
   EXPECT_THAT(json, HasSubstr("{\"device\":3,"));
   EXPECT_THAT(json, HasSubstr("\"requested_size\":2000"));
   EXPECT_THAT(json, HasSubstr("\"device_traces\":[[{\"action\":\"segment_alloc\""));
-  EXPECT_THAT(json, HasSubstr("\"allocator_settings\":{\"backend\":\"host\"}"));
+  EXPECT_THAT(json, HasSubstr(absl::StrCat("\"allocator_settings\":{\"backend\":\"",
+                                           BackendName(GetParam()), "\"}")));
   actpack_free(a, 1000, 0, kStream);
   actpack_free(b, 2000, 3, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, PressureCallbackRegisteredBeforeTheStackFreesForARequest) {
+TEST_P(DeviceAllocatorTest, PressureCallbackRegisteredBeforeTheStackFreesForARequest) {
   // Device 1 has no stack yet: the callback waits for it without building it.
   void* held = nullptr;
   std::vector<size_t> calls;
@@ -141,7 +205,7 @@ TEST_F(DeviceAllocatorTest, PressureCallbackRegisteredBeforeTheStackFreesForAReq
   actpack_free(p, 40_MiB, 1, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, PressureCallbacksOfABuiltStackRunInOrderUntilOneFreesEnough) {
+TEST_P(DeviceAllocatorTest, PressureCallbacksOfABuiltStackRunInOrderUntilOneFreesEnough) {
   void* held = actpack_alloc(60_MiB, 0, kStream);
   ASSERT_NE(held, nullptr);
   std::vector<int> order;
@@ -167,7 +231,7 @@ TEST_F(DeviceAllocatorTest, PressureCallbacksOfABuiltStackRunInOrderUntilOneFree
   actpack_free(p, 10_MiB, 0, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, PressureCallbackOnABadDeviceIsRefused) {
+TEST_P(DeviceAllocatorTest, PressureCallbackOnABadDeviceIsRefused) {
   auto nothing = [](size_t) { return size_t{0}; };
   EXPECT_THAT(std::string(RegisterPressureCallback(kMaxDevices, nothing).status().message()),
               HasSubstr("device 64 is outside [-1 (host), 64)"));
@@ -177,7 +241,7 @@ TEST_F(DeviceAllocatorTest, PressureCallbackOnABadDeviceIsRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
+TEST_P(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
   // `a` and `b` are carved from one cached 8 MiB segment, `b` after `a`, with the budget
   // lifted (under one the pool gives such blocks segments of their own size).
   actpack_free(actpack_alloc(8_MiB, 2, kStream), 8_MiB, 2, kStream);
@@ -201,7 +265,7 @@ TEST_F(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
   actpack_free(a, 3_MiB, 2, kStream);
 }
 
-TEST_F(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
+TEST_P(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
   actpack_init(2);
   void* a = actpack_alloc(1_MiB, 0, kStream);
   void* b = actpack_alloc(1_MiB, 5, kStream);
@@ -212,6 +276,26 @@ TEST_F(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
   EXPECT_EQ(FindDeviceAllocator(0)->pool().GetUsage().reserved_bytes, 0u);
   EXPECT_EQ(FindDeviceAllocator(5)->pool().GetUsage().reserved_bytes, 0u);
 }
+
+#if ACTPACK_WITH_CUDA
+// What the driver sees: a cached segment is still device memory in use; empty_cache gives it
+// back (torch.cuda.empty_cache() with actpack's allocator plugged in).
+TEST_P(DeviceAllocatorTest, EmptyCacheGivesMemoryBackToTheDevice) {
+  if (GetParam() != Backend::kCuda) GTEST_SKIP() << "the driver's count is a CUDA matter";
+  ASSERT_EQ(cudaSetDevice(4), cudaSuccess);
+  size_t before = 0, after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&before, &total), cudaSuccess);
+  void* p = actpack_alloc(10_MiB, 4, kStream);
+  ASSERT_NE(p, nullptr) << actpack_last_error();
+  actpack_free(p, 10_MiB, 4, kStream);
+  ASSERT_EQ(cudaMemGetInfo(&after, &total), cudaSuccess);
+  EXPECT_LE(after + 10_MiB, before);  // cached, still the device's
+  actpack_empty_cache();
+  ASSERT_EQ(cudaMemGetInfo(&after, &total), cudaSuccess);
+  EXPECT_EQ(after, before);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+#endif
 
 TEST(DeviceAllocatorConfigTest, CudaBackendNeedsCuda) {
   ResetDeviceAllocatorForTesting();
