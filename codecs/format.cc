@@ -26,7 +26,6 @@ T Get(const uint8_t* in, size_t offset) {
 
 constexpr size_t kChecksumOffset = 120;
 // Header words are numbered after every possible payload word so the two never mix.
-constexpr uint64_t kHeaderWordBase = uint64_t{1} << 31;
 
 }  // namespace
 
@@ -173,7 +172,7 @@ uint64_t HeaderChecksum(const Header& header) {
   WriteHeader(copy, bytes);
   uint64_t sum = 0;
   for (size_t w = 0; w < kChecksumOffset / 4; ++w) {
-    sum += portable::ChecksumTerm(Get<uint32_t>(bytes, 4 * w), kHeaderWordBase + w);
+    sum += portable::HeaderChecksumTerm(Get<uint32_t>(bytes, 4 * w), static_cast<uint32_t>(w));
   }
   return sum;
 }

@@ -212,8 +212,20 @@ ACTPACK_HD float UniformFloat(uint64_t seed, uint64_t index) {
 // The checksum of a buffer is a sum (mod 2^64) of a bijective mix of every 32-bit word with its
 // index. A sum is order-free, so a GPU computes it with one atomic add per thread block while it
 // writes the payload; a changed, swapped or truncated word changes it.
+//
+// The header's words are mixed at indices 2^31 + j (HeaderChecksumTerm). A payload word's index
+// goes into the top 32 bits; from index 2^31 on (payloads of 8 GiB and more) its high bits are
+// mixed in as well, so that no payload word shares a term with a header word or with the word
+// 2^32 positions away. Below 2^31, which is every buffer of earlier releases, the term is
+// unchanged.
 ACTPACK_HD uint64_t ChecksumTerm(uint32_t word, uint64_t word_index) {
-  return SplitMix64((word_index << 32) ^ word ^ 0x5851f42d4c957f2dull);
+  const uint64_t high = word_index >> 31;  // 0 below 8 GiB of payload
+  return SplitMix64((word_index << 32) ^ word ^ 0x5851f42d4c957f2dull ^
+                    (high * 0x9e3779b97f4a7c15ull));
+}
+
+ACTPACK_HD uint64_t HeaderChecksumTerm(uint32_t word, uint32_t header_word) {
+  return SplitMix64((((uint64_t{1} << 31) + header_word) << 32) ^ word ^ 0x5851f42d4c957f2dull);
 }
 
 }  // namespace actpack::codecs::portable

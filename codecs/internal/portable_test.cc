@@ -61,4 +61,30 @@ TEST(FloorTest, MatchesStdFloor) {
 }
 
 }  // namespace
+// Every payload word index gets its own term: past 8 GiB of payload the indices used to meet
+// the header's (2^31 + j) and, past 16 GiB, each other's 2^32 positions away, so swapping two
+// such words left the checksum unchanged.
+TEST(ChecksumTest, PayloadWordsNeverShareATermWithHeaderWordsOrFarWords) {
+  for (uint32_t word : {0u, 1u, 0xdeadbeefu}) {
+    for (uint32_t j : {0u, 1u, 29u}) {
+      EXPECT_NE(ChecksumTerm(word, (uint64_t{1} << 31) + j), HeaderChecksumTerm(word, j));
+    }
+    for (uint64_t i : {uint64_t{0}, uint64_t{5}, (uint64_t{1} << 31) + 7}) {
+      EXPECT_NE(ChecksumTerm(word, i), ChecksumTerm(word, i + (uint64_t{1} << 32)));
+      EXPECT_NE(ChecksumTerm(word, i), ChecksumTerm(word, i + (uint64_t{3} << 32)));
+    }
+  }
+}
+
+// Below 2^31 words the payload term is the formula of the first release: every buffer written
+// since still verifies.
+TEST(ChecksumTest, TermsBelowEightGibibytesAreUnchanged) {
+  for (uint64_t i : {uint64_t{0}, uint64_t{1}, uint64_t{123456}, (uint64_t{1} << 31) - 1}) {
+    EXPECT_EQ(ChecksumTerm(0x01020304u, i),
+              SplitMix64((i << 32) ^ 0x01020304u ^ 0x5851f42d4c957f2dull));
+  }
+  EXPECT_EQ(HeaderChecksumTerm(7, 3),
+            SplitMix64((((uint64_t{1} << 31) + 3) << 32) ^ 7 ^ 0x5851f42d4c957f2dull));
+}
+
 }  // namespace actpack::codecs::portable
