@@ -10,7 +10,7 @@
 #if ACTPACK_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "allocator/cuda_check.h"
+#include "common/cuda_check.h"
 #endif
 
 namespace actpack::allocator {

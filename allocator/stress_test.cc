@@ -119,7 +119,9 @@ class CudaBackend final : public Backend {
     // the pool released its cache and retried.
     size_t free_bytes = 0, total = 0;
     ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
-    if (total < kBudget) EXPECT_GT(stats.num_alloc_retries, 0);
+    if (total < kBudget) {
+      EXPECT_GT(stats.num_alloc_retries, 0);
+    }
   }
 
  private:

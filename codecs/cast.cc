@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cast_math.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
 
@@ -57,9 +58,11 @@ class Cast final : public Codec {
     Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status status = internal::CudaStatus(cuda::CastEncode(
-          values, numel, to_bf16 ? 1 : 0, payload, context.stream, &total.checksum,
-          &total.overflow));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status =
+          cuda::CastEncode(values, numel, to_bf16 ? 1 : 0, payload, counters->get(),
+                           context.stream, &total.checksum, &total.overflow);
       if (!status.ok()) return status;
 #else
       return internal::CudaNotCompiledIn("cast encode");
@@ -114,8 +117,7 @@ class Cast final : public Codec {
     float* out = static_cast<float*>(output.data);
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      return internal::CudaStatus(
-          cuda::CastDecode(payload, header.numel, from_bf16 ? 1 : 0, out, context.stream));
+      return cuda::CastDecode(payload, header.numel, from_bf16 ? 1 : 0, out, context.stream);
 #else
       return internal::CudaNotCompiledIn("cast decode");
 #endif

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/registry.h"
 
 #ifdef ACTPACK_WITH_CUDA
@@ -34,7 +35,7 @@ absl::Status CopyToHost(void* dst, const void* src, size_t bytes, const ExecCont
     return absl::OkStatus();
   }
 #ifdef ACTPACK_WITH_CUDA
-  return internal::CudaStatus(cuda::CopyToHost(dst, src, bytes, context.stream));
+  return cuda::CopyToHost(dst, src, bytes, context.stream);
 #else
   return internal::CudaNotCompiledIn("reading a buffer");
 #endif
@@ -46,7 +47,7 @@ absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, const ExecCo
     return absl::OkStatus();
   }
 #ifdef ACTPACK_WITH_CUDA
-  return internal::CudaStatus(cuda::CopyToDevice(dst, src, bytes, context.stream));
+  return cuda::CopyToDevice(dst, src, bytes, context.stream);
 #else
   return internal::CudaNotCompiledIn("writing a buffer");
 #endif
@@ -56,9 +57,11 @@ absl::StatusOr<uint64_t> ChecksumOf(const uint8_t* payload, size_t bytes,
                                     const ExecContext& context) {
   if (context.device == Device::kCpu) return PayloadChecksum(payload, bytes);
 #ifdef ACTPACK_WITH_CUDA
+  absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+  if (!counters.ok()) return counters.status();
   uint64_t sum = 0;
   absl::Status status =
-      internal::CudaStatus(cuda::PayloadChecksum(payload, bytes, context.stream, &sum));
+      cuda::PayloadChecksum(payload, bytes, counters->get(), context.stream, &sum);
   if (!status.ok()) return status;
   return sum;
 #else

@@ -31,11 +31,25 @@ namespace actpack::codecs {
 
 enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
 
+// Device memory a codec needs on a GPU besides its output: the few counters a kernel sums a
+// checksum or a count into. It comes from the caller's allocator, so that it counts against the
+// same budget as the buffers (the runtime passes its budgeted pool); a codec never calls
+// cudaMalloc itself. Allocate and Deallocate are ordered on `stream`, as the caching
+// allocators' are.
+class ScratchAllocator {
+ public:
+  virtual ~ScratchAllocator() = default;
+  virtual absl::StatusOr<void*> Allocate(size_t bytes, void* stream) = 0;
+  virtual void Deallocate(void* ptr, size_t bytes, void* stream) = 0;
+};
+
 // Where and how a codec runs. `stream` is a cudaStream_t (nullptr: the default stream).
+// `scratch` is required for tensors on a GPU.
 struct ExecContext {
   Device device = Device::kCpu;
   int device_index = 0;
   void* stream = nullptr;
+  ScratchAllocator* scratch = nullptr;
 };
 
 // The shape and type of a tensor, without its data.

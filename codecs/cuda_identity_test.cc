@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,10 @@
 #include "codecs/testing/device_runner.h"
 #include "codecs/testing/test_util.h"
 #include "gtest/gtest.h"
+
+#if ACTPACK_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace actpack::codecs {
 namespace {
@@ -268,6 +273,54 @@ TEST(CudaIdentityLargeTest, SixteenMebibytes) {
     ASSERT_TRUE(out_a == out_b) << spec;
   }
 }
+
+#if ACTPACK_WITH_CUDA
+// Every byte a codec uses on the device comes from the caller: its output buffer and the
+// ExecContext's scratch allocator (the runtime's is the budgeted pool). Nothing is cudaMalloc'ed
+// behind the budget's back, not even once per thread (it was: 2 MiB per thread and device).
+TEST(CudaScratchTest, EncodeAndDecodeTakeNoDeviceMemoryOfTheirOwn) {
+  DeviceRunner cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  const std::vector<int64_t> shape = {8, 300};
+  const std::vector<uint8_t> gaussian =
+      testing::ToBytes(MakeValues(Data::kGaussian, shape, 1), DType::kFloat32);
+  const std::vector<uint8_t> zero_or_value =
+      testing::ToBytes(MakeValues(Data::kZeroOrValue, shape, 1), DType::kFloat32);
+  for (const char* spec : kSpecs) {
+    absl::StatusOr<CodecParams> params = ParseCodecSpec(spec);
+    ASSERT_TRUE(params.ok());
+    const std::vector<uint8_t>& input =
+        std::string(spec) == "mask" ? zero_or_value : gaussian;
+    const int64_t scratch_before = cuda.scratch_allocations();
+    std::thread fresh([&] {  // per-thread state would show on a thread's first call
+      void *in = nullptr, *buffer = nullptr, *out = nullptr;
+      const size_t capacity = *MaxEncodedSize({DType::kFloat32, shape}, *params);
+      ASSERT_EQ(cudaMalloc(&in, input.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&buffer, capacity), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&out, input.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(in, input.data(), input.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      size_t free_before = 0, free_after = 0, total = 0;
+      ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+      const ExecContext& context = cuda.context();
+      absl::StatusOr<size_t> used =
+          Encode({in, DType::kFloat32, shape, Device::kCuda}, *params,
+                 static_cast<uint8_t*>(buffer), capacity, context);
+      ASSERT_TRUE(used.ok()) << spec << ": " << used.status();
+      ASSERT_TRUE(Decode(static_cast<uint8_t*>(buffer), *used,
+                         {out, DType::kFloat32, shape, Device::kCuda}, context)
+                      .ok())
+          << spec;
+      ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+      EXPECT_EQ(free_after, free_before) << spec;
+      cudaFree(in);
+      cudaFree(buffer);
+      cudaFree(out);
+    });
+    fresh.join();
+    EXPECT_GT(cuda.scratch_allocations(), scratch_before) << spec << " took no counters?";
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace actpack::codecs

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/internal/dft_math.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
@@ -732,9 +733,11 @@ class Division final : public Codec {
     if (input.device == Device::kCuda) {
       if (v_.id == CodecId::kDivisionFft) return CpuOnly("encode");
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status status = internal::CudaStatus(cuda::DivisionEncode(
-          input.data, l, static_cast<int>(input.dtype), payload, context.stream, &total.checksum,
-          &total.nonfinite, &total.nonfinite_lfc, &total.overflow_groups));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status = cuda::DivisionEncode(
+          input.data, l, static_cast<int>(input.dtype), payload, counters->get(), context.stream,
+          &total.checksum, &total.nonfinite, &total.nonfinite_lfc, &total.overflow_groups);
       if (!status.ok()) return status;
 #else
       return internal::CudaNotCompiledIn("division encode");
@@ -780,8 +783,8 @@ class Division final : public Codec {
     if (output.device == Device::kCuda) {
       if (v_.id == CodecId::kDivisionFft) return CpuOnly("decode");
 #ifdef ACTPACK_WITH_CUDA
-      return internal::CudaStatus(cuda::DivisionDecode(
-          payload, l, static_cast<int>(header.dtype), output.data, context.stream));
+      return cuda::DivisionDecode(payload, l, static_cast<int>(header.dtype), output.data,
+                                  context.stream);
 #else
       return internal::CudaNotCompiledIn("division decode");
 #endif

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/internal/eb_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
@@ -560,11 +561,13 @@ class Eb final : public Codec {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
                              static_cast<int>(input.dtype)};
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
       Range range;
       if (params.eb_mode == EbMode::kRelative) {
-        absl::Status status = internal::CudaStatus(cuda::EbRange(
-            input.data, header->numel, cs.element_kind, context.stream, &range.lo, &range.hi,
-            &range.finite));
+        absl::Status status = cuda::EbRange(input.data, header->numel, cs.element_kind,
+                                            counters->get(), context.stream, &range.lo,
+                                            &range.hi, &range.finite);
         if (!status.ok()) return status;
       }
       const Quantizer qz = QuantizerFor(params.eb_mode, params.error_bound, range.lo, range.hi,
@@ -575,9 +578,9 @@ class Eb final : public Codec {
       const uint64_t max_bytes = MaxPayloadSize(input.Spec(), params) - 8 - 16 * l.chunks;
       const uintptr_t end = reinterpret_cast<uintptr_t>(payload + max_bytes);
       uint8_t* scratch = payload + max_bytes + ((8 - end % 8) % 8);
-      absl::Status status = internal::CudaStatus(
-          cuda::EbEncode(input.data, cs, qz.half_bin, qz.bound, payload, scratch, context.stream,
-                         &payload_words, &p.outliers, &checksum));
+      absl::Status status =
+          cuda::EbEncode(input.data, cs, qz.half_bin, qz.bound, payload, scratch,
+                         counters->get(), context.stream, &payload_words, &p.outliers, &checksum);
       if (!status.ok()) return status;
 #else
       return internal::CudaNotCompiledIn("eb encode");
@@ -624,8 +627,11 @@ class Eb final : public Codec {
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
                              static_cast<int>(header.dtype)};
       uint32_t failures = 0;
-      absl::Status status = internal::CudaStatus(cuda::EbDecode(
-          payload, cs, p.half_bin, data_words, p.outliers, output.data, context.stream, &failures));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status = cuda::EbDecode(payload, cs, p.half_bin, data_words, p.outliers,
+                                           counters->get(), output.data, context.stream,
+                                           &failures);
       if (!status.ok()) return status;
       if (failures != 0) {
         return absl::DataLossError(absl::StrCat(

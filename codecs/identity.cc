@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -33,11 +34,12 @@ class Identity final : public Codec {
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       // Device-to-device: CopyToDevice from a device pointer is a plain cudaMemcpy.
-      absl::Status status =
-          internal::CudaStatus(cuda::CopyToDevice(payload, input.data, bytes, context.stream));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status = cuda::CopyToDevice(payload, input.data, bytes, context.stream);
       if (!status.ok()) return status;
       uint64_t checksum = 0;
-      status = internal::CudaStatus(cuda::PayloadChecksum(payload, bytes, context.stream, &checksum));
+      status = cuda::PayloadChecksum(payload, bytes, counters->get(), context.stream, &checksum);
       if (!status.ok()) return status;
       return PayloadInfo{bytes, checksum};
 #else
@@ -60,8 +62,7 @@ class Identity final : public Codec {
     }
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      return internal::CudaStatus(
-          cuda::CopyToDevice(output.data, payload, bytes, context.stream));
+      return cuda::CopyToDevice(output.data, payload, bytes, context.stream);
 #else
       return internal::CudaNotCompiledIn("identity decode");
 #endif

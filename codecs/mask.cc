@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
@@ -96,9 +97,11 @@ class Mask final : public Codec {
     Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status status = internal::CudaStatus(
-          cuda::MaskEncode(input.data, numel, width, payload, context.stream, &total.checksum,
-                           &total.max_bits, &total.min_bits));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status =
+          cuda::MaskEncode(input.data, numel, width, payload, counters->get(), context.stream,
+                           &total.checksum, &total.max_bits, &total.min_bits);
       if (!status.ok()) return status;
       if (total.max_bits == 0) total.min_bits = 0xffffffffu;
 #else
@@ -170,8 +173,7 @@ class Mask final : public Codec {
     }
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      return internal::CudaStatus(
-          cuda::MaskDecode(payload, header.numel, width, value, output.data, context.stream));
+      return cuda::MaskDecode(payload, header.numel, width, value, output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("mask decode");
 #endif

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/pool_math.h"
@@ -101,8 +102,10 @@ class Pool final : public Codec {
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::PoolLayout layout{s.rows, s.row_length, window, static_cast<int>(input.dtype)};
-      absl::Status status = internal::CudaStatus(cuda::PoolEncode(
-          input.data, layout, payload, context.stream, &total.checksum, &total.nonfinite));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status = cuda::PoolEncode(input.data, layout, payload, counters->get(),
+                                             context.stream, &total.checksum, &total.nonfinite);
       if (!status.ok()) return status;
 #else
       return internal::CudaNotCompiledIn("pool encode");
@@ -161,7 +164,7 @@ class Pool final : public Codec {
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::PoolLayout layout{s.rows, s.row_length, window, static_cast<int>(header.dtype)};
-      return internal::CudaStatus(cuda::PoolDecode(payload, layout, output.data, context.stream));
+      return cuda::PoolDecode(payload, layout, output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("pool decode");
 #endif

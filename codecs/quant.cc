@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cuda_status.h"
+#include "codecs/internal/device_counters.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
@@ -215,9 +216,11 @@ class Quant final : public Codec {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::QuantLayout cl{l.numel, l.group_size, l.bits, l.seed,
                                  static_cast<int>(input.dtype)};
-      absl::Status status = internal::CudaStatus(
-          cuda::QuantEncode(input.data, cl, payload, context.stream, &total.checksum,
-                            &total.nonfinite, &total.overflow_groups));
+      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
+      if (!counters.ok()) return counters.status();
+      absl::Status status =
+          cuda::QuantEncode(input.data, cl, payload, counters->get(), context.stream,
+                            &total.checksum, &total.nonfinite, &total.overflow_groups);
       if (!status.ok()) return status;
 #else
       return internal::CudaNotCompiledIn("quant encode");
@@ -268,7 +271,7 @@ class Quant final : public Codec {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::QuantLayout cl{l.numel, l.group_size, l.bits, l.seed,
                                  static_cast<int>(header.dtype)};
-      return internal::CudaStatus(cuda::QuantDecode(payload, cl, output.data, context.stream));
+      return cuda::QuantDecode(payload, cl, output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("quant decode");
 #endif

@@ -543,6 +543,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   packed->raw_bytes_ = info.Bytes();
   packed->stored_bytes_ = (*buffer)->size();
   packed->encoded_size_ = *used;
+  packed->stream_ = context.stream;
   packed->storage_guard_ = info.storage_guard;
   packed->buffer_ = std::move(*buffer);
 
@@ -583,6 +584,12 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
 
 absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                              const codecs::ExecContext& context) {
+  // Backward may run on another stream than the forward that packed: the buffer must outlive
+  // the decode queued there, not just the handle (which autograd may drop right after).
+  if (context.device == codecs::Device::kCuda && context.stream != packed.stream_) {
+    absl::Status recorded = packed.buffer_->RecordStream(context.stream);
+    if (!recorded.ok()) return recorded;
+  }
   absl::Status status =
       codecs::Decode(packed.data(), packed.encoded_size(), output, context);
   if (status.ok()) {

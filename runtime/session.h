@@ -46,6 +46,10 @@ class Buffer {
   // Gives back the bytes past `bytes` (a variable-size encoding used less than its bound).
   // Buffers that cannot shrink keep their size; data() may change.
   virtual absl::Status ShrinkTo(size_t bytes) { return absl::OkStatus(); }
+  // Tells the buffer's allocator that `stream` (a cudaStream_t) uses it too, so that its memory
+  // is not handed out again before that stream's work is done (torch's record_stream). Host
+  // memory has no streams.
+  virtual absl::Status RecordStream(void* stream) { return absl::OkStatus(); }
 };
 
 using BufferFactory = std::function<absl::StatusOr<std::unique_ptr<Buffer>>(
@@ -194,6 +198,7 @@ class PackedTensor {
   uint64_t raw_bytes_ = 0;
   uint64_t stored_bytes_ = 0;
   size_t encoded_size_ = 0;
+  void* stream_ = nullptr;  // the stream it was packed on (its buffer's allocation stream)
 };
 
 // Per saved-tensor record: the same position of the step across steps folds into one record.

@@ -82,7 +82,8 @@ def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
         native.genrule(
             name = obj + "_nvcc",
             # nvcc sees the package's headers (deduplicated: hdrs are among them).
-            srcs = depset([src] + hdrs + native.glob(["**/*.h", "**/*.cuh"])).to_list(),
+            srcs = depset([src] + hdrs + native.glob(["**/*.h", "**/*.cuh"]) +
+                          ["//common:cuda_check.h"]).to_list(),
             outs = [obj],
             cmd = "/usr/local/cuda/bin/nvcc %s -I. -I$(GENDIR) -c $(location %s) -o $@" % (NVCC_FLAGS, src),
             tags = ["cuda", "manual"],  # built only through the select() below

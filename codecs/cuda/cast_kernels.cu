@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -46,32 +46,32 @@ __global__ void CastDecodeKernel(const uint16_t* __restrict__ halves, uint64_t n
 
 }  // namespace
 
-int CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload, void* stream,
-               uint64_t* payload_checksum, uint64_t* overflow) {
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload,
+                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
+                        uint64_t* overflow) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const uint64_t words = (numel + 1) / 2;
   if (words > 0) {
     ACTPACK_LAUNCH(CastEncodeKernel, BlocksFor(words, kThreads), kThreads, static_cast<cudaStream_t>(stream))(
         input, numel, to_bf16 != 0, reinterpret_cast<uint32_t*>(payload), counters);
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[2] = {0, 0};
-  error = ReadScratch(counters, stream, values, 2);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, values, 2);
+  if (!status.ok()) return status;
   *payload_checksum = values[0];
   *overflow = values[1];
-  return 0;
+  return absl::OkStatus();
 }
 
-int CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
-               void* stream) {
-  if (numel == 0) return 0;
+absl::Status CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
+                        void* stream) {
+  if (numel == 0) return absl::OkStatus();
   ACTPACK_LAUNCH(CastDecodeKernel, BlocksFor(numel, kThreads), kThreads, static_cast<cudaStream_t>(stream))(
       reinterpret_cast<const uint16_t*>(payload), numel, from_bf16 != 0, output);
-  ACTPACK_CUDA_TRY_LAUNCH();
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

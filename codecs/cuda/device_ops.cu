@@ -1,8 +1,7 @@
-// Copies, per-thread scratch and the payload checksum on the GPU.
-#include <cstdio>
-#include <string>
+// Copies, counters and the payload checksum on the GPU.
+#include <algorithm>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -10,8 +9,6 @@
 
 namespace actpack::codecs::cuda {
 namespace {
-
-thread_local std::string last_error_site = "no CUDA error";
 
 __global__ void ChecksumKernel(const uint8_t* __restrict__ payload, uint64_t bytes,
                                unsigned long long* __restrict__ sum) {
@@ -34,63 +31,44 @@ __global__ void ChecksumKernel(const uint8_t* __restrict__ payload, uint64_t byt
 
 }  // namespace
 
-void RecordCudaErrorSite(const char* call, const char* file, int line) {
-  last_error_site = std::string(call) + " at " + file + ":" + std::to_string(line);
-}
-
-const char* LastCudaErrorSite() { return last_error_site.c_str(); }
-
-const char* CudaErrorString(int error) {
-  return cudaGetErrorString(static_cast<cudaError_t>(error));
-}
-
-int CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, void* stream) {
-  if (bytes == 0) return 0;
+absl::Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, void* stream) {
+  if (bytes == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  ACTPACK_CUDA_TRY(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDefault, s));
-  ACTPACK_CUDA_TRY(cudaStreamSynchronize(s));
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDefault, s));
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  return absl::OkStatus();
 }
 
-int CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes, void* stream) {
-  if (bytes == 0) return 0;
+absl::Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes, void* stream) {
+  if (bytes == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  ACTPACK_CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyDefault, s));
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyDefault, s));
   // The source may be a stack buffer of the caller: wait until it has been read.
-  ACTPACK_CUDA_TRY(cudaStreamSynchronize(s));
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  return absl::OkStatus();
 }
 
-int GetScratch(void* stream, unsigned long long** scratch) {
-  // One small zeroed accumulator array per thread and device, allocated once: encode calls are
-  // too frequent to go through cudaMalloc each time.
-  constexpr int kMaxDevices = 64;
-  thread_local unsigned long long* per_device[kMaxDevices] = {};
-  int device = 0;
-  ACTPACK_CUDA_TRY(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) return static_cast<int>(cudaErrorInvalidDevice);
-  if (per_device[device] == nullptr) {
-    ACTPACK_CUDA_TRY(cudaMalloc(&per_device[device], kScratchWords * sizeof(unsigned long long)));
-  }
-  *scratch = per_device[device];
-  ACTPACK_CUDA_TRY(cudaMemsetAsync(*scratch, 0, kScratchWords * sizeof(unsigned long long),
-                                   static_cast<cudaStream_t>(stream)));
-  return 0;
+absl::Status ZeroCounters(unsigned long long* counters, void* stream) {
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters, 0, kCounterWords * sizeof(*counters),
+                                               static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
 }
 
-int ReadScratch(const unsigned long long* scratch, void* stream, uint64_t* values, int count) {
-  return CopyToHost(values, scratch, count * sizeof(unsigned long long), stream);
+absl::Status ReadCounters(const unsigned long long* counters, void* stream, uint64_t* values,
+                          int count) {
+  return CopyToHost(values, counters, count * sizeof(*counters), stream);
 }
 
-int PayloadChecksum(const uint8_t* payload, uint64_t bytes, void* stream, uint64_t* checksum) {
-  unsigned long long* scratch = nullptr;
-  const int error = GetScratch(stream, &scratch);
-  if (error != 0) return error;
+absl::Status PayloadChecksum(const uint8_t* payload, uint64_t bytes, unsigned long long* counters,
+                             void* stream, uint64_t* checksum) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const uint64_t words = bytes / 4 + 1;
   const int blocks = static_cast<int>(std::min<uint64_t>(4096, (words + 255) / 256));
-  ACTPACK_LAUNCH(ChecksumKernel, blocks, 256, static_cast<cudaStream_t>(stream))(payload, bytes, scratch);
-  ACTPACK_CUDA_TRY_LAUNCH();
-  return ReadScratch(scratch, stream, checksum, 1);
+  ACTPACK_LAUNCH(ChecksumKernel, blocks, 256, static_cast<cudaStream_t>(stream))(payload, bytes,
+                                                                                counters);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ReadCounters(counters, stream, checksum, 1);
 }
 
 }  // namespace actpack::codecs::cuda

@@ -1,20 +1,23 @@
-// Device helpers shared by actpack's kernels: warp reductions into global accumulators and the
-// per-thread scratch those accumulators live in.
+// Device helpers shared by actpack's kernels: warp reductions into global accumulators, the
+// counters those accumulators live in, and grid sizing.
 #ifndef ACTPACK_CODECS_CUDA_DEVICE_OPS_CUH_
 #define ACTPACK_CODECS_CUDA_DEVICE_OPS_CUH_
+
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/status/status.h"
+
 namespace actpack::codecs::cuda {
 
-inline constexpr int kScratchWords = 8;
+// Zeroes the caller's kCounterWords counters, ordered on `stream`.
+absl::Status ZeroCounters(unsigned long long* counters, void* stream);
 
-// A zeroed array of kScratchWords accumulators on the current device, ordered on `stream`.
-int GetScratch(void* stream, unsigned long long** scratch);
-
-// Copies `count` accumulators back to the host, waiting for `stream`.
-int ReadScratch(const unsigned long long* scratch, void* stream, uint64_t* values, int count);
+// Copies `count` counters back to the host, waiting for `stream`.
+absl::Status ReadCounters(const unsigned long long* counters, void* stream, uint64_t* values,
+                          int count);
 
 // Sums `value` over the warp and adds it to *target once per warp (mod 2^64).
 __device__ __forceinline__ void WarpSumToGlobal(uint64_t value, unsigned long long* target) {

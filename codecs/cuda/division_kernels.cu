@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -164,12 +164,12 @@ __global__ void DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layou
 
 }  // namespace
 
-int DivisionEncode(const void* input, const division_math::Layout& layout, int element_kind,
-                   uint8_t* payload, void* stream, uint64_t* payload_checksum,
-                   uint64_t* nonfinite, uint64_t* nonfinite_lfc, uint64_t* overflow_groups) {
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,
+                            int element_kind, uint8_t* payload, unsigned long long* counters,
+                            void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
+                            uint64_t* nonfinite_lfc, uint64_t* overflow_groups) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   if (layout.lfc_words > 0) {
@@ -187,7 +187,7 @@ int DivisionEncode(const void* input, const division_math::Layout& layout, int e
         ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF32>, blocks, kThreads, s)(input, layout, words,
                                                                       counters);
     }
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (layout.groups > 0) {
     const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
@@ -204,22 +204,22 @@ int DivisionEncode(const void* input, const division_math::Layout& layout, int e
         ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
     }
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[4] = {0, 0, 0, 0};
-  error = ReadScratch(counters, stream, values, 4);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, values, 4);
+  if (!status.ok()) return status;
   *payload_checksum = values[kChecksum];
   *nonfinite = values[kNonfinite];
   *nonfinite_lfc = values[kNonfiniteLfc];
   *overflow_groups = values[kOverflowGroups];
-  return 0;
+  return absl::OkStatus();
 }
 
-int DivisionDecode(const uint8_t* payload, const division_math::Layout& layout, int element_kind,
-                   void* output, void* stream) {
+absl::Status DivisionDecode(const uint8_t* payload, const division_math::Layout& layout,
+                            int element_kind, void* output, void* stream) {
   const uint64_t numel = layout.planes * layout.plane;
-  if (numel == 0) return 0;
+  if (numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(numel, kThreads);
@@ -233,8 +233,8 @@ int DivisionDecode(const uint8_t* payload, const division_math::Layout& layout, 
     default:
       ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF32>, blocks, kThreads, s)(words, layout, output);
   }
-  ACTPACK_CUDA_TRY_LAUNCH();
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -485,38 +485,38 @@ void DispatchKind(int element_kind, Fn&& fn) {
 
 }  // namespace
 
-int EbRange(const void* input, uint64_t numel, int element_kind, void* stream, float* lo,
-            float* hi, uint64_t* finite) {
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+absl::Status EbRange(const void* input, uint64_t numel, int element_kind,
+                     unsigned long long* counters, void* stream, float* lo, float* hi,
+                     uint64_t* finite) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (numel > 0) {
     const int blocks = BlocksFor(numel, 256 * 8);
     DispatchKind(element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbRangeKernel<decltype(kind)::value>, blocks, 256, s)(input, numel, counters);
     });
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[3] = {0, 0, 0};
-  error = ReadScratch(counters, stream, values, 3);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, values, 3);
+  if (!status.ok()) return status;
   *finite = values[2];
   *lo = values[2] > 0 ? FromOrderedKey(~static_cast<uint32_t>(values[1]))
                       : portable::BitsToFloat(0x7f800000u);
   *hi = values[2] > 0 ? FromOrderedKey(static_cast<uint32_t>(values[0]))
                       : portable::BitsToFloat(0xff800000u);
-  return 0;
+  return absl::OkStatus();
 }
 
-int EbEncode(const void* input, const EbShape& shape, float half_bin, float bound,
-             uint8_t* payload, uint8_t* scratch, void* stream, uint64_t* payload_words,
-             uint64_t* outliers, uint64_t* payload_checksum) {
+absl::Status EbEncode(const void* input, const EbShape& shape, float half_bin, float bound,
+                      uint8_t* payload, uint8_t* scratch, unsigned long long* counters,
+                      void* stream, uint64_t* payload_words, uint64_t* outliers,
+                      uint64_t* payload_checksum) {
   const Layout l = LayoutOf(shape);
   const Quantizer qz = eb_math::MakeQuantizer(half_bin, bound);
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   uint64_t* chunk_words = reinterpret_cast<uint64_t*>(scratch);
@@ -527,14 +527,14 @@ int EbEncode(const void* input, const EbShape& shape, float half_bin, float boun
       ACTPACK_LAUNCH(EbPlanKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           input, l, qz, words, chunk_words, chunk_outliers);
     });
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     ACTPACK_LAUNCH(EbScanKernel, 1, kScanThreads, s)(chunk_words, chunk_outliers, l.chunks,
                                              words + l.blocks, counters);
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t totals[2] = {0, 0};
-  error = ReadScratch(counters, stream, totals, 2);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, totals, 2);
+  if (!status.ok()) return status;
   const uint64_t data_start = l.blocks + 2 * l.chunks;
   const uint64_t slots_start = data_start + totals[0];
   const uint64_t raw_start = slots_start + 2 * totals[1];
@@ -543,20 +543,20 @@ int EbEncode(const void* input, const EbShape& shape, float half_bin, float boun
       ACTPACK_LAUNCH(EbWriteKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           input, l, qz, words, chunk_outliers, data_start, slots_start, raw_start);
     });
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   *payload_words = raw_start + totals[1];
   *outliers = totals[1];
-  return PayloadChecksum(payload, 4 * *payload_words, stream, payload_checksum);
+  return PayloadChecksum(payload, 4 * *payload_words, counters, stream, payload_checksum);
 }
 
-int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint64_t data_words,
-             uint64_t outliers, void* output, void* stream, uint32_t* failures) {
+absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin,
+                      uint64_t data_words, uint64_t outliers, unsigned long long* counters,
+                      void* output, void* stream, uint32_t* failures) {
   const Layout l = LayoutOf(shape);
   const uint32_t element_bytes = shape.element_kind == elements::kF32 ? 4 : 2;
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const uint64_t data_start = l.blocks + 2 * l.chunks;
@@ -568,24 +568,24 @@ int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint6
       ACTPACK_LAUNCH(EbValidateKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           words, l, data_words, counters);
     });
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (outliers > 0) {
     ACTPACK_LAUNCH(EbValidateOutliersKernel, BlocksFor(outliers, 256), 256, s)(
         words, l, slots, raw, outliers, element_bytes, counters);
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t bits = 0;
-  error = ReadScratch(counters, stream, &bits, 1);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, &bits, 1);
+  if (!status.ok()) return status;
   *failures = static_cast<uint32_t>(bits);
-  if (bits != 0) return 0;
+  if (bits != 0) return absl::OkStatus();
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbDecodeKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
           words, l, half_bin, data_start, output);
     });
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (outliers > 0) {
     // After the blocks (same stream): an outlier overwrites its block's placeholder value.
@@ -594,9 +594,9 @@ int EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin, uint6
     } else {
       ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outliers, 256), 256, s)(l, slots, raw, outliers, output);
     }
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  return 0;
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

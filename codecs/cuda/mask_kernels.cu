@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -65,11 +65,11 @@ __global__ void MaskDecodeKernel(const uint32_t* __restrict__ payload, uint64_t 
 
 }  // namespace
 
-int MaskEncode(const void* input, uint64_t numel, int width, uint8_t* payload, void* stream,
-               uint64_t* payload_checksum, uint32_t* max_bits, uint32_t* min_bits) {
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+absl::Status MaskEncode(const void* input, uint64_t numel, int width, uint8_t* payload,
+                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
+                        uint32_t* max_bits, uint32_t* min_bits) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const uint64_t words = (numel + 31) / 32;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* out = reinterpret_cast<uint32_t*>(payload);
@@ -85,20 +85,20 @@ int MaskEncode(const void* input, uint64_t numel, int width, uint8_t* payload, v
       default:
         ACTPACK_LAUNCH(MaskEncodeKernel<1>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
     }
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[3] = {0, 0, 0};
-  error = ReadScratch(counters, stream, values, 3);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, values, 3);
+  if (!status.ok()) return status;
   *payload_checksum = values[0];
   *max_bits = static_cast<uint32_t>(values[1]);
   *min_bits = values[1] == 0 ? 0u : static_cast<uint32_t>(~values[2]);
-  return 0;
+  return absl::OkStatus();
 }
 
-int MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value, void* output,
-               void* stream) {
-  if (numel == 0) return 0;
+absl::Status MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value,
+                        void* output, void* stream) {
+  if (numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(numel, 256);
@@ -107,8 +107,8 @@ int MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value
     case 2: ACTPACK_LAUNCH(MaskDecodeKernel<2>, blocks, 256, s)(words, numel, value, output); break;
     default: ACTPACK_LAUNCH(MaskDecodeKernel<1>, blocks, 256, s)(words, numel, value, output);
   }
-  ACTPACK_CUDA_TRY_LAUNCH();
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

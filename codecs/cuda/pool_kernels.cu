@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -60,11 +60,11 @@ uint64_t PayloadWords(const pool_math::Shape& shape, int element_kind) {
 
 }  // namespace
 
-int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, void* stream,
-               uint64_t* payload_checksum, uint64_t* nonfinite) {
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload,
+                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
+                        uint64_t* nonfinite) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const pool_math::Shape shape =
       pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t words = PayloadWords(shape, layout.element_kind);
@@ -85,21 +85,22 @@ int PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload, vo
         ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF32>, blocks, kThreads, s)(input, shape, words, out,
                                                                      counters);
     }
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[2] = {0, 0};
-  error = ReadScratch(counters, stream, values, 2);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, values, 2);
+  if (!status.ok()) return status;
   *payload_checksum = values[0];
   *nonfinite = values[1];
-  return 0;
+  return absl::OkStatus();
 }
 
-int PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output, void* stream) {
+absl::Status PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output,
+                        void* stream) {
   const pool_math::Shape shape =
       pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t numel = shape.rows * shape.row_length;
-  if (numel == 0) return 0;
+  if (numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = BlocksFor(numel, kThreads);
   if (layout.element_kind == elements::kF32) {
@@ -107,8 +108,8 @@ int PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output, v
   } else {
     ACTPACK_LAUNCH(PoolDecodeKernel<2>, blocks, kThreads, s)(payload, shape, output);
   }
-  ACTPACK_CUDA_TRY_LAUNCH();
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "codecs/cuda/cuda_check.cuh"
+#include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
@@ -111,11 +111,11 @@ __global__ void QuantDecodeKernel(const uint32_t* __restrict__ payload, QuantLay
 
 }  // namespace
 
-int QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload, void* stream,
-                uint64_t* payload_checksum, uint64_t* nonfinite, uint64_t* overflow_groups) {
-  unsigned long long* counters = nullptr;
-  int error = GetScratch(stream, &counters);
-  if (error != 0) return error;
+absl::Status QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload,
+                         unsigned long long* counters, void* stream, uint64_t* payload_checksum,
+                         uint64_t* nonfinite, uint64_t* overflow_groups) {
+  absl::Status status = ZeroCounters(counters, stream);
+  if (!status.ok()) return status;
   const uint64_t groups = (layout.numel + layout.group_size - 1) / layout.group_size;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
@@ -134,19 +134,20 @@ int QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload, 
         ACTPACK_LAUNCH(QuantEncodeKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
     }
-    ACTPACK_CUDA_TRY_LAUNCH();
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[3] = {0, 0, 0};
-  error = ReadScratch(counters, stream, values, 3);
-  if (error != 0) return error;
+  status = ReadCounters(counters, stream, values, 3);
+  if (!status.ok()) return status;
   *payload_checksum = values[0];
   *nonfinite = values[1];
   *overflow_groups = values[2];
-  return 0;
+  return absl::OkStatus();
 }
 
-int QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output, void* stream) {
-  if (layout.numel == 0) return 0;
+absl::Status QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output,
+                         void* stream) {
+  if (layout.numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(layout.numel, 256);
@@ -160,8 +161,8 @@ int QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output,
     default:
       ACTPACK_LAUNCH(QuantDecodeKernel<elements::kF32>, blocks, 256, s)(words, layout, output);
   }
-  ACTPACK_CUDA_TRY_LAUNCH();
-  return 0;
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

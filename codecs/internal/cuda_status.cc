@@ -2,22 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-#ifdef ACTPACK_WITH_CUDA
-#include "codecs/cuda/kernels.h"
-#endif
-
 namespace actpack::codecs::internal {
-
-absl::Status CudaStatus(int error) {
-  if (error == 0) return absl::OkStatus();
-#ifdef ACTPACK_WITH_CUDA
-  return absl::InternalError(absl::StrCat("actpack: CUDA error ", error, " (",
-                                          cuda::CudaErrorString(error), ") in ",
-                                          cuda::LastCudaErrorSite()));
-#else
-  return absl::InternalError(absl::StrCat("actpack: CUDA error ", error));
-#endif
-}
 
 absl::Status CudaNotCompiledIn(const char* what) {
   return absl::UnimplementedError(absl::StrCat(

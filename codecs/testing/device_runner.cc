@@ -62,9 +62,35 @@ absl::Status ToHost(void* host, const void* device, size_t bytes, cudaStream_t s
 
 }  // namespace
 
-DeviceRunner::DeviceRunner(Device device) : device_(device) {
+// The ExecContext's scratch: plain cudaMalloc, counted (the runtime passes its budgeted pool).
+class DeviceRunner::Scratch final : public ScratchAllocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes, void* stream) override {
+#if ACTPACK_WITH_CUDA
+    void* p = nullptr;
+    absl::Status s = Check(cudaMalloc(&p, bytes), "cudaMalloc for scratch");
+    if (!s.ok()) return s;
+    ++allocations;
+    return p;
+#else
+    return absl::UnimplementedError("no CUDA");
+#endif
+  }
+  void Deallocate(void* ptr, size_t bytes, void* stream) override {
+#if ACTPACK_WITH_CUDA
+    (void)cudaFree(ptr);
+#endif
+  }
+  int64_t allocations = 0;
+};
+
+int64_t DeviceRunner::scratch_allocations() const { return scratch_->allocations; }
+
+DeviceRunner::DeviceRunner(Device device)
+    : device_(device), scratch_(std::make_unique<Scratch>()) {
   context_.device = device;
   if (device == Device::kCpu) return;
+  context_.scratch = scratch_.get();
 #if ACTPACK_WITH_CUDA
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {

@@ -12,6 +12,7 @@
 #define ACTPACK_CODECS_TESTING_DEVICE_RUNNER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ class DeviceRunner {
   const std::string& why_unavailable() const { return why_unavailable_; }
   const ExecContext& context() const { return context_; }
 
+  // How many times a codec took scratch memory from the runner (ExecContext::scratch).
+  int64_t scratch_allocations() const;
+
   // Encodes `input` (host bytes of a `dtype` tensor of `shape`); the result holds exactly the
   // bytes used.
   absl::StatusOr<std::vector<uint8_t>> Encode(const std::vector<uint8_t>& input, DType dtype,
@@ -50,8 +54,10 @@ class DeviceRunner {
   absl::StatusOr<Header> Verify(const std::vector<uint8_t>& buffer, size_t size);
 
  private:
+  class Scratch;
   const Device device_;
   std::string why_unavailable_;
+  std::unique_ptr<Scratch> scratch_;
   ExecContext context_;
 };
 

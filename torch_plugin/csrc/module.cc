@@ -8,6 +8,9 @@
 #include <torch/library.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/graph_task.h>
+#ifdef ACTPACK_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <map>
@@ -42,6 +45,15 @@ class TensorBuffer final : public runtime::Buffer {
   absl::Status ShrinkTo(size_t bytes) override {
     // Worth a copy only when it gives back a good share (variable-size codecs such as eb).
     if (bytes + bytes / 8 < size()) bytes_ = bytes_.narrow(0, 0, static_cast<int64_t>(bytes)).clone();
+    return absl::OkStatus();
+  }
+  absl::Status RecordStream(void* stream) override {
+#ifdef ACTPACK_WITH_CUDA
+    if (bytes_.is_cuda()) {
+      bytes_.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream),
+                                                            bytes_.get_device()));
+    }
+#endif
     return absl::OkStatus();
   }
   const at::Tensor& tensor() const { return bytes_; }

@@ -4,6 +4,7 @@
 
 #ifdef ACTPACK_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace actpack::torch_plugin {
@@ -55,6 +56,25 @@ codecs::Device DeviceOf(const at::Tensor& tensor) {
   return tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
 }
 
+#ifdef ACTPACK_WITH_CUDA
+// A codec's counters on the GPU come from torch's CUDA allocator: actpack's budgeted pool when
+// it is plugged in (actpack.install_allocator), so they count against the budget.
+class TorchCudaScratch final : public codecs::ScratchAllocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes, void* stream) override {
+    try {
+      return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(
+          bytes, static_cast<cudaStream_t>(stream));
+    } catch (const c10::OutOfMemoryError& e) {
+      return absl::ResourceExhaustedError(e.what_without_backtrace());
+    }
+  }
+  void Deallocate(void* ptr, size_t bytes, void* stream) override {
+    c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+  }
+};
+#endif
+
 }  // namespace
 
 codecs::TensorView ToView(const at::Tensor& contiguous) {
@@ -74,8 +94,10 @@ codecs::ExecContext ContextFor(const at::Tensor& tensor) {
   context.device = DeviceOf(tensor);
   if (tensor.is_cuda()) {
 #ifdef ACTPACK_WITH_CUDA
+    static TorchCudaScratch scratch;
     context.device_index = tensor.get_device();
     context.stream = at::cuda::getCurrentCUDAStream(tensor.get_device()).stream();
+    context.scratch = &scratch;
 #else
     TORCH_CHECK_NOT_IMPLEMENTED(false,
                                 "actpack: this build has no CUDA support; reinstall actpack "

@@ -21,7 +21,8 @@ at::ScalarType ToTorchDType(codecs::DType dtype);
 codecs::TensorView ToView(const at::Tensor& contiguous);
 codecs::MutableTensorView ToMutableView(at::Tensor& contiguous);
 
-// The device and current stream of `tensor`.
+// The device and current stream of `tensor`, and on CUDA the scratch allocator (torch's CUDA
+// allocator) its codecs take their counters from.
 codecs::ExecContext ContextFor(const at::Tensor& tensor);
 
 // Throws the PyTorch error matching `status` (ValueError for kInvalidArgument,
