@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
 #include "codecs/internal/device_counters.h"
+#include "codecs/internal/element_kind.h"
 #include "codecs/internal/dft_math.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
@@ -736,7 +737,7 @@ class Division final : public Codec {
       absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
       if (!counters.ok()) return counters.status();
       absl::Status status = cuda::DivisionEncode(
-          input.data, l, static_cast<int>(input.dtype), payload, counters->get(), context.stream,
+          input.data, l, elements::KindOf(input.dtype), payload, counters->get(), context.stream,
           &total.checksum, &total.nonfinite, &total.nonfinite_lfc, &total.overflow_groups);
       if (!status.ok()) return status;
 #else
@@ -783,7 +784,7 @@ class Division final : public Codec {
     if (output.device == Device::kCuda) {
       if (v_.id == CodecId::kDivisionFft) return CpuOnly("decode");
 #ifdef ACTPACK_WITH_CUDA
-      return cuda::DivisionDecode(payload, l, static_cast<int>(header.dtype), output.data,
+      return cuda::DivisionDecode(payload, l, elements::KindOf(header.dtype), output.data,
                                   context.stream);
 #else
       return internal::CudaNotCompiledIn("division decode");

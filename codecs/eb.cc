@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
 #include "codecs/internal/device_counters.h"
+#include "codecs/internal/element_kind.h"
 #include "codecs/internal/eb_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
@@ -63,21 +64,8 @@ Shape ShapeOf(absl::Span<const int64_t> shape, uint64_t numel) {
 
 Layout LayoutOf(const Shape& s) { return eb_math::MakeLayout(s.dims, s.planes, s.rows, s.cols); }
 
-// Payload sections, in 32-bit words: block headers, the chunk index (a uint64 per chunk), the
-// block data, the outliers' uint64 slots and their raw bits.
-struct Sections {
-  uint64_t index;  // first word of each section
-  uint64_t data;
-  uint64_t fixed_words;  // everything but the block data
-};
-
-Sections SectionsOf(const Layout& l, uint64_t outliers) {
-  Sections s;
-  s.index = l.blocks;
-  s.data = l.blocks + 2 * l.chunks;
-  s.fixed_words = s.data + eb_math::kOutlierWords * outliers;
-  return s;
-}
+using eb_math::Sections;
+using eb_math::SectionsOf;
 
 // The most data + outlier words the blocks can take: each at most its verbatim size.
 uint64_t MaxBlockWords(const Layout& l, uint64_t numel, size_t element_bytes) {
@@ -381,19 +369,20 @@ std::pair<uint64_t, uint64_t> CpuEncode(const void* input, DType dtype, const La
   });
   uint64_t outliers = 0;
   for (const TaskOutput& out : outputs) outliers += out.slots.size();
-  const Sections s = SectionsOf(l, outliers);
+  const uint64_t index = SectionsOf(l, 0, outliers).index;
   uint64_t data_words = 0;
   for (uint64_t c = 0; c < l.chunks; ++c) {
-    WriteU64(words + s.index, c, data_words);
+    WriteU64(words + index, c, data_words);
     data_words += chunk_words[c];
   }
+  const Sections s = SectionsOf(l, data_words, outliers);
   // Tasks cover the chunks in order, so concatenating their outliers keeps slot order.
   std::vector<uint64_t> outlier_start(tasks, 0);
   for (int t = 1; t < tasks; ++t) {
     outlier_start[t] = outlier_start[t - 1] + outputs[t - 1].slots.size();
   }
-  uint32_t* slots = words + s.data + data_words;
-  uint32_t* raw = slots + 2 * outliers;
+  uint32_t* slots = words + s.slots;
+  uint32_t* raw = words + s.raw;
   internal::ParallelFor(tasks, 1, [&](int, int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const TaskOutput& out = outputs[t];
@@ -408,7 +397,7 @@ std::pair<uint64_t, uint64_t> CpuEncode(const void* input, DType dtype, const La
       }
     }
   });
-  return {s.fixed_words + data_words, outliers};
+  return {s.end, outliers};
 }
 
 // ---- CPU decoder ----
@@ -545,7 +534,7 @@ class Eb final : public Codec {
   uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams&) const override {
     const Layout l = LayoutOf(ShapeOf(spec.shape, spec.numel()));
     const uint64_t words =
-        SectionsOf(l, 0).fixed_words + MaxBlockWords(l, spec.numel(), ElementSize(spec.dtype));
+        SectionsOf(l, 0, 0).fixed_words + MaxBlockWords(l, spec.numel(), ElementSize(spec.dtype));
     return 4 * words + 8 + 16 * l.chunks;
   }
 
@@ -560,7 +549,7 @@ class Eb final : public Codec {
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
-                             static_cast<int>(input.dtype)};
+                             elements::KindOf(input.dtype)};
       absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
       if (!counters.ok()) return counters.status();
       Range range;
@@ -614,18 +603,19 @@ class Eb final : public Codec {
     const Params& p = *params;
     const Shape shape = ShapeOf(header.Shape(), header.numel);
     const Layout l = LayoutOf(shape);
-    const Sections s = SectionsOf(l, p.outliers);
-    if (header.payload_size % 4 != 0 || header.payload_size / 4 < s.fixed_words) {
+    const uint64_t fixed_words = SectionsOf(l, 0, p.outliers).fixed_words;
+    if (header.payload_size % 4 != 0 || header.payload_size / 4 < fixed_words) {
       return absl::DataLossError(absl::StrCat(
           "actpack: corrupt eb buffer: payload of ", header.payload_size, " bytes, expected ",
-          4 * s.fixed_words, " bytes of headers, index and outliers plus whole data words"));
+          4 * fixed_words, " bytes of headers, index and outliers plus whole data words"));
     }
-    const uint64_t data_words = header.payload_size / 4 - s.fixed_words;
+    const uint64_t data_words = header.payload_size / 4 - fixed_words;
+    const Sections s = SectionsOf(l, data_words, p.outliers);
     const uint32_t element_bytes = static_cast<uint32_t>(ElementSize(header.dtype));
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
-                             static_cast<int>(header.dtype)};
+                             elements::KindOf(header.dtype)};
       uint32_t failures = 0;
       absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
       if (!counters.ok()) return counters.status();
@@ -647,8 +637,8 @@ class Eb final : public Codec {
 #endif
     }
     const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-    const uint32_t* slots = words + s.data + data_words;
-    const uint32_t* raw = slots + 2 * p.outliers;
+    const uint32_t* slots = words + s.slots;
+    const uint32_t* raw = words + s.raw;
     absl::Status valid = ValidateBlocks(words, l, s, data_words, element_bytes);
     if (!valid.ok()) return valid;
     valid = ValidateOutliers(words, l, slots, raw, p.outliers, element_bytes);

@@ -8,6 +8,7 @@
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
 #include "codecs/internal/device_counters.h"
+#include "codecs/internal/element_kind.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/pool_math.h"
@@ -101,7 +102,7 @@ class Pool final : public Codec {
     Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      const cuda::PoolLayout layout{s.rows, s.row_length, window, static_cast<int>(input.dtype)};
+      const cuda::PoolLayout layout{s.rows, s.row_length, window, elements::KindOf(input.dtype)};
       absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
       if (!counters.ok()) return counters.status();
       absl::Status status = cuda::PoolEncode(input.data, layout, payload, counters->get(),
@@ -163,7 +164,7 @@ class Pool final : public Codec {
     }
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      const cuda::PoolLayout layout{s.rows, s.row_length, window, static_cast<int>(header.dtype)};
+      const cuda::PoolLayout layout{s.rows, s.row_length, window, elements::KindOf(header.dtype)};
       return cuda::PoolDecode(payload, layout, output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("pool decode");

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cuda_status.h"
 #include "codecs/internal/device_counters.h"
+#include "codecs/internal/element_kind.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
@@ -20,22 +21,8 @@
 namespace actpack::codecs {
 namespace {
 
-struct Layout {
-  uint64_t numel;
-  uint32_t group_size;
-  uint32_t bits;
-  uint64_t seed;
-  uint64_t groups;
-  uint64_t words_per_group;
-  uint64_t payload_size() const { return 4 * groups * (1 + words_per_group); }
-};
-
-Layout MakeLayout(uint64_t numel, uint32_t group_size, uint32_t bits, uint64_t seed) {
-  Layout l{numel, group_size, bits, seed, 0, 0};
-  l.groups = (numel + group_size - 1) / group_size;
-  l.words_per_group = uint64_t{group_size} * bits / 32;
-  return l;
-}
+using quant_math::Layout;
+using quant_math::MakeLayout;
 
 void WriteParams(const Layout& l, Header* header) {
   header->params.fill(0);
@@ -79,7 +66,6 @@ Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64
   constexpr uint32_t kPerWord = 32 / kBits;
   constexpr uint32_t kLevels = (1u << kBits) - 1;
   Partial partial;
-  uint32_t* codes = words + l.groups;
   std::vector<float> values(l.group_size);
   std::vector<uint32_t> group_codes(l.group_size);
   for (uint64_t g = g_begin; g < g_end; ++g) {
@@ -120,12 +106,12 @@ Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64
       for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFloat(l.seed, first + i));
     }
     for (uint32_t i = n; i < l.group_size; ++i) group_codes[i] = 0;
-    uint32_t* out = codes + g * l.words_per_group;
+    uint32_t* out = words + l.CodeWord(g, 0);
     for (uint64_t w = 0; w < l.words_per_group; ++w) {
       uint32_t word = 0;
       for (uint32_t j = 0; j < kPerWord; ++j) word |= group_codes[w * kPerWord + j] << (j * kBits);
       out[w] = word;
-      partial.checksum += portable::ChecksumTerm(word, l.groups + g * l.words_per_group + w);
+      partial.checksum += portable::ChecksumTerm(word, l.CodeWord(g, w));
     }
   }
   return partial;
@@ -136,12 +122,11 @@ void DecodeGroups(const uint32_t* words, const Layout& l, void* output, uint64_t
                   uint64_t g_end) {
   constexpr uint32_t kPerWord = 32 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1;
-  const uint32_t* codes = words + l.groups;
   for (uint64_t g = g_begin; g < g_end; ++g) {
     const quant_math::GroupParams p = quant_math::UnpackGroupParams(words[g]);
     const uint64_t first = g * l.group_size;
     const uint64_t n = std::min<uint64_t>(l.group_size, l.numel - first);
-    const uint32_t* in = codes + g * l.words_per_group;
+    const uint32_t* in = words + l.CodeWord(g, 0);
     const uint64_t full_words = n / kPerWord;
     for (uint64_t w = 0; w < full_words; ++w) {
       const uint32_t word = in[w];
@@ -203,7 +188,7 @@ class Quant final : public Codec {
   }
 
   uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams& params) const override {
-    return MakeLayout(spec.numel(), params.group_size, params.bits, params.seed).payload_size();
+    return 4 * MakeLayout(spec.numel(), params.group_size, params.bits, params.seed).payload_words();
   }
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
@@ -214,12 +199,11 @@ class Quant final : public Codec {
     Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      const cuda::QuantLayout cl{l.numel, l.group_size, l.bits, l.seed,
-                                 static_cast<int>(input.dtype)};
+      const elements::Kind kind = elements::KindOf(input.dtype);
       absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
       if (!counters.ok()) return counters.status();
       absl::Status status =
-          cuda::QuantEncode(input.data, cl, payload, counters->get(), context.stream,
+          cuda::QuantEncode(input.data, l, kind, payload, counters->get(), context.stream,
                             &total.checksum, &total.nonfinite, &total.overflow_groups);
       if (!status.ok()) return status;
 #else
@@ -249,7 +233,7 @@ class Quant final : public Codec {
           absl::StrCat("actpack: quant cannot encode a tensor whose value range overflows float "
                        "in ", total.overflow_groups, " groups; keep it exact"));
     }
-    return PayloadInfo{l.payload_size(), total.checksum};
+    return PayloadInfo{4 * l.payload_words(), total.checksum};
   }
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
@@ -262,16 +246,15 @@ class Quant final : public Codec {
       return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: dtype ",
                                               DTypeName(header.dtype)));
     }
-    if (header.payload_size != l.payload_size()) {
+    if (header.payload_size != 4 * l.payload_words()) {
       return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: payload of ",
                                               header.payload_size, " bytes, expected ",
-                                              l.payload_size()));
+                                              4 * l.payload_words()));
     }
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      const cuda::QuantLayout cl{l.numel, l.group_size, l.bits, l.seed,
-                                 static_cast<int>(header.dtype)};
-      return cuda::QuantDecode(payload, cl, output.data, context.stream);
+      const elements::Kind kind = elements::KindOf(header.dtype);
+      return cuda::QuantDecode(payload, l, kind, output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("quant decode");
 #endif

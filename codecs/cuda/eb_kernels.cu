@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   WarpTile& w = tiles[warp];
-  const uint32_t* index = words + l.blocks;
+  const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
   uint32_t* data = words + data_start;
   uint32_t* slots = words + slots_start;
   uint32_t* raw = words + raw_start;
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                      unsigned long long* __restrict__ failures) {
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
   const int lane = threadIdx.x & 31;
-  const uint32_t* index = words + l.blocks;
+  const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarps;
   for (uint64_t c = uint64_t{blockIdx.x} * kWarps + threadIdx.x / 32; c < l.chunks;
        c += warp_stride) {
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   uint32_t* k = reinterpret_cast<uint32_t*>(tiles[warp].k);
-  const uint32_t* index = words + l.blocks;
+  const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
   const uint32_t tc = l.tile_cols;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarps;
   for (uint64_t c = uint64_t{blockIdx.x} * kWarps + warp; c < l.chunks; c += warp_stride) {
@@ -529,23 +529,22 @@ absl::Status EbEncode(const void* input, const EbShape& shape, float half_bin, f
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     ACTPACK_LAUNCH(EbScanKernel, 1, kScanThreads, s)(chunk_words, chunk_outliers, l.chunks,
-                                             words + l.blocks, counters);
+                                                     words + eb_math::SectionsOf(l, 0, 0).index,
+                                                     counters);
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t totals[2] = {0, 0};
   status = ReadCounters(counters, stream, totals, 2);
   if (!status.ok()) return status;
-  const uint64_t data_start = l.blocks + 2 * l.chunks;
-  const uint64_t slots_start = data_start + totals[0];
-  const uint64_t raw_start = slots_start + 2 * totals[1];
+  const eb_math::Sections sections = eb_math::SectionsOf(l, totals[0], totals[1]);
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbWriteKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          input, l, qz, words, chunk_outliers, data_start, slots_start, raw_start);
+          input, l, qz, words, chunk_outliers, sections.data, sections.slots, sections.raw);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  *payload_words = raw_start + totals[1];
+  *payload_words = sections.end;
   *outliers = totals[1];
   return PayloadChecksum(payload, 4 * *payload_words, counters, stream, payload_checksum);
 }
@@ -559,9 +558,10 @@ absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_b
   if (!status.ok()) return status;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const uint64_t data_start = l.blocks + 2 * l.chunks;
-  const uint32_t* slots = words + data_start + data_words;
-  const uint32_t* raw = slots + 2 * outliers;
+  const eb_math::Sections sections = eb_math::SectionsOf(l, data_words, outliers);
+  const uint64_t data_start = sections.data;
+  const uint32_t* slots = words + sections.slots;
+  const uint32_t* raw = words + sections.raw;
   const int blocks = BlocksFor(l.chunks, kWarps);
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {

@@ -15,6 +15,8 @@
 
 #include "absl/status/status.h"
 #include "codecs/internal/division_math.h"
+#include "codecs/internal/elements.h"
+#include "codecs/internal/quant_math.h"
 
 namespace actpack::codecs::cuda {
 
@@ -28,23 +30,16 @@ absl::Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes
 absl::Status PayloadChecksum(const uint8_t* payload, uint64_t bytes, unsigned long long* counters,
                              void* stream, uint64_t* checksum);
 
-struct QuantLayout {
-  uint64_t numel;
-  uint32_t group_size;
-  uint32_t bits;
-  uint64_t seed;
-  int element_kind;  // elements::Kind
-};
-
 // Per-group stochastic quantization; writes the same payload as the CPU reference (quant.cc)
 // and reports the checksum and the counts of non-finite values and of groups whose range
 // overflows float.
-absl::Status QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload,
-                         unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                         uint64_t* nonfinite, uint64_t* overflow_groups);
+absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
+                         elements::Kind kind, uint8_t* payload, unsigned long long* counters,
+                         void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
+                         uint64_t* overflow_groups);
 
-absl::Status QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output,
-                         void* stream);
+absl::Status QuantDecode(const uint8_t* payload, const quant_math::Layout& layout,
+                         elements::Kind kind, void* output, void* stream);
 
 // `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc; reports the
 // checksum and the count of finite values that became infinite.

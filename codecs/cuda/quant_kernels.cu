@@ -26,14 +26,12 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    QuantEncodeKernel(const void* __restrict__ input, QuantLayout layout,
+    QuantEncodeKernel(const void* __restrict__ input, quant_math::Layout layout,
                       uint32_t* __restrict__ payload, unsigned long long* __restrict__ counters) {
   const int lane = threadIdx.x & 31;
-  const uint64_t groups = (layout.numel + layout.group_size - 1) / layout.group_size;
-  const uint64_t words_per_group = uint64_t{layout.group_size} * layout.bits / 32;
+  const uint64_t groups = layout.groups;
   const uint32_t per_word = 32 / layout.bits;
   const uint32_t levels = (1u << layout.bits) - 1;
-  uint32_t* codes = payload + groups;
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   uint64_t overflow = 0;
@@ -78,9 +76,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         word |= __shfl_xor_sync(kFullMask, word, offset);
       }
       if (lane % per_word == 0) {
-        const uint64_t index = g * words_per_group + (base + lane) / per_word;
-        codes[index] = word;
-        checksum += portable::ChecksumTerm(word, groups + index);
+        const uint64_t index = layout.CodeWord(g, (base + lane) / per_word);
+        payload[index] = word;
+        checksum += portable::ChecksumTerm(word, index);
       }
     }
   }
@@ -90,20 +88,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }
 
 template <int K>
-__global__ void QuantDecodeKernel(const uint32_t* __restrict__ payload, QuantLayout layout,
+__global__ void QuantDecodeKernel(const uint32_t* __restrict__ payload, quant_math::Layout layout,
                                   void* __restrict__ output) {
-  const uint64_t groups = (layout.numel + layout.group_size - 1) / layout.group_size;
-  const uint64_t words_per_group = uint64_t{layout.group_size} * layout.bits / 32;
   const uint32_t per_word = 32 / layout.bits;
   const uint32_t mask = (1u << layout.bits) - 1;
-  const uint32_t* codes = payload + groups;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < layout.numel;
        i += stride) {
     const uint64_t g = i / layout.group_size;
     const uint64_t k = i - g * layout.group_size;
     const quant_math::GroupParams p = quant_math::UnpackGroupParams(payload[g]);
-    const uint32_t word = codes[g * words_per_group + k / per_word];
+    const uint32_t word = payload[layout.CodeWord(g, k / per_word)];
     const uint32_t code = (word >> ((k % per_word) * layout.bits)) & mask;
     elements::Store<K>(output, i, quant_math::Dequantize(code, p));
   }
@@ -111,17 +106,17 @@ __global__ void QuantDecodeKernel(const uint32_t* __restrict__ payload, QuantLay
 
 }  // namespace
 
-absl::Status QuantEncode(const void* input, const QuantLayout& layout, uint8_t* payload,
-                         unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                         uint64_t* nonfinite, uint64_t* overflow_groups) {
+absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
+                         elements::Kind kind, uint8_t* payload, unsigned long long* counters,
+                         void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
+                         uint64_t* overflow_groups) {
   absl::Status status = ZeroCounters(counters, stream);
   if (!status.ok()) return status;
-  const uint64_t groups = (layout.numel + layout.group_size - 1) / layout.group_size;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  if (groups > 0) {
-    const int blocks = BlocksFor(groups, kWarpsPerBlock);
-    switch (layout.element_kind) {
+  if (layout.groups > 0) {
+    const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
+    switch (kind) {
       case elements::kF16:
         ACTPACK_LAUNCH(QuantEncodeKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
@@ -145,13 +140,13 @@ absl::Status QuantEncode(const void* input, const QuantLayout& layout, uint8_t* 
   return absl::OkStatus();
 }
 
-absl::Status QuantDecode(const uint8_t* payload, const QuantLayout& layout, void* output,
-                         void* stream) {
+absl::Status QuantDecode(const uint8_t* payload, const quant_math::Layout& layout,
+                         elements::Kind kind, void* output, void* stream) {
   if (layout.numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(layout.numel, 256);
-  switch (layout.element_kind) {
+  switch (kind) {
     case elements::kF16:
       ACTPACK_LAUNCH(QuantDecodeKernel<elements::kF16>, blocks, 256, s)(words, layout, output);
       break;

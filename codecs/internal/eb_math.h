@@ -71,6 +71,30 @@ ACTPACK_HD Layout MakeLayout(int dims, uint64_t planes, uint64_t rows, uint64_t 
   return l;
 }
 
+// Where a payload's sections start, in 32-bit words: the block headers (one word a block), the
+// chunk index (a uint64 per chunk: where its blocks' data starts), the block data, the outliers'
+// uint64 slots and their raw bits. The CPU reference and the CUDA kernels both place and find
+// the sections through this.
+struct Sections {
+  uint64_t index;
+  uint64_t data;
+  uint64_t slots;
+  uint64_t raw;
+  uint64_t end;          // the payload's size in words
+  uint64_t fixed_words;  // everything but the block data
+};
+
+ACTPACK_HD Sections SectionsOf(const Layout& l, uint64_t data_words, uint64_t outliers) {
+  Sections s;
+  s.index = l.blocks;
+  s.data = l.blocks + 2 * l.chunks;
+  s.slots = s.data + data_words;
+  s.raw = s.slots + 2 * outliers;
+  s.end = s.raw + outliers;
+  s.fixed_words = s.data + kOutlierWords * outliers;
+  return s;
+}
+
 // One block: its first element, its extent, and its value count.
 struct Tile {
   uint64_t origin;

@@ -8,7 +8,8 @@
 
 namespace actpack::codecs::elements {
 
-// Element kinds for templates (values match codecs::DType for the float types).
+// The floating element types, as the kernels' template argument (element_kind.h maps a DType
+// to one).
 enum Kind : int { kF32 = 1, kF16 = 2, kBF16 = 3 };
 
 template <int K>

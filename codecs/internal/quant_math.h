@@ -14,6 +14,30 @@
 
 namespace actpack::codecs::quant_math {
 
+// Where everything of a quant payload lies, in 32-bit words: one parameter word per group
+// (GroupParams::packed), then each group's codes, `words_per_group` words a group (the last
+// group padded). The CPU reference and the CUDA kernels both index through this.
+struct Layout {
+  uint64_t numel;
+  uint32_t group_size;  // values per group, a multiple of 32
+  uint32_t bits;        // 1, 2, 4 or 8
+  uint64_t seed;
+  uint64_t groups;
+  uint64_t words_per_group;
+  ACTPACK_HD_METHOD uint64_t payload_words() const { return groups * (1 + words_per_group); }
+  // The word holding codes [32 / bits * w, ...) of group g.
+  ACTPACK_HD_METHOD uint64_t CodeWord(uint64_t g, uint64_t w) const {
+    return groups + g * words_per_group + w;
+  }
+};
+
+ACTPACK_HD Layout MakeLayout(uint64_t numel, uint32_t group_size, uint32_t bits, uint64_t seed) {
+  Layout l{numel, group_size, bits, seed, 0, 0};
+  l.groups = (numel + group_size - 1) / group_size;
+  l.words_per_group = uint64_t{group_size} * bits / 32;
+  return l;
+}
+
 struct GroupParams {
   uint32_t packed;   // min bf16 in the low half, step bf16 in the high half: the stored word
   float min;         // the stored minimum as a float
