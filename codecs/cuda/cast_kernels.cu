@@ -53,7 +53,8 @@ absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t
   if (!status.ok()) return status;
   const uint64_t words = (numel + 1) / 2;
   if (words > 0) {
-    ACTPACK_LAUNCH(CastEncodeKernel, BlocksFor(words, kThreads), kThreads, static_cast<cudaStream_t>(stream))(
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    ACTPACK_LAUNCH(CastEncodeKernel, BlocksFor(words, kThreads), kThreads, s)(
         input, numel, to_bf16 != 0, reinterpret_cast<uint32_t*>(payload), counters);
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
@@ -68,7 +69,8 @@ absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t
 absl::Status CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
                         void* stream) {
   if (numel == 0) return absl::OkStatus();
-  ACTPACK_LAUNCH(CastDecodeKernel, BlocksFor(numel, kThreads), kThreads, static_cast<cudaStream_t>(stream))(
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  ACTPACK_LAUNCH(CastDecodeKernel, BlocksFor(numel, kThreads), kThreads, s)(
       reinterpret_cast<const uint16_t*>(payload), numel, from_bf16 != 0, output);
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

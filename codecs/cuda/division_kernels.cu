@@ -174,14 +174,14 @@ absl::Status DivisionEncode(const void* input, const division_math::Layout& layo
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   if (layout.lfc_words > 0) {
     const int blocks = BlocksFor(layout.lfc_words, kThreads);
-    switch (element_kind) {
+    switch (element_kind) {  // coverage: every branch
       case elements::kF16:
         ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF16>, blocks, kThreads, s)(input, layout, words,
                                                                       counters);
         break;
       case elements::kBF16:
-        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kBF16>, blocks, kThreads, s)(input, layout, words,
-                                                                       counters);
+        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kBF16>, blocks, kThreads, s)(
+            input, layout, words, counters);
         break;
       default:
         ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF32>, blocks, kThreads, s)(input, layout, words,
@@ -191,7 +191,7 @@ absl::Status DivisionEncode(const void* input, const division_math::Layout& layo
   }
   if (layout.groups > 0) {
     const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
-    switch (element_kind) {
+    switch (element_kind) {  // coverage: every branch
       case elements::kF16:
         ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
             input, layout, words, counters);
@@ -223,15 +223,18 @@ absl::Status DivisionDecode(const uint8_t* payload, const division_math::Layout&
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(numel, kThreads);
-  switch (element_kind) {
+  switch (element_kind) {  // coverage: every branch
     case elements::kF16:
-      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF16>, blocks, kThreads, s)(words, layout, output);
+      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF16>, blocks, kThreads, s)(
+          words, layout, output);
       break;
     case elements::kBF16:
-      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kBF16>, blocks, kThreads, s)(words, layout, output);
+      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kBF16>, blocks, kThreads, s)(
+          words, layout, output);
       break;
     default:
-      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF32>, blocks, kThreads, s)(words, layout, output);
+      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF32>, blocks, kThreads, s)(
+          words, layout, output);
   }
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

