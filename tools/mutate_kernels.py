@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Mutation tests of the CUDA kernels: every bug below must make the emulated suite fail.
+
+Each mutant is a bug of a kind GPU code has (a lane-dependent loop around a warp collective, an
+off-by-one write, a missing barrier, a reduction that skips a step, a dropped tail element, a
+wrong shift in bit packing), written into one kernel file at a time. The script builds the
+emulated codec tests with the race checker (bazel --config=cudaemu_race), runs the cases of the
+kernel's codec, and requires a failure: a byte that differs from the CPU reference, a race or
+out-of-bounds access the race checker reports, or a divergent collective the executor stops.
+The file is restored after every mutant, whatever happens.
+
+Usage (from the repository root): python3 tools/mutate_kernels.py [--only ID ...]
+Exit status 1 when a mutant survives or no longer applies (the kernel changed: update it here).
+"""
+import argparse
+import atexit
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+CONFIG = "cudaemu_race"
+TARGET = "//codecs:cuda_identity_test"
+
+
+@dataclass
+class Mutant:
+    id: str
+    kind: str
+    path: str
+    old: str
+    new: str
+    cases: str  # gtest filter over the identity test
+
+
+def identity(spec):
+    """The identity test's cases of one spec (its name as the test names it)."""
+    name = re.sub(r"[^A-Za-z0-9]", "_", spec)
+    return f"AllSpecs/CudaIdentityTest.*/{name}_*"
+
+
+MUTANTS = [
+    # Shared reductions and the checksum.
+    Mutant("ops-sum-step", "a reduction that skips a step", "codecs/cuda/device_ops.cuh",
+           "  for (int offset = 16; offset > 0; offset /= 2) {\n    value += __shfl_xor_sync",
+           "  for (int offset = 16; offset > 1; offset /= 2) {\n    value += __shfl_xor_sync",
+           identity("identity")),
+    Mutant("ops-max-lane", "a lane-dependent loop around a warp collective",
+           "codecs/cuda/device_ops.cuh",
+           "  for (int offset = 16; offset > 0; offset /= 2) {\n    const uint64_t other",
+           "  for (int offset = 16; offset > (threadIdx.x & 1); offset /= 2) {\n    const uint64_t other",
+           identity("mask")),
+    Mutant("checksum-tail", "a dropped tail element", "codecs/cuda/device_ops.cu",
+           "w < full_words; w += stride) {\n    local += portable::ChecksumTerm",
+           "w + 1 < full_words; w += stride) {\n    local += portable::ChecksumTerm",
+           identity("identity")),
+    # quant
+    Mutant("quant-minmax-lane", "a lane-dependent loop around a warp collective",
+           "codecs/cuda/quant_kernels.cu",
+           "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = portable::Min",
+           "    for (int offset = 16; offset > (lane & 1); offset /= 2) {\n      lo = portable::Min",
+           identity("quant2")),
+    Mutant("quant-minmax-step", "a reduction that skips a step", "codecs/cuda/quant_kernels.cu",
+           "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = portable::Min",
+           "    for (int offset = 8; offset > 0; offset /= 2) {\n      lo = portable::Min",
+           identity("quant4")),
+    Mutant("quant-tail", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
+           "      if (i < last) {", "      if (i + 1 < last) {", identity("quant8")),
+    Mutant("quant-shift", "a wrong shift in bit packing", "codecs/cuda/quant_kernels.cu",
+           "uint32_t word = code << ((lane % per_word) * layout.bits);",
+           "uint32_t word = code << (((lane % per_word) ^ 1) * layout.bits);", identity("quant2")),
+    Mutant("quant-decode-write", "an off-by-one write", "codecs/cuda/quant_kernels.cu",
+           "i < layout.numel;\n       i += stride) {\n    const uint64_t g",
+           "i <= layout.numel;\n       i += stride) {\n    const uint64_t g", identity("quant2")),
+    # cast
+    Mutant("cast-tail", "a dropped tail element", "codecs/cuda/cast_kernels.cu",
+           "w < words; w += stride) {\n    const uint32_t word = cast_math",
+           "w + 1 < words; w += stride) {\n    const uint32_t word = cast_math",
+           identity("cast:fp16")),
+    Mutant("cast-decode-write", "an off-by-one write", "codecs/cuda/cast_kernels.cu",
+           "i < numel; i += stride) {\n    output[i] = cast_math",
+           "i <= numel; i += stride) {\n    output[i] = cast_math", identity("cast:bf16")),
+    # mask
+    Mutant("mask-ballot-lane", "a lane-dependent branch around a warp collective",
+           "codecs/cuda/mask_kernels.cu",
+           "const uint32_t word = __ballot_sync(kFullMask, bits != 0);",
+           "const uint32_t word = lane < 31 ? __ballot_sync(kFullMask, bits != 0) : 0u;",
+           identity("mask")),
+    Mutant("mask-shift", "a wrong shift in bit packing", "codecs/cuda/mask_kernels.cu",
+           "(payload[i / 32] >> (i % 32)) & 1u", "(payload[i / 32] >> ((i + 1) % 32)) & 1u",
+           identity("mask")),
+    # pool
+    Mutant("pool-tail", "a dropped tail element", "codecs/cuda/pool_kernels.cu",
+           "w < words; w += stride) {\n    const uint32_t word = pool_math",
+           "w + 1 < words; w += stride) {\n    const uint32_t word = pool_math",
+           identity("pool:k=3")),
+    Mutant("pool-decode-write", "an off-by-one write", "codecs/cuda/pool_kernels.cu",
+           "i < numel; i += stride) {\n    const uint64_t row",
+           "i <= numel; i += stride) {\n    const uint64_t row", identity("pool4")),
+    # division
+    Mutant("division-minmax-step", "a reduction that skips a step",
+           "codecs/cuda/division_kernels.cu",
+           "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = portable::Min",
+           "    for (int offset = 16; offset > 2; offset /= 2) {\n      lo = portable::Min",
+           identity("division")),
+    Mutant("division-pack-lane", "a lane-dependent loop around a warp collective",
+           "codecs/cuda/division_kernels.cu",
+           "for (uint32_t offset = 1; offset < per_word; offset *= 2) {",
+           "for (uint32_t offset = 1; offset < per_word + (lane & 1); offset *= 2) {",
+           identity("division:block=4,bits=4")),
+    Mutant("division-code-write", "an off-by-one write", "codecs/cuda/division_kernels.cu",
+           "if (lane % per_word == 0 && index < n_words) {",
+           "if (lane % per_word == 0 && index <= n_words) {", identity("division")),
+    Mutant("division-decode-write", "an off-by-one write", "codecs/cuda/division_kernels.cu",
+           "i < numel; i += stride) {\n    const uint64_t p = i / l.plane;",
+           "i <= numel; i += stride) {\n    const uint64_t p = i / l.plane;",
+           identity("division")),
+    # eb
+    Mutant("eb-scan-barrier", "a missing barrier", "codecs/cuda/eb_kernels.cu",
+           "    const uint64_t o = threadIdx.x >= offset ? outliers_sum[threadIdx.x - offset] : 0;\n"
+           "    __syncthreads();\n",
+           "    const uint64_t o = threadIdx.x >= offset ? outliers_sum[threadIdx.x - offset] : 0;\n",
+           identity("eb:rel=1e-2")),
+    Mutant("eb-decode-syncwarp", "a missing barrier", "codecs/cuda/eb_kernels.cu",
+           "          for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc] += k[(r - 1) * tc];\n"
+           "        }\n        __syncwarp();\n",
+           "          for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc] += k[(r - 1) * tc];\n"
+           "        }\n",
+           identity("eb:rel=1e-4")),
+    Mutant("eb-min-step", "a reduction that skips a step", "codecs/cuda/eb_kernels.cu",
+           "for (int offset = 16; offset > 0; offset /= 2) v = min(",
+           "for (int offset = 16; offset > 1; offset /= 2) v = min(", identity("eb:abs=1e-3")),
+    Mutant("eb-plan-lane", "a lane-dependent branch around a warp collective",
+           "codecs/cuda/eb_kernels.cu", "  lo = WarpMin(lo);",
+           "  if (lane != 3) lo = WarpMin(lo);", identity("eb:rel=1e-2")),
+    Mutant("eb-half-shift", "a wrong shift in bit packing", "codecs/cuda/eb_kernels.cu",
+           "(2 * word + 1 < t.count ? w.v[2 * word + 1] << 16 : 0u)",
+           "(2 * word + 1 < t.count ? w.v[2 * word + 1] << 15 : 0u)", identity("eb:abs=0.5")),
+    Mutant("eb-range-tail", "a dropped tail element", "codecs/cuda/eb_kernels.cu",
+           "i < numel; i += stride) {\n    const float v = elements::Load<K>(input, i);",
+           "i + 1 < numel; i += stride) {\n    const float v = elements::Load<K>(input, i);",
+           identity("eb:rel=1e-2")),
+]
+
+
+def run_bazel(args):
+    return subprocess.run(["bazel", *args], text=True, capture_output=True)
+
+
+def why_failed(bazel_output, testlogs):
+    """What stopped the test: the emulator's message, or the first failed expectation."""
+    texts = [bazel_output]
+    for root, _, files in os.walk(testlogs):
+        for name in files:
+            if name == "test.log":
+                with open(os.path.join(root, name), errors="replace") as f:
+                    texts.append(f.read())
+    text = "\n".join(texts)
+    for pattern in (r"cudaemu: race checker: ([^\n]{0,110})", r"cudaemu: ([^\n]{0,110})",
+                    r"ERROR: AddressSanitizer: ([^\n]{0,80})", r"(first differing [^\n]{0,60})",
+                    r"Failure\n([^\n]{0,100})"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1).strip()
+    return "failed"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="mutant ids to run")
+    args = parser.parse_args()
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    mutants = [m for m in MUTANTS if not args.only or m.id in args.only]
+
+    originals = {}
+
+    def restore():
+        for path, text in originals.items():
+            with open(path, "w") as f:
+                f.write(text)
+
+    atexit.register(restore)
+
+    # The unmutated suite must pass first, or a "killed" mutant would mean nothing.
+    base = run_bazel(["test", f"--config={CONFIG}", TARGET])
+    if base.returncode != 0:
+        print(base.stdout[-3000:] + base.stderr[-3000:])
+        print("mutate_kernels: the unmutated emulated suite fails; fix that first")
+        return 1
+    testlogs = run_bazel(["info", f"--config={CONFIG}", "bazel-testlogs"]).stdout.strip()
+    testlogs = os.path.join(testlogs, "codecs", "cuda_identity_test")
+
+    survived, stale = [], []
+    print(f"{'mutant':22} {'kind':48} result")
+    for m in mutants:
+        with open(m.path) as f:
+            text = f.read()
+        originals.setdefault(m.path, text)
+        if text.count(m.old) != 1:
+            stale.append(m.id)
+            print(f"{m.id:22} {m.kind:48} NO LONGER APPLIES ({text.count(m.old)} matches)")
+            continue
+        start = time.time()
+        with open(m.path, "w") as f:
+            f.write(text.replace(m.old, m.new))
+        try:
+            result = run_bazel(["test", f"--config={CONFIG}", TARGET, f"--test_filter={m.cases}",
+                                "--test_output=errors"])
+        finally:
+            with open(m.path, "w") as f:
+                f.write(text)
+        seconds = time.time() - start
+        # bazel: 3 = tests failed (killed), 0 = passed (survived), anything else = no verdict.
+        if result.returncode == 3:
+            print(f"{m.id:22} {m.kind:48} killed ({seconds:.0f} s): "
+                  f"{why_failed(result.stdout + result.stderr, testlogs)}")
+        elif result.returncode == 0:
+            survived.append(m.id)
+            print(f"{m.id:22} {m.kind:48} SURVIVED ({seconds:.0f} s)")
+        else:
+            stale.append(m.id)
+            print(f"{m.id:22} {m.kind:48} DID NOT BUILD (exit {result.returncode})")
+            print(result.stderr[-2000:])
+    restore()
+    killed = len(mutants) - len(survived) - len(stale)
+    print(f"mutate_kernels: {killed} of {len(mutants)} mutants killed"
+          + (f"; survived: {' '.join(survived)}" if survived else "")
+          + (f"; not applied: {' '.join(stale)}" if stale else ""))
+    return 0 if not survived and not stale else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
