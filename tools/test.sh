@@ -1,29 +1,62 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then
-#   1. bazel test //...                      (C++ unit tests, CPU)
-#   2. bazel build --config=cuda //...       (CUDA sources compile with nvcc; nothing runs)
-#   3. bazel test --config=asan //codecs/... //runtime/... //allocator/...   (ASan + UBSan)
-#   4. bash tools/fuzz.sh 20                 (libFuzzer on every decoder and the JSON parser)
-#   5. pytest tests/                         (the installed package; GPU tests skip without CUDA)
+#   1. bazel test //...                          (C++ unit tests, CPU build)
+#   2. bazel build --config=cuda //...           (nvcc compiles the kernels; nothing runs)
+#      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel)
+#   3. bazel test --config=cudaemu //...         (the CUDA code paths on the CUDA emulator)
+#      ... the emulated tests again under the reverse and a random schedule,
+#      ... under AddressSanitizer + UBSan (--config=cudaemu_asan),
+#      ... and with the race checker on the kernels (--config=cudaemu_race)
+#      python3 tools/cudaemu_coverage.py         (kernel line coverage >= 95%, mode branches)
+#      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
+#   4. bazel test --config=asan //codecs/... //runtime/... //allocator/...   (CPU build)
+#   5. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
+#   6. pytest tests/                             (the installed package; GPU tests skip)
 # and ends with pytest's summary line. Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash tools/setup_env.sh || exit 1
 
 failed=()
-echo "== bazel test //... =="
+stage() { echo; echo "== $* =="; }
+
+stage "bazel test //..."
 bazel test //... || failed+=("bazel test")
-echo "== bazel build --config=cuda //... (compile check) =="
+
+stage "bazel build --config=cuda //... (compile check) and ptxas table"
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   bazel build --config=cuda //... || failed+=("bazel build --config=cuda")
+  python3 tools/ptxas_check.py || failed+=("ptxas table")
 else
   echo "actpack: skipped: no CUDA toolkit at /usr/local/cuda (nvcc), so the .cu sources were not compiled"
 fi
-echo "== bazel test --config=asan (AddressSanitizer + UndefinedBehaviorSanitizer) =="
+
+stage "bazel test --config=cudaemu //... (CUDA emulator, forward schedule)"
+bazel test --config=cudaemu //... || failed+=("cudaemu")
+# Every test that links the emulator: the codec, allocator and session tests with CUDA cases.
+emulated=$(bazel cquery --config=cudaemu 'kind(".*_test", rdeps(//..., //testing/cudaemu:runtime))' \
+           2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
+for schedule in reverse random:7; do
+  stage "emulated tests, schedule $schedule"
+  bazel test --config=cudaemu --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
+    failed+=("cudaemu $schedule")
+done
+stage "emulated tests under AddressSanitizer + UBSan"
+bazel test --config=cudaemu_asan $emulated || failed+=("cudaemu asan")
+stage "emulated tests with the race checker"
+bazel test --config=cudaemu_race $emulated || failed+=("cudaemu race")
+stage "kernel coverage under the emulator"
+python3 tools/cudaemu_coverage.py || failed+=("kernel coverage")
+stage "kernel mutation tests"
+python3 tools/mutate_kernels.py || failed+=("kernel mutations")
+
+stage "bazel test --config=asan (AddressSanitizer + UndefinedBehaviorSanitizer, CPU build)"
 bazel test --config=asan //codecs/... //runtime/... //allocator/... || failed+=("asan")
-echo "== fuzz =="
+
+stage "fuzz"
 bash tools/fuzz.sh 20 || failed+=("fuzz")
-echo "== pytest =="
+
+stage "pytest"
 (cd tests && python3 -m pytest -q -p no:cacheprovider .) || failed+=("pytest")
 
 if [ ${#failed[@]} -gt 0 ]; then

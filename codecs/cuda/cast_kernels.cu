@@ -59,8 +59,8 @@ absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[2] = {0, 0};
-  status = ReadCounters(counters, stream, values, 2);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, values, 2);
+  if (!read.ok()) return read;
   *payload_checksum = values[0];
   *overflow = values[1];
   return absl::OkStatus();

@@ -207,8 +207,8 @@ absl::Status DivisionEncode(const void* input, const division_math::Layout& layo
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[4] = {0, 0, 0, 0};
-  status = ReadCounters(counters, stream, values, 4);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, values, 4);
+  if (!read.ok()) return read;
   *payload_checksum = values[kChecksum];
   *nonfinite = values[kNonfinite];
   *nonfinite_lfc = values[kNonfiniteLfc];

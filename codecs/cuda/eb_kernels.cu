@@ -501,8 +501,8 @@ absl::Status EbRange(const void* input, uint64_t numel, int element_kind,
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[3] = {0, 0, 0};
-  status = ReadCounters(counters, stream, values, 3);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, values, 3);
+  if (!read.ok()) return read;
   *finite = values[2];
   *lo = values[2] > 0 ? FromOrderedKey(~static_cast<uint32_t>(values[1]))
                       : portable::BitsToFloat(0x7f800000u);
@@ -536,8 +536,8 @@ absl::Status EbEncode(const void* input, const EbShape& shape, float half_bin, f
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t totals[2] = {0, 0};
-  status = ReadCounters(counters, stream, totals, 2);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, totals, 2);
+  if (!read.ok()) return read;
   const eb_math::Sections sections = eb_math::SectionsOf(l, totals[0], totals[1]);
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
@@ -578,8 +578,8 @@ absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_b
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t bits = 0;
-  status = ReadCounters(counters, stream, &bits, 1);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, &bits, 1);
+  if (!read.ok()) return read;
   *failures = static_cast<uint32_t>(bits);
   if (bits != 0) return absl::OkStatus();
   if (l.blocks > 0) {

@@ -91,8 +91,8 @@ absl::Status MaskEncode(const void* input, uint64_t numel, int width, uint8_t* p
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[3] = {0, 0, 0};
-  status = ReadCounters(counters, stream, values, 3);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, values, 3);
+  if (!read.ok()) return read;
   *payload_checksum = values[0];
   *max_bits = static_cast<uint32_t>(values[1]);
   *min_bits = values[1] == 0 ? 0u : static_cast<uint32_t>(~values[2]);

@@ -88,8 +88,8 @@ absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* pa
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[2] = {0, 0};
-  status = ReadCounters(counters, stream, values, 2);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, values, 2);
+  if (!read.ok()) return read;
   *payload_checksum = values[0];
   *nonfinite = values[1];
   return absl::OkStatus();

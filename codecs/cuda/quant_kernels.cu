@@ -132,8 +132,8 @@ absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   uint64_t values[3] = {0, 0, 0};
-  status = ReadCounters(counters, stream, values, 3);
-  if (!status.ok()) return status;
+  const absl::Status read = ReadCounters(counters, stream, values, 3);
+  if (!read.ok()) return read;
   *payload_checksum = values[0];
   *nonfinite = values[1];
   *overflow_groups = values[2];
