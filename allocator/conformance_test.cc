@@ -105,6 +105,35 @@ struct StackFactory {
 
 void PrintTo(const StackFactory& factory, std::ostream* os) { *os << factory.name; }
 
+// The stack shapes under test, each over a backend the stack's first layer is.
+enum class Shape { kBackend, kStatsBudget, kPool, kTraceStatsBudgetPool };
+
+void Build(Stack* stack, Shape shape) {
+  MemoryResource* backend = stack->top();
+  stack->block_size = HostBlockSize;
+  stack->block_slack = NoSlack;
+  if (shape == Shape::kBackend) return;
+  if (shape == Shape::kStatsBudget) {
+    stack->Push<StatisticsAdaptor>(stack->Push<BudgetAdaptor>(backend, 4_GiB));
+    return;
+  }
+  stack->pool = stack->Push<CachingPool>(backend, stack->events.get());
+  stack->caches = true;
+  stack->block_size = RoundBlockSize;
+  stack->block_slack = PoolSlack;
+  stack->segment_size = [](size_t block) { return SegmentSizeFor(block); };
+  if (shape == Shape::kPool) return;
+  auto* budget = stack->Push<BudgetAdaptor>(stack->pool, 4_GiB);
+  stack->Push<TracingAdaptor>(stack->Push<StatisticsAdaptor>(budget), 1024);
+  stack->budgeted = true;
+  stack->segment_size = [](size_t block) { return SegmentSizeFor(block, true); };
+}
+
+const std::pair<const char*, Shape> kShapes[] = {{"", Shape::kBackend},
+                                                 {"StatsBudgetOn", Shape::kStatsBudget},
+                                                 {"CachingPoolOn", Shape::kPool},
+                                                 {"TraceStatsBudgetPoolOn", Shape::kTraceStatsBudgetPool}};
+
 #if ACTPACK_WITH_CUDA
 // A stack on CUDA device 0 with two streams of its own.
 std::unique_ptr<Stack> CudaStack() {
@@ -116,6 +145,7 @@ std::unique_ptr<Stack> CudaStack() {
   stack->stream_a = a;
   stack->stream_b = b;
   stack->events = std::make_unique<CudaStreamEvents>(0);
+  stack->Push<CudaMemoryResource>(0);
   return stack;
 }
 
@@ -126,90 +156,24 @@ bool HaveCudaDevice() {
 #endif
 
 std::vector<StackFactory> Factories() {
-  std::vector<StackFactory> factories = {
-      {"Host",
-       [] {
-         auto stack = std::make_unique<Stack>();
-         stack->Push<HostMemoryResource>();
-         stack->block_size = HostBlockSize;
-         stack->block_slack = NoSlack;
-         return stack;
-       }},
-      {"StatsBudgetOnHost",
-       [] {
-         auto stack = std::make_unique<Stack>();
-         auto* host = stack->Push<HostMemoryResource>();
-         auto* budget = stack->Push<BudgetAdaptor>(host, 4_GiB);
-         stack->Push<StatisticsAdaptor>(budget);
-         stack->block_size = HostBlockSize;
-         stack->block_slack = NoSlack;
-         return stack;
-       }},
-      {"CachingPoolOnHost",
-       [] {
-         auto stack = std::make_unique<Stack>();
-         auto* host = stack->Push<HostMemoryResource>();
-         stack->pool = stack->Push<CachingPool>(host, stack->events.get());
-         stack->caches = true;
-         stack->block_size = RoundBlockSize;
-         stack->segment_size = [](size_t block) { return SegmentSizeFor(block); };
-         stack->block_slack = PoolSlack;
-         return stack;
-       }},
-      {"TraceStatsBudgetPoolOnHost",
-       [] {
-         auto stack = std::make_unique<Stack>();
-         auto* host = stack->Push<HostMemoryResource>();
-         auto* pool = stack->Push<CachingPool>(host, stack->events.get());
-         stack->pool = pool;
-         auto* budget = stack->Push<BudgetAdaptor>(pool, 4_GiB);
-         auto* stats = stack->Push<StatisticsAdaptor>(budget);
-         stack->Push<TracingAdaptor>(stats, 1024);
-         stack->caches = true;
-         stack->budgeted = true;
-         stack->block_size = RoundBlockSize;
-         stack->segment_size = [](size_t block) { return SegmentSizeFor(block, true); };
-         stack->block_slack = PoolSlack;
-         return stack;
-       }},
-  };
+  std::vector<StackFactory> factories;
+  for (const auto& [prefix, shape] : kShapes) {
+    factories.push_back({std::string(prefix) + "Host", [shape = shape] {
+                           auto stack = std::make_unique<Stack>();
+                           stack->Push<HostMemoryResource>();
+                           Build(stack.get(), shape);
+                           return stack;
+                         }});
 #if ACTPACK_WITH_CUDA
-  if (!HaveCudaDevice()) return factories;
-  factories.push_back({"Cuda", [] {
-                         auto stack = CudaStack();
-                         stack->Push<CudaMemoryResource>(0);
-                         stack->block_size = HostBlockSize;
-                         stack->block_slack = NoSlack;
-                         return stack;
-                       }});
-  factories.push_back({"CachingPoolOnCuda", [] {
-                         auto stack = CudaStack();
-                         auto* device = stack->Push<CudaMemoryResource>(0);
-                         stack->pool = stack->Push<CachingPool>(device, stack->events.get());
-                         stack->caches = true;
-                         stack->block_size = RoundBlockSize;
-                         stack->segment_size = [](size_t block) { return SegmentSizeFor(block); };
-                         stack->block_slack = PoolSlack;
-                         return stack;
-                       }});
-  factories.push_back({"TraceStatsBudgetPoolOnCuda", [] {
-                         auto stack = CudaStack();
-                         auto* device = stack->Push<CudaMemoryResource>(0);
-                         auto* pool = stack->Push<CachingPool>(device, stack->events.get());
-                         stack->pool = pool;
-                         auto* budget = stack->Push<BudgetAdaptor>(pool, 4_GiB);
-                         auto* stats = stack->Push<StatisticsAdaptor>(budget);
-                         stack->Push<TracingAdaptor>(stats, 1024);
-                         stack->caches = true;
-                         stack->budgeted = true;
-                         stack->block_size = RoundBlockSize;
-                         stack->segment_size = [](size_t block) {
-                           return SegmentSizeFor(block, true);
-                         };
-                         stack->block_slack = PoolSlack;
-                         return stack;
-                       }});
+    if (HaveCudaDevice()) {
+      factories.push_back({std::string(prefix) + "Cuda", [shape = shape] {
+                             auto stack = CudaStack();
+                             Build(stack.get(), shape);
+                             return stack;
+                           }});
+    }
 #endif
+  }
   return factories;
 }
 

@@ -340,6 +340,47 @@ TEST(CudaScratchTest, EncodeAndDecodeTakeNoDeviceMemoryOfTheirOwn) {
     EXPECT_GT(cuda.scratch_allocations(), scratch_before) << spec << " took no counters?";
   }
 }
+
+// Out of memory is kResourceExhausted all the way up (the plugin turns it into
+// torch.OutOfMemoryError), whether the budget or the device ran out.
+TEST(CudaScratchTest, ScratchOutOfMemoryIsResourceExhausted) {
+  DeviceRunner cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  class Full final : public ScratchAllocator {
+   public:
+    absl::StatusOr<void*> Allocate(size_t, void*) override {
+      return absl::ResourceExhaustedError("test: the budget is full");
+    }
+    void Deallocate(void*, size_t, void*) override {}
+  } full;
+  ExecContext context = cuda.context();
+  context.scratch = &full;
+  const std::vector<int64_t> shape = {4, 256};
+  const std::vector<uint8_t> input =
+      testing::ToBytes(MakeValues(Data::kGaussian, shape, 3), DType::kFloat32);
+  void *in = nullptr, *buffer = nullptr;
+  const size_t capacity = *MaxEncodedSize({DType::kFloat32, shape}, *ParseCodecSpec("quant2"));
+  ASSERT_EQ(cudaMalloc(&in, input.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&buffer, capacity), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(in, input.data(), input.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  for (const char* spec : {"quant2", "eb:rel=1e-2", "identity"}) {
+    absl::StatusOr<size_t> used = Encode({in, DType::kFloat32, shape, Device::kCuda},
+                                         *ParseCodecSpec(spec), static_cast<uint8_t*>(buffer),
+                                         capacity, context);
+    ASSERT_FALSE(used.ok()) << spec;
+    EXPECT_EQ(used.status().code(), absl::StatusCode::kResourceExhausted) << used.status();
+    EXPECT_NE(used.status().message().find("the budget is full"), absl::string_view::npos);
+  }
+  // Without any scratch allocator the CUDA path says what it needs.
+  context.scratch = nullptr;
+  absl::StatusOr<size_t> used = Encode({in, DType::kFloat32, shape, Device::kCuda},
+                                       *ParseCodecSpec("quant2"), static_cast<uint8_t*>(buffer),
+                                       capacity, context);
+  ASSERT_FALSE(used.ok());
+  EXPECT_EQ(used.status().code(), absl::StatusCode::kInvalidArgument) << used.status();
+  cudaFree(in);
+  cudaFree(buffer);
+}
 #endif
 
 }  // namespace

@@ -12,7 +12,7 @@ constexpr size_t kCounterBytes = cuda::kCounterWords * sizeof(unsigned long long
 
 absl::StatusOr<DeviceCounters> DeviceCounters::Make(const ExecContext& context) {
   if (context.scratch == nullptr) {
-    return absl::FailedPreconditionError(
+    return absl::InvalidArgumentError(
         "actpack: a codec on a CUDA tensor needs ExecContext::scratch, the allocator its "
         "counters come from");
   }

@@ -15,7 +15,8 @@ namespace actpack::codecs::internal {
 
 class DeviceCounters {
  public:
-  // kFailedPrecondition when the context has no scratch allocator; the allocator's error (an
+  // kInvalidArgument when the context has no scratch allocator (a caller's mistake: a codec's
+  // kFailedPrecondition means data it cannot represent); the allocator's error (an
   // out-of-budget kResourceExhausted) when it cannot give the memory.
   static absl::StatusOr<DeviceCounters> Make(const ExecContext& context);
 
