@@ -101,13 +101,14 @@ def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
     native.cc_library(
         name = name + "_emulated",
         srcs = emulated,
+        # The race checker's build also counts coverage (gcov): one instrumented build serves
+        # both, tools/cudaemu_coverage.py reads the counts.
         copts = ACTPACK_COPTS + select({
-            "//third_party:cudaemu_race": ["-fsanitize=thread"],
-            "//third_party:cudaemu_coverage": ["--coverage"],
+            "//third_party:cudaemu_race": ["-fsanitize=thread", "--coverage"],
             "//conditions:default": [],
         }),
         linkopts = select({
-            "//third_party:cudaemu_coverage": ["--coverage"],
+            "//third_party:cudaemu_race": ["--coverage"],
             "//conditions:default": [],
         }),
         local_defines = ["ACTPACK_WITH_CUDA=1", "__CUDA_ARCH__=900"],

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Line and branch coverage of the CUDA kernels (codecs/cuda/*.cu) under the CUDA emulator.
+"""The emulated CUDA tests under the race checker, and the kernels' coverage from that run.
 
-Builds the kernels with gcov instrumentation (bazel --config=cudaemu_coverage), runs the
-emulated codec tests, and reads gcov's JSON. Prints, per kernel file, the executable lines run
-and the lines never run; fails (exit 1) when the kernels' lines are covered below --min-lines
-percent, or when a line marked `// coverage: every branch` (the lines that choose a mode: a
-predictor, an element type, a bit width) has a branch the tests never took.
+Runs every test that links the CUDA emulator with `--config=cudaemu_race`, whose kernel
+sources are instrumented both for cudaemu's race checker and for gcov, then reads gcov's JSON.
+Prints, per kernel file, the executable lines run and the lines never run; fails (exit 1) when a
+test fails, when the kernels' lines are covered below --min-lines percent, or when a line marked
+`// coverage: every branch` (the lines that choose a mode: a predictor, an element type, a bit
+width) has a branch the tests never took.
 
 Usage (from the repository root): python3 tools/cudaemu_coverage.py [--min-lines 95]
 """
@@ -19,9 +20,9 @@ import re
 import subprocess
 import sys
 
-TARGETS = ["//codecs:cuda_identity_test", "//codecs:conformance_test",
-           "//runtime:session_cuda_test"]
-CONFIG = "cudaemu_coverage"
+CONFIG = "cudaemu_race"
+# Every test that links the emulator (the codec, allocator and session tests with CUDA cases).
+EMULATED = 'kind(".*_test", rdeps(//..., //testing/cudaemu:runtime))'
 MARKER = "coverage: every branch"
 
 
@@ -44,14 +45,17 @@ def main():
     if not args.skip_run:
         for stale in glob.glob(os.path.join(objects, "*.gcda")):
             os.remove(stale)
+        targets = [line.split()[0] for line in
+                   bazel("cquery", f"--config={CONFIG}", EMULATED).stdout.splitlines() if line]
         # The objects name their counts file /proc/self/cwd/bazel-out/... (Bazel compiles in
         # /proc/self/cwd): strip those 3 components and put the execution root in front, so that
         # every test adds to the counts beside the objects.
         run = subprocess.run(["bazel", "test", f"--config={CONFIG}", "--nocache_test_results",
                               f"--test_env=GCOV_PREFIX={execroot}", "--test_env=GCOV_PREFIX_STRIP=3",
-                              *TARGETS], text=True)
+                              *targets], text=True)
         if run.returncode != 0:
-            print("cudaemu coverage: the instrumented tests failed", file=sys.stderr)
+            print("cudaemu coverage: the emulated tests failed under the race checker",
+                  file=sys.stderr)
             return 1
 
     counts = collections.defaultdict(lambda: collections.defaultdict(int))

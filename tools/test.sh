@@ -5,13 +5,13 @@
 #      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel)
 #   3. bazel test --config=cudaemu //...         (the CUDA code paths on the CUDA emulator)
 #      ... the emulated tests again under the reverse and a random schedule,
-#      ... under AddressSanitizer + UBSan (--config=cudaemu_asan),
-#      ... and with the race checker on the kernels (--config=cudaemu_race)
-#      python3 tools/cudaemu_coverage.py         (kernel line coverage >= 95%, mode branches)
+#      bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //testing/...
+#                                                (AddressSanitizer + UBSan, CPU and CUDA paths)
+#      python3 tools/cudaemu_coverage.py         (the emulated tests with the race checker, and
+#                                                 kernel line coverage >= 95%, mode branches)
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
-#   4. bazel test --config=asan //codecs/... //runtime/... //allocator/...   (CPU build)
-#   5. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
-#   6. pytest tests/                             (the installed package; GPU tests skip)
+#   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
+#   5. pytest tests/                             (the installed package; GPU tests skip)
 # and ends with pytest's summary line. Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,17 +41,15 @@ for schedule in reverse random:7; do
   bazel test --config=cudaemu --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
     failed+=("cudaemu $schedule")
 done
-stage "emulated tests under AddressSanitizer + UBSan"
-bazel test --config=cudaemu_asan $emulated || failed+=("cudaemu asan")
-stage "emulated tests with the race checker"
-bazel test --config=cudaemu_race $emulated || failed+=("cudaemu race")
-stage "kernel coverage under the emulator"
-python3 tools/cudaemu_coverage.py || failed+=("kernel coverage")
+# One sanitizer build: the CUDA-enabled one runs the CPU paths too (only the "CUDA is not
+# compiled in" branches are left to the plain build above).
+stage "codec, runtime, allocator and emulator tests under AddressSanitizer + UBSan"
+bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //testing/... ||
+  failed+=("asan")
+stage "emulated tests with the race checker, and the kernels' coverage"
+python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "kernel mutation tests"
 python3 tools/mutate_kernels.py || failed+=("kernel mutations")
-
-stage "bazel test --config=asan (AddressSanitizer + UndefinedBehaviorSanitizer, CPU build)"
-bazel test --config=asan //codecs/... //runtime/... //allocator/... || failed+=("asan")
 
 stage "fuzz"
 bash tools/fuzz.sh 20 || failed+=("fuzz")
