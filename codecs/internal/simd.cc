@@ -5,7 +5,9 @@
 #include <cstring>
 
 // Highway compiles this file once per target (AVX2, AVX-512 and its static scalar target) by
-// including it again from foreach_target.h; HWY_ONCE marks what is compiled only once.
+// including it again from foreach_target.h; HWY_ONCE marks what is compiled only once. The SSE
+// targets would only serve CPUs older than AVX2, which run the scalar reference.
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "codecs/internal/simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -237,7 +239,7 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
   const hn::Vec<DU> key1 =
       hn::Set(du, portable::Hash32(portable::UniformKey(seed, first + (n > 0 ? n - 1 : 0))));
   const hn::Vec<DU> first_low = hn::Set(du, static_cast<uint32_t>(first));
-  const hn::Rebind<uint8_t, DI> d8;
+  const hn::Rebind<uint8_t, DU> d8;
   alignas(HWY_MAX_BYTES) uint8_t codes[kBlockCodes + kCodePadding];
   for (uint32_t block = 0; block < padded; block += kBlockCodes) {
     const uint32_t count = std::min(kBlockCodes, padded - block);
@@ -255,7 +257,7 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
       const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
       const hn::Vec<DI> code = hn::IfThenElseZero(hn::RebindMask(di, hn::And(valid, finite)),
                                                   hn::ConvertTo(di, positive));
-      hn::StoreU(hn::DemoteTo(d8, code), d8, codes + j);
+      hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, codes + j);
     }
     std::memset(codes + count, 0, kCodePadding);
     uint32_t* out = words + first_code_word + block * bits / 32;
@@ -291,6 +293,255 @@ void DequantizeGroupF32Vector(const uint32_t* code_words, uint32_t param_word, u
       if (approx != nullptr) v = hn::Add(hn::MaskedLoad(valid, df, approx + i), v);
       hn::BlendedStore(v, valid, df, out + i);
     }
+  }
+}
+
+
+// ---- cast ----
+
+// Elements a cast, mask or pool block converts before it checksums the words it wrote (they
+// are still in the L1 cache).
+constexpr uint64_t kBlockElements = 2048;
+
+// portable::FloatToBf16 per lane (the result in the low 16 bits).
+HWY_INLINE hn::Vec<DU> FloatToBf16(hn::Vec<DU> u) {
+  const DU du;
+  const DI di;
+  const hn::Vec<DU> abs = hn::And(u, hn::Set(du, 0x7fffffffu));
+  const hn::Mask<DU> nan = hn::RebindMask(
+      du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7f800000)));
+  const hn::Vec<DU> rounded = hn::ShiftRight<16>(hn::Add(
+      u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)))));
+  return hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u)), rounded);
+}
+
+// portable::FloatToHalf per lane (the result in the low 16 bits), its branches as selects.
+HWY_INLINE hn::Vec<DU> FloatToHalf(hn::Vec<DU> u) {
+  const DU du;
+  const DI di;
+  const hn::Vec<DU> sign = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 0x8000u));
+  const hn::Vec<DU> abs = hn::And(u, hn::Set(du, 0x7fffffffu));
+  const hn::Vec<DI> abs_i = hn::BitCast(di, abs);  // abs < 2^31: signed comparisons hold
+  // Normal results: round the mantissa to 10 bits, to nearest even.
+  const hn::Vec<DU> rounded =
+      hn::Add(abs, hn::Add(hn::Set(du, 0xfffu), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 1u))));
+  hn::Vec<DU> h = hn::ShiftRight<13>(hn::Sub(rounded, hn::Set(du, 112u << 23)));
+  // Subnormal results: the full mantissa shifted by 126 - exponent (14..24), rounded to even.
+  const hn::Vec<DU> exponent = hn::ShiftRight<23>(abs);
+  const hn::Vec<DU> shift = hn::Min(hn::Sub(hn::Set(du, 126u), hn::Min(exponent, hn::Set(du, 112u))),
+                                    hn::Set(du, 24u));
+  const hn::Vec<DU> mantissa = hn::Or(hn::And(abs, hn::Set(du, 0x7fffffu)), hn::Set(du, 0x800000u));
+  const hn::Vec<DU> result = hn::Shr(mantissa, shift);
+  const hn::Vec<DU> remainder = hn::And(mantissa, hn::Sub(hn::Shl(hn::Set(du, 1u), shift), hn::Set(du, 1u)));
+  const hn::Vec<DU> halfway = hn::Shl(hn::Set(du, 1u), hn::Sub(shift, hn::Set(du, 1u)));
+  const hn::Vec<DI> rem_i = hn::BitCast(di, remainder), half_i = hn::BitCast(di, halfway);
+  const hn::Mask<DI> up = hn::Or(
+      hn::Gt(rem_i, half_i),
+      hn::And(hn::Eq(rem_i, half_i), hn::Eq(hn::And(hn::BitCast(di, result), hn::Set(di, 1)),
+                                            hn::Set(di, 1))));
+  const hn::Vec<DU> subnormal =
+      hn::Add(result, hn::BitCast(du, hn::IfThenElseZero(up, hn::Set(di, 1))));
+  h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x38800000))), subnormal, h);
+  h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x33000000))), hn::Zero(du), h);
+  h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x477ff000 - 1))),
+                     hn::Set(du, 0x7c00u), h);
+  h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x7f800000))),
+                     hn::Set(du, 0x7e00u), h);
+  return hn::Or(sign, h);
+}
+
+// portable::HalfToFloat per lane (the half in the low 16 bits). A subnormal half m * 2^-24
+// converts exactly through float arithmetic.
+HWY_INLINE hn::Vec<DF> HalfToFloat(hn::Vec<DU> h) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const hn::Vec<DU> sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+  const hn::Vec<DU> exponent = hn::And(hn::ShiftRight<10>(h), hn::Set(du, 0x1fu));
+  const hn::Vec<DU> mantissa = hn::And(h, hn::Set(du, 0x3ffu));
+  const hn::Vec<DU> normal =
+      hn::Or(hn::ShiftLeft<23>(hn::Add(exponent, hn::Set(du, 112u))), hn::ShiftLeft<13>(mantissa));
+  const hn::Vec<DU> special = hn::Or(hn::Set(du, 0x7f800000u), hn::ShiftLeft<13>(mantissa));
+  const hn::Vec<DU> subnormal = hn::BitCast(
+      du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, mantissa)), hn::Set(df, 1.0f / 16777216.0f)));
+  const hn::Vec<DU> bits = hn::IfThenElse(
+      hn::Eq(exponent, hn::Zero(du)), subnormal,
+      hn::IfThenElse(hn::Eq(exponent, hn::Set(du, 0x1fu)), special, normal));
+  return hn::BitCast(df, hn::Or(sign, bits));
+}
+
+void CastEncodeWordsVector(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
+                           uint64_t end, uint32_t* words, CastTotals* totals) {
+  const DF df;
+  const DU du;
+  const hn::Rebind<uint16_t, DU> d16;
+  const size_t lanes = hn::Lanes(df);
+  const uint16_t exponent = to_bf16 ? 0x7f80u : 0x7c00u;
+  const hn::Vec<DU> exponent_mask = hn::Set(du, exponent);
+  uint16_t* halves = reinterpret_cast<uint16_t*>(words);
+  alignas(HWY_MAX_BYTES) uint16_t tail[(HWY_MAX_BYTES / 4)];
+  uint64_t overflow = 0;
+  for (uint64_t block = begin; block < end; block += kBlockElements / 2) {
+    const uint64_t block_end = std::min(end, block + kBlockElements / 2);
+    const uint64_t last = std::min(numel, 2 * block_end);  // elements [2 * block, last)
+    for (uint64_t i = 2 * block; i < 2 * block_end; i += lanes) {
+      const hn::Mask<DF> valid = hn::FirstN(df, i < last ? last - i : 0);
+      const hn::Vec<DF> v = hn::MaskedLoad(valid, df, input + i);
+      const hn::Vec<DU> u = hn::BitCast(du, v);
+      const hn::Vec<DU> h = to_bf16 ? FloatToBf16(u) : FloatToHalf(u);
+      overflow += hn::CountTrue(
+          df, hn::And(IsFiniteLanes(df, v),
+                      hn::RebindMask(df, hn::Eq(hn::And(h, exponent_mask), exponent_mask))));
+      // Elements past `last` are 0 and give 0: the zero high half the format asks for.
+      if (i + lanes <= 2 * block_end) {
+        hn::StoreU(hn::TruncateTo(d16, h), d16, halves + i);
+      } else {
+        hn::StoreU(hn::TruncateTo(d16, h), d16, tail);
+        std::memcpy(halves + i, tail, 2 * (2 * block_end - i));
+      }
+    }
+    totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
+  }
+  totals->overflow += overflow;
+}
+
+void CastDecodeElementsVector(const uint16_t* halves, bool from_bf16, uint64_t begin,
+                              uint64_t end, float* out) {
+  const DF df;
+  const DU du;
+  const hn::Rebind<uint16_t, DU> d16;
+  const size_t lanes = hn::Lanes(df);
+  alignas(HWY_MAX_BYTES) uint16_t tail[(HWY_MAX_BYTES / 4)] = {};
+  for (uint64_t i = begin; i < end; i += lanes) {
+    const bool whole = i + lanes <= end;
+    if (!whole) std::memcpy(tail, halves + i, 2 * (end - i));
+    const hn::Vec<DU> h = hn::PromoteTo(du, hn::LoadU(d16, whole ? halves + i : tail));
+    const hn::Vec<DF> v = from_bf16 ? hn::BitCast(df, hn::ShiftLeft<16>(h)) : HalfToFloat(h);
+    hn::BlendedStore(v, hn::FirstN(df, end - i), df, out + i);
+  }
+}
+
+// ---- mask ----
+
+void MaskEncodeWordsVector(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+                           uint32_t* words, MaskTotals* totals) {
+  const DU du;
+  const hn::Rebind<uint8_t, DU> d8;
+  const size_t lanes = hn::Lanes(du);
+  hn::Vec<DU> max = hn::Zero(du);
+  hn::Vec<DU> min = hn::Set(du, 0xffffffffu);
+  alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
+  for (uint64_t block = begin; block < end; block += kBlockElements / 32) {
+    const uint64_t block_end = std::min(end, block + kBlockElements / 32);
+    const uint64_t last = std::min(numel, 32 * block_end);
+    for (uint64_t i = 32 * block; i < 32 * block_end; i += lanes) {
+      const hn::Mask<DU> valid = hn::FirstN(du, i < last ? last - i : 0);
+      const hn::Vec<DU> v = hn::MaskedLoad(valid, du, input + i);
+      const hn::Mask<DU> set = hn::Ne(v, hn::Zero(du));
+      max = hn::Max(max, v);
+      min = hn::Min(min, hn::IfThenElse(set, v, hn::Set(du, 0xffffffffu)));
+      hn::StoreU(hn::TruncateTo(d8, hn::IfThenElseZero(set, hn::Set(du, 1u))), d8,
+                 bits + (i - 32 * block));
+    }
+    const uint32_t count = static_cast<uint32_t>(32 * (block_end - block));
+    std::memset(bits + count, 0, kCodePadding);
+    PackCodes(bits, count, 1, words + block);
+    totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
+  }
+  totals->max_bits = std::max(totals->max_bits, hn::GetLane(hn::MaxOfLanes(du, max)));
+  totals->min_bits = std::min(totals->min_bits, hn::GetLane(hn::MinOfLanes(du, min)));
+}
+
+void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value,
+                           uint64_t begin_word, uint64_t end_word, uint32_t* out) {
+  const DU du;
+  const hn::Rebind<uint8_t, DU> d8;
+  const size_t lanes = hn::Lanes(du);
+  const hn::Vec<DU> v = hn::Set(du, value);
+  alignas(HWY_MAX_BYTES) uint32_t block_words[kBlockElements / 32 + kCodePadding / 4];
+  alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
+  for (uint64_t block = begin_word; block < end_word; block += kBlockElements / 32) {
+    const uint64_t block_end = std::min(end_word, block + kBlockElements / 32);
+    std::memcpy(block_words, words + block, 4 * (block_end - block));
+    std::memset(block_words + (block_end - block), 0, kCodePadding);
+    const uint32_t count = static_cast<uint32_t>(32 * (block_end - block));
+    UnpackCodes(block_words, count, 1, bits);
+    const uint64_t last = std::min(numel, 32 * block_end);
+    for (uint64_t i = 32 * block; i < last; i += lanes) {
+      const hn::Vec<DU> set = hn::PromoteTo(du, hn::LoadU(d8, bits + (i - 32 * block)));
+      hn::BlendedStore(hn::IfThenElseZero(hn::Ne(set, hn::Zero(du)), v), hn::FirstN(du, last - i),
+                       du, out + i);
+    }
+  }
+}
+
+// ---- pool ----
+
+// The window means of `lanes` consecutive windows at x, summed left to right from +0 and
+// divided by the window, as pool_math::WindowMean.
+HWY_INLINE hn::Vec<DF> WindowMeans(const float* x, uint32_t window) {
+  const DF df;
+  hn::Vec<DF> v0, v1, v2, v3;
+  hn::Vec<DF> sum = hn::Zero(df);
+  if (window == 2) {
+    hn::LoadInterleaved2(df, x, v0, v1);
+    sum = hn::Add(hn::Add(sum, v0), v1);
+  } else if (window == 3) {
+    hn::LoadInterleaved3(df, x, v0, v1, v2);
+    sum = hn::Add(hn::Add(hn::Add(sum, v0), v1), v2);
+  } else {
+    hn::LoadInterleaved4(df, x, v0, v1, v2, v3);
+    sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, v0), v1), v2), v3);
+  }
+  return hn::Div(sum, hn::Set(df, static_cast<float>(window)));
+}
+
+void PoolEncodeWordsVector(const float* input, uint32_t window, uint64_t begin, uint64_t end,
+                           uint32_t* words, PoolTotals* totals) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  alignas(HWY_MAX_BYTES) float tail[4 * (HWY_MAX_BYTES / 4)] = {};
+  alignas(HWY_MAX_BYTES) float means[(HWY_MAX_BYTES / 4)];
+  uint64_t nonfinite = 0;
+  for (uint64_t block = begin; block < end; block += kBlockElements) {
+    const uint64_t block_end = std::min(end, block + kBlockElements);
+    for (uint64_t m = block; m < block_end; m += lanes) {
+      float* dst = reinterpret_cast<float*>(words + m);
+      if (m + lanes <= block_end) {
+        const hn::Vec<DF> mean = WindowMeans(input + m * window, window);
+        nonfinite += hn::CountTrue(df, hn::Not(IsFiniteLanes(df, mean)));
+        hn::StoreU(mean, df, dst);
+        continue;
+      }
+      const size_t rest = block_end - m;
+      std::memcpy(tail, input + m * window, sizeof(float) * rest * window);
+      const hn::Vec<DF> mean = WindowMeans(tail, window);
+      nonfinite += hn::CountTrue(df, hn::AndNot(IsFiniteLanes(df, mean), hn::FirstN(df, rest)));
+      hn::StoreU(mean, df, means);
+      std::memcpy(dst, means, sizeof(float) * rest);
+    }
+    totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
+  }
+  totals->nonfinite += nonfinite;
+}
+
+void PoolDecodeMeansVector(const float* means, uint32_t window, uint64_t begin, uint64_t end,
+                           float* out) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  alignas(HWY_MAX_BYTES) float tail[4 * (HWY_MAX_BYTES / 4)];
+  for (uint64_t m = begin; m < end; m += lanes) {
+    const bool whole = m + lanes <= end;
+    const hn::Vec<DF> v = hn::MaskedLoad(hn::FirstN(df, end - m), df, means + m);
+    float* dst = whole ? out + m * window : tail;
+    if (window == 2) {
+      hn::StoreInterleaved2(v, v, df, dst);
+    } else if (window == 3) {
+      hn::StoreInterleaved3(v, v, v, df, dst);
+    } else {
+      hn::StoreInterleaved4(v, v, v, v, df, dst);
+    }
+    if (!whole) std::memcpy(out + m * window, tail, sizeof(float) * (end - m) * window);
   }
 }
 
@@ -351,6 +602,12 @@ bool Vectorized() { return ActiveTarget() != Target::kScalar; }
 HWY_EXPORT(ChecksumWordsVector);
 HWY_EXPORT(QuantizeGroupF32Vector);
 HWY_EXPORT(DequantizeGroupF32Vector);
+HWY_EXPORT(CastEncodeWordsVector);
+HWY_EXPORT(CastDecodeElementsVector);
+HWY_EXPORT(MaskEncodeWordsVector);
+HWY_EXPORT(MaskDecodeWordsVector);
+HWY_EXPORT(PoolEncodeWordsVector);
+HWY_EXPORT(PoolDecodeMeansVector);
 
 uint64_t ChecksumWords(const uint32_t* words, uint64_t count, uint64_t first_index) {
   if (Vectorized()) return HWY_DYNAMIC_DISPATCH(ChecksumWordsVector)(words, count, first_index);
@@ -369,6 +626,36 @@ void QuantizeGroupF32(const float* x, const float* approx, uint32_t n, uint32_t 
 void DequantizeGroupF32(const uint32_t* code_words, uint32_t param_word, uint32_t n,
                         uint32_t bits, const float* approx, float* out) {
   HWY_DYNAMIC_DISPATCH(DequantizeGroupF32Vector)(code_words, param_word, n, bits, approx, out);
+}
+
+void CastEncodeWords(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
+                     uint64_t end, uint32_t* words, CastTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(CastEncodeWordsVector)(input, numel, to_bf16, begin, end, words, totals);
+}
+
+void CastDecodeElements(const uint16_t* halves, bool from_bf16, uint64_t begin, uint64_t end,
+                        float* out) {
+  HWY_DYNAMIC_DISPATCH(CastDecodeElementsVector)(halves, from_bf16, begin, end, out);
+}
+
+void MaskEncodeWords(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+                     uint32_t* words, MaskTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(MaskEncodeWordsVector)(input, numel, begin, end, words, totals);
+}
+
+void MaskDecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, uint64_t begin_word,
+                     uint64_t end_word, uint32_t* out) {
+  HWY_DYNAMIC_DISPATCH(MaskDecodeWordsVector)(words, numel, value, begin_word, end_word, out);
+}
+
+void PoolEncodeWords(const float* input, uint32_t window, uint64_t begin, uint64_t end,
+                     uint32_t* words, PoolTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(PoolEncodeWordsVector)(input, window, begin, end, words, totals);
+}
+
+void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64_t end,
+                     float* out) {
+  HWY_DYNAMIC_DISPATCH(PoolDecodeMeansVector)(means, window, begin, end, out);
 }
 
 }  // namespace actpack::codecs::simd

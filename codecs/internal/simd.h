@@ -61,6 +61,59 @@ void QuantizeGroupF32(const float* x, const float* approx, uint32_t n, uint32_t 
 void DequantizeGroupF32(const uint32_t* code_words, uint32_t param_word, uint32_t n,
                         uint32_t bits, const float* approx, float* out);
 
+// ---- cast ----
+
+struct CastTotals {
+  uint64_t checksum = 0;
+  uint64_t overflow = 0;  // finite inputs that became infinite
+};
+
+// Payload words [begin, end) of `cast` from a float32 tensor of `numel` elements (cast.cc's loop
+// over cast_math::EncodeWord), with their checksum terms.
+void CastEncodeWords(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
+                     uint64_t end, uint32_t* words, CastTotals* totals);
+
+// Elements [begin, end) of a cast payload as float32 (cast_math::DecodeElement).
+void CastDecodeElements(const uint16_t* halves, bool from_bf16, uint64_t begin, uint64_t end,
+                        float* out);
+
+// ---- mask, 4-byte elements ----
+
+struct MaskTotals {
+  uint64_t checksum = 0;
+  uint32_t max_bits = 0;            // largest nonzero element bits
+  uint32_t min_bits = 0xffffffffu;  // smallest nonzero element bits
+};
+
+// Payload words [begin, end) of `mask` for a tensor of `numel` 4-byte elements (mask.cc's
+// EncodeWords<4>).
+void MaskEncodeWords(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+                     uint32_t* words, MaskTotals* totals);
+
+// Elements [32 * begin_word, min(numel, 32 * end_word)) of a mask payload: `value` where the
+// bit is set, else 0 (mask.cc's DecodeElements<4>).
+void MaskDecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, uint64_t begin_word,
+                     uint64_t end_word, uint32_t* out);
+
+// ---- pool, float32 rows of whole windows of 2, 3 or 4 values ----
+
+struct PoolTotals {
+  uint64_t checksum = 0;
+  uint64_t nonfinite = 0;  // means that are not finite
+};
+
+// Words [begin, end) of a float32 `pool` payload whose windows tile the flattened tensor: word
+// w is the mean of input[w * window, (w + 1) * window) (pool_math::EncodeWord<kF32>).
+void PoolEncodeWords(const float* input, uint32_t window, uint64_t begin, uint64_t end,
+                     uint32_t* words, PoolTotals* totals);
+
+// The inverse: output[m * window + j] = means[m] for m in [begin, end), j < window.
+void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64_t end,
+                     float* out);
+
+// Whether the pool kernels take windows of this size.
+inline bool PoolWindowVectorized(uint32_t window) { return window >= 2 && window <= 4; }
+
 }  // namespace actpack::codecs::simd
 
 #endif  // ACTPACK_CODECS_INTERNAL_SIMD_H_

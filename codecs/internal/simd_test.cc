@@ -41,7 +41,7 @@ TEST(SimdTest, TheScalarReferenceIsAlwaysATarget) {
   for (Target t : targets) std::printf("target: %s\n", simd::TargetName(t));
 }
 
-enum class Data { kGaussian, kRelu, kMask, kNonFinite, kWide, kConstant };
+enum class Data { kGaussian, kRelu, kMask, kNonFinite, kWide, kTiny, kConstant };
 
 std::vector<float> MakeData(size_t n, Data data, uint32_t seed) {
   std::vector<float> v = testing::Gaussian(n, seed);
@@ -55,6 +55,8 @@ std::vector<float> MakeData(size_t n, Data data, uint32_t seed) {
         if (i % 101 == 3) v[i] = -0.0f;
         break;
       case Data::kWide: v[i] = std::ldexp(v[i], static_cast<int>(i % 60) - 30); break;
+      // Down to float16's subnormals and below, without overflowing it.
+      case Data::kTiny: v[i] = std::ldexp(v[i], -static_cast<int>(i % 32)); break;
       case Data::kConstant: v[i] = 1.5f; break;
       default: break;
     }
@@ -93,8 +95,8 @@ TEST(SimdTest, EveryCodecWritesTheReferenceBytesOnEveryTarget) {
   const std::vector<std::vector<int64_t>> shapes = {
       {}, {1}, {7}, {31}, {33}, {255}, {257}, {1000}, {4100}, {3, 37}, {5, 9, 17},
       {2, 3, 16, 19}, {2, 4, 64, 64}, {3, 130, 40}, {70001}};
-  const std::vector<Data> kinds = {Data::kGaussian, Data::kRelu,  Data::kMask,
-                                   Data::kNonFinite, Data::kWide, Data::kConstant};
+  const std::vector<Data> kinds = {Data::kGaussian, Data::kRelu, Data::kMask, Data::kNonFinite,
+                                   Data::kWide,     Data::kTiny, Data::kConstant};
   int compared = 0;
   for (const std::string& spec : specs) {
     absl::StatusOr<CodecParams> params = ParseCodecSpec(spec);
