@@ -170,6 +170,11 @@ absl::StatusOr<Header> Verify(const uint8_t* buffer, size_t size, const ExecCont
 absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,
                     const ExecContext& context);
 
+// Decode for a buffer that Verify accepted, with the header it returned: the checksum is not
+// computed again (it reads the whole payload).
+absl::Status DecodeVerified(const Header& verified, const uint8_t* buffer,
+                            const MutableTensorView& output, const ExecContext& context);
+
 }  // namespace actpack::codecs
 
 #endif  // ACTPACK_CODECS_CODEC_H_

@@ -553,16 +553,22 @@ HWY_AFTER_NAMESPACE();
 namespace actpack::codecs::simd {
 namespace {
 
-constexpr int64_t kVectorTargets = HWY_AVX2 | HWY_AVX3;
-
-// Set by SetTargetForTest: the scalar reference although vectors are available.
-std::atomic<bool> scalar_forced{false};
-
-// What the CPU supports, read before any test restricts it.
+// What the CPU supports. hwy::SupportedTargets() runs CPUID unless a test restriction is set,
+// which costs microseconds in a virtual machine: read it once, before any restriction.
 int64_t CpuTargets() {
   static const int64_t targets = hwy::SupportedTargets();
   return targets;
 }
+
+Target BestTarget() {
+  static const Target best = (CpuTargets() & HWY_AVX3)   ? Target::kAvx512
+                             : (CpuTargets() & HWY_AVX2) ? Target::kAvx2
+                                                         : Target::kScalar;
+  return best;
+}
+
+// The target SetTargetForTest chose, or -1.
+std::atomic<int> forced_target{-1};
 
 }  // namespace
 
@@ -582,8 +588,8 @@ std::vector<Target> SupportedTargets() {
 }
 
 void SetTargetForTest(std::optional<Target> target) {
-  CpuTargets();
-  scalar_forced = target == Target::kScalar;
+  BestTarget();
+  forced_target = target.has_value() ? static_cast<int>(*target) : -1;
   int64_t mask = 0;  // no restriction
   if (target == Target::kAvx2) mask = HWY_AVX2;
   if (target == Target::kAvx512) mask = HWY_AVX3;
@@ -592,9 +598,8 @@ void SetTargetForTest(std::optional<Target> target) {
 }
 
 Target ActiveTarget() {
-  const int64_t cpu = hwy::SupportedTargets();
-  if (scalar_forced || (cpu & kVectorTargets) == 0) return Target::kScalar;
-  return (cpu & HWY_AVX3) ? Target::kAvx512 : Target::kAvx2;
+  const int forced = forced_target.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Target>(forced) : BestTarget();
 }
 
 bool Vectorized() { return ActiveTarget() != Target::kScalar; }
