@@ -98,30 +98,40 @@ HWY_INLINE hn::Vec<DU> Hash32(hn::Vec<DU> x) {
 }
 
 // The draws portable::UniformFloat(seed, index) of the lanes' elements, given their indices'
-// low 32 bits. Elements of one group lie in at most two streams of 2^32 (the second from where
-// the low bits wrap below those of the group's first element): `key0` and `key1` are the
-// hashed keys (portable::Hash32(portable::UniformKey(...))) of the first and the last element.
-HWY_INLINE hn::Vec<DF> Draws(hn::Vec<DU> low_index, hn::Vec<DU> first_low, hn::Vec<DU> key0,
-                             hn::Vec<DU> key1) {
+// low 32 bits and the hashed key (portable::Hash32(portable::UniformKey(...))) of their stream.
+HWY_INLINE hn::Vec<DF> Draws(hn::Vec<DU> low_index, hn::Vec<DU> key) {
   const DF df;
+  const DI di;
+  const hn::Vec<DU> r = hn::ShiftRight<8>(Hash32(hn::Xor(low_index, key)));
+  return hn::Mul(hn::ConvertTo(df, hn::BitCast(di, r)), hn::Set(df, 1.0f / 16777216.0f));
+}
+
+// The hashed keys of lanes of a group whose draws cross into the next stream of 2^32 where the
+// low index bits wrap (only in tensors of more than 2^32 elements): below the group's first
+// element's low bits, `key1`.
+HWY_INLINE hn::Vec<DU> WrappedKeys(hn::Vec<DU> low_index, hn::Vec<DU> first_low, hn::Vec<DU> key0,
+                                   hn::Vec<DU> key1) {
   const DI di;
   const DU du;
   const hn::Vec<DU> sign = hn::Set(du, 0x80000000u);
   // Unsigned low_index < first_low, as a signed comparison of both with the sign bit flipped.
   const hn::Mask<DI> wrapped = hn::Lt(hn::BitCast(di, hn::Xor(low_index, sign)),
                                       hn::BitCast(di, hn::Xor(first_low, sign)));
-  const hn::Vec<DU> key = hn::IfThenElse(hn::RebindMask(du, wrapped), key1, key0);
-  const hn::Vec<DU> r = hn::ShiftRight<8>(Hash32(hn::Xor(low_index, key)));
-  return hn::Mul(hn::ConvertTo(df, hn::BitCast(di, r)), hn::Set(df, 1.0f / 16777216.0f));
+  return hn::IfThenElse(hn::RebindMask(du, wrapped), key1, key0);
 }
 
-// x[i] (or x[i] - approx[i]) for the lanes i < n of the vector at i; 0 past n.
-HWY_INLINE hn::Vec<DF> LoadResiduals(const float* x, const float* approx, hn::Mask<DF> valid,
-                                     size_t i) {
+// x[i] (or x[i] - approx[i]) for the lanes of the vector at i: all of them when kWhole, else
+// those in `valid` (0 elsewhere).
+template <bool kWhole>
+HWY_INLINE hn::Vec<DF> LoadLanes(const float* p, hn::Mask<DF> valid, size_t i) {
   const DF df;
-  const hn::Vec<DF> v = hn::MaskedLoad(valid, df, x + i);
-  if (approx == nullptr) return v;
-  return hn::Sub(v, hn::MaskedLoad(valid, df, approx + i));
+  return kWhole ? hn::LoadU(df, p + i) : hn::MaskedLoad(valid, df, p + i);
+}
+
+// The zero bytes PackCodes reads past `count` codes: up to a whole vector of u64 lanes.
+HWY_INLINE size_t PaddingOf(uint32_t count) {
+  const size_t vector_codes = 8 * hn::Lanes(D64());
+  return (count + vector_codes - 1) / vector_codes * vector_codes - count;
 }
 
 // Packs codes[0 .. count) (bytes, each < 2^bits; zero up to a whole vector of u64 lanes past
@@ -199,33 +209,50 @@ void UnpackCodes(const uint32_t* words, uint32_t count, uint32_t bits, uint8_t* 
   }
 }
 
+// Copies the `word_count` words holding `count` codes (a multiple of 8) of `bits` bits to `dst`
+// and zeroes what UnpackCodes reads past them: only the words are read from the payload, whose
+// end may be near.
+HWY_INLINE void CopyCodeWords(const uint32_t* src, uint32_t word_count, uint32_t count,
+                              uint32_t bits, uint32_t* dst) {
+  std::memcpy(dst, src, 4 * word_count);
+  const size_t extent = (count + PaddingOf(count)) / 8 * bits;
+  if (extent > 4 * word_count) {
+    std::memset(reinterpret_cast<uint8_t*>(dst) + 4 * word_count, 0, extent - 4 * word_count);
+  }
+}
+
 void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uint32_t padded,
                             uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
                             uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
   const DF df;
   const DI di;
   const DU du;
-  const size_t lanes = hn::Lanes(df);
+  const uint32_t lanes = static_cast<uint32_t>(hn::Lanes(df));
   // The group's range, as quant.cc's EncodeGroups: over the finite residuals; counts of
   // non-finite inputs and of finite inputs whose residual is not finite.
   hn::Vec<DF> lo = hn::Set(df, portable::BitsToFloat(0x7f800000u));
   hn::Vec<DF> hi = hn::Neg(lo);
-  uint64_t nonfinite = 0, overflow = 0;
-  for (uint32_t i = 0; i < n; i += lanes) {
-    const hn::Mask<DF> valid = hn::FirstN(df, n - i);
-    const hn::Mask<DF> x_finite = IsFiniteLanes(df, hn::MaskedLoad(valid, df, x + i));
-    const hn::Vec<DF> r = LoadResiduals(x, approx, valid, i);
-    const hn::Mask<DF> r_finite = hn::And(valid, IsFiniteLanes(df, r));
-    nonfinite += hn::CountTrue(df, hn::AndNot(x_finite, valid));
-    overflow += hn::CountTrue(df, hn::AndNot(r_finite, hn::And(valid, x_finite)));
-    lo = hn::IfThenElse(r_finite, hn::Min(lo, r), lo);
-    hi = hn::IfThenElse(r_finite, hn::Max(hi, r), hi);
-  }
+  hn::Vec<DI> nonfinite = hn::Zero(di), overflow = hn::Zero(di);
+  const hn::Vec<DI> one = hn::Set(di, 1);
+  const auto range = [&]<bool kWhole>(uint32_t i, hn::Mask<DF> valid) {
+    const hn::Vec<DF> v = LoadLanes<kWhole>(x, valid, i);
+    const hn::Vec<DF> r = approx == nullptr ? v : hn::Sub(v, LoadLanes<kWhole>(approx, valid, i));
+    const hn::Mask<DF> x_finite = IsFiniteLanes(df, v);  // true past n (0 was loaded)
+    const hn::Mask<DF> r_finite = IsFiniteLanes(df, r);
+    nonfinite = hn::Add(nonfinite, hn::IfThenZeroElse(hn::RebindMask(di, x_finite), one));
+    overflow = hn::Add(overflow, hn::IfThenZeroElse(hn::RebindMask(di, hn::Or(r_finite, hn::Not(x_finite))), one));
+    const hn::Mask<DF> counted = kWhole ? r_finite : hn::And(valid, r_finite);
+    lo = hn::IfThenElse(counted, hn::Min(lo, r), lo);
+    hi = hn::IfThenElse(counted, hn::Max(hi, r), hi);
+  };
+  uint32_t i = 0;
+  for (; i + lanes <= n; i += lanes) range.template operator()<true>(i, hn::FirstN(df, lanes));
+  if (i < n) range.template operator()<false>(i, hn::FirstN(df, n - i));
   const quant_math::GroupParams p = quant_math::MakeGroupParams(
       hn::GetLane(hn::MinOfLanes(df, lo)), hn::GetLane(hn::MaxOfLanes(df, hi)),
       static_cast<int>(bits));
-  totals->nonfinite += nonfinite;
-  if (!p.ok || overflow > 0) ++totals->overflow_groups;
+  totals->nonfinite += hn::GetLane(hn::SumOfLanes(di, nonfinite));
+  if (!p.ok || hn::GetLane(hn::SumOfLanes(di, overflow)) > 0) ++totals->overflow_groups;
   words[param_word] = p.packed;
   totals->checksum += portable::ChecksumTerm(p.packed, param_word);
 
@@ -235,31 +262,52 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
   const hn::Vec<DF> min = hn::Set(df, p.min);
   const hn::Vec<DF> inv_step = hn::Set(df, p.inv_step);
   const hn::Vec<DF> levels = hn::Set(df, static_cast<float>((1u << bits) - 1));
-  const hn::Vec<DU> key0 = hn::Set(du, portable::Hash32(portable::UniformKey(seed, first)));
+  const uint64_t last = first + (n > 0 ? n - 1 : 0);
+  const bool wraps = (first >> 32) != (last >> 32);
+  const uint32_t hashed_key = portable::Hash32(portable::UniformKey(seed, first));
+  const hn::Vec<DU> key0 = hn::Set(du, hashed_key);
   const hn::Vec<DU> key1 =
-      hn::Set(du, portable::Hash32(portable::UniformKey(seed, first + (n > 0 ? n - 1 : 0))));
+      hn::Set(du, wraps ? portable::Hash32(portable::UniformKey(seed, last)) : hashed_key);
   const hn::Vec<DU> first_low = hn::Set(du, static_cast<uint32_t>(first));
+  const hn::Vec<DU> iota = hn::Iota(du, 0);
   const hn::Rebind<uint8_t, DU> d8;
   alignas(HWY_MAX_BYTES) uint8_t codes[kBlockCodes + kCodePadding];
+  const auto quantize = [&]<bool kWhole, bool kWraps>(uint32_t i, hn::Mask<DF> valid,
+                                                      uint8_t* out) {
+    const hn::Vec<DF> v = LoadLanes<kWhole>(x, valid, i);
+    const hn::Vec<DF> r = approx == nullptr ? v : hn::Sub(v, LoadLanes<kWhole>(approx, valid, i));
+    const hn::Mask<DF> finite = IsFiniteLanes(df, r);
+    const hn::Vec<DF> safe = hn::IfThenElse(finite, r, min);
+    const hn::Vec<DU> low_index = hn::Add(iota, hn::Set(du, static_cast<uint32_t>(first + i)));
+    const hn::Vec<DU> key = kWraps ? WrappedKeys(low_index, first_low, key0, key1) : key0;
+    const hn::Vec<DF> scaled =
+        hn::Add(hn::Mul(hn::Sub(safe, min), inv_step), Draws(low_index, key));
+    const hn::Vec<DF> clamped = hn::IfThenElse(hn::Lt(levels, scaled), levels, scaled);
+    const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
+    const hn::Mask<DF> coded = kWhole ? finite : hn::And(valid, finite);
+    const hn::Vec<DI> code =
+        hn::IfThenElseZero(hn::RebindMask(di, coded), hn::ConvertTo(di, positive));
+    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, out);
+  };
   for (uint32_t block = 0; block < padded; block += kBlockCodes) {
     const uint32_t count = std::min(kBlockCodes, padded - block);
-    for (uint32_t j = 0; j < count; j += lanes) {
-      const uint32_t i = block + j;
-      const hn::Mask<DF> valid = hn::FirstN(df, i < n ? n - i : 0);
-      const hn::Vec<DF> r = LoadResiduals(x, approx, valid, i);
-      const hn::Mask<DF> finite = IsFiniteLanes(df, r);
-      const hn::Vec<DF> safe = hn::IfThenElse(finite, r, min);
-      const hn::Vec<DU> low_index = hn::Add(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(
-                                                                           first + i)));
-      const hn::Vec<DF> scaled =
-          hn::Add(hn::Mul(hn::Sub(safe, min), inv_step), Draws(low_index, first_low, key0, key1));
-      const hn::Vec<DF> clamped = hn::IfThenElse(hn::Lt(levels, scaled), levels, scaled);
-      const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
-      const hn::Vec<DI> code = hn::IfThenElseZero(hn::RebindMask(di, hn::And(valid, finite)),
-                                                  hn::ConvertTo(di, positive));
-      hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, codes + j);
+    const uint32_t whole = n > block ? std::min(count, n - block) / lanes * lanes : 0;
+    uint32_t j = 0;
+    if (wraps) {
+      for (; j < whole; j += lanes) {
+        quantize.template operator()<true, true>(block + j, hn::FirstN(df, lanes), codes + j);
+      }
+    } else {
+      for (; j < whole; j += lanes) {
+        quantize.template operator()<true, false>(block + j, hn::FirstN(df, lanes), codes + j);
+      }
     }
-    std::memset(codes + count, 0, kCodePadding);
+    for (; j < count; j += lanes) {
+      const uint32_t at = block + j;
+      quantize.template operator()<false, true>(at, hn::FirstN(df, at < n ? n - at : 0),
+                                                codes + j);
+    }
+    std::memset(codes + count, 0, PaddingOf(count));
     uint32_t* out = words + first_code_word + block * bits / 32;
     PackCodes(codes, count, bits, out);
     totals->checksum += ChecksumWordsVector(out, count * bits / 32,
@@ -281,9 +329,7 @@ void DequantizeGroupF32Vector(const uint32_t* code_words, uint32_t param_word, u
   for (uint32_t block = 0; block < n; block += kBlockCodes) {
     const uint32_t count = std::min(kBlockCodes, n - block);
     const uint32_t word_count = (count * bits + 31) / 32;
-    // The group's words only (a whole vector past them could be past the payload).
-    std::memcpy(words, code_words + block * bits / 32, 4 * word_count);
-    std::memset(words + word_count, 0, kCodePadding);
+    CopyCodeWords(code_words + block * bits / 32, word_count, (count + 7) / 8 * 8, bits, words);
     UnpackCodes(words, (count + 7) / 8 * 8, bits, codes);
     for (uint32_t j = 0; j < count; j += lanes) {
       const uint32_t i = block + j;
@@ -444,7 +490,7 @@ void MaskEncodeWordsVector(const uint32_t* input, uint64_t numel, uint64_t begin
                  bits + (i - 32 * block));
     }
     const uint32_t count = static_cast<uint32_t>(32 * (block_end - block));
-    std::memset(bits + count, 0, kCodePadding);
+    std::memset(bits + count, 0, PaddingOf(count));
     PackCodes(bits, count, 1, words + block);
     totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
   }
@@ -462,9 +508,8 @@ void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value
   alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
   for (uint64_t block = begin_word; block < end_word; block += kBlockElements / 32) {
     const uint64_t block_end = std::min(end_word, block + kBlockElements / 32);
-    std::memcpy(block_words, words + block, 4 * (block_end - block));
-    std::memset(block_words + (block_end - block), 0, kCodePadding);
     const uint32_t count = static_cast<uint32_t>(32 * (block_end - block));
+    CopyCodeWords(words + block, static_cast<uint32_t>(block_end - block), count, 1, block_words);
     UnpackCodes(block_words, count, 1, bits);
     const uint64_t last = std::min(numel, 32 * block_end);
     for (uint64_t i = 32 * block; i < last; i += lanes) {
