@@ -68,7 +68,12 @@ uint64_t SumChecksumTerms(const uint32_t* words, uint64_t count, uint64_t first_
                              d, hn::PromoteTo(d, hn::LoadU(d32, words + i + n)), next));
     index = hn::Add(next, step);
   }
-  uint64_t sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+  // Lane by lane in uint64_t: GCC's AVX-512 horizontal sum adds as signed 64-bit integers,
+  // whose overflow is undefined (UBSan reports it).
+  alignas(HWY_MAX_BYTES) uint64_t lane_sums[HWY_MAX_BYTES / 8];
+  hn::Store(hn::Add(sum0, sum1), d, lane_sums);
+  uint64_t sum = 0;
+  for (size_t k = 0; k < n; ++k) sum += lane_sums[k];
   for (; i < count; ++i) sum += portable::ChecksumTerm(words[i], first_index + i);
   return sum;
 }
