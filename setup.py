@@ -1,10 +1,10 @@
 """pip install --no-build-isolation .  — builds actpack._C against the installed torch.
 
 CPU-only against a CPU torch; with the CUDA kernels (codecs/cuda/*.cu) against a CUDA torch.
-The sources are the same ones Bazel builds. Abseil comes from Debian's libabsl-dev: the
-shared libraries named in third_party/system/BUILD.system (one list for both builds), found
-at run time through an rpath. ACTPACK_ABSL_PREFIX points at another install (the GPU script
-unpacks the .debs there). Debian's static archives cannot go into a shared object (their
+The sources are the same ones Bazel builds. Abseil and Highway come from Debian's libabsl-dev
+and libhwy-dev: the shared libraries named in third_party/system/BUILD.system (one list for both
+builds), found at run time through an rpath. ACTPACK_ABSL_PREFIX points at another install of
+both (the GPU script unpacks the .debs there). Debian's static archives cannot go into a shared object (their
 thread-locals are not position independent).
 """
 import glob
@@ -26,10 +26,10 @@ def sources(*patterns):
     return sorted(os.path.relpath(f, ROOT) for f in found if not f.endswith(excluded))
 
 
-def absl_link_args(prefix):
-    """-L, rpath and the -labsl_* flags of Bazel's @system//:absl target."""
+def system_link_args(prefix):
+    """-L, rpath and the -labsl_* and -lhwy flags of Bazel's @system//:absl and :hwy targets."""
     with open(os.path.join(ROOT, "third_party", "system", "BUILD.system")) as f:
-        libraries = re.findall(r'"(-labsl_\w+)"', f.read())
+        libraries = re.findall(r'"(-l(?:absl_\w+|hwy))"', f.read())
     for libdir in (os.path.join(prefix, "lib", "x86_64-linux-gnu"), os.path.join(prefix, "lib")):
         if glob.glob(os.path.join(libdir, "libabsl_status.so*")):
             return [f"-L{libdir}", f"-Wl,-rpath,{libdir}", *libraries]
@@ -62,7 +62,7 @@ extension = extension_type(
                  "-gencode=arch=compute_90,code=sm_90",
                  "-gencode=arch=compute_90,code=compute_90"],
     },
-    extra_link_args=absl_link_args(absl_prefix),
+    extra_link_args=system_link_args(absl_prefix),
 )
 
 class BuildPyWithPth(build_py):

@@ -8,6 +8,7 @@
 #include "codecs/internal/device_counters.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/simd.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -20,10 +21,7 @@ uint64_t PayloadWords(uint64_t numel) { return (numel + 1) / 2; }
 
 constexpr int64_t kWordGrain = 32768;
 
-struct Partial {
-  uint64_t checksum = 0;
-  uint64_t overflow = 0;
-};
+using Partial = simd::CastTotals;
 
 class Cast final : public Codec {
  public:
@@ -73,6 +71,12 @@ class Cast final : public Codec {
       internal::ParallelFor(PayloadWords(numel), kWordGrain,
                             [&](int chunk, int64_t begin, int64_t end) {
                               Partial p;
+                              if (simd::Vectorized()) {
+                                simd::CastEncodeWords(values, numel, to_bf16, begin, end, words,
+                                                      &p);
+                                partials[chunk] = p;
+                                return;
+                              }
                               for (int64_t w = begin; w < end; ++w) {
                                 words[w] = cast_math::EncodeWord(values, numel, to_bf16, w,
                                                                  &p.overflow);
@@ -124,6 +128,10 @@ class Cast final : public Codec {
     }
     const uint16_t* halves = reinterpret_cast<const uint16_t*>(payload);
     internal::ParallelFor(header.numel, 2 * kWordGrain, [&](int, int64_t begin, int64_t end) {
+      if (simd::Vectorized()) {
+        simd::CastDecodeElements(halves, from_bf16, begin, end, out);
+        return;
+      }
       for (int64_t i = begin; i < end; ++i) {
         out[i] = cast_math::DecodeElement(halves, from_bf16, i);
       }

@@ -69,6 +69,46 @@ absl::StatusOr<uint64_t> ChecksumOf(const uint8_t* payload, size_t bytes,
 #endif
 }
 
+// The codec of a buffer's header; kDataLoss when this build has none with its id.
+absl::StatusOr<const Codec*> DecoderFor(const Header& header) {
+  const Codec* codec = FindCodec(header.codec);
+  if (codec == nullptr) {
+    return absl::DataLossError(absl::StrCat("actpack: unknown codec id ",
+                                            static_cast<int>(header.codec),
+                                            " in the buffer's header"));
+  }
+  return codec;
+}
+
+// kInvalidArgument unless `output` is where the buffer's tensor can be decoded to.
+absl::Status CheckOutput(const Header& header, const MutableTensorView& output,
+                         const ExecContext& context) {
+  if (output.device != context.device) {
+    return absl::InvalidArgumentError("actpack: decode: the output is not on the context's device");
+  }
+  if (output.dtype != header.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("actpack: decode: the buffer holds ",
+                                                   DTypeName(header.dtype), ", output is ",
+                                                   DTypeName(output.dtype)));
+  }
+  if (output.shape != header.Shape()) {
+    return absl::InvalidArgumentError(absl::StrCat("actpack: decode: the buffer holds shape ",
+                                                   ShapeString(header.Shape()),
+                                                   ", output has shape ",
+                                                   ShapeString(output.shape)));
+  }
+  return absl::OkStatus();
+}
+
+// kDataLoss unless the payload's checksum matches the header's.
+absl::Status VerifyPayload(const Header& header, const uint8_t* buffer,
+                           const ExecContext& context) {
+  absl::StatusOr<uint64_t> payload_sum =
+      ChecksumOf(buffer + kHeaderSize, header.payload_size, context);
+  if (!payload_sum.ok()) return payload_sum.status();
+  return VerifyChecksum(header, *payload_sum);
+}
+
 }  // namespace
 
 uint64_t TensorSpec::numel() const {
@@ -130,49 +170,32 @@ absl::StatusOr<Header> ReadHeader(const uint8_t* buffer, size_t size, const Exec
 absl::StatusOr<Header> Verify(const uint8_t* buffer, size_t size, const ExecContext& context) {
   absl::StatusOr<Header> header = ReadHeader(buffer, size, context);
   if (!header.ok()) return header.status();
-  if (FindCodec(header->codec) == nullptr) {
-    return absl::DataLossError(absl::StrCat("actpack: unknown codec id ",
-                                            static_cast<int>(header->codec),
-                                            " in the buffer's header"));
-  }
-  absl::StatusOr<uint64_t> payload_sum =
-      ChecksumOf(buffer + kHeaderSize, header->payload_size, context);
-  if (!payload_sum.ok()) return payload_sum.status();
-  absl::Status verified = VerifyChecksum(*header, *payload_sum);
+  absl::StatusOr<const Codec*> codec = DecoderFor(*header);
+  if (!codec.ok()) return codec.status();
+  absl::Status verified = VerifyPayload(*header, buffer, context);
   if (!verified.ok()) return verified;
   return header;
 }
 
 absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,
                     const ExecContext& context) {
-  if (output.device != context.device) {
-    return absl::InvalidArgumentError("actpack: decode: the output is not on the context's device");
-  }
   absl::StatusOr<Header> header = ReadHeader(buffer, size, context);
   if (!header.ok()) return header.status();
-  const Codec* codec = FindCodec(header->codec);
-  if (codec == nullptr) {
-    return absl::DataLossError(absl::StrCat("actpack: unknown codec id ",
-                                            static_cast<int>(header->codec),
-                                            " in the buffer's header"));
-  }
-  if (output.dtype != header->dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("actpack: decode: the buffer holds ",
-                                                   DTypeName(header->dtype), ", output is ",
-                                                   DTypeName(output.dtype)));
-  }
-  if (output.shape != header->Shape()) {
-    return absl::InvalidArgumentError(absl::StrCat("actpack: decode: the buffer holds shape ",
-                                                   ShapeString(header->Shape()),
-                                                   ", output has shape ",
-                                                   ShapeString(output.shape)));
-  }
-  absl::StatusOr<uint64_t> payload_sum =
-      ChecksumOf(buffer + kHeaderSize, header->payload_size, context);
-  if (!payload_sum.ok()) return payload_sum.status();
-  absl::Status verified = VerifyChecksum(*header, *payload_sum);
-  if (!verified.ok()) return verified;
-  return codec->DecodePayload(*header, buffer + kHeaderSize, output, context);
+  absl::StatusOr<const Codec*> codec = DecoderFor(*header);
+  if (!codec.ok()) return codec.status();
+  absl::Status status = CheckOutput(*header, output, context);
+  if (status.ok()) status = VerifyPayload(*header, buffer, context);
+  if (!status.ok()) return status;
+  return (*codec)->DecodePayload(*header, buffer + kHeaderSize, output, context);
+}
+
+absl::Status DecodeVerified(const Header& verified, const uint8_t* buffer,
+                            const MutableTensorView& output, const ExecContext& context) {
+  absl::StatusOr<const Codec*> codec = DecoderFor(verified);
+  if (!codec.ok()) return codec.status();
+  absl::Status status = CheckOutput(verified, output, context);
+  if (!status.ok()) return status;
+  return (*codec)->DecodePayload(verified, buffer + kHeaderSize, output, context);
 }
 
 }  // namespace actpack::codecs

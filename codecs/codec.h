@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,23 @@ enum class EbMode : uint8_t {
   kAbsolute = 1,  // every value within error_bound
   kRelative = 2,  // within error_bound * (max - min) of the tensor's finite values
 };
+
+// Where CPU codecs run their parallel loops. By default one process-wide pool with a thread
+// per core (the calling thread is one of them); a host with its own pool installs it
+// (SetCpuExecutor) so that codecs and the host never run more threads than there are cores:
+// the plugin installs torch's intra-op pool.
+class CpuExecutor {
+ public:
+  virtual ~CpuExecutor() = default;
+  // How many tasks run at once.
+  virtual int Threads() const = 0;
+  // Runs body(0 .. tasks - 1), returning when all have finished.
+  virtual void Run(int tasks, const std::function<void(int task)>& body) const = 0;
+};
+
+// Installs `executor` (not owned; it must outlive every codec call), or the built-in pool for
+// nullptr.
+void SetCpuExecutor(const CpuExecutor* executor);
 
 // What to encode with. Fields a codec does not use are ignored by it.
 struct CodecParams {
@@ -151,6 +169,11 @@ absl::StatusOr<Header> Verify(const uint8_t* buffer, size_t size, const ExecCont
 // Decodes a buffer into `output`, whose dtype and shape must match the buffer's.
 absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,
                     const ExecContext& context);
+
+// Decode for a buffer that Verify accepted, with the header it returned: the checksum is not
+// computed again (it reads the whole payload).
+absl::Status DecodeVerified(const Header& verified, const uint8_t* buffer,
+                            const MutableTensorView& output, const ExecContext& context);
 
 }  // namespace actpack::codecs
 

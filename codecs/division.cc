@@ -17,6 +17,7 @@
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
+#include "codecs/internal/simd.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -165,6 +166,17 @@ void EncodeGroup(const void* input, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t j0 = q * l.group_length;
   const uint32_t n = static_cast<uint32_t>(division_math::GroupSize(l, q));
   const uint64_t first = p * l.plane + j0;  // the group's flat element index
+  if (K == elements::kF32 && simd::Vectorized()) {
+    simd::QuantTotals totals;
+    simd::QuantizeGroupF32(static_cast<const float*>(input) + first, approx, n,
+                           division_math::CeilDiv(n, kPerWord) * kPerWord, kBits, l.seed, first,
+                           words, division_math::ParamWord(l, p * l.groups_per_plane + q),
+                           division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
+    partial->checksum += totals.checksum;
+    partial->nonfinite += totals.nonfinite;
+    partial->overflow_groups += totals.overflow_groups;
+    return;
+  }
   float lo = portable::BitsToFloat(0x7f800000u);  // +inf
   float hi = -lo;
   uint32_t nonfinite = 0;
@@ -221,9 +233,14 @@ void DecodeGroup(const uint32_t* words, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t j0 = q * l.group_length;
   const uint64_t n = division_math::GroupSize(l, q);
   const uint64_t first = p * l.plane + j0;
-  const quant_math::GroupParams gp = quant_math::UnpackGroupParams(
-      words[division_math::ParamWord(l, p * l.groups_per_plane + q)]);
+  const uint32_t param_word = words[division_math::ParamWord(l, p * l.groups_per_plane + q)];
   const uint32_t* in = words + division_math::PlaneCodeWord(l, p) + j0 / kPerWord;
+  if (K == elements::kF32 && simd::Vectorized()) {
+    simd::DequantizeGroupF32(in, param_word, static_cast<uint32_t>(n), kBits, approx,
+                             static_cast<float*>(output) + first);
+    return;
+  }
+  const quant_math::GroupParams gp = quant_math::UnpackGroupParams(param_word);
   const uint64_t full_words = n / kPerWord;
   for (uint64_t w = 0; w < full_words; ++w) {
     const uint32_t word = in[w];
@@ -390,9 +407,7 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
   });
   if (l.means % 2 != 0) means[l.means] = 0;  // the unused high half of the last LFC word
   internal::ParallelFor(l.lfc_words, 65536, [&](int chunk, int64_t begin, int64_t end) {
-    uint64_t sum = 0;
-    for (int64_t w = begin; w < end; ++w) sum += portable::ChecksumTerm(words[w], w);
-    partials[chunk].checksum += sum;
+    partials[chunk].checksum += simd::ChecksumWords(words + begin, end - begin, begin);
   });
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
     GroupScratch s(l.group_length);
@@ -658,9 +673,7 @@ Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t k
     });
   });
   internal::ParallelFor(l.lfc_words, 65536, [&](int chunk, int64_t begin, int64_t end) {
-    uint64_t sum = 0;
-    for (int64_t w = begin; w < end; ++w) sum += portable::ChecksumTerm(words[w], w);
-    partials[chunk].checksum += sum;
+    partials[chunk].checksum += simd::ChecksumWords(words + begin, end - begin, begin);
   });
   return Sum(partials);
 }

@@ -1,5 +1,6 @@
 #include "codecs/mask.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/simd.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -35,16 +37,16 @@ bool IsNaNBits(DType dtype, uint32_t bits) {
 
 constexpr int64_t kWordGrain = 4096;
 
-struct Partial {
-  uint64_t checksum = 0;
-  uint32_t max_bits = 0;           // largest nonzero element bits
-  uint32_t min_bits = 0xffffffffu;  // smallest nonzero element bits
-};
+using Partial = simd::MaskTotals;
 
 template <int Width>
 Partial EncodeWords(const void* input, uint64_t numel, uint32_t* words, uint64_t begin,
                     uint64_t end) {
   Partial p;
+  if (Width == 4 && simd::Vectorized()) {
+    simd::MaskEncodeWords(static_cast<const uint32_t*>(input), numel, begin, end, words, &p);
+    return p;
+  }
   for (uint64_t w = begin; w < end; ++w) {
     uint32_t word = 0;
     const uint64_t first = 32 * w;
@@ -62,10 +64,17 @@ Partial EncodeWords(const void* input, uint64_t numel, uint32_t* words, uint64_t
   return p;
 }
 
+// Elements [32 * begin_word, min(numel, 32 * end_word)).
 template <int Width>
-void DecodeElements(const uint32_t* words, uint32_t value, void* output, uint64_t begin,
-                    uint64_t end) {
-  for (uint64_t i = begin; i < end; ++i) {
+void DecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, void* output,
+                 uint64_t begin_word, uint64_t end_word) {
+  if (Width == 4 && simd::Vectorized()) {
+    simd::MaskDecodeWords(words, numel, value, begin_word, end_word,
+                          static_cast<uint32_t*>(output));
+    return;
+  }
+  const uint64_t end = std::min(numel, 32 * end_word);
+  for (uint64_t i = 32 * begin_word; i < end; ++i) {
     const bool set = (words[i / 32] >> (i % 32)) & 1u;
     elements::StoreBits<Width>(output, i, set ? value : 0u);
   }
@@ -179,11 +188,12 @@ class Mask final : public Codec {
 #endif
     }
     const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-    internal::ParallelFor(header.numel, 32 * kWordGrain, [&](int, int64_t begin, int64_t end) {
+    const uint64_t numel = header.numel;
+    internal::ParallelFor(PayloadWords(numel), kWordGrain, [&](int, int64_t begin, int64_t end) {
       switch (width) {
-        case 4: DecodeElements<4>(words, value, output.data, begin, end); break;
-        case 2: DecodeElements<2>(words, value, output.data, begin, end); break;
-        default: DecodeElements<1>(words, value, output.data, begin, end);
+        case 4: DecodeWords<4>(words, numel, value, output.data, begin, end); break;
+        case 2: DecodeWords<2>(words, numel, value, output.data, begin, end); break;
+        default: DecodeWords<1>(words, numel, value, output.data, begin, end);
       }
     });
     return absl::OkStatus();

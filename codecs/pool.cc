@@ -13,6 +13,7 @@
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/pool_math.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/simd.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -36,10 +37,14 @@ uint64_t PayloadBytes(const pool_math::Shape& s, DType dtype) {
   return (bytes + 3) / 4 * 4;
 }
 
-struct Partial {
-  uint64_t checksum = 0;
-  uint64_t nonfinite = 0;
-};
+using Partial = simd::PoolTotals;
+
+// Whether the vector kernels take this tensor: float32 rows of whole windows they handle, so
+// that the windows tile the flattened tensor.
+bool PoolVectorized(DType dtype, const pool_math::Shape& s) {
+  return dtype == DType::kFloat32 && simd::PoolWindowVectorized(s.window) &&
+         s.row_length % s.window == 0 && simd::Vectorized();
+}
 
 template <int K>
 Partial EncodeWords(const void* input, const pool_math::Shape& s, uint32_t* words,
@@ -115,7 +120,13 @@ class Pool final : public Codec {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       const int64_t grain = std::max<int64_t>(1, 65536 / window);
+      const bool vectorized = PoolVectorized(input.dtype, s);
       internal::ParallelFor(bytes / 4, grain, [&](int chunk, int64_t begin, int64_t end) {
+        if (vectorized) {
+          simd::PoolEncodeWords(static_cast<const float*>(input.data), window, begin, end, words,
+                                &partials[chunk]);
+          return;
+        }
         switch (input.dtype) {
           case DType::kFloat16:
             partials[chunk] = EncodeWords<elements::kF16>(input.data, s, words, begin, end);
@@ -169,6 +180,13 @@ class Pool final : public Codec {
 #else
       return internal::CudaNotCompiledIn("pool decode");
 #endif
+    }
+    if (PoolVectorized(header.dtype, s)) {
+      internal::ParallelFor(s.means, 65536 / window, [&](int, int64_t begin, int64_t end) {
+        simd::PoolDecodeMeans(reinterpret_cast<const float*>(payload), window, begin, end,
+                              static_cast<float*>(output.data));
+      });
+      return absl::OkStatus();
     }
     internal::ParallelFor(s.rows * s.row_length, 65536, [&](int, int64_t begin, int64_t end) {
       if (header.dtype == DType::kFloat32) {

@@ -13,6 +13,7 @@
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
+#include "codecs/internal/simd.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -51,11 +52,7 @@ absl::StatusOr<Layout> ReadParams(const Header& header) {
   return MakeLayout(header.numel, group_size, bits, seed);
 }
 
-struct Partial {
-  uint64_t checksum = 0;
-  uint64_t nonfinite = 0;
-  uint64_t overflow_groups = 0;
-};
+using Partial = simd::QuantTotals;
 
 // The CPU reference runs in three flat passes per group (load + min/max, quantize into a code
 // array, pack with shifts known at compile time) so that the compiler can vectorize each one;
@@ -66,6 +63,16 @@ Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64
   constexpr uint32_t kPerWord = 32 / kBits;
   constexpr uint32_t kLevels = (1u << kBits) - 1;
   Partial partial;
+  if (K == elements::kF32 && simd::Vectorized()) {
+    const float* x = static_cast<const float*>(input);
+    for (uint64_t g = g_begin; g < g_end; ++g) {
+      const uint64_t first = g * l.group_size;
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.group_size, l.numel - first));
+      simd::QuantizeGroupF32(x + first, nullptr, n, l.group_size, kBits, l.seed, first, words, g,
+                             l.CodeWord(g, 0), &partial);
+    }
+    return partial;
+  }
   std::vector<float> values(l.group_size);
   std::vector<uint32_t> group_codes(l.group_size);
   for (uint64_t g = g_begin; g < g_end; ++g) {
@@ -122,6 +129,15 @@ void DecodeGroups(const uint32_t* words, const Layout& l, void* output, uint64_t
                   uint64_t g_end) {
   constexpr uint32_t kPerWord = 32 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1;
+  if (K == elements::kF32 && simd::Vectorized()) {
+    for (uint64_t g = g_begin; g < g_end; ++g) {
+      const uint64_t first = g * l.group_size;
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.group_size, l.numel - first));
+      simd::DequantizeGroupF32(words + l.CodeWord(g, 0), words[g], n, kBits, nullptr,
+                               static_cast<float*>(output) + first);
+    }
+    return;
+  }
   for (uint64_t g = g_begin; g < g_end; ++g) {
     const quant_math::GroupParams p = quant_math::UnpackGroupParams(words[g]);
     const uint64_t first = g * l.group_size;

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include <cmath>
@@ -22,6 +23,12 @@ struct PackedTensor::Ledger {
 };
 
 namespace {
+
+uint64_t NanosecondsSince(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count());
+}
 
 codecs::CodecParams IdentityParams() {
   codecs::CodecParams params;
@@ -518,6 +525,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   if (!capacity.ok()) return capacity.status();
   absl::StatusOr<std::unique_ptr<Buffer>> buffer = factory_(*capacity, context);
   if (!buffer.ok()) return buffer.status();
+  const auto encode_start = std::chrono::steady_clock::now();
   absl::StatusOr<size_t> used =
       codecs::Encode(contiguous, params, (*buffer)->data(), (*buffer)->size(), context);
   if (!used.ok() && used.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -532,6 +540,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     used = codecs::Encode(contiguous, params, (*buffer)->data(), (*buffer)->size(), context);
   }
   if (!used.ok()) return used.status();
+  const uint64_t encode_ns = NanosecondsSince(encode_start);
   if (*used < (*buffer)->size()) {
     absl::Status shrunk = (*buffer)->ShrinkTo(*used);
     if (!shrunk.ok()) return shrunk;
@@ -548,6 +557,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   packed->buffer_ = std::move(*buffer);
 
   absl::MutexLock lock(&mu_);
+  totals_.codec_nanoseconds += encode_ns;
   packed->ledger_ = ledger_;
   SavedRecord& record = records_[plan.record];
   record.codec = codecs::FormatCodecSpec(params);
@@ -590,10 +600,13 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
     absl::Status recorded = packed.buffer_->RecordStream(context.stream);
     if (!recorded.ok()) return recorded;
   }
+  const auto decode_start = std::chrono::steady_clock::now();
   absl::Status status =
       codecs::Decode(packed.data(), packed.encoded_size(), output, context);
+  const uint64_t decode_ns = NanosecondsSince(decode_start);
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
+    totals_.codec_nanoseconds += decode_ns;
     ++totals_.unpacks;
   }
   return status;

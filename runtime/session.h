@@ -271,6 +271,9 @@ struct SessionTotals {
   uint64_t peak_live_stored = 0;
   uint64_t live_raw = 0;
   uint64_t peak_live_raw = 0;
+  // Wall time inside the codecs (Encode in Pack, Decode in Unpack): what the hooks cost beyond
+  // it is their overhead.
+  uint64_t codec_nanoseconds = 0;
 };
 
 class Session {

@@ -50,13 +50,14 @@ def actpack_cc_test(name, deps = [], size = "small", copts = [], **kwargs):
         **kwargs
     )
 
-def actpack_cc_benchmark(name, deps = [], copts = [], tags = [], **kwargs):
+def actpack_cc_benchmark(name, deps = [], copts = [], tags = [], benchmark_main = True, **kwargs):
+    """A benchmark binary; on Google Benchmark's main unless it has its own (benchmark_main)."""
     cc_binary(
         name = name,
         copts = ACTPACK_COPTS + copts,
         local_defines = CUDA_DEFINES,
         tags = tags + ["benchmark"],
-        deps = deps + ["@system//:benchmark_main"],
+        deps = deps + (["@system//:benchmark_main"] if benchmark_main else []),
         **kwargs
     )
 

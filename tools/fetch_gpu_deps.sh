@@ -9,5 +9,6 @@ cd .deps
 rm -f ./*.deb
 # The runtime library package is named after the Abseil release (libabsl20220623 on bookworm).
 runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print $2; exit}')
-apt-get download libabsl-dev "$runtime_package"
+# Highway: the codecs' vector kernels (headers in libhwy-dev, libhwy.so in libhwy1).
+apt-get download libabsl-dev "$runtime_package" libhwy-dev libhwy1
 ls -l

@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 
 python3 -c 'import pytest, setuptools, torch' 2>/dev/null ||
   { echo "actpack: this machine lacks pytest, setuptools or torch; carry them as wheels"; exit 1; }
-if ! ls /usr/lib/x86_64-linux-gnu/libabsl_status.so >/dev/null 2>&1; then
+if ! ls /usr/lib/x86_64-linux-gnu/libabsl_status.so /usr/lib/x86_64-linux-gnu/libhwy.so >/dev/null 2>&1; then
   ls .deps/*.deb >/dev/null 2>&1 || { echo "actpack: no Abseil here and no .deps/*.deb; run tools/fetch_gpu_deps.sh on a machine with apt first"; exit 1; }
   mkdir -p .deps/root
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done

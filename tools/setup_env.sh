@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-APT_PACKAGES=(bazel-bootstrap libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+APT_PACKAGES=(bazel-bootstrap libabsl-dev libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
               libkissfft-dev librsvg2-bin ninja-build clang libclang-rt-14-dev)
 PIP_PACKAGES=("torch==2.13.0" pytest numpy ninja setuptools wheel)
 

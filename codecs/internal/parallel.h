@@ -1,5 +1,7 @@
-// Splits [0, n) into contiguous chunks and runs them on up to hardware_concurrency threads.
-// Small ranges (fewer than 2 * grain items) run inline on the calling thread.
+// Splits [0, n) into contiguous chunks and runs them on the codecs' CPU executor (codec.h,
+// SetCpuExecutor): torch's intra-op pool inside the plugin, else one process-wide pool of a
+// thread per core, the calling thread included. Small ranges (fewer than 2 * grain items) run
+// inline on the calling thread.
 #ifndef ACTPACK_CODECS_INTERNAL_PARALLEL_H_
 #define ACTPACK_CODECS_INTERNAL_PARALLEL_H_
 
@@ -9,12 +11,13 @@
 namespace actpack::codecs::internal {
 
 // Calls fn(chunk_index, begin, end) once per chunk; returns the number of chunks, at most
-// MaxParallelChunks(). Chunk boundaries depend only on n, grain and the thread count.
+// MaxParallelChunks(). No result may depend on where the chunk boundaries fall (they depend
+// on the executor's thread count).
 int ParallelFor(int64_t n, int64_t grain,
                 const std::function<void(int chunk, int64_t begin, int64_t end)>& fn);
 
 // An upper bound of the chunks ParallelFor uses, to size per-chunk accumulators.
-int MaxParallelChunks();
+constexpr int MaxParallelChunks() { return 64; }
 
 }  // namespace actpack::codecs::internal
 

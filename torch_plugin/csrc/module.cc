@@ -6,6 +6,7 @@
 // by) the same allocator as every other tensor of the step.
 #include <torch/extension.h>
 #include <torch/library.h>
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/graph_task.h>
 #ifdef ACTPACK_WITH_CUDA
@@ -407,6 +408,7 @@ class PySession {
     d["peak_live_stored_bytes"] = t.peak_live_stored;
     d["live_raw_bytes"] = t.live_raw;
     d["peak_live_raw_bytes"] = t.peak_live_raw;
+    d["codec_seconds"] = static_cast<double>(t.codec_nanoseconds) * 1e-9;
     return d;
   }
 
@@ -420,6 +422,18 @@ class PySession {
   }
 
   std::unique_ptr<runtime::Session> session_;
+};
+
+// The CPU codecs' parallel loops on torch's intra-op pool (at::parallel_for, as many threads as
+// torch.set_num_threads), so that a step never runs more threads than torch itself would.
+class TorchExecutor final : public codecs::CpuExecutor {
+ public:
+  int Threads() const override { return at::get_num_threads(); }
+  void Run(int tasks, const std::function<void(int)>& body) const override {
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) body(static_cast<int>(t));
+    });
+  }
 };
 
 // ---- torch ops: one schema, one implementation for every device (the codecs dispatch) ----
@@ -461,8 +475,8 @@ at::Tensor DecodeOp(const at::Tensor& buffer) {
   ThrowIfError(header.status());
   at::Tensor output =
       at::empty(header->Shape(), bytes.options().dtype(ToTorchDType(header->dtype)));
-  ThrowIfError(codecs::Decode(bytes.data_ptr<uint8_t>(), bytes.numel(), ToMutableView(output),
-                              context));
+  ThrowIfError(
+      codecs::DecodeVerified(*header, bytes.data_ptr<uint8_t>(), ToMutableView(output), context));
   return output;
 }
 
@@ -518,6 +532,8 @@ TORCH_LIBRARY_IMPL(actpack, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "actpack's C++ runtime: codecs, the saved-tensor session and the report";
+  static const actpack::torch_plugin::TorchExecutor torch_executor;
+  actpack::codecs::SetCpuExecutor(&torch_executor);
   actpack::torch_plugin::BindCli(m);
 #ifdef ACTPACK_WITH_CUDA
   m.attr("with_cuda") = true;

@@ -1,0 +1,119 @@
+// The CPU codecs' vector kernels and the runtime choice between them and the scalar reference.
+//
+// The scalar reference is each codec's loop over the per-element functions of
+// internal/*_math.h, the arithmetic the CUDA kernels run. The kernels declared here compute the
+// same bytes with Highway vectors, compiled for AVX2 and AVX-512 and chosen at run time for the
+// CPU (hwy's dynamic dispatch); a CPU with neither runs the reference. Every vector operation
+// rounds as its scalar counterpart (no fused multiply-add, no reassociation, no approximate
+// reciprocal): simd_test runs each target against the reference, byte for byte.
+#ifndef ACTPACK_CODECS_INTERNAL_SIMD_H_
+#define ACTPACK_CODECS_INTERNAL_SIMD_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+
+namespace actpack::codecs::simd {
+
+enum class Target { kScalar, kAvx2, kAvx512 };
+
+const char* TargetName(Target target);
+
+// The targets this CPU can run, the scalar reference first.
+std::vector<Target> SupportedTargets();
+
+// Restricts the codecs to `target` (one SupportedTargets() gives), or lifts the restriction.
+// For tests and benchmarks; not thread-safe against concurrent codec calls.
+void SetTargetForTest(std::optional<Target> target);
+
+// The target the codecs run now.
+Target ActiveTarget();
+
+// Whether the codecs take the vector kernels (ActiveTarget() is not kScalar).
+bool Vectorized();
+
+// ---- kernels ----
+
+// The checksum terms (portable::ChecksumTerm) of words[0 .. count) at indices first_index + i,
+// summed. Runs the active target itself (the reference when not vectorized).
+uint64_t ChecksumWords(const uint32_t* words, uint64_t count, uint64_t first_index);
+
+// What an encoder's parallel chunk found besides its bytes.
+struct QuantTotals {
+  uint64_t checksum = 0;
+  uint64_t nonfinite = 0;        // non-finite inputs
+  uint64_t overflow_groups = 0;  // groups whose value (or residual) range overflows float
+};
+
+// One group of the quantizer `quant` and `division` share, in float32: values x[0 .. n) minus
+// approx[0 .. n) when approx is not null (division's residuals), quantized to `bits` bits with
+// the draws of flat elements first .. first + n under `seed`. Writes the group's parameter
+// word at words[param_word] and `padded` codes (a multiple of 32 / bits, >= n; codes past n
+// are 0) from words[first_code_word], and adds their checksum terms to *totals. The scalar
+// reference is quant.cc's EncodeGroups (division.cc's EncodeGroup).
+void QuantizeGroupF32(const float* x, const float* approx, uint32_t n, uint32_t padded,
+                      uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
+                      uint64_t param_word, uint64_t first_code_word, QuantTotals* totals);
+
+// The inverse: out[i] = approx[i] + Dequantize(code i) (no addition when approx is null),
+// i < n, from the group's parameter word and its code words.
+void DequantizeGroupF32(const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                        uint32_t bits, const float* approx, float* out);
+
+// ---- cast ----
+
+struct CastTotals {
+  uint64_t checksum = 0;
+  uint64_t overflow = 0;  // finite inputs that became infinite
+};
+
+// Payload words [begin, end) of `cast` from a float32 tensor of `numel` elements (cast.cc's loop
+// over cast_math::EncodeWord), with their checksum terms.
+void CastEncodeWords(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
+                     uint64_t end, uint32_t* words, CastTotals* totals);
+
+// Elements [begin, end) of a cast payload as float32 (cast_math::DecodeElement).
+void CastDecodeElements(const uint16_t* halves, bool from_bf16, uint64_t begin, uint64_t end,
+                        float* out);
+
+// ---- mask, 4-byte elements ----
+
+struct MaskTotals {
+  uint64_t checksum = 0;
+  uint32_t max_bits = 0;            // largest nonzero element bits
+  uint32_t min_bits = 0xffffffffu;  // smallest nonzero element bits
+};
+
+// Payload words [begin, end) of `mask` for a tensor of `numel` 4-byte elements (mask.cc's
+// EncodeWords<4>).
+void MaskEncodeWords(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+                     uint32_t* words, MaskTotals* totals);
+
+// Elements [32 * begin_word, min(numel, 32 * end_word)) of a mask payload: `value` where the
+// bit is set, else 0 (mask.cc's DecodeElements<4>).
+void MaskDecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, uint64_t begin_word,
+                     uint64_t end_word, uint32_t* out);
+
+// ---- pool, float32 rows of whole windows of 2, 3 or 4 values ----
+
+struct PoolTotals {
+  uint64_t checksum = 0;
+  uint64_t nonfinite = 0;  // means that are not finite
+};
+
+// Words [begin, end) of a float32 `pool` payload whose windows tile the flattened tensor: word
+// w is the mean of input[w * window, (w + 1) * window) (pool_math::EncodeWord<kF32>).
+void PoolEncodeWords(const float* input, uint32_t window, uint64_t begin, uint64_t end,
+                     uint32_t* words, PoolTotals* totals);
+
+// The inverse: output[m * window + j] = means[m] for m in [begin, end), j < window.
+void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64_t end,
+                     float* out);
+
+// Whether the pool kernels take windows of this size.
+inline bool PoolWindowVectorized(uint32_t window) { return window >= 2 && window <= 4; }
+
+}  // namespace actpack::codecs::simd
+
+#endif  // ACTPACK_CODECS_INTERNAL_SIMD_H_
