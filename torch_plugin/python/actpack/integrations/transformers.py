@@ -50,7 +50,7 @@ class ActpackCallback(transformers.TrainerCallback):
 
 
 def plan_batch_size(args, model, train_dataset, data_collator=None, budget=None, codec="auto",
-                    batch_sizes=(2, 4), verify=False, report=None, progress=True):
+                    batch_sizes=(8, 16), verify=False, report=None, progress=True):
     """Sets args.per_device_train_batch_size to the largest batch `budget` supports.
 
     Instead of auto_find_batch_size's out-of-memory trials, actpack.plan profiles real training
@@ -58,7 +58,9 @@ def plan_batch_size(args, model, train_dataset, data_collator=None, budget=None,
     backward, an AdamW step) at `batch_sizes` and solves for the largest batch whose peak fits
     the budget with codec choice `codec` ("auto", "none", "quant2", "division" or "eb": train
     with the same codec). The planning steps use a learning rate of 0, so the weights stay as
-    they are. auto_find_batch_size is switched off. The batch is capped at the dataset's size.
+    they are. auto_find_batch_size is switched off. With verify=True the batch set is the one
+    real steps ran under the cap at (the prediction, or less). The batch is capped at the
+    dataset's size.
 
     Args:
         args: the TrainingArguments to set.
@@ -67,8 +69,8 @@ def plan_batch_size(args, model, train_dataset, data_collator=None, budget=None,
         data_collator: builds a batch from a list of examples (default: transformers'
             default_data_collator).
         budget: "6GiB", "80%" or bytes; None takes ACTPACK_CONF's.
-        verify, report, progress: as actpack.plan.
-    Returns the actpack Plan. Raises ValueError when even a batch of 1 does not fit.
+        batch_sizes, verify, report, progress: as actpack.plan.
+    Returns the actpack Plan. Raises ValueError when no batch fits (or none verified).
     """
     limit, _ = options_from(budget, {}, "plan_batch_size")
     if codec not in actpack._planner.CHOICES:
@@ -98,7 +100,8 @@ def plan_batch_size(args, model, train_dataset, data_collator=None, budget=None,
     finally:
         del optimizer
         model.train(was_training)
-    batch_size = min(plan.max_batch_size[codec], len(train_dataset))
+    batch_size = plan.verified["batch_size"] if verify else plan.max_batch_size[codec]
+    batch_size = min(batch_size, len(train_dataset))
     if batch_size < 1:
         raise ValueError(f"plan_batch_size: a budget of {limit!r} does not fit one example "
                          f"with codec {codec!r}:\n{plan.table()}")
