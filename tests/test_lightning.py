@@ -40,9 +40,9 @@ class Classifier(lightning.LightningModule):
 def data():
     generator = torch.Generator().manual_seed(1)
     teacher = torch.randn(32, 10, generator=generator)
-    x = torch.randn(STEPS * 1024, 32, generator=generator)
+    x = torch.randn(STEPS * 4096, 32, generator=generator)
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x @ teacher).argmax(1)),
-                                       batch_size=1024)
+                                       batch_size=4096)
 
 
 def fit(tmp_path, name, callback=None):
@@ -65,10 +65,8 @@ def test_fit_under_a_budget_keeps_every_step_under_it_with_the_loss_of_plain_tra
     measure = ActpackCallback("4GiB", enabled=False)
     assert fit(tmp_path, "measure", measure) == plain
     plain_peak = measure.run.report["run"]["peak_reserved_bytes"]
-    plain_allocated = measure.run.report["run"]["peak_allocated_bytes"]
 
-    budget = int(plain_peak * 0.8)
-    assert budget < plain_allocated  # plain training does not fit: packing is needed
+    budget = int(plain_peak * 0.8)  # below what plain training reserved
     callback = ActpackCallback(budget)
     packed = fit(tmp_path, "packed", callback)
     report = json.loads((tmp_path / "packed" / "actpack_report.json").read_text())
@@ -76,7 +74,8 @@ def test_fit_under_a_budget_keeps_every_step_under_it_with_the_loss_of_plain_tra
     steps = report["activations"]["steps"]
     assert len(steps) == STEPS
     assert max(s["peak_reserved_bytes"] for s in steps[2:]) <= budget, (budget, steps)
-    assert report["activations"]["totals"]["packs"] > 0
+    totals = report["activations"]["totals"]
+    assert totals["packs"] > 0 and totals["packed_stored_bytes"] < totals["packed_raw_bytes"]
     final_plain, final_packed = statistics.mean(plain[-5:]), statistics.mean(packed[-5:])
     assert abs(final_packed - final_plain) <= 0.05 * final_plain, (plain, packed)
 

@@ -328,7 +328,7 @@ class _ModuleTracker:
             for p in module.parameters(recurse=False):
                 if p.grad is not None and not p.grad.is_sparse:
                     names.append((name, p is getattr(module, "weight", None)))
-                    grads.append(p.grad.detach())
+                    grads.append(_local(p.grad.detach()))
         outputs, self._output_norms = self._output_norms, []
         if not grads:
             return {}
@@ -412,6 +412,17 @@ def _fan(module):
     if isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed:
         return math.prod(module.kernel_size) / math.prod(module.stride)
     return 0.0
+
+
+def _local(tensor):
+    """What this rank holds of a gradient: the local shard of a DTensor (FSDP2's sharded
+    parameters), else the tensor. Its norm is this rank's share of the full norm: a smaller
+    weight-gradient norm only tightens the error caps, and the sensitivity is relative between
+    modules sharded alike."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
+        return tensor.to_local()
+    return tensor
 
 
 def _is_compiled(module):
