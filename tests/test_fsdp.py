@@ -4,17 +4,15 @@ actpack."""
 import json
 import os
 import statistics
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import actpack
-from test_integrations import _free_port, mlp, teacher_batch
+from test_integrations import _free_port, mlp, run_ranks, teacher_batch
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
 
@@ -71,14 +69,7 @@ def _worker(rank, port, out_dir):
 
 
 def test_fsdp2_two_gloo_ranks_each_under_its_own_budget(tmp_path):
-    context = mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
-                       join=False)
-    deadline = time.monotonic() + 240
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the FSDP ranks did not finish within 240 s")
+    run_ranks(_worker, (_free_port(), str(tmp_path)), WORLD_SIZE, 240)
     for rank in range(WORLD_SIZE):
         result = torch.load(tmp_path / f"rank{rank}.pt")
         plain, packed = result["plain"], result["packed"]

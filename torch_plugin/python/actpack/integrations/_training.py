@@ -85,3 +85,23 @@ class TrainingBudget:
         elif self._directory is None:
             warnings.warn(f"{self._caller}: training ended before it started; no report",
                           stacklevel=3)
+
+
+class CallbackMixin:
+    """The frameworks' callbacks' common face: built from a budget, `run` and `report_path`;
+    `_training` is the TrainingBudget their events start and stop."""
+
+    def __init__(self, limit=None, **options):
+        super().__init__()
+        self._training = TrainingBudget(limit, options, type(self).__name__)
+
+    @property
+    def run(self):
+        """The actpack Run of the last training (its `report` once training ended); None
+        before."""
+        return self._training.run
+
+    @property
+    def report_path(self):
+        """Where this process's report is (or will be) written; None before training starts."""
+        return self._training.report_path

@@ -5,12 +5,12 @@
     trainer = lightning.Trainer(callbacks=[ActpackCallback("6GiB")], ...)
     trainer.fit(module, data)   # <log_dir>/actpack_report.json
 """
-from actpack.integrations._training import TrainingBudget, require
+from actpack.integrations._training import CallbackMixin, require
 
 lightning = require("lightning", "lightning")
 
 
-class ActpackCallback(lightning.pytorch.Callback):
+class ActpackCallback(CallbackMixin, lightning.pytorch.Callback):
     """Runs Trainer.fit's training under actpack.budget and writes the report into the run's
     log directory (trainer.log_dir, else default_root_dir).
 
@@ -25,17 +25,6 @@ class ActpackCallback(lightning.pytorch.Callback):
     says why); each backward pass is a step of the report. `run` is the actpack Run (its
     `report` after training) and `report_path` where the report went.
     """
-
-    def __init__(self, limit=None, **options):
-        self._training = TrainingBudget(limit, options, "ActpackCallback")
-
-    @property
-    def run(self):
-        return self._training.run
-
-    @property
-    def report_path(self):
-        return self._training.report_path
 
     def on_train_start(self, trainer, pl_module):
         self._training.start(trainer.log_dir or trainer.default_root_dir)

@@ -11,12 +11,12 @@
 import torch
 
 import actpack
-from actpack.integrations._training import TrainingBudget, options_from, require
+from actpack.integrations._training import CallbackMixin, options_from, require
 
 transformers = require("transformers", "transformers")
 
 
-class ActpackCallback(transformers.TrainerCallback):
+class ActpackCallback(CallbackMixin, transformers.TrainerCallback):
     """Runs Trainer.train() under actpack.budget and writes the report into args.output_dir.
 
     Args:
@@ -30,17 +30,6 @@ class ActpackCallback(transformers.TrainerCallback):
     step of the report (several per optimizer step with gradient accumulation). `run` is the
     actpack Run (its `report` after training) and `report_path` where the report went.
     """
-
-    def __init__(self, limit=None, **options):
-        self._training = TrainingBudget(limit, options, "ActpackCallback")
-
-    @property
-    def run(self):
-        return self._training.run
-
-    @property
-    def report_path(self):
-        return self._training.report_path
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._training.start(args.output_dir)
