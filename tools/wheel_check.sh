@@ -18,8 +18,8 @@ echo "actpack: a fresh virtual environment with torch $torch_version (CPU) and $
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 # torch first and pinned, as tools/setup_env.sh does: the wheel's torch requirement is then met
-# and pip fetches nothing else for it.
-"$py" -m pip install -q "torch==$torch_version"
+# and pip fetches nothing else for it (numpy only quiets torch's warning without it).
+"$py" -m pip install -q "torch==$torch_version" numpy
 "$py" -m pip install -q "$wheel"
 
 cd "$work"  # not the source tree: the installed package must stand alone
