@@ -3,7 +3,6 @@ each under its own budget and writing its own report, against the same FSDP run 
 actpack."""
 import json
 import os
-import statistics
 from datetime import timedelta
 
 import pytest
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 
 import actpack
 from test_integrations import _free_port, mlp, run_ranks, teacher_batch
+from training_checks import check_budgeted_run
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
 
@@ -75,20 +75,10 @@ def test_fsdp2_two_gloo_ranks_each_under_its_own_budget(tmp_path):
         plain, packed = result["plain"], result["packed"]
         assert result["measured"] == plain  # the budget with packing off changes nothing
         assert plain[-1] < plain[0] * 0.5
-        final_plain, final_packed = statistics.mean(plain[-5:]), statistics.mean(packed[-5:])
-        assert abs(final_packed - final_plain) <= 0.05 * final_plain, (rank, plain, packed)
         # Sharded: each rank holds a different half of the parameters.
         assert sum(p.numel() for p in result["packed_shard"]) < sum(
             p.numel() for p in mlp(width=256).parameters())
         report = json.loads((tmp_path / f"run-{rank}.json").read_text())
         assert report["run"]["rank"] == rank and report["run"]["world_size"] == WORLD_SIZE
-        budget = result["budget"]
-        assert report["run"]["budget_bytes"] == budget
-        steps = report["activations"]["steps"]
-        assert len(steps) == STEPS
-        assert max(s["peak_reserved_bytes"] for s in steps[2:]) <= budget, (rank, budget, steps)
-        totals = report["activations"]["totals"]
-        assert totals["packs"] > 0 and totals["packed_stored_bytes"] < totals["packed_raw_bytes"]
-        print(f"rank {rank}: plain reserved peak {result['plain_peak']}, budget {budget}, capped "
-              f"steps at most {max(s['peak_reserved_bytes'] for s in steps[2:])}; final loss "
-              f"plain {final_plain:.4f}, actpack {final_packed:.4f}")
+        check_budgeted_run(report, result["budget"], plain, packed, result["plain_peak"],
+                           label=f"rank {rank}")

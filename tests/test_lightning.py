@@ -1,6 +1,5 @@
 """actpack.integrations.lightning: the callback on a tiny LightningModule on the CPU."""
 import json
-import statistics
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ lightning = pytest.importorskip(
                         "installs it)")
 
 from actpack.integrations.lightning import ActpackCallback  # noqa: E402
+from training_checks import check_budgeted_run  # noqa: E402
 
 STEPS = 20
 
@@ -71,16 +71,7 @@ def test_fit_under_a_budget_keeps_every_step_under_it_with_the_loss_of_plain_tra
     packed = fit(tmp_path, "packed", callback)
     report = json.loads((tmp_path / "packed" / "actpack_report.json").read_text())
     assert report == callback.run.report
-    steps = report["activations"]["steps"]
-    assert len(steps) == STEPS
-    assert max(s["peak_reserved_bytes"] for s in steps[2:]) <= budget, (budget, steps)
-    totals = report["activations"]["totals"]
-    assert totals["packs"] > 0 and totals["packed_stored_bytes"] < totals["packed_raw_bytes"]
-    final_plain, final_packed = statistics.mean(plain[-5:]), statistics.mean(packed[-5:])
-    assert abs(final_packed - final_plain) <= 0.05 * final_plain, (plain, packed)
-    print(f"plain reserved peak {plain_peak}, budget {budget}, capped steps at most "
-          f"{max(s['peak_reserved_bytes'] for s in steps[2:])}; final loss (mean of the last 5) "
-          f"plain {final_plain:.4f}, actpack {final_packed:.4f}")
+    check_budgeted_run(report, budget, plain, packed, plain_peak, label="lightning")
 
 
 class Fails(Classifier):

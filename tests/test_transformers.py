@@ -1,7 +1,6 @@
 """actpack.integrations.transformers: the Trainer callback and the batch-size helper, on a tiny
 randomly initialised GPT-2 (built from a config in code: nothing is downloaded), on the CPU."""
 import json
-import statistics
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ transformers = pytest.importorskip(
 pytest.importorskip("accelerate", reason="the Trainer needs accelerate (actpack[transformers])")
 
 from actpack.integrations.transformers import ActpackCallback, plan_batch_size  # noqa: E402
+from training_checks import check_budgeted_run  # noqa: E402
 
 STEPS, BATCH, CONTEXT = 12, 8, 64
 
@@ -69,18 +69,7 @@ def test_trainer_under_a_budget_keeps_every_step_under_it_with_the_loss_of_plain
     assert callback.report_path == str(report_path)
     report = json.loads(report_path.read_text())
     assert report == callback.run.report
-    steps = report["activations"]["steps"]
-    assert len(steps) == STEPS  # one per backward pass
-    assert report["run"]["budget_bytes"] == budget
-    # The cap binds once the policy has planned (after the second step).
-    assert max(s["peak_reserved_bytes"] for s in steps[2:]) <= budget, (budget, steps)
-    totals = report["activations"]["totals"]
-    assert totals["packs"] > 0 and totals["packed_stored_bytes"] < totals["packed_raw_bytes"]
-    final_plain, final_packed = statistics.mean(plain[-3:]), statistics.mean(packed[-3:])
-    assert abs(final_packed - final_plain) <= 0.05 * final_plain, (plain, packed)
-    print(f"plain reserved peak {plain_peak}, budget {budget}, capped steps at most "
-          f"{max(s['peak_reserved_bytes'] for s in steps[2:])}; final loss (mean of the last 3) "
-          f"plain {final_plain:.4f}, actpack {final_packed:.4f}")
+    check_budgeted_run(report, budget, plain, packed, plain_peak, last=3, label="trainer")
 
 
 def test_the_callback_takes_its_budget_from_actpack_conf(tmp_path, monkeypatch):
