@@ -1,4 +1,5 @@
 """pip install --no-build-isolation .  — builds actpack._C against the installed torch.
+python -m build --no-isolation         — the sdist and a wheel (for that torch).
 
 CPU-only against a CPU torch; with the CUDA kernels (codecs/cuda/*.cu) against a CUDA torch.
 The sources are the same ones Bazel builds. Abseil and Highway come from Debian's libabsl-dev
@@ -22,7 +23,8 @@ def sources(*patterns):
     found = []
     for pattern in patterns:
         found += glob.glob(os.path.join(ROOT, pattern))
-    excluded = ("_test.cc", "_benchmark.cc", "_fuzz.cc")
+    # budget.cc is the C++ programs' guard (Bazel's //torch_plugin); Python has actpack.budget.
+    excluded = ("_test.cc", "_benchmark.cc", "_fuzz.cc", "torch_plugin/csrc/budget.cc")
     return sorted(os.path.relpath(f, ROOT) for f in found if not f.endswith(excluded))
 
 
@@ -36,6 +38,19 @@ def system_link_args(prefix):
     raise SystemExit(
         f"actpack: no Abseil libraries (libabsl_status.so) under {prefix}; install libabsl-dev "
         "(apt-get install libabsl-dev) or set ACTPACK_ABSL_PREFIX")
+
+
+def version():
+    """The version, from common/version.h (its one place)."""
+    with open(os.path.join(ROOT, "common", "version.h")) as f:
+        return re.search(r'#define ACTPACK_VERSION "([^"]+)"', f.read()).group(1)
+
+
+def torch_requirement():
+    """The torch this build's binary works with: the same major.minor as the torch it is
+    compiled against (C++ extensions have no stable ABI across torch releases)."""
+    major, minor = __import__("torch").__version__.split("+")[0].split(".")[:2]
+    return f"torch=={major}.{minor}.*"
 
 
 absl_prefix = os.environ.get("ACTPACK_ABSL_PREFIX", "/usr")
@@ -75,16 +90,14 @@ class BuildPyWithPth(build_py):
                        os.path.join(self.build_lib, "actpack-env.pth"))
 
 
+# Metadata, extras and the console command are in pyproject.toml; version and dependencies
+# are computed here (see version() and torch_requirement()).
 setup(
-    name="actpack",
-    version="0.1.0",
-    description="Train PyTorch models under a fixed memory budget: packed activations, a "
-                "budget-aware caching allocator, memory reports",
+    version=version(),
+    install_requires=[torch_requirement()],
     package_dir={"actpack": "torch_plugin/python/actpack"},
-    packages=["actpack"],
+    packages=["actpack", "actpack.integrations"],
     ext_modules=[extension],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True),
               "build_py": BuildPyWithPth},
-    entry_points={"console_scripts": ["actpack=actpack.cli:main"]},
-    python_requires=">=3.9",
 )

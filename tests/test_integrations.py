@@ -207,16 +207,21 @@ def _ddp_worker(rank, world_size, port, out_dir, steps):
         dist.destroy_process_group()
 
 
-def test_ddp_two_gloo_ranks_each_with_a_budget(tmp_path):
-    world_size, steps = 2, 30
-    context = mp.spawn(_ddp_worker, args=(world_size, _free_port(), str(tmp_path), steps),
-                       nprocs=world_size, join=False)
-    deadline = time.monotonic() + 120
+def run_ranks(worker, args, world_size, timeout_s):
+    """Runs worker(rank, *args) in `world_size` spawned processes; fails the test after
+    `timeout_s` seconds (a hung collective would otherwise hang the suite)."""
+    context = mp.spawn(worker, args=args, nprocs=world_size, join=False)
+    deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail("the DDP ranks did not finish within 120 s")
+            pytest.fail(f"the ranks did not finish within {timeout_s} s")
+
+
+def test_ddp_two_gloo_ranks_each_with_a_budget(tmp_path):
+    world_size, steps = 2, 30
+    run_ranks(_ddp_worker, (world_size, _free_port(), str(tmp_path), steps), world_size, 120)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     for a, b in zip(ranks[0]["actpack"]["params"], ranks[1]["actpack"]["params"]):
         assert torch.equal(a, b)  # gradients are all-reduced: the replicas stay identical

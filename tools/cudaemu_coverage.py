@@ -21,8 +21,9 @@ import subprocess
 import sys
 
 CONFIG = "cudaemu_race"
-# Every test that links the emulator (the codec, allocator and session tests with CUDA cases).
-EMULATED = 'kind(".*_test", rdeps(//..., //testing/cudaemu:runtime))'
+# Every test that links the emulator (the codec, allocator and session tests with CUDA cases);
+# //torch_plugin builds against the wheel's CPU LibTorch and stays out of emulated builds.
+EMULATED = 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))'
 MARKER = "coverage: every branch"
 
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "allocator/units.h"
+#include "common/version.h"
 #include "runtime/config.h"
 
 namespace actpack::tools {
@@ -1986,6 +1987,10 @@ int RunCli(const std::vector<std::string>& args, std::string* out, std::string* 
   const std::string& name = args[0];
   if (name == "help" || name == "--help" || name == "-h") {
     absl::StrAppend(out, Usage());
+    return kExitOk;
+  }
+  if (name == "--version") {
+    absl::StrAppend(out, "actpack ", kVersion, "\n");
     return kExitOk;
   }
   for (const CommandSpec& command : Commands()) {

@@ -39,6 +39,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "allocator/units.h"
+#include "common/version.h"
 #include "gtest/gtest.h"
 #include "runtime/json.h"
 
@@ -501,6 +502,9 @@ TEST(ErrorTest, UsageErrorsExitTwoWithUsage) {
   const CliResult help = RunActpack({"--help"});
   EXPECT_EQ(help.exit_code, kExitOk);
   EXPECT_TRUE(absl::StartsWith(help.out, "usage: actpack"));
+  const CliResult version = RunActpack({"--version"});
+  EXPECT_EQ(version.exit_code, kExitOk);
+  EXPECT_EQ(version.out, absl::StrCat("actpack ", kVersion, "\n"));
 }
 
 

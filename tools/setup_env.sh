@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Installs what actpack needs on a Debian machine and builds the Python package against the
-# installed torch. Idempotent: installed packages are skipped. Sourced by tools/test.sh and
-# tools/demo.sh; run it alone to get a working install.
+# Installs what actpack needs on a Debian machine, builds the sdist and the wheel against the
+# installed torch (python -m build) and installs that wheel. Idempotent: installed packages are
+# skipped. Run by tools/test.sh and tools/demo.sh; run it alone to get a working install.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 APT_PACKAGES=(bazel-bootstrap libabsl-dev libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
               libkissfft-dev librsvg2-bin ninja-build clang libclang-rt-14-dev)
-PIP_PACKAGES=("torch==2.13.0" pytest numpy ninja setuptools wheel)
+TORCH="torch==2.13.0"
+# The optional integrations' frameworks (the extras actpack[transformers], actpack[lightning])
+# are installed too, so their tests run. torch is named with them, pinned: pip then keeps the
+# installed CPU torch instead of resolving one of its own.
+PIP_PACKAGES=("$TORCH" pytest numpy ninja setuptools wheel build
+              "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -26,9 +31,12 @@ fi
 # torch first and alone: a bare `torch` requirement elsewhere would pull a CUDA build.
 if ! python3 -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
   echo "actpack: installing torch 2.13.0 (CPU)"
-  python3 -m pip install -q "torch==2.13.0"
+  python3 -m pip install -q "$TORCH"
 fi
 python3 -m pip install -q "${PIP_PACKAGES[@]}"
 
-echo "actpack: building the Python package (torch.utils.cpp_extension)"
-MAX_JOBS="${MAX_JOBS:-$(nproc)}" python3 -m pip install -q --no-build-isolation --no-deps .
+echo "actpack: building the sdist and the wheel (python -m build; torch.utils.cpp_extension)"
+rm -rf dist
+# No isolation: the extension is built against the installed torch, not one pip would fetch.
+MAX_JOBS="${MAX_JOBS:-$(nproc)}" python3 -m build --no-isolation --outdir dist . >/dev/null
+python3 -m pip install -q --no-deps --force-reinstall dist/actpack-*.whl

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then
-#   1. bazel test //...                          (C++ unit tests, CPU build)
+#   1. bazel test //...                          (C++ tests, CPU build; LibTorch C++ training)
 #   2. bazel build --config=cuda //...           (nvcc compiles the kernels; nothing runs)
 #      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel)
 #   3. bazel test --config=cudaemu //...         (the CUDA code paths on the CUDA emulator)
@@ -11,7 +11,8 @@
 #                                                 kernel line coverage >= 95%, mode branches)
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
-#   5. pytest tests/                             (the installed package; GPU tests skip)
+#   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
+#   6. pytest tests/                             (the installed package; GPU tests skip)
 # and ends with pytest's summary line. Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -31,10 +32,12 @@ else
   echo "actpack: skipped: no CUDA toolkit at /usr/local/cuda (nvcc), so the .cu sources were not compiled"
 fi
 
+# The emulated configs leave out //torch_plugin: it builds against the wheel's CPU LibTorch,
+# and its CUDA paths are the codecs' and the allocator's, emulated below.
 stage "bazel test --config=cudaemu //... (CUDA emulator, forward schedule)"
-bazel test --config=cudaemu //... || failed+=("cudaemu")
+bazel test --config=cudaemu -- //... -//torch_plugin/... || failed+=("cudaemu")
 # Every test that links the emulator: the codec, allocator and session tests with CUDA cases.
-emulated=$(bazel cquery --config=cudaemu 'kind(".*_test", rdeps(//..., //testing/cudaemu:runtime))' \
+emulated=$(bazel cquery --config=cudaemu 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))' \
            2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
 for schedule in reverse random:7; do
   stage "emulated tests, schedule $schedule"
@@ -53,6 +56,9 @@ python3 tools/mutate_kernels.py || failed+=("kernel mutations")
 
 stage "fuzz"
 bash tools/fuzz.sh 20 || failed+=("fuzz")
+
+stage "the wheel in a fresh virtual environment"
+bash tools/wheel_check.sh || failed+=("wheel")
 
 stage "pytest"
 (cd tests && python3 -m pytest -q -p no:cacheprovider .) || failed+=("pytest")

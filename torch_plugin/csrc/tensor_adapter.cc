@@ -107,6 +107,14 @@ codecs::ExecContext ContextFor(const at::Tensor& tensor) {
   return context;
 }
 
+at::TensorOptions BufferOptions(const codecs::ExecContext& context) {
+  at::TensorOptions options = at::TensorOptions().dtype(at::kByte);
+  if (context.device == codecs::Device::kCuda) {
+    return options.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(context.device_index)));
+  }
+  return options.device(at::kCPU);
+}
+
 void ThrowIfError(const absl::Status& status) {
   if (status.ok()) return;
   const std::string message(status.message());

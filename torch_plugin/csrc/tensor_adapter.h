@@ -21,6 +21,9 @@ at::ScalarType ToTorchDType(codecs::DType dtype);
 codecs::TensorView ToView(const at::Tensor& contiguous);
 codecs::MutableTensorView ToMutableView(at::Tensor& contiguous);
 
+// Options of a uint8 buffer on the device `context` runs on (encoded bytes live there).
+at::TensorOptions BufferOptions(const codecs::ExecContext& context);
+
 // The device and current stream of `tensor`, and on CUDA the scratch allocator (torch's CUDA
 // allocator) its codecs take their counters from.
 codecs::ExecContext ContextFor(const at::Tensor& tensor);

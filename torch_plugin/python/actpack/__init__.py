@@ -9,6 +9,9 @@
 Saved activations are packed by actpack's C++ codecs while autograd holds them and unpacked
 for backward; the report says how many bytes were saved raw and stored.
 """
+import torch  # loads LibTorch, which actpack._C links against
+
+from actpack import _C
 from actpack._budget import Run, budget
 from actpack._codec import codec_names, decode, encode
 from actpack._planner import Plan, plan
@@ -34,7 +37,8 @@ from actpack.memory import (
     uninstall_cpu_allocator,
 )
 
-__version__ = "0.1.0"
+# Written once, in common/version.h; the compiled module carries it (as do the CLI and reports).
+__version__ = _C.__version__
 
 __all__ = [
     "Plan",

@@ -100,7 +100,7 @@ class budget:
                  allowed_loss_increase=None):
         self._budget = parse_budget(limit)
         default, rules = _codec_rules(codec)
-        self._loss_bound = _check_loss_bound(allowed_loss_increase, default, rules)
+        self._loss_bound = _check_loss_bound(allowed_loss_increase)
         # 0 packs every saved tensor, however small.
         if not (isinstance(min_bytes, int) and not isinstance(min_bytes, bool) and min_bytes == 0):
             min_bytes = parse_size(min_bytes)
@@ -270,18 +270,14 @@ def _rank_path(path):
     return path
 
 
-def _check_loss_bound(value, default, rules):
-    """allowed_loss_increase as a float (0.0: off), checked against the codecs it applies to."""
+def _check_loss_bound(value):
+    """allowed_loss_increase as a float (0.0: off). The session checks that the codecs it
+    applies to are 'eb' or 'auto'."""
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError("actpack.budget: allowed_loss_increase is the fraction the loss may rise "
                          f"over an exact step, in (0, 1) (e.g. 0.01), got {value!r}")
-    for spec in [default] + [codec for _, codec in rules]:
-        if spec not in ("auto", "eb"):
-            raise ValueError("actpack.budget: allowed_loss_increase sets the error bounds of "
-                             "'eb' and the caps of 'auto'; it does not apply to codec "
-                             f"{spec!r} (use 'eb' or 'auto', or leave allowed_loss_increase out)")
     return float(value)
 
 
@@ -332,7 +328,7 @@ class _ModuleTracker:
             for p in module.parameters(recurse=False):
                 if p.grad is not None and not p.grad.is_sparse:
                     names.append((name, p is getattr(module, "weight", None)))
-                    grads.append(p.grad.detach())
+                    grads.append(_local(p.grad.detach()))
         outputs, self._output_norms = self._output_norms, []
         if not grads:
             return {}
@@ -416,6 +412,17 @@ def _fan(module):
     if isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed:
         return math.prod(module.kernel_size) / math.prod(module.stride)
     return 0.0
+
+
+def _local(tensor):
+    """What this rank holds of a gradient: the local shard of a DTensor (FSDP2's sharded
+    parameters), else the tensor. Its norm is this rank's share of the full norm: a smaller
+    weight-gradient norm only tightens the error caps, and the sensitivity is relative between
+    modules sharded alike."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
+        return tensor.to_local()
+    return tensor
 
 
 def _is_compiled(module):

@@ -78,8 +78,23 @@ def activate(text):
 
 
 def _finish():
-    if _active is not None:
-        _active.__exit__(None, None, None)
+    deactivate()
+
+
+def active():
+    """The budget ACTPACK_CONF opened for this process, or None."""
+    return _active
+
+
+def deactivate():
+    """Closes the budget ACTPACK_CONF opened (its report is written then, not at exit) and
+    returns its Run; None when there is none."""
+    global _active
+    budget, _active = _active, None
+    if budget is None:
+        return None
+    budget.__exit__(None, None, None)
+    return budget.run
 
 
 def activate_from_env():

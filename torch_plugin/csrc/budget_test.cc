@@ -1,0 +1,281 @@
+// actpack::Budget in LibTorch C++ training loops on the CPU: the hooks really pack (identity is
+// bitwise plain training, other codecs store fewer bytes), a budget holds every step after the
+// first plan with the loss close to plain training, the report matches the Python context's,
+// module scopes and rules apply, and bad options fail before training.
+#include "torch_plugin/csrc/budget.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/version.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/json.h"
+#include "torch_plugin/csrc/cpu_allocator.h"
+
+namespace actpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Net : torch::nn::Module {
+  explicit Net(int64_t width) {
+    torch::manual_seed(0);
+    fc1 = register_module("fc1", torch::nn::Linear(32, width));
+    fc2 = register_module("fc2", torch::nn::Linear(width, width));
+    fc3 = register_module("fc3", torch::nn::Linear(width, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h;
+    {
+      ModuleScope scope("encoder");
+      h = torch::tanh(fc1(x));
+      h = torch::tanh(fc2(h));
+    }
+    ModuleScope scope("head");
+    return fc3(torch::relu(h));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+struct Training {
+  std::vector<double> losses;
+  std::vector<torch::Tensor> params;
+};
+
+// `steps` Adam steps on a learnable task (labels from a fixed random linear teacher); under a
+// budget with `options` unless `options` is null. The budget's report lands in `report`.
+Training Train(const BudgetOptions* options, int steps, int64_t width, int64_t batch,
+               json::Value* report = nullptr) {
+  Net net(width);
+  torch::optim::Adam opt(net.parameters(), torch::optim::AdamOptions(3e-3));
+  torch::manual_seed(1);
+  const torch::Tensor teacher = torch::randn({32, 10});
+  Training result;
+  auto loop = [&] {
+    for (int i = 0; i < steps; ++i) {
+      const torch::Tensor x = torch::randn({batch, 32});
+      const torch::Tensor y = torch::matmul(x, teacher).argmax(1);
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(net.forward(x), y);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      result.losses.push_back(loss.item<double>());
+    }
+  };
+  if (options != nullptr) {
+    Budget budget(*options);
+    loop();
+    budget.Close();
+    if (report != nullptr) *report = budget.report();
+  } else {
+    loop();
+  }
+  for (const torch::Tensor& p : net.parameters()) result.params.push_back(p.detach().clone());
+  return result;
+}
+
+double MeanOfLast(const std::vector<double>& values, size_t n) {
+  double sum = 0;
+  for (size_t i = values.size() - n; i < values.size(); ++i) sum += values[i];
+  return sum / static_cast<double>(n);
+}
+
+const json::Value& Get(const json::Value& object, const std::string& key) {
+  const json::Value* value = object.Find(key);
+  EXPECT_NE(value, nullptr) << "no member " << key;
+  static const json::Value null;
+  return value != nullptr ? *value : null;
+}
+
+TEST(BudgetTest, IdentityPacksEverySavedTensorAndTrainsBitwiseLikePlain) {
+  const Training plain = Train(nullptr, 5, 64, 32);
+  BudgetOptions options;
+  options.limit = "1GiB";
+  options.codec = "identity";
+  options.min_bytes = "0";
+  json::Value report;
+  const Training packed = Train(&options, 5, 64, 32, &report);
+  EXPECT_EQ(packed.losses, plain.losses);
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(packed.params[i], plain.params[i])) << "parameter " << i;
+  }
+  const json::Value& activations = Get(report, "activations");
+  // The hooks ran: activations were encoded and decoded, one step per backward.
+  EXPECT_GT(Get(Get(activations, "totals"), "packs").as_int(), 5 * 3);
+  EXPECT_EQ(Get(activations, "steps").size(), 5u);
+}
+
+TEST(BudgetTest, AutoKeepsEveryStepUnderTheBudgetWithTheLossOfPlainTraining) {
+  constexpr int kSteps = 30;
+  // Activations dominate the step: 4 MiB per saved hidden layer, 256 KiB of weights.
+  constexpr int64_t kWidth = 256, kBatch = 4096;
+  BudgetOptions measure;
+  measure.limit = "4GiB";
+  measure.enabled = false;
+  json::Value plain_report;
+  const Training plain = Train(&measure, kSteps, kWidth, kBatch, &plain_report);
+  const int64_t plain_peak = Get(Get(plain_report, "run"), "peak_reserved_bytes").as_int();
+  const int64_t plain_allocated = Get(Get(plain_report, "run"), "peak_allocated_bytes").as_int();
+
+  BudgetOptions options;
+  // 80% of what plain training reserved, less than it allocated: it needs packing to fit.
+  options.limit = std::to_string(plain_peak * 8 / 10);
+  ASSERT_LT(plain_peak * 8 / 10, plain_allocated);
+  const std::string path = ::testing::TempDir() + "/budget_auto.json";
+  options.report = path;
+  json::Value report;
+  const Training packed = Train(&options, kSteps, kWidth, kBatch, &report);
+
+  const json::Value& run = Get(report, "run");
+  const int64_t budget = Get(run, "budget_bytes").as_int();
+  EXPECT_EQ(budget, plain_peak * 8 / 10);
+  const json::Value& steps = Get(Get(report, "activations"), "steps");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  // The cap binds once the policy has planned (after the second step), as in Python.
+  int64_t capped_peak = 0;
+  for (size_t i = 2; i < steps.size(); ++i) {
+    EXPECT_LE(Get(steps[i], "peak_reserved_bytes").as_int(), budget) << "step " << i;
+    capped_peak = std::max(capped_peak, Get(steps[i], "peak_reserved_bytes").as_int());
+  }
+  const json::Value& totals = Get(Get(report, "activations"), "totals");
+  EXPECT_LT(Get(totals, "packed_stored_bytes").as_int(), Get(totals, "packed_raw_bytes").as_int());
+  ASSERT_LT(plain.losses.back(), plain.losses.front() * 0.5);  // the task is learnable
+  const double final_plain = MeanOfLast(plain.losses, 5);
+  const double final_packed = MeanOfLast(packed.losses, 5);
+  EXPECT_NEAR(final_packed, final_plain, 0.05 * final_plain);
+  std::cout << "plain reserved peak " << plain_peak << " B (allocated " << plain_allocated
+            << "), budget " << budget << " B, capped steps at most " << capped_peak
+            << " B; final loss (mean of the last 5) plain " << final_plain << ", actpack "
+            << final_packed << "\n";
+
+  // The same document is on disk, with the schema and version the Python context writes.
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<json::Value> written = json::Parse(text.str());
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, report);
+  EXPECT_EQ(Get(report, "schema").as_string(), "actpack.report");
+  EXPECT_EQ(Get(report, "actpack_version").as_string(), kVersion);
+  EXPECT_EQ(Get(Get(report, "allocator"), "allocator").as_string(), "actpack");
+}
+
+TEST(BudgetTest, ModuleScopesNameSavedTensorsAndRulesPickTheirCodecs) {
+  BudgetOptions options;
+  options.limit = "1GiB";
+  options.codec = "identity";
+  options.rules = {{"enc*", "quant2"}};
+  options.min_bytes = "4KiB";
+  json::Value report;
+  Train(&options, 2, 64, 64, &report);
+  int encoder = 0, head = 0;
+  for (const json::Value& saved : Get(Get(report, "activations"), "saved_tensors").elements()) {
+    const json::Value* module = saved.Find("module");
+    const std::string codec = Get(saved, "codec").as_string();
+    if (module == nullptr || codec == "kept" || codec == "reused") continue;
+    if (module->as_string() == "encoder") {
+      ++encoder;
+      EXPECT_EQ(codec.rfind("quant2", 0), 0u) << codec;
+    } else if (module->as_string() == "head") {
+      ++head;
+      EXPECT_EQ(codec, "identity");
+    }
+  }
+  EXPECT_GT(encoder, 0);
+  EXPECT_GT(head, 0);
+  EXPECT_EQ(Get(Get(report, "run"), "codec"),
+            *json::Parse(R"({"enc*": "quant2", "*": "identity"})"));
+}
+
+TEST(BudgetTest, ClosingRestoresTheCpuAllocatorAndALaterBackwardStillUnpacks) {
+  ASSERT_FALSE(torch_plugin::CpuAllocatorInstalled());
+  Net net(64);
+  torch::Tensor loss;
+  int64_t steps = 0;
+  {
+    BudgetOptions options;
+    options.limit = "1GiB";
+    options.codec = "quant8";
+    options.min_bytes = "0";
+    Budget budget(options);
+    EXPECT_TRUE(torch_plugin::CpuAllocatorInstalled());
+    loss = net.forward(torch::randn({16, 32})).square().mean();
+    budget.Close();
+    steps = budget.steps();
+  }
+  EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+  loss.backward();  // decodes what the closed budget packed
+  EXPECT_EQ(steps, 0);
+  EXPECT_TRUE(net.fc1->weight.grad().defined());
+  EXPECT_TRUE(torch::isfinite(net.fc1->weight.grad()).all().item<bool>());
+}
+
+TEST(BudgetTest, AnExceptionInsideTheBudgetStillWritesTheReport) {
+  const std::string path = ::testing::TempDir() + "/budget_exception.json";
+  std::remove(path.c_str());
+  try {
+    BudgetOptions options;
+    options.limit = "1GiB";
+    options.report = path;
+    Budget budget(options);
+    throw std::runtime_error("the data loader failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<json::Value> report = json::Parse(text.str());
+  ASSERT_TRUE(report.ok()) << report.status();
+  const json::Value& warnings = Get(Get(*report, "run"), "warnings");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0].as_string(), HasSubstr("exception"));
+}
+
+TEST(BudgetTest, ABudgetNoPlanFitsFailsNamingTheSmallestThatWould) {
+  BudgetOptions options;
+  options.limit = "256KiB";
+  options.min_bytes = "0";
+  try {
+    Train(&options, 3, 256, 256);
+    FAIL() << "trained under 256 KiB";
+  } catch (const c10::Error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("smallest budget"));
+  }
+  EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+}
+
+TEST(BudgetTest, BadOptionsFailBeforeTrainingNamingTheValue) {
+  BudgetOptions options;
+  options.limit = "6 gigs";
+  EXPECT_THROW(
+      {
+        try {
+          Budget budget(options);
+        } catch (const c10::ValueError& error) {
+          EXPECT_THAT(error.what(), HasSubstr("6 gigs"));
+          throw;
+        }
+      },
+      c10::ValueError);
+  options.limit = "1GiB";
+  options.codec = "quant3";
+  EXPECT_THROW(Budget{options}, c10::ValueError);
+  options.codec = "quant2";
+  options.allowed_loss_increase = 0.01;
+  EXPECT_THROW(Budget{options}, c10::ValueError);
+  options = BudgetOptions();
+  EXPECT_THROW(Budget{options}, c10::ValueError);  // no limit
+  EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+}
+
+}  // namespace
+}  // namespace actpack

@@ -1,0 +1,370 @@
+#include "torch_plugin/csrc/saved_tensors.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/graph_task.h>
+#ifdef ACTPACK_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <tuple>
+
+#include "codecs/codec.h"
+#include "codecs/registry.h"
+#include "common/version.h"
+#include "torch_plugin/csrc/tensor_adapter.h"
+
+namespace actpack::torch_plugin {
+
+// A tensor the policy kept exact this step. Under memory pressure it is re-packed with the
+// harshest codec and the tensor dropped (SavedTensorSession::Relieve), which frees its memory
+// when this was the only reference.
+struct KeptTensor {
+  at::Tensor tensor;  // undefined once re-packed
+  std::shared_ptr<runtime::PackedTensor> packed;
+  runtime::SavedTensorInfo info;
+  int record = -1;
+};
+
+const runtime::PackedTensor* PackedHandle::Packed() const {
+  return kept ? kept->packed.get() : packed.get();
+}
+
+uint64_t PackedHandle::RawBytes() const {
+  return Packed() ? Packed()->raw_bytes() : kept->info.Bytes();
+}
+
+uint64_t PackedHandle::StoredBytes() const {
+  return Packed() ? Packed()->stored_bytes() : kept->info.Bytes();
+}
+
+namespace {
+
+class TensorBuffer final : public runtime::Buffer {
+ public:
+  explicit TensorBuffer(at::Tensor bytes) : bytes_(std::move(bytes)) {}
+  uint8_t* data() override { return bytes_.data_ptr<uint8_t>(); }
+  size_t size() const override { return static_cast<size_t>(bytes_.numel()); }
+  absl::Status ShrinkTo(size_t bytes) override {
+    // Worth a copy only when it gives back a good share (variable-size codecs such as eb).
+    if (bytes + bytes / 8 < size()) bytes_ = bytes_.narrow(0, 0, static_cast<int64_t>(bytes)).clone();
+    return absl::OkStatus();
+  }
+  absl::Status RecordStream(void* stream) override {
+#ifdef ACTPACK_WITH_CUDA
+    if (bytes_.is_cuda()) {
+      bytes_.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream),
+                                                            bytes_.get_device()));
+    }
+#endif
+    return absl::OkStatus();
+  }
+  const at::Tensor& tensor() const { return bytes_; }
+
+ private:
+  at::Tensor bytes_;
+};
+
+runtime::BufferFactory TorchBufferFactory() {
+  return [](size_t bytes, const codecs::ExecContext& context)
+             -> absl::StatusOr<std::unique_ptr<runtime::Buffer>> {
+    at::Tensor storage = at::empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
+    return std::unique_ptr<runtime::Buffer>(new TensorBuffer(std::move(storage)));
+  };
+}
+
+// `tensor` as stored: broadcast dims narrowed to one element, then permuted to memory order.
+// The result is a view; it is contiguous unless `tensor` skips memory (a slice).
+at::Tensor Stored(const at::Tensor& tensor, Layout& layout) {
+  if (tensor.is_contiguous()) return tensor;
+  at::Tensor stored = tensor;
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.stride(d) == 0 && tensor.size(d) > 1) {
+      stored = stored.narrow(d, 0, 1);
+      layout.sizes = tensor.sizes().vec();
+    }
+  }
+  // Dims of size 1 have no place in memory: they keep theirs, the others are sorted by stride.
+  std::vector<int64_t> order(static_cast<size_t>(tensor.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<int64_t> spread;
+  for (int64_t d : order) {
+    if (stored.size(d) > 1) spread.push_back(d);
+  }
+  std::vector<int64_t> sorted = spread;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](int64_t a, int64_t b) { return stored.stride(a) > stored.stride(b); });
+  for (size_t i = 0; i < spread.size(); ++i) order[spread[i]] = sorted[i];
+  if (!std::is_sorted(order.begin(), order.end())) {
+    stored = stored.permute(order);
+    layout.order = std::move(order);
+  }
+  return stored;
+}
+
+// The inverse of Stored: a view of `stored` with the saved tensor's sizes and stride order.
+at::Tensor Restore(const at::Tensor& stored, const Layout& layout) {
+  at::Tensor tensor = stored;
+  if (!layout.order.empty()) {
+    std::vector<int64_t> inverse(layout.order.size());
+    for (size_t i = 0; i < layout.order.size(); ++i) inverse[layout.order[i]] = static_cast<int64_t>(i);
+    tensor = tensor.permute(inverse);
+  }
+  if (!layout.sizes.empty()) tensor = tensor.expand(layout.sizes);
+  return tensor;
+}
+
+// Profile steps measure each candidate codec on a sample of the saved tensor: whole samples
+// (slices along dim 0) up to this many elements, at least one sample.
+constexpr int64_t kMeasureElements = 1 << 18;
+
+// Measures `params` on a sample of `contiguous`. Host tensors are measured in host memory
+// outside torch's allocator (runtime::MeasureOnHost), so profiling does not raise the peak it
+// profiles; device tensors with torch ops on the device (a few sample-sized temporaries).
+runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::CodecParams& params) {
+  at::Tensor sample = contiguous;
+  if (contiguous.dim() > 0 && contiguous.numel() > kMeasureElements && contiguous.size(0) > 1) {
+    const int64_t per_row = contiguous.numel() / contiguous.size(0);
+    sample = contiguous.narrow(0, 0, std::max<int64_t>(1, kMeasureElements / per_row));
+  }
+  const uint64_t full_numel = static_cast<uint64_t>(contiguous.numel());
+  if (sample.is_cpu()) return runtime::MeasureOnHost(ToView(sample), full_numel, params);
+
+  runtime::CodecMeasurement m;
+  const codecs::TensorView view = ToView(sample);
+  const codecs::ExecContext context = ContextFor(sample);
+  absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(view.Spec(), params);
+  absl::StatusOr<size_t> bound = codecs::MaxEncodedSize(ToView(contiguous).Spec(), params);
+  if (!capacity.ok() || !bound.ok()) {
+    m.exact = true;
+    return m;
+  }
+  at::Tensor buffer = at::empty({static_cast<int64_t>(*capacity)}, BufferOptions(context));
+  absl::StatusOr<size_t> used =
+      codecs::Encode(view, params, buffer.data_ptr<uint8_t>(), *capacity, context);
+  if (!used.ok()) {
+    m.exact = true;  // the session keeps such a tensor exact (non-finite values)
+    return m;
+  }
+  at::Tensor decoded = at::empty_like(sample);
+  ThrowIfError(codecs::Decode(buffer.data_ptr<uint8_t>(), *used, ToMutableView(decoded), context));
+  if (at::isFloatingType(sample.scalar_type())) {
+    const at::Tensor x = sample.to(at::kFloat);
+    const at::Tensor error = decoded.to(at::kFloat).sub_(x);
+    m.squared_error = error.square().sum(at::kDouble).item<double>();
+    m.squared_norm = x.square().sum(at::kDouble).item<double>();
+    m.max_abs_error = sample.numel() > 0 ? error.abs().max().item<double>() : 0.0;
+  }
+  m.count = static_cast<uint64_t>(sample.numel());
+  m.bytes = runtime::ScaleEncodedSize(*used, m.count, full_numel, *bound);
+  return m;
+}
+
+// `tensor` as autograd saved it, described by `stored` (its Stored view): shape, strides and
+// bytes are those of what is kept.
+runtime::SavedTensorInfo Describe(const at::Tensor& tensor, const at::Tensor& stored) {
+  runtime::SavedTensorInfo info;
+  const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
+  info.supported_dtype = dtype.has_value() && (tensor.is_cpu() || tensor.is_cuda());
+  info.dtype = dtype.value_or(codecs::DType::kUInt8);
+  info.shape = stored.sizes().vec();
+  info.strides = stored.strides().vec();
+  info.device = tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
+  info.device_index = tensor.is_cuda() ? tensor.get_device() : 0;
+  // A parameter lives anyway, and so does a view of one (linear layers save weight.t()):
+  // packing either would add a copy, not save one. Other leaves (tensors that do not require
+  // grad) are usually intermediates that die after forward, so they are packed.
+  const auto is_parameter = [](const at::TensorBase& t) { return t.is_leaf() && t.requires_grad(); };
+  info.is_parameter =
+      is_parameter(tensor) || (tensor.is_view() && is_parameter(tensor._base()));
+  if (tensor.has_storage()) {
+    // The storage object, held weakly: its address cannot be reused while the guard lives,
+    // unlike the data pointer, which the allocator hands out again once the data is freed.
+    c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+    info.storage = reinterpret_cast<uintptr_t>(storage);
+    info.storage_guard = std::make_shared<c10::weak_intrusive_ptr<c10::StorageImpl>>(
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+    info.storage_offset = tensor.storage_offset();
+  }
+  info.version = static_cast<uint32_t>(tensor._version());
+  info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  if (const auto node = tensor.grad_fn()) {
+    info.producer = node->name();
+  } else {
+    info.producer = tensor.is_leaf() ? "leaf" : "";
+  }
+  return info;
+}
+
+runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
+  absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
+  ThrowIfError(choice.status());
+  return *choice;
+}
+
+}  // namespace
+
+SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
+  runtime::SessionOptions options;
+  options.codec = ChoiceOrThrow(settings.codec);
+  for (const auto& [pattern, spec] : settings.rules) {
+    options.rules.push_back({pattern, ChoiceOrThrow(spec)});
+  }
+  TORCH_CHECK_VALUE(settings.min_bytes >= 0, "actpack: min_bytes must be >= 0, got ",
+                    settings.min_bytes);
+  TORCH_CHECK_VALUE(settings.budget_bytes >= 0, "actpack: the budget must be >= 0 bytes, got ",
+                    settings.budget_bytes);
+  TORCH_CHECK_VALUE(settings.headroom >= 0.0 && settings.headroom < 0.5,
+                    "actpack: headroom must be in [0, 0.5), got ", settings.headroom);
+  TORCH_CHECK_VALUE(settings.profile_every >= 1, "actpack: profile_every must be >= 1 step, got ",
+                    settings.profile_every);
+  const double loss_bound = settings.allowed_loss_increase;
+  TORCH_CHECK_VALUE(std::isfinite(loss_bound) && loss_bound >= 0.0 && loss_bound < 1.0,
+                    "actpack: allowed_loss_increase must be a fraction in (0, 1) (0: off), got ",
+                    loss_bound);
+  if (loss_bound > 0) {
+    std::vector<std::string> specs = {settings.codec};
+    for (const auto& rule : settings.rules) specs.push_back(rule.second);
+    for (const std::string& spec : specs) {
+      TORCH_CHECK_VALUE(spec == "auto" || spec == "eb",
+                        "actpack.budget: allowed_loss_increase sets the error bounds of 'eb' and "
+                        "the caps of 'auto'; it does not apply to codec '", spec,
+                        "' (use 'eb' or 'auto', or leave allowed_loss_increase out)");
+    }
+  }
+  options.min_bytes = static_cast<uint64_t>(settings.min_bytes);
+  options.seed = settings.seed;
+  options.enabled = settings.enabled;
+  options.budget_bytes = static_cast<uint64_t>(settings.budget_bytes);
+  options.headroom = settings.headroom;
+  options.profile_every = static_cast<int>(std::min<int64_t>(settings.profile_every, 1 << 30));
+  options.allowed_loss_increase = loss_bound;
+  if (!settings.ladder.empty()) {
+    options.ladder.clear();
+    for (const std::string& spec : settings.ladder) {
+      absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
+      ThrowIfError(params.status());
+      options.ladder.push_back(*params);
+    }
+  }
+  session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
+}
+
+SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, const std::string& module) {
+  const c10::OptionalDeviceGuard device_guard(tensor.device());
+  PackedHandle handle;
+  handle.options = tensor.options();
+  const at::Tensor stored = Stored(tensor.detach(), handle.layout);
+  runtime::SavedTensorInfo info = Describe(tensor, stored);
+  info.module = module;
+  runtime::PackPlan plan = session_->Plan(info);
+  if (plan.action == runtime::PackAction::kReuse) {
+    handle.packed = std::move(plan.duplicate);
+    return handle;
+  }
+  if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) {
+    return Keep(tensor, info, plan, std::move(handle));
+  }
+  // A copy only for a tensor that skips memory (a slice); it dies once encoded.
+  const at::Tensor contiguous = stored.contiguous();
+  for (size_t i = 0; i < plan.measure.size(); ++i) {
+    session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
+  }
+  if (plan.action == runtime::PackAction::kKeep) {
+    return Keep(tensor, info, plan, std::move(handle));
+  }
+  absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
+      session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
+  ThrowIfError(packed.status());
+  handle.packed = std::move(*packed);
+  return handle;
+}
+
+// A kept tensor as autograd saves it: itself, or, when the policy chose to keep it exact, a
+// handle that Relieve can re-pack under memory pressure.
+SavedTensor SavedTensorSession::Keep(const at::Tensor& tensor,
+                                     const runtime::SavedTensorInfo& info,
+                                     const runtime::PackPlan& plan, PackedHandle handle) {
+  if (plan.reason != runtime::KeepReason::kPolicyExact) return tensor;
+  handle.kept = std::make_shared<KeptTensor>(KeptTensor{tensor, nullptr, info, plan.record});
+  kept_.push_back(handle.kept);
+  return handle;
+}
+
+at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
+  if (const at::Tensor* tensor = std::get_if<at::Tensor>(&saved)) return *tensor;
+  const PackedHandle& h = std::get<PackedHandle>(saved);
+  if (h.kept && h.kept->tensor.defined()) return h.kept->tensor;
+  const runtime::PackedTensor& packed = *h.Packed();
+  const c10::OptionalDeviceGuard device_guard(h.options.device());
+  at::Tensor output = at::empty(packed.shape(), h.options);
+  ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
+  return Restore(output, h.layout);
+}
+
+void SavedTensorSession::SetModuleGradients(
+    const std::map<std::string, std::tuple<double, double, double, double>>& gradients) {
+  std::map<std::string, runtime::ModuleGradients> converted;
+  for (const auto& [module, g] : gradients) {
+    converted[module] = {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g)};
+  }
+  session_->SetModuleGradients(converted);
+}
+
+// Only a tensor whose memory nothing else holds frees anything; a non-contiguous one would
+// need a contiguous copy first, so it stays.
+size_t SavedTensorSession::Relieve(size_t needed) {
+  session_->OnPressure();
+  std::vector<std::shared_ptr<KeptTensor>> candidates;
+  std::vector<std::weak_ptr<KeptTensor>> live;
+  for (const std::weak_ptr<KeptTensor>& weak : kept_) {
+    std::shared_ptr<KeptTensor> kept = weak.lock();
+    if (kept == nullptr) continue;
+    live.push_back(weak);
+    const at::Tensor& t = kept->tensor;
+    if (t.defined() && t.is_contiguous() &&
+        t.storage().use_count() == 1 && t.storage().nbytes() == t.nbytes()) {
+      candidates.push_back(std::move(kept));
+    }
+  }
+  kept_ = std::move(live);
+  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+    return a->tensor.nbytes() > b->tensor.nbytes();
+  });
+  size_t freed = 0;
+  for (const std::shared_ptr<KeptTensor>& kept : candidates) {
+    if (freed >= needed) break;
+    const runtime::PackPlan plan = session_->ReliefPlan(kept->record);
+    if (plan.action != runtime::PackAction::kPack) continue;
+    const c10::OptionalDeviceGuard device_guard(kept->tensor.device());
+    absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed;
+    try {
+      packed = session_->Pack(kept->info, plan, ToView(kept->tensor), ContextFor(kept->tensor));
+    } catch (const c10::Error&) {
+      continue;  // no room even for the encoded copy
+    }
+    if (!packed.ok()) continue;
+    kept->packed = std::move(*packed);
+    freed += kept->tensor.nbytes();
+    kept->tensor = at::Tensor();
+  }
+  return freed;
+}
+
+void SavedTensorSession::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
+  ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes));
+}
+
+json::Value BuildReport(json::Value run, const SavedTensorSession& session) {
+  json::Value report = json::Value::Object();
+  report.Set("schema", "actpack.report");
+  report.Set("schema_version", 1);
+  report.Set("actpack_version", kVersion);
+  report.Set("run", std::move(run));
+  report.Set("activations", session.ActivationReport());
+  return report;
+}
+
+}  // namespace actpack::torch_plugin

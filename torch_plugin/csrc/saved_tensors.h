@@ -1,0 +1,112 @@
+// The torch side of the saved-tensor session, without Python: what a pack hook does with the
+// tensor autograd saves and what an unpack hook gives back, over runtime::Session.
+//
+// Two front ends share it: actpack._C.Session (module.cc), behind the Python context
+// actpack.budget, and the C++ guard actpack::Budget (budget.h), behind LibTorch's saved-variable
+// hooks. Buffers are torch uint8 tensors on the saved tensor's device, so their bytes come from
+// (and are counted by) the same allocator as every other tensor of the step.
+//
+//   SavedTensorSession session(settings);
+//   SavedTensor saved = session.Pack(tensor, "layer1.conv");  // in the pack hook
+//   at::Tensor back = session.Unpack(saved);                   // in the unpack hook
+//   session.EndStep(allocated_peak, reserved_peak);            // when the backward pass ends
+#ifndef ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
+#define ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "runtime/json.h"
+#include "runtime/session.h"
+
+namespace actpack::torch_plugin {
+
+// How a saved tensor lies over its memory. A tensor is packed as it is stored: dimensions in
+// memory order (a transpose or a channels_last activation is dense, so packing copies nothing)
+// and broadcast dimensions (stride 0, from expand) once; unpack puts the strides back.
+struct Layout {
+  std::vector<int64_t> order;  // stored dim i is the saved tensor's dim order[i]; empty: same
+  std::vector<int64_t> sizes;  // the saved tensor's sizes, when broadcast dims were dropped
+};
+
+struct KeptTensor;
+
+// What pack hands to autograd for a packed (or policy-kept) tensor.
+struct PackedHandle {
+  std::shared_ptr<runtime::PackedTensor> packed;
+  std::shared_ptr<KeptTensor> kept;  // instead of `packed`, for a policy-exact tensor
+  at::TensorOptions options;         // dtype and device of the original
+  Layout layout;
+
+  const runtime::PackedTensor* Packed() const;
+  uint64_t RawBytes() const;
+  uint64_t StoredBytes() const;
+};
+
+// A saved tensor as autograd holds it: the tensor itself (kept as it is), or a handle.
+using SavedTensor = std::variant<at::Tensor, PackedHandle>;
+
+// The session's settings, as actpack.budget and actpack::BudgetOptions state them (parsed).
+struct SessionSettings {
+  std::string codec = "auto";  // "auto" or a codec spec
+  std::vector<std::pair<std::string, std::string>> rules;  // module-name glob -> either
+  int64_t min_bytes = 64 * 1024;
+  uint64_t seed = 0;
+  bool enabled = true;
+  int64_t budget_bytes = 0;
+  double headroom = 0.05;
+  int64_t profile_every = 50;
+  std::vector<std::string> ladder;  // candidate codec specs; empty: the default ladder
+  double allowed_loss_increase = 0.0;  // 0: off
+};
+
+class SavedTensorSession {
+ public:
+  // Throws ValueError (c10::ValueError) naming a bad setting.
+  explicit SavedTensorSession(const SessionSettings& settings);
+
+  // `tensor` is being saved for backward inside module `module` ("" when unknown).
+  SavedTensor Pack(const at::Tensor& tensor, const std::string& module);
+  at::Tensor Unpack(const SavedTensor& saved);
+
+  // {module: (Σ‖g‖² of its parameters, ‖g_W‖² of its weight, ‖g_y‖² of its output, fan)}.
+  void SetModuleGradients(
+      const std::map<std::string, std::tuple<double, double, double, double>>& gradients);
+
+  // The allocator's pressure callback: the rest of the step packs harsh, and tensors the policy
+  // kept exact are re-packed with their harshest codec, largest first, until `needed` bytes are
+  // freed. Returns the bytes freed.
+  size_t Relieve(size_t needed);
+
+  // The allocator's allocated and reserved peaks over the step, 0 when unknown (see
+  // runtime::Session::EndStep). Throws torch.OutOfMemoryError (c10::OutOfMemoryError) when
+  // even the harshest plan cannot fit.
+  void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes);
+
+  runtime::PolicyState Policy() const { return session_->Policy(); }
+  runtime::SessionTotals Totals() const { return session_->Totals(); }
+  json::Value ActivationReport() const { return session_->ActivationReport(); }
+
+ private:
+  SavedTensor Keep(const at::Tensor& tensor, const runtime::SavedTensorInfo& info,
+                   const runtime::PackPlan& plan, PackedHandle handle);
+
+  std::unique_ptr<runtime::Session> session_;
+  // Tensors the policy kept exact, for Relieve (pruned as they expire).
+  std::vector<std::weak_ptr<KeptTensor>> kept_;
+};
+
+// The run report without its allocator section (the caller adds "allocator"): the schema,
+// actpack's version, `run` (the caller's run metadata) and the session's activation section.
+json::Value BuildReport(json::Value run, const SavedTensorSession& session);
+
+}  // namespace actpack::torch_plugin
+
+#endif  // ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
