@@ -1,6 +1,7 @@
 #include "allocator/cuda_memory_resource.h"
 
 #include <cstdio>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/units.h"
@@ -51,12 +52,28 @@ absl::StatusOr<int> CudaDeviceCount() {
   return count;
 }
 
-absl::StatusOr<size_t> CudaDeviceTotalMemory(int device) {
+namespace {
+
+absl::StatusOr<std::pair<size_t, size_t>> FreeAndTotal(int device) {
   ScopedDevice scoped(device);
   if (!scoped.status().ok()) return scoped.status();
   size_t free_bytes = 0, total_bytes = 0;
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  return total_bytes;
+  return std::make_pair(free_bytes, total_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> CudaDeviceTotalMemory(int device) {
+  absl::StatusOr<std::pair<size_t, size_t>> info = FreeAndTotal(device);
+  if (!info.ok()) return info.status();
+  return info->second;
+}
+
+absl::StatusOr<size_t> CudaDeviceUsedMemory(int device) {
+  absl::StatusOr<std::pair<size_t, size_t>> info = FreeAndTotal(device);
+  if (!info.ok()) return info.status();
+  return info->second - info->first;
 }
 
 absl::StatusOr<void*> CudaMemoryResource::DoAllocate(size_t bytes, Stream stream,
@@ -138,6 +155,8 @@ bool CudaSupportCompiledIn() { return false; }
 absl::StatusOr<int> CudaDeviceCount() { return NotCompiledIn(); }
 
 absl::StatusOr<size_t> CudaDeviceTotalMemory(int device) { return NotCompiledIn(); }
+
+absl::StatusOr<size_t> CudaDeviceUsedMemory(int device) { return NotCompiledIn(); }
 
 absl::StatusOr<void*> CudaMemoryResource::DoAllocate(size_t bytes, Stream stream,
                                                      size_t reserve_limit) {

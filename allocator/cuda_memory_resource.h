@@ -38,6 +38,12 @@ absl::StatusOr<int> CudaDeviceCount();
 // The total memory of `device` in bytes (for memory fractions).
 absl::StatusOr<size_t> CudaDeviceTotalMemory(int device);
 
+// CudaDeviceUsedMemory
+//
+// The memory of `device` in use as the driver counts it (cudaMemGetInfo: total - free): every
+// allocator of every process, the CUDA context, libraries' workspaces.
+absl::StatusOr<size_t> CudaDeviceUsedMemory(int device);
+
 // CudaMemoryResource
 //
 // cudaMalloc / cudaFree on `device` (made current for the call and restored afterwards).

@@ -1,6 +1,12 @@
 #include "allocator/host_memory_resource.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "allocator/units.h"
@@ -21,7 +27,14 @@ absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream
                                              FormatBytes(before), " reserved)"));
   }
   void* ptr = nullptr;
-  if (posix_memalign(&ptr, kAllocationAlignment, size) != 0) {
+  if (size >= kMapThreshold) {
+    // Page aligned, so also kAllocationAlignment aligned.
+    ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ptr == MAP_FAILED) ptr = nullptr;
+  } else if (posix_memalign(&ptr, kAllocationAlignment, size) != 0) {
+    ptr = nullptr;
+  }
+  if (ptr == nullptr) {
     reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(
         absl::StrCat("actpack: host allocation of ", FormatBytes(size), " failed"));
@@ -33,13 +46,24 @@ absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream
 void HostMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
   const size_t size = RoundUp(bytes, kAllocationAlignment);
   NotifySegmentFreed(ptr, size, bytes, stream);
-  std::free(ptr);
+  if (size >= kMapThreshold) {
+    munmap(ptr, size);
+  } else {
+    std::free(ptr);
+  }
   reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
 }
 
 MemoryUsage HostMemoryResource::DoGetUsage() const {
   const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
   return {reserved, reserved};
+}
+
+void LimitMallocRetention() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
+  mallopt(M_TRIM_THRESHOLD, 256 << 10);
+#endif
 }
 
 }  // namespace actpack::allocator

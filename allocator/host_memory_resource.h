@@ -1,10 +1,14 @@
 // host_memory_resource.h — a backend that owns host memory.
 //
-// Every Allocate is one aligned allocation from the C library (posix_memalign), aligned to
-// kAllocationAlignment (256 B) and rounded up to a multiple of it; every Deallocate frees it.
-// It does not cache: stack a CachingPool on it for that. Streams are tags. Each allocation is its
-// own segment, so observers see segment_alloc + alloc on Allocate and free_requested +
-// free_completed + segment_free on Deallocate.
+// Every Allocate is one allocation aligned to kAllocationAlignment (256 B) and rounded up to a
+// multiple of it; every Deallocate gives it back. Allocations of kMapThreshold bytes or more
+// (every segment of a caching pool) are mapped from the operating system and unmapped when
+// freed, so the operating system stops counting them at once: the C library's allocator keeps
+// freed blocks of up to 32 MiB in its heap (its mmap threshold rises to the largest block freed)
+// and the process's resident size would stay above any budget. Smaller ones come from the C
+// library. It does not cache: stack a CachingPool on it for that. Streams are tags. Each
+// allocation is its own segment, so observers see segment_alloc + alloc on Allocate and
+// free_requested + free_completed + segment_free on Deallocate.
 //
 // Example:
 //   HostMemoryResource host;
@@ -22,9 +26,11 @@ namespace actpack::allocator {
 
 // HostMemoryResource
 //
-// Aligned host memory from the C library. Thread safe.
+// Aligned host memory: mapped pages from kMapThreshold up, the C library below. Thread safe.
 class HostMemoryResource final : public MemoryResource {
  public:
+  static constexpr size_t kMapThreshold = size_t{1} << 20;
+
   HostMemoryResource() = default;
   ~HostMemoryResource() override = default;
 
@@ -37,5 +43,15 @@ class HostMemoryResource final : public MemoryResource {
 };
 
 }  // namespace actpack::allocator
+
+// LimitMallocRetention
+//
+// Fixes the C library's mmap threshold at 128 KiB (and its trim threshold at 256 KiB) for the
+// whole process, so that large blocks other code mallocs and frees (oneDNN's, the codecs'
+// scratch) go back to the operating system too instead of staying in the heap. glibc raises the
+// threshold to the largest block freed, up to 32 MiB; setting it turns that off. Process-wide and
+// not undone: called when actpack's pool is put under torch's CPU allocator, whose budget is
+// about what the operating system sees. A no-op without glibc.
+void LimitMallocRetention();
 
 #endif  // ACTPACK_ALLOCATOR_HOST_MEMORY_RESOURCE_H_

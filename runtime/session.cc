@@ -645,7 +645,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   std::vector<std::vector<int>> allowed;  // per planned record, its candidates within the cap
   uint64_t capped = 0;
   PolicyInput input;
-  input.budget_bytes = options_.budget_bytes;
+  input.budget_bytes = AllocatorBudgetLocked();
   input.headroom = options_.headroom;
   uint64_t held = current_step_.automatic_bytes;
   uint64_t unmeasured = 0;
@@ -690,16 +690,21 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   policy_.smallest_feasible_budget = plan.smallest_feasible_budget;
   policy_.weighted_error = plan.weighted_error;
   // Over the headroom but within the budget itself: run the harshest plan rather than fail.
-  if (plan.feasible || plan.projected_peak <= options_.budget_bytes) return absl::OkStatus();
+  if (plan.feasible || plan.projected_peak <= input.budget_bytes) return absl::OkStatus();
   using allocator::FormatBytes;
+  const uint64_t outside = policy_.outside_pool_bytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "actpack: a budget of ", FormatBytes(options_.budget_bytes),
+      outside > 0 ? absl::StrCat(" (", FormatBytes(outside),
+                                 " of it held outside the allocator: the system's count of "
+                                 "the step exceeded the allocator's by that much)")
+                  : std::string(),
       " cannot hold this training step: its tensors peaked at ", FormatBytes(peak_bytes),
       ", of which ", FormatBytes(input.other_bytes),
       " is not saved activations (parameters, gradients, optimizer state, workspace), and "
       "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
       " of activations; the smallest budget that would work is ",
-      FormatBytes(plan.smallest_feasible_budget), " (with ",
+      FormatBytes(plan.smallest_feasible_budget + outside), " (with ",
       static_cast<int>(std::lround(options_.headroom * 100)), "% headroom",
       options_.allowed_loss_increase > 0
           ? absl::StrCat(" and allowed_loss_increase=", options_.allowed_loss_increase,
@@ -708,11 +713,27 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       "), or use a smaller batch"));
 }
 
-absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
+uint64_t Session::AllocatorBudget() const {
+  absl::MutexLock lock(&mu_);
+  return AllocatorBudgetLocked();
+}
+
+uint64_t Session::AllocatorBudgetLocked() const {
+  const uint64_t outside = policy_.outside_pool_bytes;
+  return options_.budget_bytes > outside ? options_.budget_bytes - outside : 0;
+}
+
+absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
+                              uint64_t system_bytes) {
   absl::MutexLock lock(&mu_);
   if (ordinal_ == 0) return absl::OkStatus();
   current_step_.peak_bytes = peak_bytes;
   current_step_.peak_reserved_bytes = reserved_bytes;
+  current_step_.system_peak_bytes = system_bytes;
+  if (system_bytes > reserved_bytes && reserved_bytes > 0) {
+    policy_.outside_pool_bytes =
+        std::max(policy_.outside_pool_bytes, system_bytes - reserved_bytes);
+  }
   absl::Status status = absl::OkStatus();
   if (current_step_.profiled) profiled_since_plan_ = true;
   const bool has_policy = profiled_since_plan_ || current_step_.automatic_bytes > 0;
@@ -721,7 +742,8 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
   // the second step. Then re-plan after each profile step and whenever the peak came within
   // half the headroom of the budget (the model of the step was off).
   if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0 && step_index_ >= 1) {
-    const double close = static_cast<double>(options_.budget_bytes) * (1.0 - options_.headroom / 2);
+    const double close =
+        static_cast<double>(AllocatorBudgetLocked()) * (1.0 - options_.headroom / 2);
     if (profiled_since_plan_ || pressure_this_step_ || static_cast<double>(peak_bytes) > close) {
       status = Replan(peak_bytes);
       profiled_since_plan_ = false;
@@ -786,6 +808,7 @@ json::Value Session::ActivationReport() const {
   policy.Set("ladder", std::move(ladder));
   policy.Set("plans", policy_.plans);
   policy.Set("other_bytes", policy_.other_bytes);
+  policy.Set("outside_pool_bytes", policy_.outside_pool_bytes);
   policy.Set("projected_peak_bytes", policy_.projected_peak);
   policy.Set("feasible", policy_.feasible);
   policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);
@@ -818,6 +841,7 @@ json::Value Session::ActivationReport() const {
     json::Value s = json::Value::Object();
     s.Set("peak_bytes", step.peak_bytes);
     s.Set("peak_reserved_bytes", step.peak_reserved_bytes);
+    s.Set("system_peak_bytes", step.system_peak_bytes);
     s.Set("saved_raw_bytes", step.saved_raw_bytes);
     s.Set("stored_bytes", step.stored_bytes);
     s.Set("ratio", Ratio(step.saved_raw_bytes, step.stored_bytes));

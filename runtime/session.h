@@ -238,6 +238,9 @@ struct SavedRecord {
 struct StepRecord {
   uint64_t peak_bytes = 0;         // the allocator's allocated peak over the step (0: unknown)
   uint64_t peak_reserved_bytes = 0;  // its reserved peak: what a cap counts (0: unknown)
+  // The peak as the operating system (resident set) or the CUDA driver counts it, above what
+  // it was when the budget was entered (0: unknown).
+  uint64_t system_peak_bytes = 0;
   uint64_t saved_raw_bytes = 0;    // what autograd would have kept without actpack
   uint64_t stored_bytes = 0;       // what actpack kept instead (packed + kept)
   uint64_t peak_live_stored = 0;   // peak of live packed bytes during the step
@@ -257,6 +260,10 @@ struct PolicyState {
   uint64_t pressure_events = 0;    // times the allocator ran out of budget mid-step
   uint64_t relieved_bytes = 0;     // raw bytes of kept tensors re-packed under pressure
   uint64_t capped_candidates = 0;  // candidates the error caps ruled out at the last plan
+  // Memory the system counts that the allocator does not hold (oneDNN's buffers, thread stacks,
+  // the CUDA context): the most any step's system peak exceeded its allocator peak. The policy
+  // plans for the budget less this, and the plugin caps the allocator there.
+  uint64_t outside_pool_bytes = 0;
 };
 
 struct SessionTotals {
@@ -320,9 +327,16 @@ class Session {
   // allocator's allocated peak over the step (0 when unknown): the policy plans tensors'
   // bytes, and its headroom covers the allocator's fragmentation. With it the policy re-plans
   // after profile steps and whenever the peak came close to the budget. `reserved_bytes` (the
-  // reserved peak, what a cap counts) is recorded for the report. kResourceExhausted when
-  // even the harshest plan cannot fit the budget, naming the smallest budget that would.
-  absl::Status EndStep(uint64_t peak_bytes = 0, uint64_t reserved_bytes = 0);
+  // reserved peak, what a cap counts) is recorded for the report. `system_bytes` is the step's
+  // peak as the system counts it (StepRecord::system_peak_bytes); what it exceeds the reserved
+  // peak by is memory outside the allocator, which the budget must hold too (PolicyState::
+  // outside_pool_bytes). kResourceExhausted when even the harshest plan cannot fit the budget,
+  // naming the smallest budget that would.
+  absl::Status EndStep(uint64_t peak_bytes = 0, uint64_t reserved_bytes = 0,
+                       uint64_t system_bytes = 0);
+
+  // The budget the allocator may use: the budget less the memory outside it.
+  uint64_t AllocatorBudget() const;
 
   SessionTotals Totals() const;
   PolicyState Policy() const;
@@ -339,6 +353,7 @@ class Session {
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t AllocatorBudgetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int HarshestCandidate(const SavedRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Allowed(const SavedRecord& record, int candidate) const;
   void UpdateErrorBound(SavedRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

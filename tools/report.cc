@@ -93,8 +93,10 @@ std::vector<StepUsage> ReadSteps(const json::Value* activations) {
     // 0: not measured (a run without an allocator to read).
     const std::optional<uint64_t> allocated = FindBytes(&entry, "peak_bytes");
     const std::optional<uint64_t> reserved = FindBytes(&entry, "peak_reserved_bytes");
+    const std::optional<uint64_t> system = FindBytes(&entry, "system_peak_bytes");
     if (allocated.value_or(0) > 0) step.peak_allocated_bytes = allocated;
     if (reserved.value_or(0) > 0) step.peak_reserved_bytes = reserved;
+    if (system.value_or(0) > 0) step.system_peak_bytes = system;
     steps.push_back(step);
   }
   return steps;
@@ -647,6 +649,7 @@ constexpr absl::string_view kStoredColor = "#1f77b4";
 constexpr absl::string_view kBudgetColor = "#d62728";
 constexpr absl::string_view kReservedColor = "#2ca02c";
 constexpr absl::string_view kAllocatedColor = "#ff7f0e";
+constexpr absl::string_view kSystemColor = "#9467bd";
 
 void AppendText(std::string* svg, double x, double y, absl::string_view text,
                 absl::string_view anchor = "start", absl::string_view extra = "") {
@@ -1296,6 +1299,9 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
   report.budget_bytes = FindBytes(run, "budget_bytes");
   report.codec = FindString(run, "codec");
   report.peak_allocated_bytes = FindBytes(run, "peak_allocated_bytes");
+  report.peak_reserved_bytes = FindBytes(run, "peak_reserved_bytes");
+  report.peak_system_bytes = FindBytes(run, "peak_system_bytes");
+  report.system_memory = FindString(run, "system_memory");
   report.wall_seconds = FindDouble(run, "wall_seconds");
   if (const json::Value* warnings = run == nullptr ? nullptr : run->Find("warnings")) {
     for (const json::Value& warning : warnings->elements()) {
@@ -1353,6 +1359,15 @@ std::string FormatReportText(const RunReport& report, size_t max_consumers) {
   run.AddRow({"codec", OrUnknown(report.codec)});
   run.AddRow({"budget", BudgetText(report)});
   run.AddRow({"peak allocated", PeakText(report)});
+  if (report.peak_reserved_bytes.has_value()) {
+    run.AddRow({"peak reserved (what the cap counts)",
+                BytesOfBudget(*report.peak_reserved_bytes, report.budget_bytes)});
+  }
+  if (report.peak_system_bytes.has_value()) {
+    run.AddRow({absl::StrCat("peak, system's count (",
+                             report.system_memory.value_or("system"), ")"),
+                BytesOfBudget(*report.peak_system_bytes, report.budget_bytes)});
+  }
   if (report.wall_seconds.has_value()) {
     run.AddRow({"wall time", absl::StrFormat("%.2f s", *report.wall_seconds)});
   }
@@ -1462,6 +1477,8 @@ json::Value SummarizeReport(const RunReport& report) {
   if (report.budget_text) run.Set("budget", *report.budget_text);
   if (report.budget_bytes) run.Set("budget_bytes", *report.budget_bytes);
   run.Set("peak_allocated_bytes", OptionalJson(report.peak_allocated_bytes));
+  run.Set("peak_reserved_bytes", OptionalJson(report.peak_reserved_bytes));
+  run.Set("peak_system_bytes", OptionalJson(report.peak_system_bytes));
   if (report.wall_seconds) run.Set("wall_seconds", *report.wall_seconds);
   summary.Set("run", std::move(run));
 
@@ -1813,8 +1830,11 @@ std::string RenderMemorySvg(const RunReport& report) {
   const double plot_width = kWidth - kLeft - kRight;
   const double plot_bottom = kStepTop + kStepHeight;
   const bool has_peaks = std::any_of(report.steps.begin(), report.steps.end(), [](const auto& s) {
-    return s.peak_reserved_bytes.has_value() || s.peak_allocated_bytes.has_value();
+    return s.peak_reserved_bytes.has_value() || s.peak_allocated_bytes.has_value() ||
+           s.system_peak_bytes.has_value();
   });
+  const bool has_system = std::any_of(report.steps.begin(), report.steps.end(),
+                                      [](const auto& s) { return s.system_peak_bytes.has_value(); });
   AppendText(&svg, plot_left, kStepTop - 44,
              has_peaks ? "memory per training step: activations saved for backward and the "
                          "step's peak"
@@ -1834,6 +1854,10 @@ std::string RenderMemorySvg(const RunReport& report) {
       AppendLegendEntry(&svg, x, y, kAllocatedColor, "step peak allocated");
       x += 160;
     }
+    if (has_system) {
+      AppendLegendEntry(&svg, x, y, kSystemColor, "step peak, system's count");
+      x += 190;
+    }
     if (report.budget_bytes) AppendLegendEntry(&svg, x, y, kBudgetColor, "budget", true);
   }
   if (report.steps.empty()) {
@@ -1845,7 +1869,8 @@ std::string RenderMemorySvg(const RunReport& report) {
       max_bytes = std::max({max_bytes, static_cast<double>(step.saved_raw_bytes),
                             static_cast<double>(step.stored_bytes),
                             static_cast<double>(step.peak_reserved_bytes.value_or(0)),
-                            static_cast<double>(step.peak_allocated_bytes.value_or(0))});
+                            static_cast<double>(step.peak_allocated_bytes.value_or(0)),
+                            static_cast<double>(step.system_peak_bytes.value_or(0))});
     }
     // The budget joins the scale unless it would flatten the bars; then it is stated instead.
     bool budget_on_scale = false;
@@ -1905,6 +1930,8 @@ std::string RenderMemorySvg(const RunReport& report) {
                "peak reserved");
     draw_peaks([](const StepUsage& s) { return s.peak_allocated_bytes; }, kAllocatedColor,
                "peak allocated");
+    draw_peaks([](const StepUsage& s) { return s.system_peak_bytes; }, kSystemColor,
+               "peak, system's count");
     if (report.budget_bytes) {
       if (budget_on_scale) {
         const double y = y_of(static_cast<double>(*report.budget_bytes));

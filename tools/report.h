@@ -75,6 +75,8 @@ struct StepUsage {
   // The allocator's peaks over the step (everything, not only activations), when recorded.
   std::optional<uint64_t> peak_allocated_bytes;
   std::optional<uint64_t> peak_reserved_bytes;
+  // The step's peak as the operating system (resident set) or the CUDA driver counts it.
+  std::optional<uint64_t> system_peak_bytes;
 };
 
 // CodecError
@@ -176,6 +178,10 @@ struct RunReport {
   std::optional<uint64_t> budget_bytes;
   std::optional<std::string> codec;
   std::optional<uint64_t> peak_allocated_bytes;
+  std::optional<uint64_t> peak_reserved_bytes;
+  // The run's peak as the system counts it, and how it was counted.
+  std::optional<uint64_t> peak_system_bytes;
+  std::optional<std::string> system_memory;
   std::optional<double> wall_seconds;
   std::vector<std::string> warnings;
 

@@ -22,8 +22,10 @@
 #endif
 
 #include "absl/status/status.h"
+#include "allocator/cuda_memory_resource.h"
 #include "allocator/pluggable.h"
 #include "allocator/statistics_adaptor.h"
+#include "allocator/system_memory.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
@@ -366,6 +368,17 @@ std::string SnapshotJson(int device) {
 
 void BindAllocator(py::module& m) {
   m.attr("_HOST_DEVICE") = kHostDevice;
+  py::class_<allocator::ResidentPeakMeter>(m, "ResidentPeakMeter",
+                                           "The resident set's peak above its size at start, "
+                                           "per window (allocator/system_memory.h)")
+      .def(py::init<>())
+      .def("start", &allocator::ResidentPeakMeter::Start)
+      .def("take_peak", &allocator::ResidentPeakMeter::TakePeak);
+  m.def("_device_used_bytes", [](int device) {
+    absl::StatusOr<size_t> used = allocator::CudaDeviceUsedMemory(device);
+    ThrowIfError(used.status());
+    return *used;
+  }, py::arg("device"));
   m.def("_install_cpu_allocator", &InstallCpuAllocator);
   m.def("_uninstall_cpu_allocator", &UninstallCpuAllocator);
   m.def("_cpu_allocator_installed", &CpuAllocatorInstalled);

@@ -13,11 +13,13 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/pluggable.h"
 #include "allocator/statistics_adaptor.h"
+#include "allocator/system_memory.h"
 #include "allocator/units.h"
 #include "runtime/config.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
@@ -46,14 +48,25 @@ class HostPeakMeter {
     capped_ = previous_cap_ != kNoReserveLimit;
     ReleaseCache();
     run_reserved_peak_ = run_allocated_peak_ = 0;
+    resident_.Start();
   }
 
-  // (allocated, reserved) peaks since the last call (or Start); restarts measuring.
-  std::pair<uint64_t, uint64_t> StepPeaks() {
+  // (allocated, reserved, resident) peaks since the last call (or Start): the pool's, and the
+  // process's resident set above its size at Start. Restarts measuring.
+  std::tuple<uint64_t, uint64_t, uint64_t> StepPeaks() {
     const allocator::MemoryStats stats = HostPool().stats().GetStats();
     Reset();
+    const uint64_t resident = resident_.TakePeak();
+    run_resident_peak_ = std::max(run_resident_peak_, resident);
     return {static_cast<uint64_t>(stats.allocated_bytes.peak),
-            static_cast<uint64_t>(stats.reserved_bytes.peak)};
+            static_cast<uint64_t>(stats.reserved_bytes.peak), resident};
+  }
+
+  uint64_t run_resident_peak() const { return run_resident_peak_; }
+
+  // A cap already set follows the budget less what the pool does not hold.
+  void Follow(uint64_t allocator_budget) {
+    if (capped_) HostPool().budget().SetBudget(allocator_budget);
   }
 
   // The next step's peak must show a new plan's footprint, not the last plan's cache.
@@ -129,6 +142,8 @@ class HostPeakMeter {
   uint64_t budget_bytes_ = 0;
   uint64_t run_reserved_peak_ = 0;
   uint64_t run_allocated_peak_ = 0;
+  uint64_t run_resident_peak_ = 0;
+  allocator::ResidentPeakMeter resident_;
   std::optional<allocator::PressureCallbackId> pressure_id_;
 };
 
@@ -200,11 +215,12 @@ struct Budget::State {
     if (!open) return;
     ++steps;
     const uint64_t plans = session.Policy().plans;
-    const auto [allocated, reserved] = meter.StepPeaks();
-    session.EndStep(allocated, reserved);  // throws when no plan fits the budget
+    const auto [allocated, reserved, resident] = meter.StepPeaks();
+    session.EndStep(allocated, reserved, resident);  // throws when no plan fits the budget
     const bool replanned = session.Policy().plans != plans;
     if (replanned) meter.ReleaseCache();
-    if (replanned || !Automatic()) meter.Enforce(budget_bytes);
+    if (replanned || !Automatic()) meter.Enforce(session.AllocatorBudget());
+    meter.Follow(session.AllocatorBudget());
   }
 
   json::Value RunMetadata(double wall_seconds) const {
@@ -229,6 +245,8 @@ struct Budget::State {
     }
     run.Set("peak_allocated_bytes", meter.run_allocated_peak());
     run.Set("peak_reserved_bytes", meter.run_reserved_peak());
+    run.Set("peak_system_bytes", meter.run_resident_peak());
+    run.Set("system_memory", "resident set above its size at enter (VmHWM)");
     run.Set("wall_seconds", wall_seconds);
     run.Set("rank", 0);
     run.Set("world_size", 1);

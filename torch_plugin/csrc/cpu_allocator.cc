@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/status/status.h"
+#include "allocator/host_memory_resource.h"
 #include "allocator/pluggable.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
@@ -63,6 +64,8 @@ void InstallCpuAllocator() {
   std::lock_guard<std::mutex> lock(state.mutex);
   c10::Allocator* current = c10::GetAllocator(c10::DeviceType::CPU);
   if (current == &TheHostPoolAllocator()) return;
+  // The budget is what the operating system sees: what other code frees goes back to it too.
+  allocator::LimitMallocRetention();
   // Priority 0 is torch's own default; a higher-priority allocator set by someone else wins
   // silently inside c10, so check that ours took.
   c10::SetAllocator(c10::DeviceType::CPU, &TheHostPoolAllocator(), /*priority=*/0);

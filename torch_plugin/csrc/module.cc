@@ -58,6 +58,7 @@ class PySession {
     d["projected_peak_bytes"] = p.projected_peak;
     d["feasible"] = p.feasible;
     d["smallest_feasible_budget"] = p.smallest_feasible_budget;
+    d["outside_pool_bytes"] = p.outside_pool_bytes;
     return d;
   }
 
@@ -222,8 +223,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                 gradients) { s.session().SetModuleGradients(gradients); },
            py::arg("gradients"))
       .def("end_step",
-           [](PySession& s, uint64_t peak, uint64_t reserved) { s.session().EndStep(peak, reserved); },
-           py::arg("peak_bytes") = 0, py::arg("reserved_bytes") = 0)
+           [](PySession& s, uint64_t peak, uint64_t reserved, uint64_t system) {
+             s.session().EndStep(peak, reserved, system);
+           },
+           py::arg("peak_bytes") = 0, py::arg("reserved_bytes") = 0, py::arg("system_bytes") = 0)
+      .def("allocator_budget", [](const PySession& s) { return s.session().AllocatorBudget(); })
       .def("policy", &PySession::Policy)
       .def("totals", &PySession::Totals)
       .def("activation_report", [](const PySession& s) {

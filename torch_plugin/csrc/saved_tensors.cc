@@ -353,8 +353,9 @@ size_t SavedTensorSession::Relieve(size_t needed) {
   return freed;
 }
 
-void SavedTensorSession::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes) {
-  ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes));
+void SavedTensorSession::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
+                                 uint64_t system_bytes) {
+  ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes, system_bytes));
 }
 
 json::Value BuildReport(json::Value run, const SavedTensorSession& session) {

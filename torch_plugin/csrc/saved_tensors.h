@@ -85,10 +85,13 @@ class SavedTensorSession {
   // freed. Returns the bytes freed.
   size_t Relieve(size_t needed);
 
-  // The allocator's allocated and reserved peaks over the step, 0 when unknown (see
-  // runtime::Session::EndStep). Throws torch.OutOfMemoryError (c10::OutOfMemoryError) when
-  // even the harshest plan cannot fit.
-  void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes);
+  // The allocator's allocated and reserved peaks over the step and the system's count of it
+  // (the resident set, the CUDA driver), 0 when unknown (see runtime::Session::EndStep). Throws
+  // torch.OutOfMemoryError (c10::OutOfMemoryError) when even the harshest plan cannot fit.
+  void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes, uint64_t system_bytes);
+
+  // The budget less what the system counts outside the allocator: the allocator's cap.
+  uint64_t AllocatorBudget() const { return session_->AllocatorBudget(); }
 
   runtime::PolicyState Policy() const { return session_->Policy(); }
   runtime::SessionTotals Totals() const { return session_->Totals(); }

@@ -162,8 +162,11 @@ class budget:
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
             self._memory.release_cache()
+        # The allocator gets the budget less what the system counts outside it.
+        cap = self._session.allocator_budget()
         if replanned or not _automatic(self._codec):
-            self._memory.enforce()
+            self._memory.enforce(cap)
+        self._memory.follow(cap)
 
     def _statistics_step(self, step):
         wanted = _automatic(self._codec) or self._loss_bound > 0
@@ -233,6 +236,11 @@ class budget:
         if peak is not None and budget_bytes is not None and peak > budget_bytes:
             warnings.append(f"peak memory {format_bytes(peak)} exceeded the budget "
                             f"{format_bytes(budget_bytes)}")
+        system = self._memory.run_system_peak
+        if system is not None and budget_bytes is not None and system > budget_bytes:
+            warnings.append(f"the system counted {format_bytes(system)} at the peak "
+                            f"({self._memory.system_memory}), over the budget "
+                            f"{format_bytes(budget_bytes)}")
         return {
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -243,6 +251,8 @@ class budget:
             "allowed_loss_increase": self._loss_bound or None,
             "peak_allocated_bytes": self._memory.run_allocated_peak,
             "peak_reserved_bytes": peak,
+            "peak_system_bytes": self._memory.run_system_peak,
+            "system_memory": self._memory.system_memory,
             "wall_seconds": wall_seconds,
             "rank": rank,
             "world_size": world_size,
@@ -453,6 +463,12 @@ class _PeakMeter:
         self._capped = False
         self._pressure_id = None
         self._actpack_cuda = False
+        # The system's count: the resident set (CPU) or the driver's (CUDA), above its value
+        # at start; None where it cannot be read.
+        self._resident = None
+        self._driver_start = None
+        self.run_system_peak = None
+        self.system_memory = None
 
     def start(self):
         if self._cuda:
@@ -470,8 +486,35 @@ class _PeakMeter:
             self._previous_cap = self._mem.memory_budget("cpu")
             self._capped = self._previous_cap is not None
             self.release_cache()
+        self._start_system_count()
         # What ran before the budget is not the run's.
-        self.run_peak = self.run_allocated_peak = None
+        self.run_peak = self.run_allocated_peak = self.run_system_peak = None
+
+    def _start_system_count(self):
+        if not self._cuda:
+            self._resident = _C.ResidentPeakMeter()
+            self._resident.start()
+            self.system_memory = "resident set above its size at enter (VmHWM)"
+            return
+        try:
+            self._driver_start = _C._device_used_bytes(torch.cuda.current_device())
+            self.system_memory = "CUDA driver's used memory above its value at enter " \
+                                 "(cudaMemGetInfo, at step ends)"
+        except (RuntimeError, NotImplementedError):
+            self._driver_start = None  # this build has no CUDA of its own
+
+    def _system_peak(self, reserved_peak):
+        """The step's peak as the system counts it, above its value at start (0: unknown)."""
+        if self._resident is not None:
+            return self._resident.take_peak()
+        if self._driver_start is None:
+            return 0
+        # The driver only says what is in use now: the pool's peak plus what is in use outside
+        # the pool at the step's end (the context, workspaces, other allocators).
+        used = _C._device_used_bytes(torch.cuda.current_device()) - self._driver_start
+        reserved_now = (self._mem.memory_reserved(self._device()) if self._actpack_cuda
+                        else torch.cuda.memory_reserved())
+        return reserved_peak + max(0, used - reserved_now)
 
     def _device(self):
         return "cuda" if self._cuda else "cpu"
@@ -506,10 +549,14 @@ class _PeakMeter:
         return self._mem.max_memory_allocated(self._device())
 
     def step_peaks(self):
-        """(allocated, reserved) peaks since the last call (or start); restarts measuring."""
-        peaks = (self._allocated_peak(), self._peak())
+        """(allocated, reserved, system) peaks since the last call (or start); restarts
+        measuring. `system` is the operating system's or the driver's count (0: unknown)."""
+        allocated, reserved = self._allocated_peak(), self._peak()
+        system = self._system_peak(reserved)
         self._reset()
-        return peaks
+        if system:
+            self.run_system_peak = max(self.run_system_peak or 0, system)
+        return allocated, reserved, system
 
     def watch_pressure(self, relieve):
         """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
@@ -518,13 +565,21 @@ class _PeakMeter:
             device = self._device() if not self._cuda else torch.cuda.current_device()
             self._pressure_id = self._mem.add_pressure_callback(relieve, device)
 
-    def enforce(self):
-        """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
+    def enforce(self, cap):
+        """From now on allocations over `cap` fail (CPU; CUDA caps at install)."""
         if not self._cuda and not self._capped:
             self._capped = True
-            self._mem.set_cpu_budget(self.budget_bytes)
+            self._mem.set_cpu_budget(cap)
             # A cap binds new reservations only: give back what the uncapped steps cached.
             self.release_cache()
+
+    def follow(self, cap):
+        """A cap in force moves to `cap` (the budget less what the system holds outside the
+        allocator, as measured so far)."""
+        if not self._cuda and self._capped:
+            self._mem.set_cpu_budget(cap)
+        elif self._actpack_cuda:
+            _C._set_device_budget(torch.cuda.current_device(), cap)
 
     def stop(self, snapshot):
         """The report's allocator section; the CPU allocator is left as start() found it."""
