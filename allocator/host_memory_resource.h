@@ -42,8 +42,6 @@ class HostMemoryResource final : public MemoryResource {
   std::atomic<size_t> reserved_bytes_{0};
 };
 
-}  // namespace actpack::allocator
-
 // LimitMallocRetention
 //
 // Fixes the C library's mmap threshold at 128 KiB (and its trim threshold at 256 KiB) for the
@@ -53,5 +51,7 @@ class HostMemoryResource final : public MemoryResource {
 // not undone: called when actpack's pool is put under torch's CPU allocator, whose budget is
 // about what the operating system sees. A no-op without glibc.
 void LimitMallocRetention();
+
+}  // namespace actpack::allocator
 
 #endif  // ACTPACK_ALLOCATOR_HOST_MEMORY_RESOURCE_H_

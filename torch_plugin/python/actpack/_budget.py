@@ -63,7 +63,10 @@ class budget:
             a multi-process run without "{rank}" writes "<name>.rank<N><ext>" per rank.
         min_bytes: saved tensors smaller than this are kept as they are.
         seed: seed of the stochastic rounding.
-        enabled: False keeps every saved tensor as it is (for parity runs).
+        enabled: False keeps every saved tensor as it is: plain training, measured and capped
+            the same way (the budget still caps actpack's allocator from the second step on,
+            so a step plain training cannot fit raises torch.OutOfMemoryError), with the same
+            report. For parity runs, and for what plain training fits under a budget.
         headroom: share of the budget the policy leaves free for what its model misses.
         profile_every: steps between re-measurements of each codec's error and size.
         snapshot: put the allocator's snapshot (segments and trace) into the report, for
@@ -110,6 +113,7 @@ class budget:
                                    headroom=float(headroom), profile_every=int(profile_every),
                                    allowed_loss_increase=self._loss_bound)
         self._codec = codec if isinstance(codec, str) else dict(codec)
+        self._enabled = bool(enabled)
         self._snapshot = bool(snapshot)
         self._report_path = os.fspath(report) if report is not None else None
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -164,7 +168,8 @@ class budget:
             self._memory.release_cache()
         # The allocator gets the budget less what the system counts outside it.
         cap = self._session.allocator_budget()
-        if replanned or not _automatic(self._codec):
+        # A fixed codec, or nothing packed (enabled=False), has no plan to wait for.
+        if replanned or not _automatic(self._codec) or not self._enabled:
             self._memory.enforce(cap)
         self._memory.follow(cap)
 

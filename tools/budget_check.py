@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Does a budget hold as the system sees it, and how close is the planner to the truth?
+
+Three models in the shapes people train (a VGG-style CNN, a small causal transformer, an
+MLP-Mixer), CPU-sized. Every measurement runs in a fresh process (`probe`), because a process's
+resident size only grows with what it has done before.
+
+  python3 tools/budget_check.py rss --model cnn --budget 256MiB
+      the resident set (VmRSS; per step the peak VmHWM, reset every step) above its size when
+      the budget is entered, plain and under actpack.budget
+  python3 tools/budget_check.py truth --model cnn --budget 256MiB --codec quant2
+      the largest batch that trains --steps steps under the budget's cap without running out,
+      by binary search, each try a fresh process
+  python3 tools/budget_check.py plan --model cnn --budget 256MiB --codec quant2
+      actpack.plan's answer next to that truth
+"""
+import argparse
+import contextlib
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MiB = 1 << 20
+
+
+# ---- models ----
+
+class VGG(nn.Module):
+    """Conv-BN-ReLU stacks on 64 x 64 images."""
+
+    def __init__(self, width=32, classes=10):
+        super().__init__()
+        layers, channels = [], 3
+        for out, pool in [(width, False), (width, True), (2 * width, False), (2 * width, True),
+                          (4 * width, False), (4 * width, True)]:
+            layers += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU()]
+            if pool:
+                layers.append(nn.MaxPool2d(2))
+            channels = out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(channels * 8 * 8, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+    @staticmethod
+    def batch(b, generator):
+        return (torch.randn(b, 3, 64, 64, generator=generator),
+                torch.randint(0, 10, (b,), generator=generator))
+
+    @staticmethod
+    def loss(out, y):
+        return F.cross_entropy(out, y)
+
+
+class Transformer(nn.Module):
+    """A small causal decoder: embeddings, 4 pre-norm blocks (attention, GELU MLP), a head."""
+
+    def __init__(self, vocab=256, dim=128, heads=4, blocks=4, context=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(torch.zeros(context, dim))
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        self.context = context
+
+    def forward(self, x):
+        t = x.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(t)
+        h = self.blocks(self.embed(x) + self.position[:t], mask=mask, is_causal=True)
+        return self.head(self.norm(h))
+
+    @staticmethod
+    def batch(b, generator):
+        tokens = torch.randint(0, 256, (b, 129), generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    @staticmethod
+    def loss(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer on 32 x 32 images: 4 x 4 patches (64 tokens), 4 blocks of token and channel
+    MLPs."""
+
+    def __init__(self, dim=128, blocks=4, classes=10):
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, 4, stride=4)
+        self.blocks = nn.ModuleList()
+        for _ in range(blocks):
+            self.blocks.append(nn.ModuleDict({
+                "norm1": nn.LayerNorm(dim),
+                "tokens": nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)),
+                "norm2": nn.LayerNorm(dim),
+                "channels": nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(),
+                                          nn.Linear(4 * dim, dim)),
+            }))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        h = self.patches(x).flatten(2).transpose(1, 2)  # [b, 64 tokens, dim]
+        for block in self.blocks:
+            h = h + block["tokens"](block["norm1"](h).transpose(1, 2)).transpose(1, 2)
+            h = h + block["channels"](block["norm2"](h))
+        return self.head(self.norm(h).mean(1))
+
+    @staticmethod
+    def batch(b, generator):
+        return (torch.randn(b, 3, 32, 32, generator=generator),
+                torch.randint(0, 10, (b,), generator=generator))
+
+    @staticmethod
+    def loss(out, y):
+        return F.cross_entropy(out, y)
+
+
+MODELS = {"cnn": VGG, "transformer": Transformer, "mixer": Mixer}
+
+
+def training_step(model_name, seed=0):
+    """step(batch): one AdamW step of a fresh model of `model_name` on a fixed batch."""
+    torch.manual_seed(seed)
+    cls = MODELS[model_name]
+    model = cls()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(batch):
+        x, y = cls.batch(batch, torch.Generator().manual_seed(seed))
+        loss = cls.loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+# ---- one case, in this process ----
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def probe(args):
+    """Trains `--steps` steps at `--batch`, plain or under the budget; prints one JSON line."""
+    torch.set_num_threads(2)
+    step = training_step(args.model)
+    gc.collect()
+    reset_peak()
+    start = status("VmRSS")
+    steps, run, error = [], None, None
+    context = contextlib.nullcontext()
+    if args.codec != "plain":
+        import actpack
+        context = actpack.budget(args.budget, codec="auto" if args.codec == "none" else args.codec,
+                                 enabled=args.codec != "none")
+    try:
+        with context as run:
+            for _ in range(args.steps):
+                step(args.batch)
+                steps.append({"peak": status("VmHWM") - start, "after": status("VmRSS") - start})
+                reset_peak()
+    except torch.OutOfMemoryError as e:
+        error = str(e).splitlines()[0]
+    result = {"model": args.model, "codec": args.codec, "budget": args.budget,
+              "batch": args.batch, "start_rss": start, "steps": steps, "oom": error,
+              "peak": max((s["peak"] for s in steps), default=0)}
+    if run is not None and getattr(run, "report", None):
+        result["pool_peak"] = run.report["run"]["peak_reserved_bytes"]
+        result["system_peak"] = run.report["run"].get("peak_system_bytes")
+        result["outside"] = run.report["activations"]["policy"].get("outside_pool_bytes")
+    print(json.dumps(result))
+
+
+def run_probe(model, codec, budget, batch, steps):
+    argv = [sys.executable, os.path.abspath(__file__), "probe", "--model", model, "--codec", codec,
+            "--budget", budget, "--batch", str(batch), "--steps", str(steps)]
+    out = subprocess.run(argv, text=True, capture_output=True)
+    if out.returncode != 0:
+        raise SystemExit(f"probe failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- what the commands report ----
+
+def largest_batch(model, codec, budget, steps, low=1, high=4096):
+    """The largest batch in [low, high] whose run under the budget does not run out."""
+    fits = {}
+
+    def ok(b):
+        if b not in fits:
+            fits[b] = run_probe(model, codec, budget, b, steps)["oom"] is None
+        return fits[b]
+
+    if not ok(low):
+        return 0
+    while high > low and not ok(high):
+        high_failed = high
+        high = max(low, (low + high) // 2)
+        if ok(high):
+            low, high = high, high_failed - 1
+            break
+    while low < high:
+        mid = (low + high + 1) // 2
+        if ok(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["probe", "rss", "truth", "plan"])
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    parser.add_argument("--budget", default="256MiB")
+    parser.add_argument("--codec", default="auto",
+                        help="a codec spec, 'auto', 'none' (the budget with nothing packed) or "
+                             "'plain' (no actpack)")
+    parser.add_argument("--batch", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--plan-batches", default="8,16")
+    args = parser.parse_args()
+    if args.command == "probe":
+        probe(args)
+        return
+    if args.command == "rss":
+        for codec in ["plain", args.codec]:
+            r = run_probe(args.model, codec, args.budget, args.batch, args.steps)
+            line = (f"{codec:8} peak {r['peak'] / MiB:7.1f} MiB above the start; after each "
+                    f"step {min((s['after'] for s in r['steps']), default=0) / MiB:.1f}.."
+                    f"{max((s['after'] for s in r['steps']), default=0) / MiB:.1f} MiB")
+            if r.get("pool_peak"):
+                line += (f"; pool peak {r['pool_peak'] / MiB:.1f} MiB, outside the pool "
+                         f"{(r.get('outside') or 0) / MiB:.1f} MiB")
+            if r["oom"]:
+                line += f"; OUT OF MEMORY: {r['oom']}"
+            print(line)
+        return
+    truth = largest_batch(args.model, args.codec, args.budget, args.steps)
+    if args.command == "truth":
+        print(json.dumps({"model": args.model, "codec": args.codec, "budget": args.budget,
+                          "largest_batch": truth}))
+        return
+    import actpack
+    plan = actpack.plan(training_step(args.model), args.budget,
+                        batch_sizes=[int(b) for b in args.plan_batches.split(",")],
+                        codecs=[args.codec], progress=False)
+    predicted = plan.max_batch_size[args.codec]
+    print(json.dumps({"model": args.model, "codec": args.codec, "budget": args.budget,
+                      "predicted": predicted, "truth": truth,
+                      "ratio": predicted / truth if truth else None}))
+
+
+if __name__ == "__main__":
+    main()
