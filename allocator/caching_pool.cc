@@ -166,11 +166,18 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
   const size_t segment_size = SegmentSizeFor(block_size, reserve_limit != kNoReserveLimit);
   auto try_reserve = [&]() -> absl::StatusOr<void*> {
     const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
-    if (reserved + segment_size > reserve_limit) {
+    const size_t outside = reserve_limit != kNoReserveLimit && outside_counter_
+                               ? outside_counter_(reserved)
+                               : 0;
+    if (reserved + segment_size + outside > reserve_limit) {
       return ReserveLimitExceeded(absl::StrCat(
           "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),
           " segment within the reserve limit of ", FormatBytes(reserve_limit), " (",
-          FormatBytes(reserved), " reserved)"));
+          FormatBytes(reserved), " reserved",
+          outside > 0 ? absl::StrCat(", ", FormatBytes(outside),
+                                     " more counted by the system outside the pool")
+                      : std::string(),
+          ")"));
     }
     return upstream_->Allocate(segment_size, stream);
   };
@@ -336,6 +343,11 @@ void CachingPool::ReleaseSegment(Block* head) {
   upstream_->Deallocate(reinterpret_cast<void*>(address), segment.size, segment.stream);
   reserved_bytes_.store(reserved_bytes_.load(std::memory_order_relaxed) - segment.size,
                         std::memory_order_relaxed);
+}
+
+void CachingPool::SetOutsideCounter(OutsideCounter counter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  outside_counter_ = std::move(counter);
 }
 
 size_t CachingPool::DoEmptyCache() {

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -140,6 +141,17 @@ class CachingPool final : public MemoryResource {
   // Every segment with its blocks, by address.
   std::vector<SegmentInfo> Segments() const;
 
+  // SetOutsideCounter
+  //
+  // Memory the system counts against a reserve limit that this pool does not hold: `counter`
+  // gets the pool's reserved bytes and returns the rest of what the system counts (e.g. the
+  // process's resident set above its start, less those reserved bytes). A segment reserved
+  // under a limit must then fit the limit less that; the counter runs only then (a few times
+  // per step: it may read /proc or ask the CUDA driver). It must not call into the pool. An
+  // empty function stops counting.
+  using OutsideCounter = std::function<size_t(size_t pool_reserved_bytes)>;
+  void SetOutsideCounter(OutsideCounter counter);
+
   // CheckInvariants
   //
   // Walks every segment and index and returns kInternal describing the first inconsistency
@@ -192,6 +204,7 @@ class CachingPool final : public MemoryResource {
   // order, so only the front of each queue needs to be asked).
   absl::flat_hash_map<Stream, std::deque<std::pair<StreamEvents::Event, Block*>>> pending_events_;
   size_t pending_event_count_ = 0;
+  OutsideCounter outside_counter_;
   // Written under mutex_; read without it by GetUsage.
   std::atomic<size_t> reserved_bytes_{0};
   std::atomic<size_t> allocated_bytes_{0};

@@ -249,6 +249,35 @@ TEST_F(CachingPoolTest, UpstreamFailureReleasesCachedSegmentsAndRetries) {
   EXPECT_TRUE(pool.CheckInvariants().ok());
 }
 
+// What the system counts outside the pool (another library's buffers) shrinks the room a
+// limit leaves: here 10 MiB of a 40 MiB limit are taken by someone else.
+TEST_F(CachingPoolTest, MemoryCountedOutsideThePoolShrinksTheLimit) {
+  std::vector<size_t> asked_with;
+  pool_.SetOutsideCounter([&](size_t reserved) {
+    asked_with.push_back(reserved);
+    return 10_MiB;
+  });
+  absl::StatusOr<void*> first = pool_.AllocateWithin(20_MiB, kStreamA, 40_MiB);  // 20 + 10 <= 40
+  ASSERT_TRUE(first.ok()) << first.status();
+  void* a = *first;
+  absl::StatusOr<void*> b = pool_.AllocateWithin(12_MiB, kStreamA, 40_MiB);  // 20 + 12 + 10 > 40
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(std::string(b.status().message()),
+              HasSubstr("10.00 MiB more counted by the system outside the pool"));
+  absl::StatusOr<void*> c = pool_.AllocateWithin(10_MiB, kStreamA, 40_MiB);  // exactly 40
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(asked_with.empty());
+  EXPECT_EQ(asked_with.front(), 0u);  // the pool's reserved bytes before the first segment
+  // Without a limit the counter is not asked (it may be expensive).
+  const size_t asked = asked_with.size();
+  pool_.Deallocate(Alloc(64_MiB, kStreamB), 64_MiB, kStreamB);
+  EXPECT_EQ(asked_with.size(), asked);
+  pool_.SetOutsideCounter(nullptr);
+  pool_.Deallocate(a, 20_MiB, kStreamA);
+  pool_.Deallocate(*c, 10_MiB, kStreamA);
+  ExpectConsistent();
+}
+
 TEST_F(CachingPoolTest, FailureOverTheLimitLeavesThePoolConsistent) {
   void* live = Alloc(4_KiB);
   absl::StatusOr<void*> p = pool_.AllocateWithin(30_MiB, kStreamA, 20_MiB);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda_memory_resource.h"
 #include "allocator/host_memory_resource.h"
+#include "allocator/system_memory.h"
 #include "allocator/units.h"
 
 namespace actpack::allocator {
@@ -249,6 +250,48 @@ void SetDeviceBudget(int device, size_t budget_bytes) {
       stack->budget().SetBudget(budget_bytes);
     }
   }
+}
+
+namespace {
+
+// What the system counts for `stack` now: the resident set (the host backend), or the
+// driver's used memory of its device.
+absl::StatusOr<size_t> SystemCount(Backend backend, int device) {
+  return backend == Backend::kHost ? ResidentBytes() : CudaDeviceUsedMemory(device);
+}
+
+}  // namespace
+
+absl::Status CountSystemMemory(int device) {
+  AllocatorStack* stack = nullptr;
+  if (device == kHostDevice) {
+    stack = &HostPool();
+  } else {
+    absl::StatusOr<AllocatorStack*> built = DeviceAllocator(device);
+    if (!built.ok()) return built.status();
+    stack = *built;
+  }
+  const Backend backend = stack->backend();
+  absl::StatusOr<size_t> baseline = SystemCount(backend, device);
+  if (!baseline.ok()) return baseline.status();
+  const int64_t system_start = static_cast<int64_t>(*baseline);
+  const int64_t pool_start = static_cast<int64_t>(stack->pool().GetUsage().reserved_bytes);
+  stack->pool().SetOutsideCounter([backend, device, system_start,
+                                   pool_start](size_t reserved) -> size_t {
+    absl::StatusOr<size_t> now = SystemCount(backend, device);
+    if (!now.ok()) return 0;
+    // Growth the system counts that the pool's own growth does not explain (signed: either may
+    // have shrunk since the start).
+    const int64_t outside = (static_cast<int64_t>(*now) - system_start) -
+                            (static_cast<int64_t>(reserved) - pool_start);
+    return outside > 0 ? static_cast<size_t>(outside) : 0;
+  });
+  return absl::OkStatus();
+}
+
+void StopCountingSystemMemory(int device) {
+  AllocatorStack* stack = device == kHostDevice ? &HostPool() : FindDeviceAllocator(device);
+  if (stack != nullptr) stack->pool().SetOutsideCounter(nullptr);
 }
 
 std::string DeviceSnapshotJson() {

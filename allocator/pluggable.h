@@ -193,6 +193,24 @@ AllocatorStack& HostPool();
 // A snapshot of the host pool (as device 0), as torch.cuda.memory._snapshot() JSON.
 std::string HostSnapshotJson();
 
+// ---- What the system counts (for budgets as the operating system or driver sees them) ----
+
+// CountSystemMemory
+//
+// From now on the pool of `device` (kHostDevice: the host pool) counts against its budget what
+// the system holds outside it: the growth since now of the process's resident set (host) or of
+// the device's used memory as the CUDA driver counts it (a device), less the growth of the
+// pool's own reserved bytes. Checked when the pool reserves a segment under its budget
+// (CachingPool::SetOutsideCounter). Builds a device stack that is not built yet.
+// kInvalidArgument for a device outside [-1, kMaxDevices); kUnavailable when the system's count
+// cannot be read.
+absl::Status CountSystemMemory(int device);
+
+// StopCountingSystemMemory
+//
+// Undoes CountSystemMemory for `device`; nothing when it was not counting.
+void StopCountingSystemMemory(int device);
+
 // ---- Pressure callbacks (for the runtime) ----
 
 using PressureCallbackId = int64_t;

@@ -1,5 +1,6 @@
 #include "allocator/pluggable.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -275,6 +276,37 @@ TEST_P(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
   actpack_empty_cache();
   EXPECT_EQ(FindDeviceAllocator(0)->pool().GetUsage().reserved_bytes, 0u);
   EXPECT_EQ(FindDeviceAllocator(5)->pool().GetUsage().reserved_bytes, 0u);
+}
+
+// A budget counts what the system sees: 40 MiB another library holds (a buffer the process
+// touched, or device memory cudaMalloc'ed outside the pool) leave 24 MiB of a 64 MiB budget.
+TEST_P(DeviceAllocatorTest, MemoryTheSystemCountsOutsideThePoolTakesFromTheBudget) {
+  ASSERT_TRUE(CountSystemMemory(0).ok());
+  void* outside = nullptr;
+  if (GetParam() == Backend::kHost) {
+    outside = std::malloc(40_MiB);
+    std::memset(outside, 1, 40_MiB);  // resident once touched
+  } else {
+#if ACTPACK_WITH_CUDA
+    ASSERT_EQ(cudaMalloc(&outside, 40_MiB), cudaSuccess);
+#endif
+  }
+  EXPECT_EQ(actpack_alloc(30_MiB, 0, kStream), nullptr);
+  EXPECT_THAT(actpack_last_error(), HasSubstr("out of budget"));
+  void* small = actpack_alloc(16_MiB, 0, kStream);  // 16 + 40 <= 64
+  EXPECT_NE(small, nullptr) << actpack_last_error();
+  actpack_free(small, 16_MiB, 0, kStream);
+  if (GetParam() == Backend::kHost) {
+    std::free(outside);  // unmapped: the resident set shrinks
+  } else {
+#if ACTPACK_WITH_CUDA
+    ASSERT_EQ(cudaFree(outside), cudaSuccess);
+#endif
+  }
+  void* p = actpack_alloc(30_MiB, 0, kStream);
+  EXPECT_NE(p, nullptr) << actpack_last_error();
+  actpack_free(p, 30_MiB, 0, kStream);
+  StopCountingSystemMemory(0);
 }
 
 #if ACTPACK_WITH_CUDA

@@ -645,7 +645,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   std::vector<std::vector<int>> allowed;  // per planned record, its candidates within the cap
   uint64_t capped = 0;
   PolicyInput input;
-  input.budget_bytes = AllocatorBudgetLocked();
+  input.budget_bytes = PlanningBudget();
   input.headroom = options_.headroom;
   uint64_t held = current_step_.automatic_bytes;
   uint64_t unmeasured = 0;
@@ -713,12 +713,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       "), or use a smaller batch"));
 }
 
-uint64_t Session::AllocatorBudget() const {
-  absl::MutexLock lock(&mu_);
-  return AllocatorBudgetLocked();
-}
-
-uint64_t Session::AllocatorBudgetLocked() const {
+uint64_t Session::PlanningBudget() const {
   const uint64_t outside = policy_.outside_pool_bytes;
   return options_.budget_bytes > outside ? options_.budget_bytes - outside : 0;
 }
@@ -743,7 +738,7 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   // half the headroom of the budget (the model of the step was off).
   if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0 && step_index_ >= 1) {
     const double close =
-        static_cast<double>(AllocatorBudgetLocked()) * (1.0 - options_.headroom / 2);
+        static_cast<double>(PlanningBudget()) * (1.0 - options_.headroom / 2);
     if (profiled_since_plan_ || pressure_this_step_ || static_cast<double>(peak_bytes) > close) {
       status = Replan(peak_bytes);
       profiled_since_plan_ = false;

@@ -262,7 +262,8 @@ struct PolicyState {
   uint64_t capped_candidates = 0;  // candidates the error caps ruled out at the last plan
   // Memory the system counts that the allocator does not hold (oneDNN's buffers, thread stacks,
   // the CUDA context): the most any step's system peak exceeded its allocator peak. The policy
-  // plans for the budget less this, and the plugin caps the allocator there.
+  // plans for the budget less this (the allocator itself counts it as it reserves memory:
+  // allocator::CountSystemMemory).
   uint64_t outside_pool_bytes = 0;
 };
 
@@ -335,8 +336,6 @@ class Session {
   absl::Status EndStep(uint64_t peak_bytes = 0, uint64_t reserved_bytes = 0,
                        uint64_t system_bytes = 0);
 
-  // The budget the allocator may use: the budget less the memory outside it.
-  uint64_t AllocatorBudget() const;
 
   SessionTotals Totals() const;
   PolicyState Policy() const;
@@ -353,7 +352,8 @@ class Session {
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t AllocatorBudgetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The budget less what the system holds outside the allocator: what the policy plans for.
+  uint64_t PlanningBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int HarshestCandidate(const SavedRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Allowed(const SavedRecord& record, int candidate) const;
   void UpdateErrorBound(SavedRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -15,10 +15,13 @@ FLAGS=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -ffp-contract=off -I.)
 ABSL=(-labsl_statusor -labsl_status -labsl_str_format_internal -labsl_strings
       -labsl_raw_hash_set -labsl_hash -labsl_throw_delegate)
+# The codecs' vector kernels (Highway) and their worker threads.
+CODEC_LIBS=(-lhwy -lpthread)
 
 codec_sources=$(ls codecs/*.cc codecs/internal/*.cc | grep -vE '_(test|benchmark|fuzz)\.cc$')
 # shellcheck disable=SC2086
-"$CXX" "${FLAGS[@]}" $codec_sources codecs/decode_fuzz.cc "${ABSL[@]}" -o "$WORK/decode_fuzz"
+"$CXX" "${FLAGS[@]}" $codec_sources codecs/decode_fuzz.cc "${ABSL[@]}" "${CODEC_LIBS[@]}" \
+  -o "$WORK/decode_fuzz"
 "$CXX" "${FLAGS[@]}" runtime/json.cc runtime/json_fuzz.cc "${ABSL[@]}" -o "$WORK/json_fuzz"
 
 run() {

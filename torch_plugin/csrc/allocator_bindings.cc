@@ -379,6 +379,10 @@ void BindAllocator(py::module& m) {
     ThrowIfError(used.status());
     return *used;
   }, py::arg("device"));
+  m.def("_count_system_memory", [](int device) {
+    ThrowIfError(allocator::CountSystemMemory(device));
+  }, py::arg("device"));
+  m.def("_stop_counting_system_memory", &allocator::StopCountingSystemMemory, py::arg("device"));
   m.def("_install_cpu_allocator", &InstallCpuAllocator);
   m.def("_uninstall_cpu_allocator", &UninstallCpuAllocator);
   m.def("_cpu_allocator_installed", &CpuAllocatorInstalled);

@@ -48,6 +48,8 @@ class HostPeakMeter {
     capped_ = previous_cap_ != kNoReserveLimit;
     ReleaseCache();
     run_reserved_peak_ = run_allocated_peak_ = 0;
+    // The pool counts against its cap what the resident set holds outside it.
+    torch_plugin::ThrowIfError(allocator::CountSystemMemory(allocator::kHostDevice));
     resident_.Start();
   }
 
@@ -64,10 +66,6 @@ class HostPeakMeter {
 
   uint64_t run_resident_peak() const { return run_resident_peak_; }
 
-  // A cap already set follows the budget less what the pool does not hold.
-  void Follow(uint64_t allocator_budget) {
-    if (capped_) HostPool().budget().SetBudget(allocator_budget);
-  }
 
   // The next step's peak must show a new plan's footprint, not the last plan's cache.
   void ReleaseCache() {
@@ -93,6 +91,7 @@ class HostPeakMeter {
 
   // The report's allocator section; the CPU allocator and its cap are left as Start found them.
   json::Value Stop(bool snapshot) {
+    allocator::StopCountingSystemMemory(allocator::kHostDevice);
     if (pressure_id_.has_value()) {
       (void)allocator::UnregisterPressureCallback(*pressure_id_);
       pressure_id_.reset();
@@ -219,8 +218,7 @@ struct Budget::State {
     session.EndStep(allocated, reserved, resident);  // throws when no plan fits the budget
     const bool replanned = session.Policy().plans != plans;
     if (replanned) meter.ReleaseCache();
-    if (replanned || !Automatic()) meter.Enforce(session.AllocatorBudget());
-    meter.Follow(session.AllocatorBudget());
+    if (replanned || !Automatic()) meter.Enforce(budget_bytes);
   }
 
   json::Value RunMetadata(double wall_seconds) const {

@@ -227,7 +227,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              s.session().EndStep(peak, reserved, system);
            },
            py::arg("peak_bytes") = 0, py::arg("reserved_bytes") = 0, py::arg("system_bytes") = 0)
-      .def("allocator_budget", [](const PySession& s) { return s.session().AllocatorBudget(); })
+
       .def("policy", &PySession::Policy)
       .def("totals", &PySession::Totals)
       .def("activation_report", [](const PySession& s) {

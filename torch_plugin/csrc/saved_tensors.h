@@ -90,8 +90,6 @@ class SavedTensorSession {
   // torch.OutOfMemoryError (c10::OutOfMemoryError) when even the harshest plan cannot fit.
   void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes, uint64_t system_bytes);
 
-  // The budget less what the system counts outside the allocator: the allocator's cap.
-  uint64_t AllocatorBudget() const { return session_->AllocatorBudget(); }
 
   runtime::PolicyState Policy() const { return session_->Policy(); }
   runtime::SessionTotals Totals() const { return session_->Totals(); }

@@ -13,6 +13,8 @@ import torch
 from actpack import _C
 from actpack._units import format_bytes, parse_budget, parse_size
 
+_HOST = _C._HOST_DEVICE
+
 
 class Run:
     """What a budget context knows about the run; `report` is set when the context exits."""
@@ -166,12 +168,9 @@ class budget:
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
             self._memory.release_cache()
-        # The allocator gets the budget less what the system counts outside it.
-        cap = self._session.allocator_budget()
         # A fixed codec, or nothing packed (enabled=False), has no plan to wait for.
         if replanned or not _automatic(self._codec) or not self._enabled:
-            self._memory.enforce(cap)
-        self._memory.follow(cap)
+            self._memory.enforce()
 
     def _statistics_step(self, step):
         wanted = _automatic(self._codec) or self._loss_bound > 0
@@ -472,6 +471,7 @@ class _PeakMeter:
         # at start; None where it cannot be read.
         self._resident = None
         self._driver_start = None
+        self._counting = None  # the device whose pool counts the system's memory
         self.run_system_peak = None
         self.system_memory = None
 
@@ -489,22 +489,32 @@ class _PeakMeter:
                 self._mem.install_cpu_allocator()
                 self._installed_here = True
             self._previous_cap = self._mem.memory_budget("cpu")
-            self._capped = self._previous_cap is not None
+            # Capped from the first step: what the operating system counts must hold then too.
+            self._capped = True
+            self._mem.set_cpu_budget(self.budget_bytes)
             self.release_cache()
         self._start_system_count()
         # What ran before the budget is not the run's.
         self.run_peak = self.run_allocated_peak = self.run_system_peak = None
 
     def _start_system_count(self):
+        # The allocator counts against its cap what the system holds outside it (checked when
+        # it reserves memory), and each step's peak as the system counts it is measured.
         if not self._cuda:
+            self._counting = _HOST
+            _C._count_system_memory(_HOST)
             self._resident = _C.ResidentPeakMeter()
             self._resident.start()
             self.system_memory = "resident set above its size at enter (VmHWM)"
             return
         try:
-            self._driver_start = _C._device_used_bytes(torch.cuda.current_device())
+            device = torch.cuda.current_device()
+            self._driver_start = _C._device_used_bytes(device)
             self.system_memory = "CUDA driver's used memory above its value at enter " \
                                  "(cudaMemGetInfo, at step ends)"
+            if self._actpack_cuda:
+                self._counting = device
+                _C._count_system_memory(device)
         except (RuntimeError, NotImplementedError):
             self._driver_start = None  # this build has no CUDA of its own
 
@@ -570,27 +580,22 @@ class _PeakMeter:
             device = self._device() if not self._cuda else torch.cuda.current_device()
             self._pressure_id = self._mem.add_pressure_callback(relieve, device)
 
-    def enforce(self, cap):
-        """From now on allocations over `cap` fail (CPU; CUDA caps at install)."""
+    def enforce(self):
+        """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
         if not self._cuda and not self._capped:
             self._capped = True
-            self._mem.set_cpu_budget(cap)
+            self._mem.set_cpu_budget(self.budget_bytes)
             # A cap binds new reservations only: give back what the uncapped steps cached.
             self.release_cache()
-
-    def follow(self, cap):
-        """A cap in force moves to `cap` (the budget less what the system holds outside the
-        allocator, as measured so far)."""
-        if not self._cuda and self._capped:
-            self._mem.set_cpu_budget(cap)
-        elif self._actpack_cuda:
-            _C._set_device_budget(torch.cuda.current_device(), cap)
 
     def stop(self, snapshot):
         """The report's allocator section; the CPU allocator is left as start() found it."""
         if self._pressure_id is not None:
             self._mem.remove_pressure_callback(self._pressure_id)
             self._pressure_id = None
+        if self._counting is not None:
+            _C._stop_counting_system_memory(self._counting)
+            self._counting = None
         try:
             self._reset()
             device = self._device()
