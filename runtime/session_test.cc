@@ -362,6 +362,37 @@ TEST(SessionPolicyTest, AnImpossibleBudgetNamesTheSmallestThatWorks) {
   EXPECT_EQ(session.Policy().smallest_feasible_budget, (3u << 20) + first);
 }
 
+// Memory the system counts outside the allocator (its step peak over the allocator's) is taken
+// from the budget the policy plans for: the plan that fitted the whole budget no longer does.
+TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
+  const uint64_t other = 1 << 20;
+  const uint64_t raw = 4u * 64 * 256 * 4;  // 256 KiB of saved tensors a step
+  Session session(AutoOptions(other + raw), HostFactory());
+  const uint64_t first = WarmUp(session, other);
+  ASSERT_TRUE(session.EndStep(other + first).ok());
+  std::vector<PackAction> actions;
+  RunStep(session, &actions);
+  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));  // all fits exactly
+  // The system counted 200 KiB more than the allocator reserved at its peak.
+  const uint64_t peak = other + raw;
+  ASSERT_TRUE(session.EndStep(peak, peak, peak + (200 << 10)).ok());
+  EXPECT_EQ(session.Policy().outside_pool_bytes, 200u << 10);
+  // Re-planned (the peak came close to the budget less the outside memory): no longer all exact.
+  actions.clear();
+  const uint64_t held = RunStep(session, &actions);
+  EXPECT_LE(other + held, other + raw - (200 << 10));
+  EXPECT_NE(actions, std::vector<PackAction>(4, PackAction::kKeep));
+  // The system's count never below the allocator's: nothing outside.
+  Session plain(AutoOptions(0), HostFactory());
+  RunStep(plain);
+  ASSERT_TRUE(plain.EndStep(peak, peak, peak - 1).ok());
+  EXPECT_EQ(plain.Policy().outside_pool_bytes, 0u);
+  const json::Value report = session.ActivationReport();
+  EXPECT_EQ(report.Find("policy")->Find("outside_pool_bytes")->as_int(), 200 << 10);
+  EXPECT_EQ(report.Find("steps")->elements()[2].Find("system_peak_bytes")->as_int(),
+            static_cast<int64_t>(peak + (200 << 10)));
+}
+
 TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
   SessionOptions options = AutoOptions(0);
   options.rules.push_back({"encoder.*", *ParseCodecChoice("quant4")});

@@ -125,8 +125,11 @@ struct Launcher {
   // is the launch's doing, not the kernel's.
   __attribute__((no_sanitize("thread"))) static void RunThread(const void* closure) {
     const Closure* c = static_cast<const Closure*>(closure);
+    // Both copied onto the thread's stack: std::apply may not be inlined here (with coverage
+    // instrumentation it is not), and its reads must not reach into the launch's closure.
+    void (*kernel)(Params...) = c->kernel;
     std::tuple<std::decay_t<Params>...> registers = c->params;
-    std::apply(c->kernel, registers);
+    std::apply(kernel, registers);
   }
 
   template <class Tuple, size_t... I>
