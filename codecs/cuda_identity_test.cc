@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -258,6 +259,16 @@ TEST_P(CudaIdentityTest, CorruptAndTruncatedBuffersAreRefusedAlike) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSpecs, CudaIdentityTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+// Every codec of the registry is compared here, but division_fft, which has no CUDA kernel (the
+// next test): a codec registered without cases fails.
+TEST(CudaIdentityOtherTest, EveryRegisteredCodecHasCases) {
+  std::set<CodecId> covered = {CodecId::kDivisionFft};
+  for (const char* spec : kSpecs) covered.insert(ParseCodecSpec(spec)->codec);
+  for (const Codec* codec : AllCodecs()) {
+    EXPECT_EQ(covered.count(codec->id()), 1u) << codec->name() << " has no identity cases";
+  }
+}
 
 // division_fft has no CUDA kernel: the device path says so instead of guessing.
 TEST(CudaIdentityOtherTest, DivisionFftSaysItIsCpuOnly) {

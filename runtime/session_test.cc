@@ -1,9 +1,11 @@
 #include "runtime/session.h"
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "gtest/gtest.h"
 
@@ -202,14 +204,38 @@ TEST(SessionTest, StorageNameReusedAfterFreeIsNotADuplicate) {
   EXPECT_EQ(session.Plan(second.info).action, PackAction::kPack);
 }
 
+// Autograd may hold a packed tensor past the session that packed it (a graph kept after the
+// budget context exits). The tensor stays readable, and releasing it must not reach the gone
+// session: a new session is built at the same address, where a release that did would change
+// its counts. Under ASan (--config=asan) any read of the freed session is reported as well.
 TEST(SessionTest, PackedTensorMayOutliveTheSession) {
-  std::shared_ptr<PackedTensor> packed;
+  const std::vector<int64_t> shape = {64, 256};
   Saved saved = MakeSaved(64, 256, 1);
-  {
-    Session session(Options("quant2"), HostFactory());
-    packed = *session.Pack(saved.info, session.Plan(saved.info), saved.view(), {});
-  }
-  packed.reset();  // must not touch the destroyed session
+  std::optional<Session> session;
+  session.emplace(Options("quant2"), HostFactory());
+  std::shared_ptr<PackedTensor> orphan =
+      *session->Pack(saved.info, session->Plan(saved.info), saved.view(), {});
+  std::vector<float> unpacked(64 * 256);
+  ASSERT_TRUE(session->Unpack(*orphan, {unpacked.data(), codecs::DType::kFloat32, shape,
+                                        codecs::Device::kCpu}, {}).ok());
+  session.reset();
+
+  std::vector<float> decoded(64 * 256);
+  ASSERT_TRUE(codecs::Decode(orphan->data(), orphan->encoded_size(),
+                             {decoded.data(), codecs::DType::kFloat32, shape,
+                              codecs::Device::kCpu}, {}).ok());
+  EXPECT_EQ(decoded, unpacked);
+
+  session.emplace(Options("quant2"), HostFactory());  // the same storage: the same address
+  Saved other = MakeSaved(32, 256, 2);
+  std::shared_ptr<PackedTensor> live =
+      *session->Pack(other.info, session->Plan(other.info), other.view(), {});
+  orphan.reset();
+  EXPECT_EQ(session->Totals().live_stored, live->stored_bytes());
+  EXPECT_EQ(session->Totals().live_raw, live->raw_bytes());
+  live.reset();
+  EXPECT_EQ(session->Totals().live_stored, 0u);
+  EXPECT_EQ(session->Totals().live_raw, 0u);
 }
 
 // What the plugin does on a profile step: encode and decode with each candidate, measure.
