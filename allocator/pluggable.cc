@@ -262,7 +262,7 @@ absl::StatusOr<size_t> SystemCount(Backend backend, int device) {
 
 }  // namespace
 
-absl::Status CountSystemMemory(int device) {
+absl::Status CountSystemMemory(int device, size_t allowance_bytes) {
   AllocatorStack* stack = nullptr;
   if (device == kHostDevice) {
     stack = &HostPool();
@@ -276,14 +276,15 @@ absl::Status CountSystemMemory(int device) {
   if (!baseline.ok()) return baseline.status();
   const int64_t system_start = static_cast<int64_t>(*baseline);
   const int64_t pool_start = static_cast<int64_t>(stack->pool().GetUsage().reserved_bytes);
-  stack->pool().SetOutsideCounter([backend, device, system_start,
-                                   pool_start](size_t reserved) -> size_t {
+  const int64_t allowance = static_cast<int64_t>(allowance_bytes);
+  stack->pool().SetOutsideCounter([backend, device, system_start, pool_start,
+                                   allowance](size_t reserved) -> size_t {
     absl::StatusOr<size_t> now = SystemCount(backend, device);
     if (!now.ok()) return 0;
     // Growth the system counts that the pool's own growth does not explain (signed: either may
     // have shrunk since the start).
     const int64_t outside = (static_cast<int64_t>(*now) - system_start) -
-                            (static_cast<int64_t>(reserved) - pool_start);
+                            (static_cast<int64_t>(reserved) - pool_start) - allowance;
     return outside > 0 ? static_cast<size_t>(outside) : 0;
   });
   return absl::OkStatus();

@@ -203,8 +203,9 @@ std::string HostSnapshotJson();
 // pool's own reserved bytes. Checked when the pool reserves a segment under its budget
 // (CachingPool::SetOutsideCounter). Builds a device stack that is not built yet.
 // kInvalidArgument for a device outside [-1, kMaxDevices); kUnavailable when the system's count
-// cannot be read.
-absl::Status CountSystemMemory(int device);
+// cannot be read. The first `allowance_bytes` outside the pool are not counted (on the host,
+// kHostOutsideAllowanceBytes: torch's one-time initialization).
+absl::Status CountSystemMemory(int device, size_t allowance_bytes = 0);
 
 // StopCountingSystemMemory
 //

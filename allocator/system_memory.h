@@ -20,6 +20,12 @@
 
 namespace actpack::allocator {
 
+// What a process's resident set grows by, once, the first time torch runs its CPU kernels after
+// the budget was entered (oneDNN's and OpenMP's lazily built state: 26-27 MiB measured on the
+// demo's models, tools/budget_check.py): a budget holds on the host as resident set above its
+// size at enter <= budget + this. Memory outside the pool counts against a budget beyond it.
+inline constexpr size_t kHostOutsideAllowanceBytes = size_t{32} << 20;
+
 // The process's resident set size now (VmRSS); kUnavailable where /proc is not Linux's.
 absl::StatusOr<size_t> ResidentBytes();
 

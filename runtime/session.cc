@@ -695,11 +695,12 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   const uint64_t outside = policy_.outside_pool_bytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "actpack: a budget of ", FormatBytes(options_.budget_bytes),
-      outside > 0 ? absl::StrCat(" (", FormatBytes(outside),
-                                 " of it held outside the allocator: the system's count of "
-                                 "the step exceeded the allocator's by that much)")
+      " cannot hold this training step: ",
+      outside > 0 ? absl::StrCat(FormatBytes(outside),
+                                 " of it is held outside the allocator (the system's count of "
+                                 "the step exceeded the allocator's by that much); ")
                   : std::string(),
-      " cannot hold this training step: its tensors peaked at ", FormatBytes(peak_bytes),
+      "its tensors peaked at ", FormatBytes(peak_bytes),
       ", of which ", FormatBytes(input.other_bytes),
       " is not saved activations (parameters, gradients, optimizer state, workspace), and "
       "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
@@ -725,9 +726,9 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   current_step_.peak_bytes = peak_bytes;
   current_step_.peak_reserved_bytes = reserved_bytes;
   current_step_.system_peak_bytes = system_bytes;
-  if (system_bytes > reserved_bytes && reserved_bytes > 0) {
-    policy_.outside_pool_bytes =
-        std::max(policy_.outside_pool_bytes, system_bytes - reserved_bytes);
+  const uint64_t counted = reserved_bytes + options_.outside_allowance_bytes;
+  if (system_bytes > counted && reserved_bytes > 0) {
+    policy_.outside_pool_bytes = std::max(policy_.outside_pool_bytes, system_bytes - counted);
   }
   absl::Status status = absl::OkStatus();
   if (current_step_.profiled) profiled_since_plan_ = true;

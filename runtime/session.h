@@ -79,6 +79,9 @@ struct SessionOptions {
   // automatic tensor stays exact.
   uint64_t budget_bytes = 0;
   double headroom = 0.05;          // share of the budget the plan leaves free
+  // What the system may count outside the allocator before it takes from the budget (on the
+  // host, allocator::kHostOutsideAllowanceBytes: torch's one-time initialization).
+  uint64_t outside_allowance_bytes = 0;
   int profile_every = 50;          // steps between re-measurements of the candidates
   std::vector<codecs::CodecParams> ladder = DefaultLadder();  // candidates besides exact
 

@@ -413,6 +413,13 @@ TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
   RunStep(plain);
   ASSERT_TRUE(plain.EndStep(peak, peak, peak - 1).ok());
   EXPECT_EQ(plain.Policy().outside_pool_bytes, 0u);
+  // What the options allow outside is not taken: 200 KiB outside, 150 KiB allowed.
+  SessionOptions allowing = AutoOptions(0);
+  allowing.outside_allowance_bytes = 150 << 10;
+  Session allowed(allowing, HostFactory());
+  RunStep(allowed);
+  ASSERT_TRUE(allowed.EndStep(peak, peak, peak + (200 << 10)).ok());
+  EXPECT_EQ(allowed.Policy().outside_pool_bytes, 50u << 10);
   const json::Value report = session.ActivationReport();
   EXPECT_EQ(report.Find("policy")->Find("outside_pool_bytes")->as_int(), 200 << 10);
   EXPECT_EQ(report.Find("steps")->elements()[2].Find("system_peak_bytes")->as_int(),

@@ -368,6 +368,7 @@ std::string SnapshotJson(int device) {
 
 void BindAllocator(py::module& m) {
   m.attr("_HOST_DEVICE") = kHostDevice;
+  m.attr("_HOST_OUTSIDE_ALLOWANCE_BYTES") = allocator::kHostOutsideAllowanceBytes;
   py::class_<allocator::ResidentPeakMeter>(m, "ResidentPeakMeter",
                                            "The resident set's peak above its size at start, "
                                            "per window (allocator/system_memory.h)")
@@ -379,9 +380,9 @@ void BindAllocator(py::module& m) {
     ThrowIfError(used.status());
     return *used;
   }, py::arg("device"));
-  m.def("_count_system_memory", [](int device) {
-    ThrowIfError(allocator::CountSystemMemory(device));
-  }, py::arg("device"));
+  m.def("_count_system_memory", [](int device, size_t allowance_bytes) {
+    ThrowIfError(allocator::CountSystemMemory(device, allowance_bytes));
+  }, py::arg("device"), py::arg("allowance_bytes") = 0);
   m.def("_stop_counting_system_memory", &allocator::StopCountingSystemMemory, py::arg("device"));
   m.def("_install_cpu_allocator", &InstallCpuAllocator);
   m.def("_uninstall_cpu_allocator", &UninstallCpuAllocator);

@@ -49,7 +49,7 @@ class HostPeakMeter {
     ReleaseCache();
     run_reserved_peak_ = run_allocated_peak_ = 0;
     // The pool counts against its cap what the resident set holds outside it.
-    torch_plugin::ThrowIfError(allocator::CountSystemMemory(allocator::kHostDevice));
+    torch_plugin::ThrowIfError(allocator::CountSystemMemory(allocator::kHostDevice, allocator::kHostOutsideAllowanceBytes));
     resident_.Start();
   }
 
@@ -176,6 +176,7 @@ torch_plugin::SessionSettings SettingsFor(const BudgetOptions& options, uint64_t
   settings.headroom = options.headroom;
   settings.profile_every = options.profile_every;
   settings.allowed_loss_increase = options.allowed_loss_increase;
+  settings.outside_allowance_bytes = static_cast<int64_t>(allocator::kHostOutsideAllowanceBytes);
   return settings;
 }
 

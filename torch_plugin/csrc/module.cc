@@ -204,16 +204,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        const std::vector<std::pair<std::string, std::string>>& rules,
                        int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes,
                        double headroom, int64_t profile_every,
-                       const std::vector<std::string>& ladder, double allowed_loss_increase) {
+                       const std::vector<std::string>& ladder, double allowed_loss_increase,
+                       int64_t outside_allowance_bytes) {
              return std::make_unique<PySession>(actpack::torch_plugin::SessionSettings{
                  codec, rules, min_bytes, seed, enabled, budget_bytes, headroom, profile_every,
-                 ladder, allowed_loss_increase});
+                 ladder, allowed_loss_increase, outside_allowance_bytes});
            }),
            py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
            py::arg("min_bytes") = 64 * 1024, py::arg("seed") = 0, py::arg("enabled") = true,
            py::arg("budget_bytes") = 0, py::arg("headroom") = 0.05, py::arg("profile_every") = 50,
            py::arg("ladder") = std::vector<std::string>{},
-           py::arg("allowed_loss_increase") = 0.0)
+           py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0)
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
       .def("unpack", &PySession::Unpack)
       .def("relieve", [](PySession& s, size_t needed) { return s.session().Relieve(needed); },

@@ -239,6 +239,8 @@ SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
   options.enabled = settings.enabled;
   options.budget_bytes = static_cast<uint64_t>(settings.budget_bytes);
   options.headroom = settings.headroom;
+  options.outside_allowance_bytes = static_cast<uint64_t>(std::max<int64_t>(
+      settings.outside_allowance_bytes, 0));
   options.profile_every = static_cast<int>(std::min<int64_t>(settings.profile_every, 1 << 30));
   options.allowed_loss_increase = loss_bound;
   if (!settings.ladder.empty()) {

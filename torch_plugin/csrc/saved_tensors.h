@@ -65,6 +65,7 @@ struct SessionSettings {
   int64_t profile_every = 50;
   std::vector<std::string> ladder;  // candidate codec specs; empty: the default ladder
   double allowed_loss_increase = 0.0;  // 0: off
+  int64_t outside_allowance_bytes = 0;  // see runtime::SessionOptions
 };
 
 class SavedTensorSession {

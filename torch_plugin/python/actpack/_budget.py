@@ -66,9 +66,9 @@ class budget:
         min_bytes: saved tensors smaller than this are kept as they are.
         seed: seed of the stochastic rounding.
         enabled: False keeps every saved tensor as it is: plain training, measured and capped
-            the same way (the budget still caps actpack's allocator from the second step on,
-            so a step plain training cannot fit raises torch.OutOfMemoryError), with the same
-            report. For parity runs, and for what plain training fits under a budget.
+            the same way (the budget still caps actpack's allocator, so a step plain training
+            cannot fit raises torch.OutOfMemoryError naming the budget it needs), with the
+            same report. For parity runs, and for what plain training fits under a budget.
         headroom: share of the budget the policy leaves free for what its model misses.
         profile_every: steps between re-measurements of each codec's error and size.
         snapshot: put the allocator's snapshot (segments and trace) into the report, for
@@ -84,7 +84,11 @@ class budget:
             plan within the caps fits the budget, the error says so.
 
     The step's peak is measured by actpack's allocator: on CPU the context installs it (when
-    it is not installed yet) and enforces the budget from the second step on; on CUDA install
+    it is not installed yet) and enforces the budget from the first step on, counting against
+    it what the process's resident set holds outside the allocator (oneDNN's buffers, malloc's
+    arenas), so that the operating system's count holds too; a first step that does not fit
+    even with the harshest codecs finishes over the cap and raises torch.OutOfMemoryError
+    naming the smallest budget that would work. On CUDA install
     it first (actpack.install_allocator or ACTPACK_CONF) to enforce the budget, otherwise the
     peak is read from torch.cuda and the budget is a target. Memory allocated before the
     allocator was installed (on CPU: before entering, unless installed earlier) is not counted.
@@ -113,7 +117,8 @@ class budget:
         self._session = _C.Session(codec=default, rules=rules, min_bytes=min_bytes, seed=int(seed),
                                    enabled=bool(enabled), budget_bytes=self._memory.budget_bytes,
                                    headroom=float(headroom), profile_every=int(profile_every),
-                                   allowed_loss_increase=self._loss_bound)
+                                   allowed_loss_increase=self._loss_bound,
+                                   outside_allowance_bytes=self._memory.outside_allowance)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = bool(enabled)
         self._snapshot = bool(snapshot)
@@ -122,6 +127,7 @@ class budget:
         self._modules = _ModuleTracker()
         self._end_of_backward_queued = False
         self._steps = 0
+        self._planned = False  # the policy has made its first plan
         self._profile_every = int(profile_every)
         self._hooks_traced = False
         self._warnings = []
@@ -162,15 +168,42 @@ class budget:
         # The next step's output gradients, for the error caps.
         self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(self._steps)
         plans = self._session.policy()["plans"]
+        overflowed = self._memory.restore_cap()
+        peaks = self._memory.step_peaks()
         # Raises when no plan fits the budget.
-        self._session.end_step(*self._memory.step_peaks())
-        replanned = self._session.policy()["plans"] != plans
+        self._session.end_step(*peaks)
+        if overflowed and (not _automatic(self._codec) or not self._enabled):
+            # Nothing to re-plan: the same step will not fit the next time either.
+            needed = max(peaks[1], peaks[2])
+            what = "plain training (enabled=False)" if not self._enabled else \
+                f"codec {self._codec!r}"
+            raise torch.OutOfMemoryError(
+                f"actpack: a budget of {format_bytes(self._memory.budget_bytes)} cannot hold "
+                f"this training step with {what}: its first step went over the budget and "
+                f"peaked at {format_bytes(needed)}; the smallest budget that would work is "
+                f"{format_bytes(needed)} (as measured; give more for fragmentation), or use "
+                f"another codec or a smaller batch")
+        now = self._session.policy()["plans"]
+        replanned = now != plans
+        self._planned = now > 0
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
             self._memory.release_cache()
         # A fixed codec, or nothing packed (enabled=False), has no plan to wait for.
         if replanned or not _automatic(self._codec) or not self._enabled:
             self._memory.enforce()
+
+    def _relieve(self, needed):
+        """The allocator's pressure callback: bytes freed (or made room for) toward `needed`."""
+        if _automatic(self._codec) and self._enabled:
+            freed = self._session.relieve(needed)
+            if freed:
+                return freed
+        if self._steps == 0 or (_automatic(self._codec) and self._enabled and not self._planned):
+            # A step before the first plan does not fit even packed at the harshest: let it
+            # finish over the cap so that its end measures it and says what budget it needs.
+            return self._memory.lift_cap(needed)
+        return 0
 
     def _statistics_step(self, step):
         wanted = _automatic(self._codec) or self._loss_bound > 0
@@ -180,9 +213,8 @@ class budget:
     def __enter__(self):
         self._started = time.perf_counter()
         self._memory.start()
-        if _automatic(self._codec):
-            # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
-            self._memory.watch_pressure(self._session.relieve)
+        # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
+        self._memory.watch_pressure(self._relieve)
         self._modules.start()
         self._modules.watch_outputs = self._loss_bound > 0
         self._hooks.__enter__()
@@ -241,10 +273,12 @@ class budget:
             warnings.append(f"peak memory {format_bytes(peak)} exceeded the budget "
                             f"{format_bytes(budget_bytes)}")
         system = self._memory.run_system_peak
-        if system is not None and budget_bytes is not None and system > budget_bytes:
+        allowance = self._memory.outside_allowance
+        if system is not None and budget_bytes is not None and system > budget_bytes + allowance:
             warnings.append(f"the system counted {format_bytes(system)} at the peak "
                             f"({self._memory.system_memory}), over the budget "
-                            f"{format_bytes(budget_bytes)}")
+                            f"{format_bytes(budget_bytes)} and the "
+                            f"{format_bytes(allowance)} allowed outside it")
         return {
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -455,6 +489,8 @@ class _PeakMeter:
         self.run_peak = None  # reserved
         self.run_allocated_peak = None
         self._cuda = torch.cuda.is_available()
+        # What the system may count outside the allocator before it takes from the budget.
+        self.outside_allowance = 0 if self._cuda else _C._HOST_OUTSIDE_ALLOWANCE_BYTES
         if self._cuda:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             self.device_name = torch.cuda.get_device_name()
@@ -472,6 +508,7 @@ class _PeakMeter:
         self._resident = None
         self._driver_start = None
         self._counting = None  # the device whose pool counts the system's memory
+        self._lifted = False  # the cap lifted for the rest of a step (lift_cap)
         self.run_system_peak = None
         self.system_memory = None
 
@@ -502,7 +539,7 @@ class _PeakMeter:
         # it reserves memory), and each step's peak as the system counts it is measured.
         if not self._cuda:
             self._counting = _HOST
-            _C._count_system_memory(_HOST)
+            _C._count_system_memory(_HOST, self.outside_allowance)
             self._resident = _C.ResidentPeakMeter()
             self._resident.start()
             self.system_memory = "resident set above its size at enter (VmHWM)"
@@ -580,6 +617,24 @@ class _PeakMeter:
             device = self._device() if not self._cuda else torch.cuda.current_device()
             self._pressure_id = self._mem.add_pressure_callback(relieve, device)
 
+    def lift_cap(self, needed):
+        """Lets the current step go over the budget (CPU: the first step, to measure what it
+        needs); returns the room made. restore_cap() puts the cap back."""
+        if self._cuda or not self._capped or self._lifted:
+            return 0
+        self._lifted = True
+        self._mem.set_cpu_budget(None)
+        return max(int(needed), 1)
+
+    def restore_cap(self):
+        """Puts back a cap lift_cap() lifted; True when it had been lifted."""
+        if not self._lifted:
+            return False
+        self._lifted = False
+        self._mem.set_cpu_budget(self.budget_bytes)
+        self.release_cache()
+        return True
+
     def enforce(self):
         """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
         if not self._cuda and not self._capped:
@@ -612,7 +667,7 @@ class _PeakMeter:
         finally:
             if not self._cuda:
                 self._mem.set_cpu_budget(self._previous_cap)
-                self._capped = False
+                self._capped = self._lifted = False
                 if self._installed_here:
                     self._mem.uninstall_cpu_allocator()
                     self._installed_here = False
