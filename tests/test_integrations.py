@@ -24,10 +24,13 @@ import actpack
 BACKWARD_NOTE = "saved during backward (create_graph or recomputation)"
 
 
-def mlp(width=128, inputs=32, outputs=10, seed=0):
+def mlp(width=128, inputs=32, outputs=10, seed=0, hidden=1):
+    """`hidden` width-by-width layers between the input and the output layer."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(inputs, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
-                         nn.Linear(width, outputs))
+    layers = [nn.Linear(inputs, width), nn.Tanh()]
+    for _ in range(hidden):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(width, outputs))
 
 
 def teacher_batch(generator, batch=128, inputs=32, outputs=10):

@@ -17,13 +17,14 @@ STEPS = 20
 
 
 class Classifier(lightning.LightningModule):
-    """An MLP on labels from a fixed random linear teacher; wide enough that its activations
-    dominate a step."""
+    """An MLP on labels from a fixed random linear teacher; wide and deep enough that its saved
+    activations outweigh what a step holds raw at its peak (a layer's gradients in flight)."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+        self.net = nn.Sequential(nn.Linear(32, 256), nn.Tanh(),
+                                 *[m for _ in range(4) for m in (nn.Linear(256, 256), nn.Tanh())],
                                  nn.Linear(256, 10))
         self.losses = []
 

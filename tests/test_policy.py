@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import actpack
 import demo
+from actpack._units import parse_size
 
 CONTEXT = 128
 
@@ -80,6 +81,10 @@ def test_records_carry_modules_candidates_and_errors(corpus):
 
 
 def test_an_impossible_budget_names_the_smallest_that_works(corpus):
+    # Both runs below in the same state: a first training step in a fresh process also pays
+    # torch's one-time initialization outside the allocator (20-45 MiB of resident set), which
+    # the first run's message would count and the second run would not meet again.
+    demo.train(corpus, 1, 32, CONTEXT, torch.device("cpu"), 0)
     with pytest.raises(torch.OutOfMemoryError) as error:
         demo.train(corpus, 4, 32, CONTEXT, torch.device("cpu"), 0, budget="4MiB", codec="auto")
     message = str(error.value)
@@ -92,6 +97,24 @@ def test_an_impossible_budget_names_the_smallest_that_works(corpus):
     # It is honest: with that budget the same training runs.
     demo.train(corpus, 4, 32, CONTEXT, torch.device("cpu"), 0,
                budget=smallest.replace(" ", ""), codec="auto")
+
+
+@pytest.mark.parametrize("args", [{"enabled": False}, {"codec": "quant8"}])
+def test_a_budget_too_small_for_a_fixed_plan_says_what_the_step_needs(corpus, args):
+    """Nothing to plan: the first step finishes over the cap, and its end says what it took."""
+    demo.train(corpus, 1, 32, CONTEXT, torch.device("cpu"), 0)  # torch's one-time setup
+    with pytest.raises(torch.OutOfMemoryError) as error:
+        with actpack.budget("2MiB", min_bytes=0, **args):
+            demo.train(corpus, 3, 32, CONTEXT, torch.device("cpu"), 0)
+    message = str(error.value)
+    del error
+    gc.collect()
+    assert "a budget of 2.00 MiB cannot hold this training step with" in message, message
+    needed = message.split("the smallest budget that would work is ")[1].split(" (")[0]
+    # What it names is what that step measured: more than the cap it went over, and enough.
+    assert parse_size(needed.replace(" ", "")) > 2 << 20
+    with actpack.budget(needed.replace(" ", ""), min_bytes=0, **args):
+        demo.train(corpus, 3, 32, CONTEXT, torch.device("cpu"), 0)
 
 
 def test_planner_predicts_the_largest_batch(corpus, tmp_path):

@@ -11,16 +11,18 @@ import subprocess
 import sys
 
 import pytest
+from actpack import _C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 
-# What a peak may pass the budget by: the resident set is checked when the allocator reserves
-# memory, and what other code touches in between (a few pages of the interpreter, oneDNN's
-# scratch) is seen at the next check; the kernel also batches its per-thread counts. Measured
-# over these cases: at most 0 MiB over (the closest, the transformer under auto, peaked at 127.2
-# MiB under 128 MiB).
-SLACK = 4 * MiB
+# What a peak may pass the budget by: the resident set may grow outside the allocator by
+# actpack's stated allowance (torch's one-time initialization of its CPU kernels, which the
+# first step pays in a fresh process) before that counts against the budget; and it is checked
+# when the allocator reserves memory, so what other code touches in between (a few pages of
+# the interpreter, oneDNN's scratch) is seen at the next check, and the kernel batches its
+# per-thread counts: 4 MiB for those.
+SLACK = _C._HOST_OUTSIDE_ALLOWANCE_BYTES + 4 * MiB
 
 CASES = [  # model, batch, budget: plain training of each peaks well above its budget
     ("cnn", 80, "256MiB"),

@@ -121,6 +121,7 @@ class budget:
                                    outside_allowance_bytes=self._memory.outside_allowance)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = bool(enabled)
+        self._headroom = float(headroom)
         self._snapshot = bool(snapshot)
         self._report_path = os.fspath(report) if report is not None else None
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -168,24 +169,27 @@ class budget:
         # The next step's output gradients, for the error caps.
         self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(self._steps)
         plans = self._session.policy()["plans"]
-        overflowed = self._memory.restore_cap()
         peaks = self._memory.step_peaks()
+        overflowed = self._memory.restore_cap()  # after the peaks: it releases the cache
         # Raises when no plan fits the budget.
         self._session.end_step(*peaks)
-        if overflowed and (not _automatic(self._codec) or not self._enabled):
-            # Nothing to re-plan: the same step will not fit the next time either.
-            needed = max(peaks[1], peaks[2])
+        now = self._session.policy()["plans"]
+        replanned = now != plans
+        self._planned = now > 0
+        if overflowed and not self._planned and self._steps >= self._unplanned_steps():
+            # Nothing (more) to plan: the same step will not fit the next time either.
+            allocator, system = peaks[1], peaks[2] - self._memory.outside_allowance
+            measured = max(allocator, system)
+            # As the policy sizes a budget: the peak is what it may use, less the headroom.
+            needed = math.ceil(measured / (1.0 - self._headroom))
             what = "plain training (enabled=False)" if not self._enabled else \
                 f"codec {self._codec!r}"
             raise torch.OutOfMemoryError(
                 f"actpack: a budget of {format_bytes(self._memory.budget_bytes)} cannot hold "
-                f"this training step with {what}: its first step went over the budget and "
-                f"peaked at {format_bytes(needed)}; the smallest budget that would work is "
-                f"{format_bytes(needed)} (as measured; give more for fragmentation), or use "
-                f"another codec or a smaller batch")
-        now = self._session.policy()["plans"]
-        replanned = now != plans
-        self._planned = now > 0
+                f"this training step with {what}: step {self._steps} went over it and peaked "
+                f"at {format_bytes(measured)}; the smallest budget that would work is "
+                f"{format_bytes(needed)} (with {round(self._headroom * 100)}% headroom), or "
+                f"use another codec or a smaller batch")
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
             self._memory.release_cache()
@@ -193,13 +197,17 @@ class budget:
         if replanned or not _automatic(self._codec) or not self._enabled:
             self._memory.enforce()
 
+    def _unplanned_steps(self):
+        # The policy plans at the end of the second step; a fixed codec has nothing to plan.
+        return 2 if _automatic(self._codec) and self._enabled else 1
+
     def _relieve(self, needed):
         """The allocator's pressure callback: bytes freed (or made room for) toward `needed`."""
         if _automatic(self._codec) and self._enabled:
             freed = self._session.relieve(needed)
             if freed:
                 return freed
-        if self._steps == 0 or (_automatic(self._codec) and self._enabled and not self._planned):
+        if self._steps < self._unplanned_steps() and not self._planned:
             # A step before the first plan does not fit even packed at the harshest: let it
             # finish over the cap so that its end measures it and says what budget it needs.
             return self._memory.lift_cap(needed)
