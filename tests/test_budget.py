@@ -131,6 +131,30 @@ def test_hooks_are_removed_and_report_written_after_an_exception(tmp_path):
     assert budget.run.totals()["packs"] == packs
 
 
+@pytest.mark.parametrize("budget_args", [{"enabled": False}, {"codec": "auto"}],
+                         ids=["kept-as-is", "kept-by-the-policy"])
+def test_a_step_that_raises_before_its_backward_leaves_nothing_alive(budget_args):
+    """Saved tensors kept exact (Tanh saves its output) must not hold their own autograd node:
+    through C++ that cycle is invisible to Python's collector, and a step that failed (an
+    out-of-memory error in the forward pass) would keep its whole graph for good."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(256, 256), nn.Tanh())])
+    x = torch.randn(512, 256)
+    import gc
+    with actpack.budget("1GiB", min_bytes=0, **budget_args):
+        for _ in range(3):  # whole steps first: the policy plans (keeping all exact) after two
+            model(x).sum().backward()
+        gc.collect()
+        before = actpack.memory_allocated("cpu")
+        try:
+            model(x)  # 4 MiB saved, then the step fails
+            raise RuntimeError("a bad batch")
+        except RuntimeError:
+            pass
+        gc.collect()
+        assert actpack.memory_allocated("cpu") == before
+
+
 def test_bad_arguments_fail_before_training():
     with pytest.raises(ValueError, match="'6 gigs'"):
         actpack.budget("6 gigs")

@@ -117,6 +117,20 @@ def test_a_budget_too_small_for_a_fixed_plan_says_what_the_step_needs(corpus, ar
         demo.train(corpus, 3, 32, CONTEXT, torch.device("cpu"), 0)
 
 
+def test_a_batch_far_too_large_fails_fast_on_its_first_step(corpus):
+    """Steps before the first plan go over the cap to measure themselves, but not without
+    bound: past the budget plus 1 GiB (a 1 MiB budget) they fail, naming the budget."""
+    with pytest.raises(torch.OutOfMemoryError) as error:
+        with actpack.budget("1MiB", enabled=False):
+            demo.train(corpus, 2, 1024, CONTEXT, torch.device("cpu"), 0)  # ~2 GiB a step
+    message = str(error.value)
+    del error
+    gc.collect()
+    assert "a budget of 1.00 MiB cannot hold this training step: step 1 ran out even at " \
+           "1.00 GiB" in message, message
+    assert "budget 1.00 GiB" in message  # the allocator's own words, at the lifted cap
+
+
 def test_planner_predicts_the_largest_batch(corpus, tmp_path):
     check_planner_against_binary_search(corpus, tmp_path, torch.device("cpu"))
 
@@ -140,26 +154,28 @@ def check_planner_against_binary_search(corpus, tmp_path, device):
 
     budget = 40 << 20
     plan = actpack.plan(step, budget=budget, batch_sizes=(8, 16), codecs=("none", "quant2"),
-                        report=tmp_path / "plan.json", progress=False)
+                        report=tmp_path / "plan.json", progress=False, verify=True)
     assert set(plan.max_batch_size) == {"none", "quant2"}
     assert plan.max_batch_size["quant2"] > 1.5 * plan.max_batch_size["none"]
-    assert "max batch" in plan.table()
+    assert "max batch" in plan.table() and "verified: quant2" in plan.table()
+    assert plan.verified["codec"] == "quant2"
 
-    # The truth from real steps: the largest batch whose allocated peak fits the room the
-    # planner aims at (budget less its headroom), by binary search.
-    room = budget * (1 - actpack._planner.HEADROOM)
-
-    def fits(batch, choice):
-        _, allocated, _ = actpack._planner._run_step(step, batch, choice)
-        return allocated <= room
-
+    # The truth from real steps: the largest batch that trains under the cap, by binary search.
     for choice in ("none", "quant2"):
         predicted = plan.max_batch_size[choice]
         lo, hi = 1, 2 * predicted + 4
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if fits(mid, choice) else (lo, mid - 1)
-        assert abs(predicted - lo) <= max(1, 0.05 * lo), (choice, predicted, lo)
+            fits = actpack._planner.trains_under_cap(step, budget, choice, mid) is not None
+            lo, hi = (mid, hi) if fits else (lo, mid - 1)
+        print(f"planner at {budget >> 20} MiB, {choice}: predicted {predicted}, truth {lo}")
+        if choice == plan.verified["codec"]:
+            # The verified search is a search for the truth; at the edge, whether a batch fits
+            # can differ by one between runs (the pool's segments as earlier runs left them).
+            assert abs(predicted - lo) <= 1, (choice, predicted, lo)
+        else:
+            # The model's estimate: under the truth, within the 15% it holds back.
+            assert 0.85 * lo - 1 <= predicted <= lo, (choice, predicted, lo)
 
     import json
     saved = json.loads((tmp_path / "plan.json").read_text())

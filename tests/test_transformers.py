@@ -123,7 +123,7 @@ def test_plan_batch_size_with_verify_takes_the_batch_that_ran_under_the_cap(tmp_
                   "max_batch_size": 52}
         return actpack.Plan(32 << 20, [8, 16], {"auto": choice},
                             {"codec": "auto", "batch_size": verified, "predicted_batch_size": 52,
-                             "smallest_tried": 36, "peak_bytes": None}, {})
+                             "smallest_tried": 36, "peak_bytes": None} if verify else None, {})
 
     monkeypatch.setattr(actpack, "plan", fake_plan)
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)

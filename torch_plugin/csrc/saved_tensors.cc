@@ -285,12 +285,17 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, const std::string
 }
 
 // A kept tensor as autograd saves it: itself, or, when the policy chose to keep it exact, a
-// handle that Relieve can re-pack under memory pressure.
+// handle that Relieve can re-pack under memory pressure. Detached: a saved output that held
+// its own autograd node would close a cycle (node -> saved object -> tensor -> node) through
+// C++, which Python's collector cannot see; a step that raised before its backward would then
+// keep its whole graph alive for good.
 SavedTensor SavedTensorSession::Keep(const at::Tensor& tensor,
                                      const runtime::SavedTensorInfo& info,
                                      const runtime::PackPlan& plan, PackedHandle handle) {
-  if (plan.reason != runtime::KeepReason::kPolicyExact) return tensor;
-  handle.kept = std::make_shared<KeptTensor>(KeptTensor{tensor, nullptr, info, plan.record});
+  at::Tensor detached = tensor.detach();
+  if (plan.reason != runtime::KeepReason::kPolicyExact) return detached;
+  handle.kept =
+      std::make_shared<KeptTensor>(KeptTensor{std::move(detached), nullptr, info, plan.record});
   kept_.push_back(handle.kept);
   return handle;
 }

@@ -241,6 +241,13 @@ class budget:
         self._check_compiled()
         if exc_type is not None:
             self._warnings.append(f"the run stopped on an exception: {exc_type.__name__}: {exc}")
+        if (exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError)
+                and self._memory.lifted):
+            raise torch.OutOfMemoryError(
+                f"actpack: a budget of {format_bytes(self._memory.budget_bytes)} cannot hold "
+                f"this training step: step {self._steps + 1} ran out even at "
+                f"{format_bytes(self._memory.lifted_cap())}, the most a step before the first "
+                f"plan may take to measure what it needs ({exc}); use a smaller batch") from exc
         wall = time.perf_counter() - self._started
         self._started = None
         self.run.report = json.loads(_C.build_report(json.dumps(self._run_metadata(wall)),
@@ -487,6 +494,12 @@ def _is_compiled(module):
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
+# How far over the budget the steps before the first plan may go to measure themselves:
+# the larger of 4x the budget and the budget plus 1 GiB.
+LIFTED_CAP_FACTOR = 4
+LIFTED_CAP_EXTRA = 1 << 30
+
+
 class _PeakMeter:
     """The memory side of a budget: installs and reads the allocator, enforces the cap."""
 
@@ -517,6 +530,7 @@ class _PeakMeter:
         self._driver_start = None
         self._counting = None  # the device whose pool counts the system's memory
         self._lifted = False  # the cap lifted for the rest of a step (lift_cap)
+        self.lifted = False  # whether it was when the run stopped
         self.run_system_peak = None
         self.system_memory = None
 
@@ -631,8 +645,12 @@ class _PeakMeter:
         if self._cuda or not self._capped or self._lifted:
             return 0
         self._lifted = True
-        self._mem.set_cpu_budget(None)
+        # Not without bound: a batch far too large fails fast instead of taking the machine.
+        self._mem.set_cpu_budget(self.lifted_cap())
         return max(int(needed), 1)
+
+    def lifted_cap(self):
+        return max(LIFTED_CAP_FACTOR * self.budget_bytes, self.budget_bytes + LIFTED_CAP_EXTRA)
 
     def restore_cap(self):
         """Puts back a cap lift_cap() lifted; True when it had been lifted."""
@@ -675,6 +693,7 @@ class _PeakMeter:
         finally:
             if not self._cuda:
                 self._mem.set_cpu_budget(self._previous_cap)
+                self.lifted = self._lifted  # when the run stopped
                 self._capped = self._lifted = False
                 if self._installed_here:
                     self._mem.uninstall_cpu_allocator()

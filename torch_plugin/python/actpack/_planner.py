@@ -42,7 +42,12 @@ class Plan:
 
     @property
     def max_batch_size(self):
-        return {name: c["max_batch_size"] for name, c in self.choices.items()}
+        """Per choice, the largest batch: the model's estimate, or for the choice verified
+        (verify=True) what real steps under the cap showed."""
+        sizes = {name: c["max_batch_size"] for name, c in self.choices.items()}
+        if self.verified and self.verified["batch_size"]:
+            sizes[self.verified["codec"]] = self.verified["batch_size"]
+        return sizes
 
     def table(self):
         """The batch-size table as text."""
@@ -56,8 +61,9 @@ class Plan:
                          f"{c['fragmentation']:>14.3f} {c['max_batch_size']:>10}")
         if self.verified and self.verified["peak_bytes"] is not None:
             v = self.verified
-            lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (predicted "
-                         f"{v['predicted_batch_size']}) ran under the cap, peak "
+            lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (estimated "
+                         f"{v['predicted_batch_size']}, at most {v['upper_bound']}) is the "
+                         f"largest that ran under the cap, peak "
                          f"{format_bytes(v['peak_bytes'])} reserved")
         elif self.verified:
             v = self.verified
@@ -172,8 +178,11 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     verified = None
     if verify:
         best = "auto" if "auto" in choices else max(choices, key=lambda c: choices[c]["max_batch_size"])
-        verified, verify_report = _verify(step, budget_bytes, best, choices[best]["max_batch_size"],
-                                          lambda what: _progress(done, total, what, progress))
+        verified, verify_report = _verify(
+            step, budget_bytes, best, choices[best]["max_batch_size"],
+            max_batch(budget_bytes, choices[best]["fixed_bytes"],
+                      choices[best]["per_sample_bytes"], headroom=0.0),
+            lambda what: _progress(done, total, what, progress))
         last_report = verify_report or last_report
         done += 1
         _progress(done, total, "done", progress)
@@ -196,35 +205,60 @@ VERIFY_STEPS = 4
 CAPPED_FROM = 2
 
 
-def _verify(step, budget_bytes, choice, predicted, say):
-    """Real steps under the cap at `predicted`, stepping down 5% at a time until they fit."""
+def trains_under_cap(step, budget_bytes, choice, batch):
+    """The run report of VERIFY_STEPS real steps at `batch` under the budget's cap, or None
+    when they ran out of it: the truth the planner's answer is checked against."""
     import gc
 
     import torch
 
-    batch = tried = predicted
-    for _ in range(8):
-        if batch < 1:
-            break
+    try:
+        with _budget_context(budget_bytes, codec=_SPECS[choice] if choice != "none" else "quant2",
+                             enabled=choice != "none") as run:
+            for _ in range(VERIFY_STEPS):
+                step(batch)
+        return run.report
+    except torch.OutOfMemoryError:
+        pass
+    # Out of the except clause: the error's traceback holds the failed step's frames in a
+    # cycle, which only a collection after it is gone frees.
+    gc.collect()
+    return None
+
+
+def _verify(step, budget_bytes, choice, predicted, upper, say):
+    """The largest batch that trains under the cap, by real steps: down 5% at a time from the
+    estimate `predicted` until one fits, then a binary search up to `upper` (where the
+    allocated bytes alone fill the budget, so nothing larger can fit)."""
+    def fits(batch):
         say(f"verify {choice} at batch {batch}")
-        tried = batch
-        try:
-            with _budget_context(budget_bytes, codec=_SPECS[choice] if choice != "none" else "quant2",
-                                 enabled=choice != "none") as run:
-                for _ in range(VERIFY_STEPS):
-                    step(batch)
-        except torch.OutOfMemoryError:
-            gc.collect()
-            batch = min(batch - 1, int(batch * 0.95))
-            continue
-        steps = run.report["activations"]["steps"]
-        return ({"codec": choice, "batch_size": batch, "predicted_batch_size": predicted,
-                 "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[CAPPED_FROM:])
-                 if len(steps) > CAPPED_FROM else None,
-                 "peak_allocated_bytes": run.report["run"]["peak_allocated_bytes"]}, run.report)
-    return {"codec": choice, "batch_size": 0, "predicted_batch_size": predicted,
-            "smallest_tried": tried,
-            "peak_bytes": None, "peak_allocated_bytes": None}, None
+        return trains_under_cap(step, budget_bytes, choice, batch)
+
+    batch, report, tries = predicted, None, 0
+    while batch >= 1 and tries < 8:
+        report, tries = fits(batch), tries + 1
+        if report is not None:
+            break
+        upper = batch - 1
+        batch = min(batch - 1, int(batch * 0.95))
+    if report is None:
+        return {"codec": choice, "batch_size": 0, "predicted_batch_size": predicted,
+                "smallest_tried": batch + 1, "peak_bytes": None,
+                "peak_allocated_bytes": None}, None
+    lo, hi = batch, max(batch, upper)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        found = fits(mid)
+        if found is not None:
+            lo, report = mid, found
+        else:
+            hi = mid - 1
+    steps = report["activations"]["steps"]
+    return ({"codec": choice, "batch_size": lo, "predicted_batch_size": predicted,
+             "upper_bound": upper,
+             "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[CAPPED_FROM:])
+             if len(steps) > CAPPED_FROM else None,
+             "peak_allocated_bytes": report["run"]["peak_allocated_bytes"]}, report)
 
 
 def _device_total(report):
