@@ -155,6 +155,24 @@ def test_a_step_that_raises_before_its_backward_leaves_nothing_alive(budget_args
         assert actpack.memory_allocated("cpu") == before
 
 
+def test_the_planners_none_is_a_codec_a_user_can_type():
+    """plan.max_batch_size has a "none" key: budget(codec="none") is what it measured, plain
+    training (enabled=False) under the same cap, and a rule may say "none" too."""
+    model = small_cnn()
+    x = torch.randn(4, 3, 16, 16)
+    with actpack.budget("1GiB", codec="none", min_bytes=0) as run:
+        model(x).sum().backward()
+    totals = run.report["activations"]["totals"]
+    assert totals["packs"] == 0 and totals["kept_bytes"] > 0, totals
+    assert run.report["run"]["codec"] == "none"
+    with actpack.budget("1GiB", codec={"*": "none"}, min_bytes=0) as run:
+        model(x).sum().backward()
+    totals = run.report["activations"]["totals"]
+    # The identity: every byte stored, plus its header.
+    assert totals["packed_raw_bytes"] <= totals["packed_stored_bytes"] \
+        <= 1.01 * totals["packed_raw_bytes"], totals
+
+
 def test_bad_arguments_fail_before_training():
     with pytest.raises(ValueError, match="'6 gigs'"):
         actpack.budget("6 gigs")

@@ -11,8 +11,9 @@ resident size only grows with what it has done before.
   python3 tools/budget_check.py truth --model cnn --budget 256MiB --codec quant2
       the largest batch that trains --steps steps under the budget's cap without running out,
       by binary search, each try a fresh process
-  python3 tools/budget_check.py plan --model cnn --budget 256MiB --codec quant2
-      actpack.plan's answer next to that truth
+  python3 tools/budget_check.py plan --model cnn --budget 256MiB --codec quant2 [--verify]
+      actpack.plan's answer (its model's estimate, and with --verify the batch its search under
+      the cap found) next to that truth
 """
 import argparse
 import contextlib
@@ -240,6 +241,8 @@ def main():
     parser.add_argument("--batch", type=int, default=80)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--plan-batches", default="8,16")
+    parser.add_argument("--verify", action="store_true",
+                        help="plan: with actpack.plan(verify=True), real steps under the cap")
     args = parser.parse_args()
     if args.command == "probe":
         probe(args)
@@ -265,10 +268,11 @@ def main():
     import actpack
     plan = actpack.plan(training_step(args.model), args.budget,
                         batch_sizes=[int(b) for b in args.plan_batches.split(",")],
-                        codecs=[args.codec], progress=False)
+                        codecs=[args.codec], progress=False, verify=args.verify)
     predicted = plan.max_batch_size[args.codec]
+    estimate = plan.choices[args.codec]["max_batch_size"]
     print(json.dumps({"model": args.model, "codec": args.codec, "budget": args.budget,
-                      "predicted": predicted, "truth": truth,
+                      "estimate": estimate, "predicted": predicted, "truth": truth,
                       "ratio": predicted / truth if truth else None}))
 
 

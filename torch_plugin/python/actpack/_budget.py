@@ -109,6 +109,8 @@ class budget:
                  allowed_loss_increase=None):
         self._budget = parse_budget(limit)
         default, rules = _codec_rules(codec)
+        if codec == NONE:
+            enabled = False  # what the planner's "none" measures: plain training
         self._loss_bound = _check_loss_bound(allowed_loss_increase)
         # 0 packs every saved tensor, however small.
         if not (isinstance(min_bytes, int) and not isinstance(min_bytes, bool) and min_bytes == 0):
@@ -348,17 +350,22 @@ def _automatic(codec):
     return not isinstance(codec, str) or codec == "auto"
 
 
+# The planner's name for packing nothing: every saved tensor as it is. As budget's codec it
+# is enabled=False; as a rule's codec, the identity.
+NONE = "none"
+
+
 def _codec_rules(codec):
     """(default codec, [(pattern, codec), ...]) for budget's `codec` argument."""
     if isinstance(codec, str):
-        return codec, []
+        return ("identity" if codec == NONE else codec), []
     if isinstance(codec, dict):
         rules = []
         for pattern, spec in codec.items():
             if not isinstance(pattern, str) or not isinstance(spec, str):
                 raise TypeError("actpack.budget: a codec mapping goes from module-name patterns "
                                 f"to codec specs (str -> str), got {pattern!r}: {spec!r}")
-            rules.append((pattern, spec))
+            rules.append((pattern, "identity" if spec == NONE else spec))
         return "auto", rules
     raise TypeError("actpack.budget: codec must be 'auto', a codec spec such as 'quant2', or a "
                     f"dict of module-name patterns to codecs, got {type(codec).__name__}")

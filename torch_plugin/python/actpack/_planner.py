@@ -26,7 +26,7 @@ from actpack._units import format_bytes, parse_budget
 
 # "none" packs nothing; "auto" is the policy at its harshest (its largest batch).
 CHOICES = ("none", "quant2", "division", "eb", "auto")
-_SPECS = {"none": "identity", "quant2": "quant2", "division": "division", "eb": "eb",
+_SPECS = {"none": "none", "quant2": "quant2", "division": "division", "eb": "eb",
           "auto": "auto"}
 
 
@@ -106,8 +106,7 @@ def _run_step(step, batch, choice):
     # "auto" with a one-byte budget stays on its safe default (the harshest codecs) for the
     # step: the policy plans only after two steps.
     limit = 1 if choice == "auto" else 1 << 50
-    with _budget_context(limit, codec="quant2" if choice == "none" else spec,
-                         enabled=choice != "none", min_bytes="64KiB") as run:
+    with _budget_context(limit, codec=spec, min_bytes="64KiB") as run:
         step(batch)
     return run.report["run"]["peak_reserved_bytes"], run.report["run"]["peak_allocated_bytes"], run.report
 
@@ -213,8 +212,7 @@ def trains_under_cap(step, budget_bytes, choice, batch):
     import torch
 
     try:
-        with _budget_context(budget_bytes, codec=_SPECS[choice] if choice != "none" else "quant2",
-                             enabled=choice != "none") as run:
+        with _budget_context(budget_bytes, codec=_SPECS[choice]) as run:
             for _ in range(VERIFY_STEPS):
                 step(batch)
         return run.report
