@@ -68,21 +68,27 @@ struct CodecRule {
   CodecChoice choice;
 };
 
+// Defaults of the session's options, the one place both languages take them from (actpack.budget,
+// actpack::BudgetOptions and the planner read them through the bindings).
+inline constexpr double kDefaultHeadroom = 0.15;  // fragmentation and what the model misses
+inline constexpr int kDefaultProfileEvery = 50;
+inline constexpr uint64_t kDefaultMinBytes = 64 * 1024;
+
 struct SessionOptions {
   CodecChoice codec;               // the default for every packed tensor
   std::vector<CodecRule> rules;    // first match wins over `codec`
-  uint64_t min_bytes = 64 * 1024;  // tensors below this stay as they are
+  uint64_t min_bytes = kDefaultMinBytes;  // tensors below this stay as they are
   uint64_t seed = 0;               // stochastic rounding draws from seed + a per-pack counter
   bool enabled = true;             // false: plan every tensor as kept (exact parity runs)
 
   // The policy (automatic choices). With budget_bytes 0 there is nothing to fit: every
   // automatic tensor stays exact.
   uint64_t budget_bytes = 0;
-  double headroom = 0.05;          // share of the budget the plan leaves free
+  double headroom = kDefaultHeadroom;  // share of the budget the plan leaves free
   // What the system may count outside the allocator before it takes from the budget (on the
   // host, allocator::kHostOutsideAllowanceBytes: torch's one-time initialization).
   uint64_t outside_allowance_bytes = 0;
-  int profile_every = 50;          // steps between re-measurements of the candidates
+  int profile_every = kDefaultProfileEvery;  // steps between re-measurements of the candidates
   std::vector<codecs::CodecParams> ladder = DefaultLadder();  // candidates besides exact
 
   // The error-bounded mode (AC-GC): the loss may rise by at most this fraction over an exact

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "runtime/json.h"
+#include "runtime/session.h"
 
 namespace actpack {
 
@@ -63,8 +64,8 @@ struct BudgetOptions {
   std::string min_bytes = "64KiB";
   uint64_t seed = 0;
   bool enabled = true;  // false keeps every saved tensor as it is (parity runs)
-  double headroom = 0.15;
-  int64_t profile_every = 50;
+  double headroom = runtime::kDefaultHeadroom;
+  int64_t profile_every = runtime::kDefaultProfileEvery;
   bool snapshot = false;  // put the allocator's snapshot into the report
   double allowed_loss_increase = 0.0;  // the error-bounded mode; 0: off
 };

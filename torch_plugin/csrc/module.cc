@@ -196,6 +196,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  // The session's defaults, defined once in runtime/session.h.
+  m.attr("DEFAULT_HEADROOM") = actpack::runtime::kDefaultHeadroom;
+  m.attr("DEFAULT_PROFILE_EVERY") = actpack::runtime::kDefaultProfileEvery;
+  m.attr("DEFAULT_MIN_BYTES") = actpack::runtime::kDefaultMinBytes;
   py::class_<PackedHandle>(m, "PackedTensor")
       .def_property_readonly("raw_bytes", &PackedHandle::RawBytes)
       .def_property_readonly("stored_bytes", &PackedHandle::StoredBytes);
@@ -211,8 +215,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  ladder, allowed_loss_increase, outside_allowance_bytes});
            }),
            py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
-           py::arg("min_bytes") = 64 * 1024, py::arg("seed") = 0, py::arg("enabled") = true,
-           py::arg("budget_bytes") = 0, py::arg("headroom") = 0.05, py::arg("profile_every") = 50,
+           py::arg("min_bytes") = actpack::runtime::kDefaultMinBytes, py::arg("seed") = 0,
+           py::arg("enabled") = true, py::arg("budget_bytes") = 0,
+           py::arg("headroom") = actpack::runtime::kDefaultHeadroom,
+           py::arg("profile_every") = actpack::runtime::kDefaultProfileEvery,
            py::arg("ladder") = std::vector<std::string>{},
            py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0)
       .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")

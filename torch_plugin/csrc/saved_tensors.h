@@ -57,12 +57,12 @@ using SavedTensor = std::variant<at::Tensor, PackedHandle>;
 struct SessionSettings {
   std::string codec = "auto";  // "auto" or a codec spec
   std::vector<std::pair<std::string, std::string>> rules;  // module-name glob -> either
-  int64_t min_bytes = 64 * 1024;
+  int64_t min_bytes = runtime::kDefaultMinBytes;
   uint64_t seed = 0;
   bool enabled = true;
   int64_t budget_bytes = 0;
-  double headroom = 0.05;
-  int64_t profile_every = 50;
+  double headroom = runtime::kDefaultHeadroom;
+  int64_t profile_every = runtime::kDefaultProfileEvery;
   std::vector<std::string> ladder;  // candidate codec specs; empty: the default ladder
   double allowed_loss_increase = 0.0;  // 0: off
   int64_t outside_allowance_bytes = 0;  // see runtime::SessionOptions

@@ -104,8 +104,9 @@ class budget:
     with the error among its warnings.
     """
 
-    def __init__(self, limit, codec="auto", report=None, min_bytes="64KiB", seed=0,
-                 enabled=True, headroom=0.15, profile_every=50, snapshot=False,
+    def __init__(self, limit, codec="auto", report=None, min_bytes=_C.DEFAULT_MIN_BYTES, seed=0,
+                 enabled=True, headroom=_C.DEFAULT_HEADROOM,
+                 profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
                  allowed_loss_increase=None):
         self._budget = parse_budget(limit)
         default, rules = _codec_rules(codec)

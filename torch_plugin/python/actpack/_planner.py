@@ -76,7 +76,7 @@ class Plan:
         return f"Plan(max_batch_size={self.max_batch_size})"
 
 
-HEADROOM = 0.15  # as budget(): fragmentation and what the model misses
+HEADROOM = _C.DEFAULT_HEADROOM  # as budget(): fragmentation and what the model misses
 
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
