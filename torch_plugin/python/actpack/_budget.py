@@ -506,6 +506,7 @@ def _is_compiled(module):
 # the larger of 4x the budget and the budget plus 1 GiB.
 LIFTED_CAP_FACTOR = 4
 LIFTED_CAP_EXTRA = 1 << 30
+LIFT_GRANULE = 2 << 20  # a small segment: what a lift adds beyond the bytes a request lacks
 
 
 class _PeakMeter:
@@ -650,12 +651,20 @@ class _PeakMeter:
     def lift_cap(self, needed):
         """Lets the current step go over the budget (CPU: the first step, to measure what it
         needs); returns the room made. restore_cap() puts the cap back."""
-        if self._cuda or not self._capped or self._lifted:
+        if self._cuda or not self._capped:
+            return 0
+        # By what this request lacks, not at once to the bound: the pool still gives back its
+        # cache before it grows, so the step's segments lie as they would under a cap. Not
+        # without bound: a batch far too large fails fast instead of taking the machine.
+        cap = self._mem.memory_budget("cpu") or self.budget_bytes
+        # A quarter more at least: what the system counts outside the pool takes from the cap
+        # too, and the request's shortfall does not show it.
+        lifted = min(self.lifted_cap(), max(cap + int(needed) + LIFT_GRANULE, cap * 5 // 4))
+        if lifted <= cap:
             return 0
         self._lifted = True
-        # Not without bound: a batch far too large fails fast instead of taking the machine.
-        self._mem.set_cpu_budget(self.lifted_cap())
-        return max(int(needed), 1)
+        self._mem.set_cpu_budget(lifted)
+        return lifted - cap
 
     def lifted_cap(self):
         return max(LIFTED_CAP_FACTOR * self.budget_bytes, self.budget_bytes + LIFTED_CAP_EXTRA)
