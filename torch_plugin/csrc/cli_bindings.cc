@@ -2,6 +2,7 @@
 
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,18 @@ void BindCli(pybind11::module& m) {
       pybind11::arg("args"),
       "Runs the actpack command line (report, diff, plot, plan, snapshot) on `args` (without "
       "the program name); returns (exit_code, stdout text, stderr text).");
+  // The planner's formula, once: actpack.plan answers with what `actpack plan` computes.
+  m.def(
+      "_max_batch_size",
+      [](uint64_t budget_bytes, uint64_t fixed_bytes, uint64_t per_sample_bytes,
+         double headroom) -> std::optional<uint64_t> {
+        tools::PlannerProfile planner;
+        planner.headroom = headroom;
+        return tools::MaxBatchSize(planner.Usable(budget_bytes), fixed_bytes, per_sample_bytes);
+      },
+      pybind11::arg("budget_bytes"), pybind11::arg("fixed_bytes"),
+      pybind11::arg("per_sample_bytes"), pybind11::arg("headroom"),
+      "The largest batch the planner's model fits in the budget less the headroom (None: any).");
 }
 
 }  // namespace actpack::torch_plugin

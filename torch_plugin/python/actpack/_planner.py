@@ -80,12 +80,11 @@ HEADROOM = _C.DEFAULT_HEADROOM  # as budget(): fragmentation and what the model 
 
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
-    """The largest batch whose modelled peak fixed + per_sample * b fits the budget's room."""
-    # In whole bytes, as the CLI's `actpack plan` computes it from the recorded numbers.
-    room = int(budget_bytes * (1.0 - headroom)) - int(fixed)
-    if per_sample <= 0:
-        return 0 if room < 0 else sys.maxsize
-    return max(0, room // int(per_sample))
+    """The largest batch whose modelled peak fixed + per_sample * b fits the budget's room, as
+    the CLI's `actpack plan` computes it (one formula, in C++)."""
+    batch = _C._max_batch_size(int(budget_bytes), max(0, int(fixed)), max(0, int(per_sample)),
+                               float(headroom))
+    return sys.maxsize if batch is None else batch
 
 
 def _progress(done, total, what, enabled):
