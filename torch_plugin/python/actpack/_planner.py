@@ -197,8 +197,8 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     return Plan(budget_bytes, sizes, choices, verified, document)
 
 
-# auto plans at the end of its second step and the cap holds from then on: the peak verified
-# is the reserved peak of the capped steps.
+# auto plans at the end of its second step; the steps before may go over the cap to measure
+# themselves, so the peak verified is the reserved peak of the steps from the third.
 VERIFY_STEPS = 4
 CAPPED_FROM = 2
 
