@@ -32,8 +32,23 @@ MiB = 1 << 20
 
 # ---- models ----
 
-class VGG(nn.Module):
+class ImageClassifier(nn.Module):
+    """Random RGB images of `size` x `size` and ten class labels."""
+    size = 32
+
+    @classmethod
+    def batch(cls, b, generator):
+        return (torch.randn(b, 3, cls.size, cls.size, generator=generator),
+                torch.randint(0, 10, (b,), generator=generator))
+
+    @staticmethod
+    def loss(out, y):
+        return F.cross_entropy(out, y)
+
+
+class VGG(ImageClassifier):
     """Conv-BN-ReLU stacks on 64 x 64 images."""
+    size = 64
 
     def __init__(self, width=32, classes=10):
         super().__init__()
@@ -49,15 +64,6 @@ class VGG(nn.Module):
 
     def forward(self, x):
         return self.head(self.features(x).flatten(1))
-
-    @staticmethod
-    def batch(b, generator):
-        return (torch.randn(b, 3, 64, 64, generator=generator),
-                torch.randint(0, 10, (b,), generator=generator))
-
-    @staticmethod
-    def loss(out, y):
-        return F.cross_entropy(out, y)
 
 
 class Transformer(nn.Module):
@@ -90,7 +96,7 @@ class Transformer(nn.Module):
         return F.cross_entropy(out.flatten(0, 1), y.flatten())
 
 
-class Mixer(nn.Module):
+class Mixer(ImageClassifier):
     """MLP-Mixer on 32 x 32 images: 4 x 4 patches (64 tokens), 4 blocks of token and channel
     MLPs."""
 
@@ -115,15 +121,6 @@ class Mixer(nn.Module):
             h = h + block["tokens"](block["norm1"](h).transpose(1, 2)).transpose(1, 2)
             h = h + block["channels"](block["norm2"](h))
         return self.head(self.norm(h).mean(1))
-
-    @staticmethod
-    def batch(b, generator):
-        return (torch.randn(b, 3, 32, 32, generator=generator),
-                torch.randint(0, 10, (b,), generator=generator))
-
-    @staticmethod
-    def loss(out, y):
-        return F.cross_entropy(out, y)
 
 
 MODELS = {"cnn": VGG, "transformer": Transformer, "mixer": Mixer}
