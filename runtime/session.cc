@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "allocator/units.h"
 #include "codecs/internal/elements.h"
 #include "codecs/registry.h"
@@ -687,12 +688,16 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
   policy_.other_bytes = input.other_bytes;
   policy_.projected_peak = plan.projected_peak;
   policy_.feasible = plan.feasible;
-  policy_.smallest_feasible_budget = plan.smallest_feasible_budget;
+  policy_.smallest_feasible_budget = static_cast<uint64_t>(
+      std::ceil(static_cast<double>(plan.smallest_feasible_budget) * policy_.fragmentation));
   policy_.weighted_error = plan.weighted_error;
-  // Over the headroom but within the budget itself: run the harshest plan rather than fail.
-  if (plan.feasible || plan.projected_peak <= input.budget_bytes) return absl::OkStatus();
-  using allocator::FormatBytes;
+  // Over the headroom (or what fragmentation may take) but within the budget itself: run the
+  // harshest plan rather than fail; the cap has the last word.
   const uint64_t outside = policy_.outside_pool_bytes;
+  if (plan.feasible || plan.projected_peak + outside <= options_.budget_bytes) {
+    return absl::OkStatus();
+  }
+  using allocator::FormatBytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "actpack: a budget of ", FormatBytes(options_.budget_bytes),
       " cannot hold this training step: ",
@@ -705,8 +710,12 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       " is not saved activations (parameters, gradients, optimizer state, workspace), and "
       "even the harshest codecs leave ", FormatBytes(plan.projected_peak - input.other_bytes),
       " of activations; the smallest budget that would work is ",
-      FormatBytes(plan.smallest_feasible_budget + outside), " (with ",
+      FormatBytes(policy_.smallest_feasible_budget + outside), " (with ",
       static_cast<int>(std::lround(options_.headroom * 100)), "% headroom",
+      policy_.fragmentation > 1.0
+          ? absl::StrFormat(" and the %.2fx the allocator reserved over what it allocated",
+                            policy_.fragmentation)
+          : std::string(),
       options_.allowed_loss_increase > 0
           ? absl::StrCat(" and allowed_loss_increase=", options_.allowed_loss_increase,
                          "; a larger allowed increase permits harsher codecs")
@@ -716,7 +725,8 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
 
 uint64_t Session::PlanningBudget() const {
   const uint64_t outside = policy_.outside_pool_bytes;
-  return options_.budget_bytes > outside ? options_.budget_bytes - outside : 0;
+  const uint64_t pool = options_.budget_bytes > outside ? options_.budget_bytes - outside : 0;
+  return static_cast<uint64_t>(static_cast<double>(pool) / policy_.fragmentation);
 }
 
 absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
@@ -729,6 +739,10 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   const uint64_t counted = reserved_bytes + options_.outside_allowance_bytes;
   if (system_bytes > counted && reserved_bytes > 0) {
     policy_.outside_pool_bytes = std::max(policy_.outside_pool_bytes, system_bytes - counted);
+  }
+  if (reserved_bytes > 0 && peak_bytes > 0) {
+    policy_.fragmentation = std::max(1.0, static_cast<double>(reserved_bytes) /
+                                              static_cast<double>(peak_bytes));
   }
   absl::Status status = absl::OkStatus();
   if (current_step_.profiled) profiled_since_plan_ = true;
@@ -805,6 +819,7 @@ json::Value Session::ActivationReport() const {
   policy.Set("plans", policy_.plans);
   policy.Set("other_bytes", policy_.other_bytes);
   policy.Set("outside_pool_bytes", policy_.outside_pool_bytes);
+  policy.Set("fragmentation", policy_.fragmentation);
   policy.Set("projected_peak_bytes", policy_.projected_peak);
   policy.Set("feasible", policy_.feasible);
   policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);

@@ -426,6 +426,34 @@ TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
             static_cast<int64_t>(peak + (200 << 10)));
 }
 
+// The cap counts reserved bytes, the policy models allocated ones: a step that reserved 1.1x
+// what it allocated makes the policy plan for the budget divided by 1.1, so the plan that fitted
+// the whole budget (all exact) no longer does, and the report says why.
+TEST(SessionPolicyTest, FragmentationTakesFromThePlannedBudget) {
+  const uint64_t other = 1 << 20;
+  const uint64_t raw = 4u * 64 * 256 * 4;  // 256 KiB of saved tensors a step
+  Session session(AutoOptions(other + raw), HostFactory());
+  const uint64_t first = WarmUp(session, other);
+  ASSERT_TRUE(session.EndStep(other + first).ok());
+  std::vector<PackAction> actions;
+  RunStep(session, &actions);
+  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));  // all fits exactly
+  EXPECT_EQ(session.Policy().fragmentation, 1.0);
+  const uint64_t peak = other + raw;
+  ASSERT_TRUE(session.EndStep(peak, peak + peak / 10, peak + peak / 10).ok());
+  EXPECT_NEAR(session.Policy().fragmentation, 1.1, 1e-6);
+  actions.clear();
+  const uint64_t held = RunStep(session, &actions);
+  // Planned within budget / 1.1 (less the headroom).
+  EXPECT_LE(static_cast<double>(other + held), static_cast<double>(other + raw) / 1.1);
+  EXPECT_NE(actions, std::vector<PackAction>(4, PackAction::kKeep));
+  // A step that reserved no more than it allocated brings the factor back to 1.
+  ASSERT_TRUE(session.EndStep(other + held, other + held, other + held).ok());
+  EXPECT_EQ(session.Policy().fragmentation, 1.0);
+  const json::Value report = session.ActivationReport();
+  EXPECT_EQ(report.Find("policy")->Find("fragmentation")->as_double(), 1.0);
+}
+
 TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
   SessionOptions options = AutoOptions(0);
   options.rules.push_back({"encoder.*", *ParseCodecChoice("quant4")});

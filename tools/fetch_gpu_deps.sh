@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Run on a machine with apt (this one), before tools/gpu_check.sh on a GPU machine without a
 # network: downloads the Debian packages the GPU machine lacks into .deps/ (git-ignored), which
-# travels with the working tree.
+# travels with the working tree, and the Python wheels the benchmark suite needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p .deps
 cd .deps
 rm -f ./*.deb
+# The benchmark suite's progress bar and picture, as wheels (CPython 3.10-3.12, x86-64).
+mkdir -p wheels
+for v in 3.10 3.11 3.12; do
+  python3 -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 \
+    --python-version "$v" --dest wheels tqdm matplotlib
+done
 # The runtime library package is named after the Abseil release (libabsl20220623 on bookworm).
 runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print $2; exit}')
 # Highway: the codecs' vector kernels (headers in libhwy-dev, libhwy.so in libhwy1).

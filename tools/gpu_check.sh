@@ -48,4 +48,11 @@ echo "== allocator trace replay: actpack vs torch's caching allocator vs cudaMal
 python3 tools/gpu_allocator_benchmark.py --json "$OUT/allocator_replay.json" 2>&1 |
   tee "$OUT/allocator_benchmark.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== model benchmarks (benchmarks/suite.py --device cuda) =="
+# tqdm and matplotlib from the wheels tools/fetch_gpu_deps.sh downloaded (no network here).
+python3 -m pip install -q --no-index --find-links .deps/wheels --target "$SITE" tqdm matplotlib ||
+  echo "actpack: tqdm/matplotlib wheels missing: run tools/fetch_gpu_deps.sh first"
+timeout 300 python3 benchmarks/suite.py --device cuda --quiet --out "$OUT/benchmarks" 2>&1 |
+  tee "$OUT/model_benchmarks.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 exit $status

@@ -11,7 +11,8 @@ TORCH="torch==2.13.0"
 # The optional integrations' frameworks (the extras actpack[transformers], actpack[lightning])
 # are installed too, so their tests run. torch is named with them, pinned: pip then keeps the
 # installed CPU torch instead of resolving one of its own.
-PIP_PACKAGES=("$TORCH" pytest numpy ninja setuptools wheel build
+# tqdm and matplotlib: the benchmark suite's progress bar and picture (benchmarks/).
+PIP_PACKAGES=("$TORCH" pytest numpy ninja setuptools wheel build tqdm matplotlib
               "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
 
 SUDO=""

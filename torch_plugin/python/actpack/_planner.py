@@ -9,7 +9,8 @@ runs it once to warm up (optimizer state), then once per codec choice and profil
 inside a budget context, measuring the allocator's peak. Memory is modelled per choice as
 fixed + per_sample * batch in allocated bytes, which grow smoothly with the batch; the largest
 batch whose modelled peak fits the budget less the headroom the policy also keeps (15%) is the
-answer. Reserved bytes (what the cap counts) are lumpy — whole segments — so they are reported
+answer. An answer more than 4x the largest profiled batch is profiled again nearer to it (the
+peak of a small batch can sit in the optimizer step, where the batch does not matter). Reserved bytes (what the cap counts) are lumpy — whole segments — so they are reported
 as the fragmentation seen at the larger profiled batch, not modelled. verify=True runs real
 steps under the budget's cap at the predicted size, stepping down until they fit, and reports
 the measured peak.
@@ -87,6 +88,23 @@ def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
     return sys.maxsize if batch is None else batch
 
 
+# How far past the largest profiled batch the line may extrapolate before the planner profiles
+# nearer (at most MAX_REFINEMENTS more steps per choice).
+REFINE_SPAN = 4
+MAX_REFINEMENTS = 3
+
+
+def _fit(peaks):
+    """(fixed, per_sample) of the least-squares line through (batch, allocated peak)."""
+    n = len(peaks)
+    mean_b = sum(p[0] for p in peaks) / n
+    mean_y = sum(p[1] for p in peaks) / n
+    var_b = sum((p[0] - mean_b) ** 2 for p in peaks)
+    per_sample = sum((p[0] - mean_b) * (p[1] - mean_y) for p in peaks) / var_b
+    fixed = max(0.0, mean_y - per_sample * mean_b)  # a negative intercept is noise
+    return int(round(fixed)), int(math.ceil(per_sample))
+
+
 def _progress(done, total, what, enabled):
     if not enabled:
         return
@@ -155,15 +173,25 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             reserved, allocated, last_report = _run_step(step, b, choice)
             peaks.append((b, allocated, reserved))
             done += 1
-        # Least squares over the profiled sizes (two points: the line through them).
-        n = len(peaks)
-        mean_b = sum(p[0] for p in peaks) / n
-        mean_y = sum(p[1] for p in peaks) / n
-        var_b = sum((p[0] - mean_b) ** 2 for p in peaks)
-        per_sample = sum((p[0] - mean_b) * (p[1] - mean_y) for p in peaks) / var_b
-        fixed = max(0.0, mean_y - per_sample * mean_b)  # a negative intercept is noise
+        fixed, per_sample = _fit(peaks)
+        # A step's peak can sit where the batch barely matters at small batches (the optimizer
+        # step's temporaries, a workspace) and move to the activations at larger ones, so the
+        # line through small batches can overshoot many times over. An answer far beyond the
+        # profiled sizes is profiled again nearer to it, and the line refitted through the two
+        # largest batches, until it lies within REFINE_SPAN of the largest profiled.
+        for _ in range(MAX_REFINEMENTS):
+            largest = peaks[-1][0]
+            estimate = max_batch(budget_bytes, fixed, per_sample)
+            if estimate <= REFINE_SPAN * largest:
+                break
+            b = min(estimate // 2, REFINE_SPAN * largest)
+            total += 1
+            _progress(done, total, f"{choice} at batch {b}", progress)
+            reserved, allocated, last_report = _run_step(step, b, choice)
+            peaks.append((b, allocated, reserved))
+            done += 1
+            fixed, per_sample = _fit(peaks[-2:])
         fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
-        fixed, per_sample = int(round(fixed)), int(math.ceil(per_sample))
         choices[choice] = {
             "fixed_bytes": fixed,
             "per_sample_bytes": per_sample,
@@ -203,16 +231,18 @@ VERIFY_STEPS = 4
 CAPPED_FROM = 2
 
 
-def trains_under_cap(step, budget_bytes, choice, batch):
-    """The run report of VERIFY_STEPS real steps at `batch` under the budget's cap, or None
-    when they ran out of it: the truth the planner's answer is checked against."""
+def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS):
+    """The run report of `steps` real steps at `batch` under the budget's cap, or None when
+    they ran out of it: the truth the planner's answer is checked against. A step before the
+    policy's first plan may lift the cap (two for "auto", one for a fixed codec), so `steps`
+    needs one more than that to have run one capped step."""
     import gc
 
     import torch
 
     try:
         with _budget_context(budget_bytes, codec=_SPECS[choice]) as run:
-            for _ in range(VERIFY_STEPS):
+            for _ in range(steps):
                 step(batch)
         return run.report
     except torch.OutOfMemoryError:

@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""actpack against PyTorch's own memory tools, side by side on real model shapes.
+
+For each model (ResNet-50, a ViT-B/16-like encoder, a GPT-2-small-like decoder on real text,
+a UNet) and each method — plain PyTorch, per-block `torch.utils.checkpoint`,
+`torch.autograd.graph.save_on_cpu` (CUDA only), actpack with none / quant2 / division / eb /
+auto, and actpack auto together with per-block checkpointing — in one run:
+
+  max batch   the largest batch that trains under the budget's cap (binary search with real
+              steps: the truth), and actpack.plan's estimate and verified answer for auto
+  limit       what the budget could hold at best: (budget - fixed bytes) / (bytes per sample
+              packed at the harshest codec + the raw working set per sample of the largest
+              block), and how close auto's batch comes to it
+  step time   at one batch (the per-block checkpointing's largest), relative to plain
+  gradients   per parameter group, cosine and relative norm of the difference against the
+              exact gradient at the same weights and batch
+  loss        after N steps on the same batches from the same start, against plain
+
+Writes <out>/benchmark.json, <out>/benchmark.svg and prints a table.
+
+  python3 benchmarks/suite.py                    CPU sizes (about half an hour on 2 cores)
+  python3 benchmarks/suite.py --size smoke       tiny, for the test command
+  python3 benchmarks/suite.py --size full --device cuda
+"""
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+import actpack  # noqa: E402
+from actpack import _planner  # noqa: E402
+from actpack._units import format_bytes, parse_budget  # noqa: E402
+
+MiB = 1 << 20
+
+# method -> (actpack codec or None for no actpack, per-block checkpointing, save_on_cpu)
+METHODS = {
+    "plain": (None, False, False),
+    "checkpoint": (None, True, False),
+    "save_on_cpu": (None, False, True),
+    "actpack:none": ("none", False, False),
+    "actpack:quant2": ("quant2", False, False),
+    "actpack:division": ("division", False, False),
+    "actpack:eb": ("eb", False, False),
+    "actpack:auto": ("auto", False, False),
+    "actpack:auto+checkpoint": ("auto", True, False),
+}
+
+# Per size: the budget per model, the steps of the loss run, the largest batch searched.
+# Per size: the budget per model, the steps of the loss run (the last two and those after are
+# timed), the largest batch searched and the precision of the search.
+SETTINGS = {
+    "smoke": {"budget": {"resnet50": "24MiB", "vit-b16": "16MiB", "gpt2-small": "16MiB",
+                         "unet": "24MiB"},
+              "loss_steps": 4, "time_steps": 1, "max_batch": 256, "precision": 0.1},
+    "cpu": {"budget": {"resnet50": "320MiB", "vit-b16": "192MiB", "gpt2-small": "192MiB",
+                       "unet": "160MiB"},
+            "loss_steps": 8, "time_steps": 3, "max_batch": 4096, "precision": 0.04},
+    "full": {"budget": {"resnet50": "8GiB", "vit-b16": "8GiB", "gpt2-small": "8GiB",
+                        "unet": "8GiB"},
+             "loss_steps": 50, "time_steps": 5, "max_batch": 8192, "precision": 0.01},
+}
+
+
+class Bench:
+    def __init__(self, task, device, budget, progress, size, fresh_trials=True):
+        self.task, self.device, self.progress, self.size = task, device, progress, size
+        self.fresh_trials = fresh_trials
+        self.budget_bytes = parse_budget(budget)["bytes"]
+        self.initial = task.model(device).state_dict()
+
+    def fresh(self, checkpointed):
+        """The model at its initial weights, with an optimizer."""
+        model = self.task.model(self.device)
+        model.load_state_dict(self.initial)
+        model.checkpointed = checkpointed
+        return model, self.task.make_optimizer(model)
+
+    def step_fn(self, model, optimizer, offload=False):
+        """step(batch, index=0): one training step on batch `index`; returns the loss."""
+        def step(batch, index=0, update=True):
+            x, y = self.task.batch(batch, index, self.device)
+            with (torch.autograd.graph.save_on_cpu(pin_memory=True) if offload
+                  else contextlib.nullcontext()):
+                loss = self.task.loss(model(x), y)
+            loss.backward()
+            if update:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            return loss.item()
+        return step
+
+    def context(self, codec):
+        """auto under the budget (what it picks depends on it); a fixed codec packs the same
+        under any budget, so it runs uncapped and fits whatever batch plain PyTorch does."""
+        if codec is None:
+            return contextlib.nullcontext()
+        return actpack.budget(self.budget_bytes if codec == "auto" else 1 << 50, codec=codec)
+
+    # ---- max batch under the cap ----
+
+    def fits(self, method, batch):
+        """Whether real steps at `batch` train under the budget's cap: in a fresh process
+        (a process's memory remembers what ran before: oneDNN's caches, the pool's segments),
+        or in this one with --trials in-process (the smoke run)."""
+        if self.progress is not None:
+            self.progress.set_postfix_str(f"batch {batch}")
+        if not self.fresh_trials:
+            return self.trial(method, batch)
+        argv = [sys.executable, os.path.abspath(__file__), "--trial", self.task.name, method,
+                str(batch), "--size", self.size, "--device", self.device,
+                "--budget", str(self.budget_bytes), "--threads", str(torch.get_num_threads())]
+        out = subprocess.run(argv, text=True, capture_output=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"trial {method} at batch {batch} failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])["fits"]
+
+    def trial(self, method, batch):
+        """One try of the search: a fresh model, a warm-up step outside the budget (the
+        optimizer's state, as in training), then real steps under its cap, up to one capped
+        step after those that may lift the cap before the policy's first plan."""
+        codec, checkpointed, _ = METHODS[method]
+        model, optimizer = self.fresh(checkpointed)
+        step = self.step_fn(model, optimizer)
+        step(2)
+        steps = 3 if codec == "auto" else 2
+        return _planner.trains_under_cap(step, self.budget_bytes, codec or "none", batch,
+                                         steps=steps) is not None
+
+    def largest_batch(self, method, guess, ceiling, precision):
+        """The largest batch in [2, ceiling] that trains under the cap (0 if none), to within
+        `precision` (a fraction of it): brackets from `guess` by factors of 1.5, then
+        bisects. Batch 1 is left out: batch norm needs two samples."""
+        guess = min(ceiling, max(2, guess))
+        if self.fits(method, guess):
+            low, high = guess, None
+            while high is None and low < ceiling:
+                batch = min(ceiling, int(low * 1.5) + 1)
+                if self.fits(method, batch):
+                    low = batch
+                else:
+                    high = batch - 1
+            high = low if high is None else high
+        else:
+            low, high = 0, guess - 1
+            while low == 0 and high >= 2:
+                batch = max(2, int(high / 1.5))
+                if self.fits(method, batch):
+                    low = batch
+                else:
+                    high = batch - 1
+        while low and high - low > max(0, int(low * precision)):
+            mid = (low + high + 1) // 2
+            if self.fits(method, mid):
+                low = mid
+            else:
+                high = mid - 1
+        return {"max_batch": low, "max_batch_upper": high}
+
+    def plan(self, batch_sizes):
+        model, optimizer = self.fresh(False)
+        p = actpack.plan(self.step_fn(model, optimizer), self.budget_bytes,
+                         batch_sizes=batch_sizes, verify=True, progress=False)
+        return {"estimate": {name: c["max_batch_size"] for name, c in p.choices.items()},
+                "fixed_bytes": {name: c["fixed_bytes"] for name, c in p.choices.items()},
+                "per_sample_bytes": {name: c["per_sample_bytes"]
+                                     for name, c in p.choices.items()},
+                "verified_auto": p.verified["batch_size"]}
+
+    # ---- the limit ----
+
+    def limit(self, plan, batch):
+        """(budget - fixed) / (packed bytes per sample at the harshest codec + the largest
+        block's raw working set per sample)."""
+        model, optimizer = self.fresh(False)
+        step = self.step_fn(model, optimizer)
+        step(batch)
+        # As the planner profiles auto: its harshest codecs, under a budget it cannot meet.
+        report = _planner._run_step(step, batch, "auto")[2]
+        packed = max(s["peak_live_stored_bytes"] for s in report["activations"]["steps"]) / batch
+        working = self.largest_block_working_set(model, batch) / batch
+        fixed = plan["fixed_bytes"]["none"]
+        return {"packed_per_sample_bytes": packed, "block_working_set_per_sample_bytes": working,
+                "fixed_bytes": fixed,
+                "batch": int((self.budget_bytes - fixed) / (packed + working))}
+
+    def largest_block_working_set(self, model, batch):
+        """Peak bytes a block allocates running forward and backward alone, for the block
+        with the largest peak, at `batch`: its input is given, its parameters' gradients are
+        part of the fixed bytes, the rest is counted."""
+        inputs = {}
+        hooks = [block.register_forward_pre_hook(
+            lambda m, args: inputs.setdefault(m, tuple(a.detach() for a in args)))
+            for block in _blocks(model)]
+        with torch.no_grad():
+            model(self.task.batch(batch, 0, self.device)[0])
+        for h in hooks:
+            h.remove()
+        peaks = []
+        for block, args in inputs.items():
+            args = tuple(a.clone().requires_grad_(a.is_floating_point()) for a in args)
+            with actpack.budget(1 << 50, codec="none") as run:
+                block(*args).float().square().mean().backward()
+            grads = sum(p.numel() * p.element_size() for p in block.parameters())
+            block.zero_grad(set_to_none=True)
+            peaks.append((run.report["run"]["peak_allocated_bytes"] or 0) - grads)
+            del args
+        return max(peaks)
+
+    # ---- time, gradients, loss ----
+
+    def train(self, method, batch, steps, time_steps):
+        """`steps` steps from the initial weights on batches 0..steps-1 (the first outside
+        actpack, creating the optimizer's state); the gradients of the
+        last against the exact ones at the same weights; the median time of the `time_steps`
+        steps before the last."""
+        codec, checkpointed, offload = METHODS[method]
+        model, optimizer = self.fresh(checkpointed)
+        step = self.step_fn(model, optimizer, offload)
+        # The first step runs before the context, as the max-batch search warms up: the
+        # optimizer's state exists before any measured step, in every method alike.
+        losses, times = [step(batch, 0)], []
+        with self.context(codec):
+            for i in range(1, steps - 1):
+                start = time.perf_counter()
+                losses.append(step(batch, i))
+                if i >= steps - 1 - time_steps:
+                    times.append(time.perf_counter() - start)
+            losses.append(step(batch, steps - 1, update=False))
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                 if p.grad is not None}
+        optimizer.zero_grad(set_to_none=True)
+        model.checkpointed = False
+        state = copy.deepcopy(model.state_dict())  # BN running stats move on a forward
+        self.step_fn(model, optimizer)(batch, steps - 1, update=False)
+        model.load_state_dict(state)
+        exact = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return {"losses": losses, "step_seconds": statistics.median(times) if times else None,
+                "gradients": gradient_error(grads, exact, models.parameter_groups(model))}
+
+
+def _blocks(model):
+    if hasattr(model, "blocks"):
+        return list(model.blocks)
+    return list(model.down) + list(model.up)
+
+
+def gradient_error(grads, exact, groups):
+    """Per group: cosine between the flattened gradients and |g - exact| / |exact|."""
+    out = {}
+    for group in dict.fromkeys(groups.values()):
+        names = [n for n in exact if groups[n] == group and n in grads]
+        if not names:
+            continue
+        g = torch.cat([grads[n].flatten().double() for n in names])
+        e = torch.cat([exact[n].flatten().double() for n in names])
+        norm = e.norm().item()
+        out[group] = {"cosine": torch.nn.functional.cosine_similarity(g, e, 0).item()
+                      if norm else 1.0,
+                      "relative_norm": (g - e).norm().item() / norm if norm else 0.0}
+    return out
+
+
+def run(args, save=lambda results: None):
+    from tqdm import tqdm
+
+    torch.manual_seed(0)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    settings = SETTINGS[args.size]
+    tasks = [t for t in models.tasks(args.size) if not args.models or t.name in args.models]
+    methods = [m for m in METHODS if not args.methods or m in args.methods]
+    if args.device != "cuda":
+        methods = [m for m in methods if not METHODS[m][2]]  # save_on_cpu offloads device memory
+    else:
+        actpack.install_allocator()
+    stages = len(tasks) * (2 + 2 * len(methods))
+    progress = tqdm(total=stages, desc="actpack benchmarks", unit="stage", file=sys.stderr,
+                    disable=args.quiet)
+    results = {"machine": machine(args), "size": args.size, "models": {}}
+    for task in tasks:
+        budget = args.budget or settings["budget"][task.name]
+        bench = Bench(task, args.device, budget, progress, args.size,
+                      fresh_trials=args.trials == "fresh")
+        model = bench.fresh(False)[0]
+        entry = {"budget_bytes": bench.budget_bytes, "parameters": models.param_count(model),
+                 "methods": {}}
+        del model
+        progress.set_description(f"{task.name}: plan")
+        entry["plan"] = bench.plan(settings.get("plan_batches", (2, 4)))
+        progress.update()
+        for method in methods:
+            progress.set_description(f"{task.name}: {method} max batch")
+            guess = entry["plan"]["estimate"].get(METHODS[method][0] or "none", 8)
+            entry["methods"][method] = bench.largest_batch(
+                method, guess, settings["max_batch"], settings["precision"])
+            progress.update()
+            gc.collect()
+        plain = entry["methods"].get("plain", {}).get("max_batch")
+        batch = max(1, entry["methods"].get("checkpoint", {}).get("max_batch") or plain or 2)
+        entry["time_batch"] = batch
+        progress.set_description(f"{task.name}: limit")
+        entry["limit"] = bench.limit(entry["plan"], min(batch, 8))
+        progress.update()
+        for method in methods:
+            progress.set_description(f"{task.name}: {method} at batch {batch}")
+            try:
+                entry["methods"][method].update(
+                    bench.train(method, batch, settings["loss_steps"], settings["time_steps"]))
+            except torch.OutOfMemoryError as e:  # plain without a cap fits; a capped one may not
+                entry["methods"][method]["error"] = str(e).splitlines()[0]
+            progress.update()
+            gc.collect()
+        results["models"][task.name] = entry
+        save(results)  # what is done so far survives an interrupted run
+    progress.close()
+    return results
+
+
+def trial(args):
+    """--trial MODEL METHOD BATCH: one try of the search, alone in this process; prints
+    {"fits": ...}."""
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    else:
+        actpack.install_allocator()
+    task = next(t for t in models.tasks(args.size) if t.name == args.trial[0])
+    bench = Bench(task, args.device, int(args.budget), None, args.size, fresh_trials=False)
+    print(json.dumps({"fits": bench.trial(args.trial[1], int(args.trial[2]))}))
+
+
+def machine(args):
+    info = {"device": args.device, "torch": torch.__version__, "actpack": actpack.__version__,
+            "python": platform.python_version(), "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+    if args.device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def summarize(results):
+    """Per model and method, the figures of the table."""
+    rows = []
+    for name, entry in results["models"].items():
+        methods = entry["methods"]
+        plain = methods.get("plain", {})
+        for method, m in methods.items():
+            row = {"model": name, "method": method, "max_batch": m.get("max_batch"),
+                   "error": m.get("error")}
+            for base in ("plain", "checkpoint"):
+                b = methods.get(base, {}).get("max_batch")
+                row[f"vs_{base}"] = m["max_batch"] / b if b else None
+            if m.get("step_seconds") and plain.get("step_seconds"):
+                row["time_vs_plain"] = m["step_seconds"] / plain["step_seconds"]
+            if "gradients" in m:
+                g = m["gradients"].values()
+                row["min_cosine"] = min(x["cosine"] for x in g)
+                row["max_relative_norm"] = max(x["relative_norm"] for x in g)
+            if m.get("losses") and plain.get("losses"):
+                row["final_loss"] = m["losses"][-1]
+                row["loss_vs_plain"] = m["losses"][-1] - plain["losses"][-1]
+            rows.append(row)
+    return rows
+
+
+def table(results):
+    def f(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    lines = []
+    for name, entry in results["models"].items():
+        plan, limit = entry["plan"], entry["limit"]
+        auto = entry["methods"].get("actpack:auto", {}).get("max_batch")
+        lines.append(
+            f"\n{name}: {entry['parameters'] / 1e6:.1f}M parameters, budget "
+            f"{format_bytes(entry['budget_bytes'])}; planner (auto) estimate "
+            f"{plan['estimate'].get('auto')}, verified {plan['verified_auto']}; limit "
+            f"{limit['batch']} (fixed {format_bytes(limit['fixed_bytes'])}, packed "
+            f"{format_bytes(limit['packed_per_sample_bytes'])}/sample + largest block "
+            f"{format_bytes(limit['block_working_set_per_sample_bytes'])}/sample)"
+            + (f"; auto reaches {auto / limit['batch']:.0%} of it" if auto and limit["batch"]
+               else ""))
+        lines.append(f"  {'method':<24}{'max batch':>10}{'x plain':>9}{'x ckpt':>8}"
+                     f"{'time @' + str(entry['time_batch']):>10}{'grad cos':>10}"
+                     f"{'grad err':>10}{'loss':>8}{'vs plain':>10}")
+        for row in (r for r in summarize(results) if r["model"] == name):
+            lines.append(
+                f"  {row['method']:<24}{f(row['max_batch'], 'd'):>10}"
+                f"{f(row.get('vs_plain'), '.2f'):>9}{f(row.get('vs_checkpoint'), '.2f'):>8}"
+                f"{f(row.get('time_vs_plain'), '.2f'):>10}{f(row.get('min_cosine'), '.4f'):>10}"
+                f"{f(row.get('max_relative_norm'), '.3f'):>10}{f(row.get('final_loss'), '.3f'):>8}"
+                f"{f(row.get('loss_vs_plain'), '+.3f'):>10}"
+                + (f"  ({row['error']})" if row.get("error") else ""))
+    return "\n".join(lines)
+
+
+def picture(results, path):
+    """Max batch relative to plain, per model and method, as an SVG bar chart."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summarize(results)
+    names = list(results["models"])
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(names) + 2), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, method in enumerate(methods):
+        values = [next((r.get("vs_plain") or 0 for r in rows
+                        if r["model"] == n and r["method"] == method), 0) for n in names]
+        ax.bar([k + i * width for k in range(len(names))], values, width, label=method)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(names))], names)
+    ax.set_ylabel("largest batch under the budget / plain")
+    ax.set_title(f"actpack benchmarks ({results['machine']['device']}, "
+                 f"{results['size']} sizes)")
+    ax.legend(fontsize=7, ncols=2)
+    fig.tight_layout()
+    fig.savefig(path, format="svg")
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SETTINGS), default="cpu",
+                        help="model and input sizes: cpu (default), full (GPU sizes), smoke")
+    parser.add_argument("--full", dest="size", action="store_const", const="full",
+                        help="the GPU sizes (same as --size full)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--models", nargs="*", help="a subset of the models")
+    parser.add_argument("--methods", nargs="*", choices=list(METHODS),
+                        help="a subset of the methods")
+    parser.add_argument("--budget", help="one budget for every model (default: per model)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmark-results")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--trials", choices=["fresh", "in-process"], default="fresh",
+                        help="each try of the max-batch search in a fresh process (default; "
+                             "the truth) or in this one (faster, for the smoke run)")
+    parser.add_argument("--trial", nargs=3, metavar=("MODEL", "METHOD", "BATCH"),
+                        help=argparse.SUPPRESS)  # one try of the search, in its own process
+    args = parser.parse_args(argv)
+    if args.trial:
+        trial(args)
+        return None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    os.makedirs(args.out, exist_ok=True)
+
+    def save(results):
+        results["rows"] = summarize(results)
+        with open(os.path.join(args.out, "benchmark.json"), "w") as f:
+            json.dump(results, f, indent=2)
+
+    results = run(args, save)
+    save(results)
+    picture(results, os.path.join(args.out, "benchmark.svg"))
+    print(f"actpack benchmarks on {results['machine']['processor']} "
+          f"({results['machine']['threads']} threads), torch {results['machine']['torch']}, "
+          f"{args.size} sizes")
+    print(table(results))
+    print(f"\nwrote {args.out}/benchmark.json and {args.out}/benchmark.svg")
+    return results
+
+
+if __name__ == "__main__":
+    main()

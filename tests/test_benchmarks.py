@@ -1,0 +1,76 @@
+"""The benchmark suite's smoke run (benchmarks/suite.py --size smoke): every model and method
+runs, and the figures it prints mean what they say."""
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+SUITE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "suite.py")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    # In-process trials: the smoke run checks the suite's machinery, not the truth of a search.
+    run = subprocess.run([sys.executable, SUITE, "--size", "smoke", "--quiet",
+                          "--trials", "in-process", "--out", str(out)],
+                         text=True, capture_output=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    with open(out / "benchmark.json") as f:
+        data = json.load(f)
+    return data, run.stdout, out
+
+
+def test_every_model_and_method_is_measured(results):
+    data, stdout, out = results
+    assert set(data["models"]) == {"resnet50", "vit-b16", "gpt2-small", "unet"}
+    for name, entry in data["models"].items():
+        assert set(entry["methods"]) == {"plain", "checkpoint", "actpack:none", "actpack:quant2",
+                                         "actpack:division", "actpack:eb", "actpack:auto",
+                                         "actpack:auto+checkpoint"}, name
+        assert name in stdout
+        for method, m in entry["methods"].items():
+            assert m["max_batch"] >= 2, (name, method)
+            assert m["max_batch"] <= m["max_batch_upper"], (name, method)
+    ET.parse(out / "benchmark.svg")  # a well-formed picture
+
+
+def test_checkpointing_and_packing_fit_more_than_plain(results):
+    data = results[0]
+    for name, entry in data["models"].items():
+        m = {k: v["max_batch"] for k, v in entry["methods"].items()}
+        assert m["checkpoint"] > m["plain"], name
+        assert m["actpack:quant2"] > m["plain"], name
+        # "none" is plain training under the same cap: the same batch, to the search's 10%.
+        assert abs(m["actpack:none"] - m["plain"]) <= 0.1 * m["plain"] + 1, name
+
+
+def test_gradient_figures(results):
+    """Checkpointing recomputes exactly, so its gradients are the exact ones (the measurement
+    itself is right); eb's error bound keeps its gradients close; quant2's differ."""
+    data = results[0]
+    for name, entry in data["models"].items():
+        methods = entry["methods"]
+        for group in methods["checkpoint"]["gradients"].values():
+            assert group["cosine"] > 0.99999 and group["relative_norm"] < 1e-4, name
+        eb = [g["cosine"] for g in methods["actpack:eb"]["gradients"].values()]
+        assert min(eb) > 0.9, (name, eb)
+        quant2 = [g["relative_norm"] for g in methods["actpack:quant2"]["gradients"].values()]
+        assert max(quant2) > 1e-3, (name, quant2)
+
+
+def test_losses_and_limit(results):
+    data = results[0]
+    for name, entry in data["models"].items():
+        plain = entry["methods"]["plain"]["losses"]
+        checkpointed = entry["methods"]["checkpoint"]["losses"]
+        assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(plain, checkpointed)), name
+        for method, m in entry["methods"].items():
+            if "losses" in m:
+                assert len(m["losses"]) == 4 and all(l == l for l in m["losses"]), (name, method)
+        limit = entry["limit"]
+        assert limit["batch"] > 0 and limit["packed_per_sample_bytes"] > 0
+        assert limit["block_working_set_per_sample_bytes"] > 0
