@@ -5,18 +5,14 @@ wraps every block in non-reentrant `torch.utils.checkpoint` — per-block checkp
 baseline actpack is measured against. `SIZES[name]` holds the CPU-sized configuration (the
 default) and the GPU-sized one (`--full`); `Task` pairs a model with its data and loss.
 """
+import glob
 import os
-import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# The demo's corpus: the Python standard library's .py files, real text every machine with
-# Python has.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from demo import load_corpus  # noqa: E402
 
 
 class Blocks(nn.Module):
@@ -91,9 +87,12 @@ class TransformerBlock(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads) \
             .permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        a = self.attention(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.norm2(x))
+
+    def attention(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
 
 
 class ViT(Blocks):
@@ -175,6 +174,23 @@ class UNet(Blocks):
 
 
 # ---- tasks: model, data and loss ----
+
+def load_corpus(max_bytes=4 << 20):
+    """The bytes of the Python standard library's .py files, in a fixed order: real text
+    that every machine with Python has."""
+    stdlib = os.path.dirname(os.__file__)
+    chunks, total = [], 0
+    for path in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
+        with open(path, "rb") as f:
+            data = f.read()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    # Bytes, widened per batch: the corpus is data, not part of a training step's memory.
+    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
+
+
 
 class Task:
     """A model with its data (`batch(size, index)`, deterministic) and its loss."""

@@ -129,13 +129,15 @@ class Bench:
         return json.loads(out.stdout.strip().splitlines()[-1])["fits"]
 
     def trial(self, method, batch):
-        """One try of the search: a fresh model, a warm-up step outside the budget (the
-        optimizer's state, as in training), then real steps under its cap, up to one capped
-        step after those that may lift the cap before the policy's first plan."""
+        """One try of the search: a fresh model, a warm-up step that creates the optimizer's
+        state in actpack's allocator (so the cap counts it, as it does for a user whose first
+        step runs inside the budget, and as the planner warms up), then real steps under the
+        cap, up to one capped step after those that may lift it before the policy's first
+        plan."""
         codec, checkpointed, _ = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         step = self.step_fn(model, optimizer)
-        step(2)
+        warm_up(step)
         steps = 3 if codec == "auto" else 2
         return _planner.trains_under_cap(step, self.budget_bytes, codec or "none", batch,
                                          steps=steps) is not None
@@ -230,9 +232,9 @@ class Bench:
         codec, checkpointed, offload = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         step = self.step_fn(model, optimizer, offload)
-        # The first step runs before the context, as the max-batch search warms up: the
-        # optimizer's state exists before any measured step, in every method alike.
-        losses, times = [step(batch, 0)], []
+        # The first step (batch 0) warms up as the max-batch search does (the optimizer's state in
+        # actpack's allocator), in every method alike.
+        losses, times = [warm_up(step, batch)], []
         with self.context(codec):
             for i in range(1, steps - 1):
                 start = time.perf_counter()
@@ -256,6 +258,13 @@ def _blocks(model):
     if hasattr(model, "blocks"):
         return list(model.blocks)
     return list(model.down) + list(model.up)
+
+
+def warm_up(step, batch=2):
+    """One step under a budget that caps nothing and packs nothing: what it allocates to stay
+    (the optimizer's state) comes from actpack's allocator, which every later budget counts."""
+    with actpack.budget(1 << 50, codec="none"):
+        return step(batch)
 
 
 def gradient_error(grads, exact, groups):

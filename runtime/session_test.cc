@@ -388,17 +388,26 @@ TEST(SessionPolicyTest, AnImpossibleBudgetNamesTheSmallestThatWorks) {
   EXPECT_EQ(session.Policy().smallest_feasible_budget, (3u << 20) + first);
 }
 
+// A budget that holds a step's 256 KiB of saved tensors exactly on top of 1 MiB of other
+// memory, warmed up and planned: the step after keeps all four tensors.
+constexpr uint64_t kOther = 1 << 20;
+constexpr uint64_t kRaw = 4u * 64 * 256 * 4;
+
+void PlanAllExact(Session& session) {
+  const uint64_t first = WarmUp(session, kOther);
+  ASSERT_TRUE(session.EndStep(kOther + first).ok());
+  std::vector<PackAction> actions;
+  RunStep(session, &actions);
+  ASSERT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));
+}
+
 // Memory the system counts outside the allocator (its step peak over the allocator's) is taken
 // from the budget the policy plans for: the plan that fitted the whole budget no longer does.
 TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
-  const uint64_t other = 1 << 20;
-  const uint64_t raw = 4u * 64 * 256 * 4;  // 256 KiB of saved tensors a step
+  const uint64_t other = kOther, raw = kRaw;
   Session session(AutoOptions(other + raw), HostFactory());
-  const uint64_t first = WarmUp(session, other);
-  ASSERT_TRUE(session.EndStep(other + first).ok());
+  PlanAllExact(session);
   std::vector<PackAction> actions;
-  RunStep(session, &actions);
-  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));  // all fits exactly
   // The system counted 200 KiB more than the allocator reserved at its peak.
   const uint64_t peak = other + raw;
   ASSERT_TRUE(session.EndStep(peak, peak, peak + (200 << 10)).ok());
@@ -430,14 +439,10 @@ TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
 // what it allocated makes the policy plan for the budget divided by 1.1, so the plan that fitted
 // the whole budget (all exact) no longer does, and the report says why.
 TEST(SessionPolicyTest, FragmentationTakesFromThePlannedBudget) {
-  const uint64_t other = 1 << 20;
-  const uint64_t raw = 4u * 64 * 256 * 4;  // 256 KiB of saved tensors a step
+  const uint64_t other = kOther, raw = kRaw;
   Session session(AutoOptions(other + raw), HostFactory());
-  const uint64_t first = WarmUp(session, other);
-  ASSERT_TRUE(session.EndStep(other + first).ok());
+  PlanAllExact(session);
   std::vector<PackAction> actions;
-  RunStep(session, &actions);
-  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));  // all fits exactly
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
   const uint64_t peak = other + raw;
   ASSERT_TRUE(session.EndStep(peak, peak + peak / 10, peak + peak / 10).ok());

@@ -12,7 +12,6 @@ Uses CUDA when a GPU is present, the CPU otherwise. Needs nothing from the netwo
 is the interpreter's own standard library.
 """
 import argparse
-import glob
 import json
 import math
 import os
@@ -25,44 +24,23 @@ import torch.nn.functional as F
 
 import actpack
 
-
-def load_corpus(max_bytes=4 << 20):
-    """The bytes of the standard library's .py files, in a fixed order."""
-    stdlib = os.path.dirname(os.__file__)
-    chunks, total = [], 0
-    for path in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
-        with open(path, "rb") as f:
-            data = f.read()
-        chunks.append(data)
-        total += len(data)
-        if total >= max_bytes:
-            break
-    # Bytes, widened per batch: the corpus is data, not part of a training step's memory.
-    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
+# The corpus and the transformer block are the benchmark suite's (benchmarks/models.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.models import TransformerBlock, load_corpus  # noqa: E402
 
 
-class Block(nn.Module):
+class Block(TransformerBlock):
+    """The benchmark suite's pre-norm causal block, with explicit attention (not the fused
+    kernel) so the scores are saved activations, as in most models people train."""
+
     def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        super().__init__(dim, heads, causal=True)
 
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        # Explicit attention (not the fused kernel) so the scores are saved activations, as in
-        # most models people train.
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        attention = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (attention @ v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        return x + self.mlp(self.norm2(x))
+    def attention(self, q, k, v):
+        t, head_dim = q.shape[-2], q.shape[-1]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)
+        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
 
 
 class CharTransformer(nn.Module):
