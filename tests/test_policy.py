@@ -170,9 +170,10 @@ def check_planner_against_binary_search(corpus, tmp_path, device):
             lo, hi = (mid, hi) if fits else (lo, mid - 1)
         print(f"planner at {budget >> 20} MiB, {choice}: predicted {predicted}, truth {lo}")
         if choice == plan.verified["codec"]:
-            # The verified search is a search for the truth; at the edge, whether a batch fits
-            # can differ by one between runs (the pool's segments as earlier runs left them).
-            assert abs(predicted - lo) <= 1, (choice, predicted, lo)
+            # The verified search is a search for the truth, answered 1% below it (at least
+            # one sample from 20 on): at the edge, whether a batch fits can differ by one
+            # between runs (the pool's segments as earlier runs left them). Within 5%.
+            assert 0.95 * lo - 1 <= predicted <= lo + (1 if lo < 20 else 0), (choice, predicted, lo)
         else:
             # The model's estimate: under the truth, within the 15% it holds back.
             assert 0.85 * lo - 1 <= predicted <= lo, (choice, predicted, lo)
