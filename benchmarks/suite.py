@@ -185,11 +185,12 @@ class Bench:
     # ---- the limit ----
 
     def limit(self, plan, batch):
-        """(budget - fixed) / (packed bytes per sample at the harshest codec + the largest
-        block's raw working set per sample)."""
+        """What the budget could hold at best: (budget - fixed) / (packed bytes per sample at
+        the harshest codecs + the working set per sample of the block that needs most), with
+        `fixed` the planner's batch-independent bytes of plain training."""
         model, optimizer = self.fresh(False)
         step = self.step_fn(model, optimizer)
-        step(batch)
+        warm_up(step, batch)
         # As the planner profiles auto: its harshest codecs, under a budget it cannot meet.
         report = _planner._run_step(step, batch, "auto")[2]
         packed = max(s["peak_live_stored_bytes"] for s in report["activations"]["steps"]) / batch
@@ -200,9 +201,10 @@ class Bench:
                 "batch": int((self.budget_bytes - fixed) / (packed + working))}
 
     def largest_block_working_set(self, model, batch):
-        """Peak bytes a block allocates running forward and backward alone, for the block
-        with the largest peak, at `batch`: its input is given, its parameters' gradients are
-        part of the fixed bytes, the rest is counted."""
+        """The most any one block allocates running forward and backward alone at `batch`,
+        its saved tensors packed at the harshest codecs as in the limit's numerator: what a
+        step holds raw while that block runs (its output and gradients, decoded inputs,
+        workspaces). Its input is given; its parameters' gradients are fixed bytes."""
         inputs = {}
         hooks = [block.register_forward_pre_hook(
             lambda m, args: inputs.setdefault(m, tuple(a.detach() for a in args)))
@@ -214,21 +216,22 @@ class Bench:
         peaks = []
         for block, args in inputs.items():
             args = tuple(a.clone().requires_grad_(a.is_floating_point()) for a in args)
-            with actpack.budget(1 << 50, codec="none") as run:
+            # A one-byte budget keeps auto on its harshest codecs (as _planner._run_step).
+            with actpack.budget(1, codec="auto", min_bytes="64KiB") as run:
+                before = actpack.memory.memory_allocated(self.device)  # the optimizer's state
                 block(*args).float().square().mean().backward()
             grads = sum(p.numel() * p.element_size() for p in block.parameters())
             block.zero_grad(set_to_none=True)
-            peaks.append((run.report["run"]["peak_allocated_bytes"] or 0) - grads)
+            peaks.append((run.report["run"]["peak_allocated_bytes"] or 0) - before - grads)
             del args
         return max(peaks)
 
     # ---- time, gradients, loss ----
 
     def train(self, method, batch, steps, time_steps):
-        """`steps` steps from the initial weights on batches 0..steps-1 (the first outside
-        actpack, creating the optimizer's state); the gradients of the
-        last against the exact ones at the same weights; the median time of the `time_steps`
-        steps before the last."""
+        """`steps` steps from the initial weights on batches 0..steps-1 (the first a warm-up
+        creating the optimizer's state); the gradients of the last against the exact ones at
+        the same weights; the median time of the `time_steps` steps before the last."""
         codec, checkpointed, offload = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         step = self.step_fn(model, optimizer, offload)
@@ -311,6 +314,10 @@ def run(args, save=lambda results: None):
         progress.set_description(f"{task.name}: plan")
         entry["plan"] = bench.plan(settings.get("plan_batches", (2, 4)))
         progress.update()
+        if args.limit_only:
+            entry["limit"] = bench.limit(entry["plan"], 8)
+            results["models"][task.name] = entry
+            continue
         for method in methods:
             progress.set_description(f"{task.name}: {method} max batch")
             guess = entry["plan"]["estimate"].get(METHODS[method][0] or "none", 8)
@@ -403,7 +410,7 @@ def table(results):
             + (f"; auto reaches {auto / limit['batch']:.0%} of it" if auto and limit["batch"]
                else ""))
         lines.append(f"  {'method':<24}{'max batch':>10}{'x plain':>9}{'x ckpt':>8}"
-                     f"{'time @' + str(entry['time_batch']):>10}{'grad cos':>10}"
+                     f"{'time @' + str(entry.get('time_batch', '-')):>10}{'grad cos':>10}"
                      f"{'grad err':>10}{'loss':>8}{'vs plain':>10}")
         for row in (r for r in summarize(results) if r["model"] == name):
             lines.append(
@@ -455,6 +462,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmark-results")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--limit-only", action="store_true",
+                        help="only the planner's estimates and the limit (a quick look)")
     parser.add_argument("--trials", choices=["fresh", "in-process"], default="fresh",
                         help="each try of the max-batch search in a fresh process (default; "
                              "the truth) or in this one (faster, for the smoke run)")
