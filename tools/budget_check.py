@@ -2,7 +2,7 @@
 """Does a budget hold as the system sees it, and how close is the planner to the truth?
 
 Three models in the shapes people train (a VGG-style CNN, a small causal transformer, an
-MLP-Mixer), CPU-sized. Every measurement runs in a fresh process (`probe`), because a process's
+MLP-Mixer), CPU-sized, and the benchmark suite's (resnet50, vit-b16, gpt2-small, unet). Every measurement runs in a fresh process (`probe`), because a process's
 resident size only grows with what it has done before.
 
   python3 tools/budget_check.py rss --model cnn --budget 256MiB
@@ -124,10 +124,30 @@ class Mixer(ImageClassifier):
 
 
 MODELS = {"cnn": VGG, "transformer": Transformer, "mixer": Mixer}
+# The benchmark suite's models at their CPU sizes (benchmarks/models.py), with their own data,
+# loss and optimizer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.models import tasks as benchmark_tasks  # noqa: E402
+
+BENCHMARK_MODELS = {task.name: task for task in benchmark_tasks("cpu")}
 
 
 def training_step(model_name, seed=0):
-    """step(batch): one AdamW step of a fresh model of `model_name` on a fixed batch."""
+    """step(batch): one optimizer step of a fresh model of `model_name` on a fixed batch."""
+    if model_name in BENCHMARK_MODELS:
+        task = BENCHMARK_MODELS[model_name]
+        model = task.model("cpu", seed)
+        optimizer = task.make_optimizer(model)
+
+        def step(batch):
+            x, y = task.batch(batch, seed, "cpu")
+            loss = task.loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.item()
+
+        return step
     torch.manual_seed(seed)
     cls = MODELS[model_name]
     model = cls()
@@ -230,7 +250,8 @@ def largest_batch(model, codec, budget, steps, low=1, high=4096):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["probe", "rss", "truth", "plan"])
-    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    parser.add_argument("--model", choices=sorted(MODELS) + sorted(BENCHMARK_MODELS),
+                        default="cnn")
     parser.add_argument("--budget", default="256MiB")
     parser.add_argument("--codec", default="auto",
                         help="a codec spec, 'auto', 'none' (the budget with nothing packed) or "
