@@ -6,11 +6,11 @@ a UNet) and each method — plain PyTorch, per-block `torch.utils.checkpoint`,
 `torch.autograd.graph.save_on_cpu` (CUDA only), actpack with none / quant2 / division / eb /
 auto, and actpack auto together with per-block checkpointing — in one run:
 
-  max batch   the largest batch that trains under the budget's cap (binary search with real
-              steps: the truth), and actpack.plan's estimate and verified answer for auto
+  max batch   the largest batch that trains under the budget's cap (real steps, each try in a
+              fresh process: the truth), and actpack.plan's estimate and verified answer
   limit       what the budget could hold at best: (budget - fixed bytes) / (bytes per sample
-              packed at the harshest codec + the raw working set per sample of the largest
-              block), and how close auto's batch comes to it
+              packed at the harshest codecs + the working set per sample of the block that
+              needs most, run alone with its tensors packed), and how close auto comes to it
   step time   at one batch (the per-block checkpointing's largest), relative to plain
   gradients   per parameter group, cosine and relative norm of the difference against the
               exact gradient at the same weights and batch
@@ -18,7 +18,7 @@ auto, and actpack auto together with per-block checkpointing — in one run:
 
 Writes <out>/benchmark.json, <out>/benchmark.svg and prints a table.
 
-  python3 benchmarks/suite.py                    CPU sizes (about half an hour on 2 cores)
+  python3 benchmarks/suite.py                    CPU sizes (ResNet-50 and GPT: 45 min, 2 cores)
   python3 benchmarks/suite.py --size smoke       tiny, for the test command
   python3 benchmarks/suite.py --size full --device cuda
 """
@@ -27,7 +27,6 @@ import contextlib
 import copy
 import gc
 import json
-import math
 import os
 import platform
 import statistics
