@@ -740,7 +740,10 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   if (system_bytes > counted && reserved_bytes > 0) {
     policy_.outside_pool_bytes = std::max(policy_.outside_pool_bytes, system_bytes - counted);
   }
-  if (reserved_bytes > 0 && peak_bytes > 0) {
+  // Only a step where the cap bound (the pool ran out even after giving back its cache) says
+  // what fragmentation costs; otherwise reserved includes cache the pool would have released,
+  // and planning for it would make the policy harsher than the budget requires.
+  if (pressure_this_step_ && reserved_bytes > 0 && peak_bytes > 0) {
     policy_.fragmentation = std::max(1.0, static_cast<double>(reserved_bytes) /
                                               static_cast<double>(peak_bytes));
   }

@@ -435,16 +435,24 @@ TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
             static_cast<int64_t>(peak + (200 << 10)));
 }
 
-// The cap counts reserved bytes, the policy models allocated ones: a step that reserved 1.1x
-// what it allocated makes the policy plan for the budget divided by 1.1, so the plan that fitted
-// the whole budget (all exact) no longer does, and the report says why.
-TEST(SessionPolicyTest, FragmentationTakesFromThePlannedBudget) {
+// The cap counts reserved bytes, the policy models allocated ones: a step where the cap bound
+// (pressure) and the pool reserved 1.1x what it allocated makes the policy plan for the budget
+// divided by 1.1, so the plan that fitted the whole budget (all exact) no longer does. A step
+// without pressure says nothing about fragmentation (its reserved bytes include cache the pool
+// would have released), so it changes nothing.
+TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
   const uint64_t other = kOther, raw = kRaw;
   Session session(AutoOptions(other + raw), HostFactory());
   PlanAllExact(session);
   std::vector<PackAction> actions;
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
   const uint64_t peak = other + raw;
+  // Cached bytes without pressure: no factor.
+  ASSERT_TRUE(session.EndStep(peak, peak + peak / 2, peak + peak / 2).ok());
+  EXPECT_EQ(session.Policy().fragmentation, 1.0);
+  RunStep(session, &actions);
+  EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));
+  session.OnPressure();
   ASSERT_TRUE(session.EndStep(peak, peak + peak / 10, peak + peak / 10).ok());
   EXPECT_NEAR(session.Policy().fragmentation, 1.1, 1e-6);
   actions.clear();
@@ -452,7 +460,8 @@ TEST(SessionPolicyTest, FragmentationTakesFromThePlannedBudget) {
   // Planned within budget / 1.1 (less the headroom).
   EXPECT_LE(static_cast<double>(other + held), static_cast<double>(other + raw) / 1.1);
   EXPECT_NE(actions, std::vector<PackAction>(4, PackAction::kKeep));
-  // A step that reserved no more than it allocated brings the factor back to 1.
+  // A later step under pressure that reserved no more than it allocated brings it back to 1.
+  session.OnPressure();
   ASSERT_TRUE(session.EndStep(other + held, other + held, other + held).ok());
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
   const json::Value report = session.ActivationReport();

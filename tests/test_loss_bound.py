@@ -119,16 +119,23 @@ def test_auto_under_a_budget_never_takes_a_codec_over_the_cap(cpu_allocator, hea
             grads = weight_gradients(model, x, y)
     policy = run.report["activations"]["policy"]
     projected = policy["projected_peak_bytes"]
-    limit = budget * (1 - policy["headroom"])
-    if headroom is None:
-        # What the policy promises when a plan fits: the budget less the (default) headroom.
+    # The policy plans for the budget less what the system holds outside the pool, divided by the
+    # fragmentation measured in a step where the cap bound, less the headroom (runtime/session.cc,
+    # PlanningBudget). The pool's state from earlier tests in the process can make it fragment
+    # (measured: 1.25x in the full suite, 1.0 alone).
+    fragmentation = policy["fragmentation"]
+    limit = (budget - policy["outside_pool_bytes"]) / fragmentation * (1 - policy["headroom"])
+    smallest = math.ceil(math.ceil(projected / (1 - policy["headroom"])) * fragmentation)
+    if headroom is None and (policy["feasible"] or fragmentation == 1.0):
+        # What the policy promises when a plan fits: that limit.
         assert policy["feasible"] and projected <= limit, (policy, limit)
     else:
-        # No plan within the caps fits the budget less the headroom. Then the session runs the
-        # harshest plan the caps allow (the one smallest_feasible_budget is computed from) if it
-        # fits the budget itself, and raises otherwise (runtime/session.cc, Replan).
+        # No plan within the caps fits that limit (40% headroom asks for more than the caps allow,
+        # or fragmentation took the rest). Then the session runs the harshest plan the caps allow
+        # (the one smallest_feasible_budget is computed from) if it fits the budget itself, and
+        # raises otherwise (runtime/session.cc, Replan).
         assert not policy["feasible"] and projected > limit, (policy, limit)
-        assert math.ceil(projected / (1 - headroom)) == policy["smallest_feasible_budget"], policy
+        assert smallest == policy["smallest_feasible_budget"], (smallest, policy)
         assert projected <= budget, policy
     assert policy["capped_candidates"] > 0, policy
     packed = 0
