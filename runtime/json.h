@@ -1,5 +1,5 @@
 // A small JSON document model, a strict RFC 8259 parser and a serializer, for the run report
-// (DESIGN.md, "Report") and anything else actpack reads or writes as JSON.
+// (report/FORMAT.md) and anything else actpack reads or writes as JSON.
 //
 // A `Value` is null, a bool, a number, a UTF-8 string, an array or an object. Numbers keep the
 // exact int64 when the text was an integer that fits; anything else is a double. Objects keep

@@ -4,8 +4,9 @@ import sys
 import pytest
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The demo (tools/demo.py) is imported by tests as a module.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -26,3 +27,54 @@ def cpu_allocator():
     yield
     if not installed:
         actpack.uninstall_cpu_allocator()
+
+
+
+def report_validator():
+    """A validator for report/schema.json, the run report's format (report/FORMAT.md)."""
+    import json
+
+    import jsonschema
+    with open(os.path.join(ROOT, "report", "schema.json")) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+# How many reports the tests produced and checked (test_report_schema.py reads it).
+VALIDATED_REPORTS = [0]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def every_report_matches_the_schema():
+    """Every report a test produces, by a budget's exit or by actpack.plan, is validated against
+    report/schema.json as it is made: a writer that drifts from the format fails the test that
+    made the report."""
+    import actpack._budget
+    import actpack._planner
+    validator = report_validator()
+
+    def check(report):
+        errors = sorted(validator.iter_errors(report), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise AssertionError("a report does not match report/schema.json: " + "; ".join(
+                f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+                for e in errors[:5]))
+        VALIDATED_REPORTS[0] += 1
+
+    close, plan = actpack._budget.Run._close, actpack._planner.plan
+
+    def close_checked(run):
+        check(run.report)
+        close(run)
+
+    def plan_checked(*args, **kwargs):
+        result = plan(*args, **kwargs)
+        check(result.report)
+        return result
+
+    actpack._budget.Run._close = close_checked
+    actpack._planner.plan = actpack.plan = plan_checked
+    yield
+    actpack._budget.Run._close = close
+    actpack._planner.plan = actpack.plan = plan

@@ -3,8 +3,8 @@ real run: exit codes, the text and JSON reports, diff, plan, the SVG rendered to
 rsvg-convert (Debian librsvg2-bin), and the allocator snapshot pickled in C++ and read by
 Python's pickle and torch's memory_viz.
 
-The planner, allocator and per-module sections are read from tools/testdata/run_quant2_full.json
-(a real demo run with every section, tools/testdata/make_full_report.py), from a fresh
+The planner, allocator and per-module sections are read from report/testdata/run_quant2_full.json
+(a real demo run with every section, report/testdata/make_full_report.py), from a fresh
 actpack.plan report, and from a live CPU-allocator snapshot put into a fresh report here.
 
 Runs against whichever actpack is importable; to test a build without replacing the
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FULL_REPORT = REPO / "tools" / "testdata" / "run_quant2_full.json"
+FULL_REPORT = REPO / "report" / "testdata" / "run_quant2_full.json"
 
 
 def actpack_cli(*args):

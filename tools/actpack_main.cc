@@ -1,4 +1,4 @@
-// The `actpack` command line as a Bazel binary; everything it does is tools/report.h's RunCli.
+// The `actpack` command line as a Bazel binary; everything it does is report/report.h's RunCli.
 //
 //   bazel run //tools:actpack -- report run.json
 //   bazel run //tools:actpack -- plot run.json -o memory.svg
@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "tools/report.h"
+#include "report/report.h"
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   std::string out;
   std::string err;
-  const int exit_code = actpack::tools::RunCli(args, &out, &err);
+  const int exit_code = actpack::report::RunCli(args, &out, &err);
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
   std::fwrite(err.data(), 1, err.size(), stderr);

@@ -7,11 +7,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p .deps
 cd .deps
 rm -f ./*.deb
-# The benchmark suite's progress bar and picture, as wheels (CPython 3.10-3.12, x86-64).
+# The tests' report schema check and the benchmark suite's progress bar and picture, as wheels
+# (CPython 3.10-3.12, x86-64).
 mkdir -p wheels
 for v in 3.10 3.11 3.12; do
   python3 -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 \
-    --python-version "$v" --dest wheels tqdm matplotlib
+    --python-version "$v" --dest wheels jsonschema tqdm matplotlib
 done
 # The runtime library package is named after the Abseil release (libabsl20220623 on bookworm).
 runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print $2; exit}')

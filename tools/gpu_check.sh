@@ -28,6 +28,11 @@ MAX_JOBS="$(nproc)" python3 -m pip install -q --no-build-isolation --no-deps --t
   > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 export PYTHONPATH="$SITE"
 python3 -c 'import actpack, actpack._C as c; assert c.with_cuda, "built without CUDA"; print("actpack", actpack.__file__)'
+# The tests' report schema check (jsonschema), the benchmark suite's progress bar and picture:
+# from the wheels tools/fetch_gpu_deps.sh downloaded (no network here).
+python3 -m pip install -q --no-index --find-links .deps/wheels --target "$SITE" \
+  jsonschema tqdm matplotlib ||
+  echo "actpack: jsonschema/tqdm/matplotlib wheels missing: run tools/fetch_gpu_deps.sh first"
 
 status=0
 echo "== GPU tests =="
@@ -49,9 +54,6 @@ python3 tools/gpu_allocator_benchmark.py --json "$OUT/allocator_replay.json" 2>&
   tee "$OUT/allocator_benchmark.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== model benchmarks (benchmarks/suite.py --device cuda) =="
-# tqdm and matplotlib from the wheels tools/fetch_gpu_deps.sh downloaded (no network here).
-python3 -m pip install -q --no-index --find-links .deps/wheels --target "$SITE" tqdm matplotlib ||
-  echo "actpack: tqdm/matplotlib wheels missing: run tools/fetch_gpu_deps.sh first"
 timeout 300 python3 benchmarks/suite.py --device cuda --quiet --out "$OUT/benchmarks" 2>&1 |
   tee "$OUT/model_benchmarks.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/report.h"
+#include "report/report.h"
 
 namespace actpack::torch_plugin {
 
@@ -20,7 +20,7 @@ void BindCli(pybind11::module& m) {
         {
           // Reading and rendering reports touches no Python object.
           pybind11::gil_scoped_release release;
-          exit_code = tools::RunCli(args, &out, &err);
+          exit_code = report::RunCli(args, &out, &err);
         }
         return pybind11::make_tuple(exit_code, out, err);
       },
@@ -32,9 +32,9 @@ void BindCli(pybind11::module& m) {
       "_max_batch_size",
       [](uint64_t budget_bytes, uint64_t fixed_bytes, uint64_t per_sample_bytes,
          double headroom) -> std::optional<uint64_t> {
-        tools::PlannerProfile planner;
+        report::PlannerProfile planner;
         planner.headroom = headroom;
-        return tools::MaxBatchSize(planner.Usable(budget_bytes), fixed_bytes, per_sample_bytes);
+        return report::MaxBatchSize(planner.Usable(budget_bytes), fixed_bytes, per_sample_bytes);
       },
       pybind11::arg("budget_bytes"), pybind11::arg("fixed_bytes"),
       pybind11::arg("per_sample_bytes"), pybind11::arg("headroom"),

@@ -2,12 +2,12 @@
 writes (per-module records with measured errors, the policy, per-step peaks, the allocator's
 stats and snapshot, the planner's profile with a verified step).
 
-    python3 tools/testdata/make_full_report.py      # from the repository root; needs actpack
+    python3 report/testdata/make_full_report.py      # from the repository root; needs actpack
 
 The run: the demo's causal conv net on the CPU, 6 steps at batch 32 under a 256 MiB budget with
 codec quant2, planned at batch sizes 8, 16 and 32. The allocator trace is cut to its last
 TRACE_KEPT actions to keep the file small. Regenerate the goldens afterwards (the
-commands are at the top of tools/report_test.cc).
+commands are at the top of report/report_test.cc).
 """
 import json
 import os
@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tools/, for demo
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))  # for demo
 
 import demo  # noqa: E402
 

@@ -1,21 +1,21 @@
 // Tests of the actpack CLI over reports written by real runs of the runtime.
 //
-// tools/testdata/run_quant2.json and run_quant4.json are version-1 reports (no module, planner
+// report/testdata/run_quant2.json and run_quant4.json are version-1 reports (no module, planner
 // or allocator sections) from an earlier demo, kept to test that older reports still read:
 //   R=$PWD; cd /tmp
-//   python3 $R/tools/demo.py --steps 10 --report $R/tools/testdata/run_quant2.json
-//   python3 $R/tools/demo.py --steps 10 --codec quant4 --report $R/tools/testdata/run_quant4.json
+//   python3 $R/tools/demo.py --steps 10 --report $R/report/testdata/run_quant2.json
+//   python3 $R/tools/demo.py --steps 10 --codec quant4 --report $R/report/testdata/run_quant4.json
 //
-// tools/testdata/run_quant2_full.json is a real run of today's demo with every section the
+// report/testdata/run_quant2_full.json is a real run of today's demo with every section the
 // runtime writes (modules with measured errors, policy, allocator stats and snapshot, the
-// planner with a verified step): python3 tools/testdata/make_full_report.py
+// planner with a verified step): python3 report/testdata/make_full_report.py
 //
 // After regenerating fixtures (or changing the text format on purpose), rewrite the goldens
 // from the repository root:
-//   bazel run //tools:actpack -- report $PWD/tools/testdata/run_quant2.json > tools/testdata/report.golden
-//   bazel run //tools:actpack -- report $PWD/tools/testdata/run_quant2_full.json > tools/testdata/report_full.golden
-//   bazel run //tools:actpack -- plan $PWD/tools/testdata/run_quant2_full.json --budget 12GiB > tools/testdata/plan_full.golden
-#include "tools/report.h"
+//   bazel run //tools:actpack -- report $PWD/report/testdata/run_quant2.json > report/testdata/report.golden
+//   bazel run //tools:actpack -- report $PWD/report/testdata/run_quant2_full.json > report/testdata/report_full.golden
+//   bazel run //tools:actpack -- plan $PWD/report/testdata/run_quant2_full.json --budget 12GiB > report/testdata/plan_full.golden
+#include "report/report.h"
 
 #include <algorithm>
 #include <cctype>
@@ -43,15 +43,15 @@
 #include "gtest/gtest.h"
 #include "runtime/json.h"
 
-namespace actpack::tools {
+namespace actpack::report {
 namespace {
 
-constexpr char kQuant2Report[] = "tools/testdata/run_quant2.json";
-constexpr char kQuant4Report[] = "tools/testdata/run_quant4.json";
-constexpr char kGolden[] = "tools/testdata/report.golden";
-constexpr char kFullReport[] = "tools/testdata/run_quant2_full.json";
-constexpr char kFullGolden[] = "tools/testdata/report_full.golden";
-constexpr char kPlanGolden[] = "tools/testdata/plan_full.golden";
+constexpr char kQuant2Report[] = "report/testdata/run_quant2.json";
+constexpr char kQuant4Report[] = "report/testdata/run_quant4.json";
+constexpr char kGolden[] = "report/testdata/report.golden";
+constexpr char kFullReport[] = "report/testdata/run_quant2_full.json";
+constexpr char kFullGolden[] = "report/testdata/report_full.golden";
+constexpr char kPlanGolden[] = "report/testdata/plan_full.golden";
 
 std::string ReadText(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -315,7 +315,7 @@ TEST(ReportTest, TextMatchesGolden) {
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
   EXPECT_EQ(result.err, "");
   EXPECT_EQ(result.out, ReadText(kGolden))
-      << "regenerate with the command at the top of tools/report_test.cc if intended";
+      << "regenerate with the command at the top of report/report_test.cc if intended";
 }
 
 TEST(ReportTest, TextNamesBudgetPeakRatioConsumersAndWarnings) {
@@ -517,7 +517,7 @@ TEST(FullReportTest, TextMatchesGolden) {
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
   EXPECT_EQ(result.err, "");
   EXPECT_EQ(result.out, ReadText(kFullGolden))
-      << "regenerate with the command at the top of tools/report_test.cc if intended";
+      << "regenerate with the command at the top of report/report_test.cc if intended";
 }
 
 TEST(FullReportTest, ReadsPlannerAndAllocatorSections) {
@@ -702,7 +702,7 @@ TEST(PlanTest, ReplansEveryChoiceForTheNewBudget) {
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
   EXPECT_EQ(result.err, "");
   EXPECT_EQ(result.out, ReadText(kPlanGolden))
-      << "regenerate with the command at the top of tools/report_test.cc if intended";
+      << "regenerate with the command at the top of report/report_test.cc if intended";
 
   // The numbers, recomputed here from the fixture: floor((budget - fixed) / per_sample).
   const json::Value document = ParseJsonFile(kFullReport);
@@ -1122,4 +1122,4 @@ TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
 }
 
 }  // namespace
-}  // namespace actpack::tools
+}  // namespace actpack::report

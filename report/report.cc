@@ -1,4 +1,4 @@
-#include "tools/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -20,7 +20,7 @@
 #include "common/version.h"
 #include "runtime/config.h"
 
-namespace actpack::tools {
+namespace actpack::report {
 namespace {
 
 using allocator::FormatBytes;
@@ -2030,4 +2030,4 @@ int RunCli(const std::vector<std::string>& args, std::string* out, std::string* 
   return UsageError(absl::StrCat("unknown command '", name, "'"), err);
 }
 
-}  // namespace actpack::tools
+}  // namespace actpack::report

@@ -1,4 +1,4 @@
-// The `actpack` command line: read a run report (DESIGN.md, "Report") and tell a person where
+// The `actpack` command line: read a run report (report/FORMAT.md) and tell a person where
 // the memory went, as text (`report`), as a comparison of two runs (`diff`), as a picture
 // (`plot`, an SVG written by hand), as a batch-size plan for another budget (`plan`), or as the
 // allocator's memory snapshot for pytorch.org/memory_viz (`snapshot`, a pickle written here).
@@ -24,8 +24,8 @@
 //
 //   std::string out, err;
 //   int exit_code = RunCli({"plan", "run.json", "--budget", "12GiB"}, &out, &err);
-#ifndef ACTPACK_TOOLS_REPORT_H_
-#define ACTPACK_TOOLS_REPORT_H_
+#ifndef ACTPACK_REPORT_REPORT_H_
+#define ACTPACK_REPORT_REPORT_H_
 
 #include <cstdint>
 #include <optional>
@@ -36,7 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "runtime/json.h"
 
-namespace actpack::tools {
+namespace actpack::report {
 
 // The schema a run report declares; RunCli reads exactly this name and version.
 inline constexpr absl::string_view kReportSchema = "actpack.report";
@@ -286,6 +286,6 @@ std::string PickleJson(const json::Value& value);
 // cannot answer.
 int RunCli(const std::vector<std::string>& args, std::string* out, std::string* err);
 
-}  // namespace actpack::tools
+}  // namespace actpack::report
 
-#endif  // ACTPACK_TOOLS_REPORT_H_
+#endif  // ACTPACK_REPORT_REPORT_H_
