@@ -4,9 +4,10 @@ python -m build --no-isolation         — the sdist and a wheel (for that torch
 CPU-only against a CPU torch; with the CUDA kernels (codecs/cuda/*.cu) against a CUDA torch.
 The sources are the same ones Bazel builds. Abseil and Highway come from Debian's libabsl-dev
 and libhwy-dev: the shared libraries named in third_party/system/BUILD.system (one list for both
-builds), found at run time through an rpath. ACTPACK_ABSL_PREFIX points at another install of
-both (the GPU script unpacks the .debs there). Debian's static archives cannot go into a shared object (their
-thread-locals are not position independent).
+builds), found at run time through an rpath; nlohmann-json3-dev and libcli11-dev are headers.
+ACTPACK_ABSL_PREFIX points at another install of them all (the GPU script unpacks the .debs
+there). Debian's static archives cannot go into a shared object (their thread-locals are not
+position independent).
 """
 import glob
 import os

@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "allocator/internal/json_writer.h"
+#include "nlohmann/json.hpp"
 
 namespace actpack::allocator {
 
@@ -63,98 +63,54 @@ absl::string_view BlockStateName(BlockState state) {
 absl::string_view SegmentTypeName(bool is_small) { return is_small ? "small" : "large"; }
 
 std::string SnapshotToJson(const MemorySnapshot& snapshot) {
-  internal::JsonWriter json;
-  auto empty_frames = [&json] {
-    json.Key("frames");
-    json.BeginArray();
-    json.EndArray();
-  };
-  json.BeginObject();
-
-  json.Key("segments");
-  json.BeginArray();
+  using Json = nlohmann::ordered_json;
+  // Addresses and streams are integers, as in torch.cuda.memory._snapshot().
+  const auto stream_id = [](void* stream) { return reinterpret_cast<uintptr_t>(stream); };
+  Json segments = Json::array();
   for (const SegmentSnapshot& segment : snapshot.segments) {
-    json.BeginObject();
-    json.Key("device");
-    json.Int(segment.device);
-    json.Key("address");
-    json.UInt(segment.address);
-    json.Key("total_size");
-    json.UInt(segment.total_size);
-    json.Key("allocated_size");
-    json.UInt(segment.allocated_size());
-    json.Key("active_size");
-    json.UInt(segment.active_size());
-    json.Key("requested_size");
-    json.UInt(segment.requested_size());
-    json.Key("stream");
-    json.UInt(reinterpret_cast<uintptr_t>(segment.stream));
-    json.Key("segment_type");
-    json.String(SegmentTypeName(segment.is_small));
-    json.Key("segment_pool_id");
-    json.BeginArray();
-    json.Int(0);
-    json.Int(0);
-    json.EndArray();
-    json.Key("is_expandable");
-    json.Bool(false);
-    empty_frames();
-    json.Key("blocks");
-    json.BeginArray();
+    Json blocks = Json::array();
     for (const BlockInfo& block : segment.blocks) {
-      json.BeginObject();
-      json.Key("address");
-      json.UInt(block.address);
-      json.Key("size");
-      json.UInt(block.size);
-      json.Key("requested_size");
-      json.UInt(block.requested_size);
-      json.Key("state");
-      json.String(BlockStateName(block.state));
-      empty_frames();
-      json.EndObject();
+      blocks.push_back({{"address", block.address},
+                        {"size", block.size},
+                        {"requested_size", block.requested_size},
+                        {"state", BlockStateName(block.state)},
+                        {"frames", Json::array()}});
     }
-    json.EndArray();
-    json.EndObject();
+    segments.push_back({{"device", segment.device},
+                        {"address", segment.address},
+                        {"total_size", segment.total_size},
+                        {"allocated_size", segment.allocated_size()},
+                        {"active_size", segment.active_size()},
+                        {"requested_size", segment.requested_size()},
+                        {"stream", stream_id(segment.stream)},
+                        {"segment_type", SegmentTypeName(segment.is_small)},
+                        {"segment_pool_id", {0, 0}},
+                        {"is_expandable", false},
+                        {"frames", Json::array()},
+                        {"blocks", std::move(blocks)}});
   }
-  json.EndArray();
-
-  json.Key("device_traces");
-  json.BeginArray();
+  Json device_traces = Json::array();
   for (const std::vector<TraceEntry>& trace : snapshot.device_traces) {
-    json.BeginArray();
+    Json entries = Json::array();
     for (const TraceEntry& entry : trace) {
-      json.BeginObject();
-      json.Key("action");
-      json.String(MemoryActionName(entry.action));
-      json.Key("addr");
-      json.UInt(entry.address);
-      json.Key("size");
-      json.UInt(entry.size);
-      // actpack's addition ("size" is the block size); memory_viz ignores unknown keys.
-      json.Key("requested_size");
-      json.UInt(entry.requested_size);
-      json.Key("stream");
-      json.UInt(reinterpret_cast<uintptr_t>(entry.stream));
-      json.Key("time_us");
-      json.Int(entry.time_us);
-      empty_frames();
-      json.EndObject();
+      entries.push_back({{"action", MemoryActionName(entry.action)},
+                         {"addr", entry.address},
+                         {"size", entry.size},
+                         // actpack's addition ("size" is the block size); memory_viz ignores
+                         // unknown keys.
+                         {"requested_size", entry.requested_size},
+                         {"stream", stream_id(entry.stream)},
+                         {"time_us", entry.time_us},
+                         {"frames", Json::array()}});
     }
-    json.EndArray();
+    device_traces.push_back(std::move(entries));
   }
-  json.EndArray();
-
-  json.Key("allocator_settings");
-  json.BeginObject();
-  for (const auto& [key, value] : snapshot.allocator_settings) {
-    json.Key(key);
-    json.String(value);
-  }
-  json.EndObject();
-
-  json.EndObject();
-  return json.Take();
+  Json settings = Json::object();
+  for (const auto& [key, value] : snapshot.allocator_settings) settings[key] = value;
+  const Json document = {{"segments", std::move(segments)},
+                         {"device_traces", std::move(device_traces)},
+                         {"allocator_settings", std::move(settings)}};
+  return document.dump();
 }
 
 }  // namespace actpack::allocator

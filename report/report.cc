@@ -31,34 +31,34 @@ using allocator::FormatBytes;
 
 std::optional<uint64_t> FindBytes(const json::Value* object, absl::string_view key) {
   if (object == nullptr) return std::nullopt;
-  const json::Value* value = object->Find(key);
+  const json::Value* value = json::Find(*object, key);
   if (value == nullptr || !value->is_number()) return std::nullopt;
-  if (value->is_int()) {
-    if (value->as_int() < 0) return std::nullopt;
-    return static_cast<uint64_t>(value->as_int());
+  if (json::IsInt(*value)) {
+    if (value->get<int64_t>() < 0) return std::nullopt;
+    return static_cast<uint64_t>(value->get<int64_t>());
   }
-  const double d = value->as_double();
+  const double d = value->get<double>();
   if (!std::isfinite(d) || d < 0 || d >= 1.8e19) return std::nullopt;
   return static_cast<uint64_t>(d);
 }
 
 std::optional<double> FindDouble(const json::Value* object, absl::string_view key) {
   if (object == nullptr) return std::nullopt;
-  const json::Value* value = object->Find(key);
+  const json::Value* value = json::Find(*object, key);
   if (value == nullptr || !value->is_number()) return std::nullopt;
-  return value->as_double();
+  return value->get<double>();
 }
 
 std::optional<std::string> FindString(const json::Value* object, absl::string_view key) {
   if (object == nullptr) return std::nullopt;
-  const json::Value* value = object->Find(key);
+  const json::Value* value = json::Find(*object, key);
   if (value == nullptr || !value->is_string()) return std::nullopt;
-  return value->as_string();
+  return value->get_ref<const std::string&>();
 }
 
 const json::Value* FindObject(const json::Value* object, absl::string_view key) {
   if (object == nullptr) return nullptr;
-  const json::Value* value = object->Find(key);
+  const json::Value* value = json::Find(*object, key);
   return value != nullptr && value->is_object() ? value : nullptr;
 }
 
@@ -79,9 +79,9 @@ ActivationTotals ReadTotals(const json::Value* totals) {
 
 std::vector<StepUsage> ReadSteps(const json::Value* activations) {
   std::vector<StepUsage> steps;
-  const json::Value* list = activations == nullptr ? nullptr : activations->Find("steps");
+  const json::Value* list = activations == nullptr ? nullptr : json::Find(*activations, "steps");
   if (list == nullptr) return steps;
-  for (const json::Value& entry : list->elements()) {
+  for (const json::Value& entry : *list) {
     const std::optional<uint64_t> raw = FindBytes(&entry, "saved_raw_bytes");
     const std::optional<uint64_t> stored = FindBytes(&entry, "stored_bytes");
     if (!raw.has_value() || !stored.has_value()) continue;
@@ -111,10 +111,11 @@ void FoldWorst(std::optional<double>& worst, std::optional<double> value) {
 // stores nothing more.
 std::vector<ConsumerUsage> GroupSavedTensors(const json::Value* activations, bool by_module) {
   std::vector<ConsumerUsage> consumers;
-  const json::Value* list = activations == nullptr ? nullptr : activations->Find("saved_tensors");
+  const json::Value* list =
+      activations == nullptr ? nullptr : json::Find(*activations, "saved_tensors");
   if (list == nullptr) return consumers;
   std::map<std::string, size_t> index;
-  for (const json::Value& entry : list->elements()) {
+  for (const json::Value& entry : *list) {
     const std::optional<uint64_t> raw = FindBytes(&entry, "raw_bytes");
     if (!raw.has_value()) continue;
     const std::string producer = FindString(&entry, "producer").value_or("(unknown)");
@@ -153,9 +154,10 @@ std::vector<ConsumerUsage> GroupSavedTensors(const json::Value* activations, boo
 }
 
 bool AnyRecordNamesModule(const json::Value* activations) {
-  const json::Value* list = activations == nullptr ? nullptr : activations->Find("saved_tensors");
+  const json::Value* list =
+      activations == nullptr ? nullptr : json::Find(*activations, "saved_tensors");
   if (list == nullptr) return false;
-  for (const json::Value& entry : list->elements()) {
+  for (const json::Value& entry : *list) {
     if (FindString(&entry, "module").has_value()) return true;
   }
   return false;
@@ -188,13 +190,15 @@ std::string ElementPath(absl::string_view parent, size_t index) {
 // What a value is, in a few words on one line: `the string "x"`, `the number -3`, `an array`.
 std::string Describe(const json::Value& value) {
   switch (value.type()) {
-    case json::Type::kNull:
+    case json::Value::value_t::null:
       return "null";
-    case json::Type::kBool:
-      return value.as_bool() ? "true" : "false";
-    case json::Type::kNumber:
+    case json::Value::value_t::boolean:
+      return value.get<bool>() ? "true" : "false";
+    case json::Value::value_t::number_integer:
+    case json::Value::value_t::number_unsigned:
+    case json::Value::value_t::number_float:
       return absl::StrCat("the number ", json::Serialize(value, 0));
-    case json::Type::kString: {
+    case json::Value::value_t::string: {
       std::string quoted = json::Serialize(value, 0);  // escapes control characters
       constexpr size_t kMaxShown = 40;
       if (quoted.size() > kMaxShown + 2) {
@@ -205,12 +209,13 @@ std::string Describe(const json::Value& value) {
       }
       return absl::StrCat("the string ", quoted);
     }
-    case json::Type::kArray:
+    case json::Value::value_t::array:
       return "an array";
-    case json::Type::kObject:
+    case json::Value::value_t::object:
       return "an object";
+    default:  // binary and discarded: never in parsed text
+      return "a value";
   }
-  return "a value";
 }
 
 // Reads the fields of a checked section. The first problem is kept and every read after it
@@ -228,40 +233,40 @@ class FieldChecker {
 
   // A non-negative integer (the runtime writes byte counts and sizes as exact integers).
   uint64_t Count(const json::Value* value, absl::string_view path) {
-    if (value == nullptr || !value->is_int() || value->as_int() < 0) {
+    if (value == nullptr || !json::IsInt(*value) || value->get<int64_t>() < 0) {
       Fail(path, value, "a non-negative integer");
       return 0;
     }
-    return static_cast<uint64_t>(value->as_int());
+    return static_cast<uint64_t>(value->get<int64_t>());
   }
   uint64_t Count(const json::Value& object, absl::string_view key, absl::string_view parent) {
-    return Count(object.Find(key), MemberPath(parent, key));
+    return Count(json::Find(object, key), MemberPath(parent, key));
   }
   // As Count, but absent and null read as nullopt.
   std::optional<uint64_t> CountOrNull(const json::Value& object, absl::string_view key,
                                       absl::string_view parent) {
-    const json::Value* value = object.Find(key);
+    const json::Value* value = json::Find(object, key);
     if (value == nullptr || value->is_null()) return std::nullopt;
     return Count(value, MemberPath(parent, key));
   }
   // A non-negative number; absent and null read as nullopt.
   std::optional<double> MagnitudeOrNull(const json::Value& object, absl::string_view key,
                                         absl::string_view parent) {
-    const json::Value* value = object.Find(key);
+    const json::Value* value = json::Find(object, key);
     if (value == nullptr || value->is_null()) return std::nullopt;
-    if (!value->is_number() || value->as_double() < 0) {
+    if (!value->is_number() || value->get<double>() < 0) {
       Fail(MemberPath(parent, key), value, "a non-negative number or null");
       return std::nullopt;
     }
-    return value->as_double();
+    return value->get<double>();
   }
   std::string String(const json::Value& object, absl::string_view key, absl::string_view parent) {
-    const json::Value* value = object.Find(key);
+    const json::Value* value = json::Find(object, key);
     if (value == nullptr || !value->is_string()) {
       Fail(MemberPath(parent, key), value, "a string");
       return "";
     }
-    return value->as_string();
+    return value->get_ref<const std::string&>();
   }
   // The member if it is an array / an object, else nullptr after a Fail.
   const json::Value* Array(const json::Value& object, absl::string_view key,
@@ -277,7 +282,7 @@ class FieldChecker {
   const json::Value* Typed(const json::Value& object, absl::string_view key,
                            absl::string_view parent, bool (json::Value::*is_type)() const,
                            absl::string_view expected) {
-    const json::Value* value = object.Find(key);
+    const json::Value* value = json::Find(object, key);
     if (value == nullptr || !(value->*is_type)()) {
       Fail(MemberPath(parent, key), value, expected);
       return nullptr;
@@ -291,7 +296,7 @@ class FieldChecker {
 // A checked section of the document: nullptr when absent or null; a Fail when not an object.
 const json::Value* FindSection(const json::Value& document, absl::string_view key,
                                FieldChecker& check) {
-  const json::Value* section = document.Find(key);
+  const json::Value* section = json::Find(document, key);
   if (section == nullptr || section->is_null()) return nullptr;
   if (!section->is_object()) {
     check.Fail(key, section, "an object or null");
@@ -307,7 +312,7 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
   planner.budget_bytes = check.Count(*section, "budget_bytes", "planner");
   if (std::optional<double> headroom = check.MagnitudeOrNull(*section, "headroom", "planner")) {
     if (*headroom >= 1) {
-      check.Fail("planner.headroom", section->Find("headroom"), "a fraction below 1");
+      check.Fail("planner.headroom", json::Find(*section, "headroom"), "a fraction below 1");
     } else {
       planner.headroom = *headroom;
     }
@@ -319,22 +324,22 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
     }
   }
   if (const json::Value* choices = check.Object(*section, "choices", "planner")) {
-    for (const json::Value::Member& member : choices->members()) {
-      const std::string path = MemberPath("planner.choices", member.first);
-      if (!member.second.is_object()) {
-        check.Fail(path, &member.second,
+    for (const auto& member : choices->items()) {
+      const std::string path = MemberPath("planner.choices", member.key());
+      if (!member.value().is_object()) {
+        check.Fail(path, &member.value(),
                    "an object with fixed_bytes, per_sample_bytes and max_batch_size");
         continue;
       }
       PlannerChoice choice;
-      choice.name = member.first;
-      choice.fixed_bytes = check.Count(member.second, "fixed_bytes", path);
-      choice.per_sample_bytes = check.Count(member.second, "per_sample_bytes", path);
-      choice.max_batch_size = check.Count(member.second, "max_batch_size", path);
+      choice.name = member.key();
+      choice.fixed_bytes = check.Count(member.value(), "fixed_bytes", path);
+      choice.per_sample_bytes = check.Count(member.value(), "per_sample_bytes", path);
+      choice.max_batch_size = check.Count(member.value(), "max_batch_size", path);
       planner.choices.push_back(std::move(choice));
     }
   }
-  const json::Value* verified = section->Find("verified");
+  const json::Value* verified = json::Find(*section, "verified");
   if (verified != nullptr && !verified->is_null()) {
     if (!verified->is_object()) {
       check.Fail("planner.verified", verified,
@@ -356,15 +361,15 @@ std::optional<AllocatorUsage> ReadAllocator(const json::Value& document, FieldCh
   AllocatorUsage usage;
   usage.backend = check.String(*section, "backend", "allocator");
   if (check.status().ok() && usage.backend != "cpu" && usage.backend != "cuda") {
-    check.Fail("allocator.backend", section->Find("backend"), "\"cpu\" or \"cuda\"");
+    check.Fail("allocator.backend", json::Find(*section, "backend"), "\"cpu\" or \"cuda\"");
   }
   usage.budget_bytes = check.CountOrNull(*section, "budget_bytes", "allocator");
   if (const json::Value* stats = check.Object(*section, "stats", "allocator")) {
     // Flat like torch.cuda.memory_stats: every counter a number (some of torch's, such as
     // max_split_size, are -1), the ones shown here non-negative integers.
-    for (const json::Value::Member& member : stats->members()) {
-      if (!member.second.is_number()) {
-        check.Fail(MemberPath("allocator.stats", member.first), &member.second, "a number");
+    for (const auto& member : stats->items()) {
+      if (!member.value().is_number()) {
+        check.Fail(MemberPath("allocator.stats", member.key()), &member.value(), "a number");
       }
     }
     usage.peak_allocated_bytes =
@@ -374,7 +379,7 @@ std::optional<AllocatorUsage> ReadAllocator(const json::Value& document, FieldCh
     usage.num_alloc_retries = check.CountOrNull(*stats, "num_alloc_retries", "allocator.stats");
     usage.num_ooms = check.CountOrNull(*stats, "num_ooms", "allocator.stats");
   }
-  const json::Value* snapshot = section->Find("snapshot");
+  const json::Value* snapshot = json::Find(*section, "snapshot");
   if (snapshot != nullptr && !snapshot->is_null()) {
     // The shape torch's memory_viz walks: segments of objects, one trace of objects per device.
     if (!snapshot->is_object()) {
@@ -417,17 +422,18 @@ std::optional<AllocatorUsage> ReadAllocator(const json::Value& document, FieldCh
 // lenient reader, which skips them.
 void CheckSavedTensorExtensions(const json::Value& document, FieldChecker& check) {
   const json::Value* activations = FindObject(&document, "activations");
-  const json::Value* list = activations == nullptr ? nullptr : activations->Find("saved_tensors");
+  const json::Value* list =
+      activations == nullptr ? nullptr : json::Find(*activations, "saved_tensors");
   if (list == nullptr) return;
   for (size_t i = 0; i < list->size() && check.status().ok(); ++i) {
-    const json::Value& record = list->elements()[i];
+    const json::Value& record = (*list)[i];
     if (!record.is_object()) continue;
     const std::string path = ElementPath("activations.saved_tensors", i);
-    const json::Value* module = record.Find("module");
+    const json::Value* module = json::Find(record, "module");
     if (module != nullptr && !module->is_null() && !module->is_string()) {
       check.Fail(MemberPath(path, "module"), module, "a module name (a string) or null");
     }
-    const json::Value* error = record.Find("error");
+    const json::Value* error = json::Find(record, "error");
     if (error == nullptr || error->is_null()) continue;
     const std::string error_path = MemberPath(path, "error");
     if (!error->is_object()) {
@@ -759,36 +765,40 @@ void AppendPickleString(absl::string_view text, std::string* out) {
 // Recursion is bounded by the JSON parser's nesting limit (json::kMaxDepth).
 void AppendPickle(const json::Value& value, std::string* out) {
   switch (value.type()) {
-    case json::Type::kNull:
+    case json::Value::value_t::null:
+    case json::Value::value_t::binary:     // never in parsed text
+    case json::Value::value_t::discarded:  // never in parsed text
       out->push_back(kPickleNone);
       return;
-    case json::Type::kBool:
-      out->push_back(value.as_bool() ? kPickleTrue : kPickleFalse);
+    case json::Value::value_t::boolean:
+      out->push_back(value.get<bool>() ? kPickleTrue : kPickleFalse);
       return;
-    case json::Type::kNumber:
-      if (value.is_int()) {
-        AppendPickleInt(value.as_int(), out);
+    case json::Value::value_t::number_integer:
+    case json::Value::value_t::number_unsigned:
+    case json::Value::value_t::number_float:
+      if (json::IsInt(value)) {
+        AppendPickleInt(value.get<int64_t>(), out);
       } else {
-        AppendPickleFloat(value.as_double(), out);
+        AppendPickleFloat(value.get<double>(), out);
       }
       return;
-    case json::Type::kString:
-      AppendPickleString(value.as_string(), out);
+    case json::Value::value_t::string:
+      AppendPickleString(value.get_ref<const std::string&>(), out);
       return;
-    case json::Type::kArray:
+    case json::Value::value_t::array:
       out->push_back(kPickleEmptyList);
       if (value.size() == 0) return;
       out->push_back(kPickleMark);
-      for (const json::Value& element : value.elements()) AppendPickle(element, out);
+      for (const json::Value& element : value) AppendPickle(element, out);
       out->push_back(kPickleAppends);
       return;
-    case json::Type::kObject:
+    case json::Value::value_t::object:
       out->push_back(kPickleEmptyDict);
       if (value.size() == 0) return;
       out->push_back(kPickleMark);
-      for (const json::Value::Member& member : value.members()) {
-        AppendPickleString(member.first, out);
-        AppendPickle(member.second, out);
+      for (const auto& member : value.items()) {
+        AppendPickleString(member.key(), out);
+        AppendPickle(member.value(), out);
       }
       out->push_back(kPickleSetItems);
       return;
@@ -1278,14 +1288,14 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
                                                    *schema, "\", expected \"", kReportSchema,
                                                    "\")"));
   }
-  const json::Value* version = document->Find("schema_version");
-  if (version == nullptr || !version->is_int()) {
+  const json::Value* version = json::Find(*document, "schema_version");
+  if (version == nullptr || !json::IsInt(*version)) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": run report without an integer \"schema_version\""));
   }
-  if (version->as_int() != kReportSchemaVersion) {
+  if (version->get<int64_t>() != kReportSchemaVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat(file, ": unsupported run report schema_version ", version->as_int(),
+        absl::StrCat(file, ": unsupported run report schema_version ", version->get<int64_t>(),
                      " (this actpack reads version ", kReportSchemaVersion, ")"));
   }
 
@@ -1303,9 +1313,9 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
   report.peak_system_bytes = FindBytes(run, "peak_system_bytes");
   report.system_memory = FindString(run, "system_memory");
   report.wall_seconds = FindDouble(run, "wall_seconds");
-  if (const json::Value* warnings = run == nullptr ? nullptr : run->Find("warnings")) {
-    for (const json::Value& warning : warnings->elements()) {
-      if (warning.is_string()) report.warnings.push_back(warning.as_string());
+  if (const json::Value* warnings = run == nullptr ? nullptr : json::Find(*run, "warnings")) {
+    for (const json::Value& warning : *warnings) {
+      if (warning.is_string()) report.warnings.push_back(warning.get_ref<const std::string&>());
     }
   }
 
@@ -1419,42 +1429,42 @@ namespace {
 
 json::Value ConsumersJson(const std::vector<ConsumerUsage>& consumers, absl::string_view kind,
                           uint64_t steps) {
-  json::Value list = json::Value::Array();
+  json::Value list = json::Value::array();
   for (const ConsumerUsage& c : consumers) {
-    json::Value entry = json::Value::Object();
-    entry.Set(std::string(kind), c.name);
-    entry.Set("saved_tensors", c.saved_tensors);
-    entry.Set("raw_bytes_per_step", c.raw_bytes / steps);
-    entry.Set("stored_bytes_per_step", c.stored_bytes / steps);
-    json::Value codecs = json::Value::Array();
-    for (const std::string& codec : c.codecs) codecs.Append(codec);
-    entry.Set("codecs", std::move(codecs));
+    json::Value entry = json::Value::object();
+    entry[std::string(kind)] = c.name;
+    entry["saved_tensors"] = c.saved_tensors;
+    entry["raw_bytes_per_step"] = c.raw_bytes / steps;
+    entry["stored_bytes_per_step"] = c.stored_bytes / steps;
+    json::Value codecs = json::Value::array();
+    for (const std::string& codec : c.codecs) codecs.emplace_back(codec);
+    entry["codecs"] = std::move(codecs);
     if (c.worst_error.has_value()) {
-      json::Value error = json::Value::Object();
+      json::Value error = json::Value::object();
       const CodecError& e = *c.worst_error;
       for (const auto& [name, value] : {std::pair{"rms", &e.rms}, std::pair{"max_abs", &e.max_abs},
                                         std::pair{"rel_rms", &e.rel_rms}}) {
-        error.Set(name, value->has_value() ? json::Value(**value) : json::Value());
+        error[name] = value->has_value() ? json::Value(**value) : json::Value();
       }
-      entry.Set("worst_error", std::move(error));
+      entry["worst_error"] = std::move(error);
     }
-    list.Append(std::move(entry));
+    list.emplace_back(std::move(entry));
   }
   return list;
 }
 
 json::Value CountArray(const std::vector<uint64_t>& counts) {
-  json::Value list = json::Value::Array();
-  for (uint64_t count : counts) list.Append(count);
+  json::Value list = json::Value::array();
+  for (uint64_t count : counts) list.emplace_back(count);
   return list;
 }
 
 json::Value VerifiedJson(const PlannerProfile& planner) {
   if (!planner.verified.has_value()) return json::Value();
-  json::Value verified = json::Value::Object();
-  verified.Set("codec", planner.verified->codec);
-  verified.Set("batch_size", planner.verified->batch_size);
-  verified.Set("peak_bytes", planner.verified->peak_bytes);
+  json::Value verified = json::Value::object();
+  verified["codec"] = planner.verified->codec;
+  verified["batch_size"] = planner.verified->batch_size;
+  verified["peak_bytes"] = planner.verified->peak_bytes;
   return verified;
 }
 
@@ -1465,38 +1475,38 @@ json::Value OptionalJson(const std::optional<uint64_t>& value) {
 }  // namespace
 
 json::Value SummarizeReport(const RunReport& report) {
-  json::Value summary = json::Value::Object();
-  summary.Set("schema", "actpack.report_summary");
-  summary.Set("schema_version", 1);
-  summary.Set("file", report.file);
+  json::Value summary = json::Value::object();
+  summary["schema"] = "actpack.report_summary";
+  summary["schema_version"] = 1;
+  summary["file"] = report.file;
 
-  json::Value run = json::Value::Object();
-  if (report.torch_version) run.Set("torch", *report.torch_version);
-  if (report.device) run.Set("device", *report.device);
-  if (report.codec) run.Set("codec", *report.codec);
-  if (report.budget_text) run.Set("budget", *report.budget_text);
-  if (report.budget_bytes) run.Set("budget_bytes", *report.budget_bytes);
-  run.Set("peak_allocated_bytes", OptionalJson(report.peak_allocated_bytes));
-  run.Set("peak_reserved_bytes", OptionalJson(report.peak_reserved_bytes));
-  run.Set("peak_system_bytes", OptionalJson(report.peak_system_bytes));
-  if (report.wall_seconds) run.Set("wall_seconds", *report.wall_seconds);
-  summary.Set("run", std::move(run));
+  json::Value run = json::Value::object();
+  if (report.torch_version) (run["torch"] = *report.torch_version);
+  if (report.device) (run["device"] = *report.device);
+  if (report.codec) (run["codec"] = *report.codec);
+  if (report.budget_text) (run["budget"] = *report.budget_text);
+  if (report.budget_bytes) (run["budget_bytes"] = *report.budget_bytes);
+  run["peak_allocated_bytes"] = OptionalJson(report.peak_allocated_bytes);
+  run["peak_reserved_bytes"] = OptionalJson(report.peak_reserved_bytes);
+  run["peak_system_bytes"] = OptionalJson(report.peak_system_bytes);
+  if (report.wall_seconds) (run["wall_seconds"] = *report.wall_seconds);
+  summary["run"] = std::move(run);
 
   if (report.has_activations) {
-    json::Value activations = json::Value::Object();
-    if (report.activation_codec) activations.Set("codec", *report.activation_codec);
-    activations.Set("steps", report.steps.size());
+    json::Value activations = json::Value::object();
+    if (report.activation_codec) (activations["codec"] = *report.activation_codec);
+    activations["steps"] = report.steps.size();
     if (const StepUsage* step = LargestStep(report)) {
-      json::Value largest = json::Value::Object();
-      largest.Set("saved_raw_bytes", step->saved_raw_bytes);
-      largest.Set("stored_bytes", step->stored_bytes);
-      largest.Set("ratio", step->stored_bytes == 0 ? json::Value()
-                                                   : json::Value(static_cast<double>(
-                                                                     step->saved_raw_bytes) /
-                                                                 step->stored_bytes));
-      activations.Set("largest_step", std::move(largest));
+      json::Value largest = json::Value::object();
+      largest["saved_raw_bytes"] = step->saved_raw_bytes;
+      largest["stored_bytes"] = step->stored_bytes;
+      largest["ratio"] =
+          step->stored_bytes == 0
+              ? json::Value()
+              : json::Value(static_cast<double>(step->saved_raw_bytes) / step->stored_bytes);
+      activations["largest_step"] = std::move(largest);
     }
-    json::Value totals = json::Value::Object();
+    json::Value totals = json::Value::object();
     const ActivationTotals& t = report.totals;
     const std::pair<const char*, const std::optional<uint64_t>*> counters[] = {
         {"packed_raw_bytes", &t.packed_raw_bytes},
@@ -1510,63 +1520,63 @@ json::Value SummarizeReport(const RunReport& report) {
         {"peak_live_raw_bytes", &t.peak_live_raw_bytes},
     };
     for (const auto& [name, value] : counters) {
-      if (value->has_value()) totals.Set(name, **value);
+      if (value->has_value()) (totals[name] = **value);
     }
-    if (t.ratio) totals.Set("ratio", *t.ratio);
-    activations.Set("totals", std::move(totals));
-    summary.Set("activations", std::move(activations));
+    if (t.ratio) (totals["ratio"] = *t.ratio);
+    activations["totals"] = std::move(totals);
+    summary["activations"] = std::move(activations);
   }
 
   const uint64_t steps = report.StepCountForAverages();
-  summary.Set("producers", ConsumersJson(report.producers, "producer", steps));
+  summary["producers"] = ConsumersJson(report.producers, "producer", steps);
   if (!report.modules.empty()) {
-    summary.Set("modules", ConsumersJson(report.modules, "module", steps));
+    summary["modules"] = ConsumersJson(report.modules, "module", steps);
   }
 
   if (report.planner.has_value()) {
     const PlannerProfile& p = *report.planner;
-    json::Value planner = json::Value::Object();
-    planner.Set("budget_bytes", p.budget_bytes);
-    planner.Set("batch_sizes", CountArray(p.batch_sizes));
-    json::Value choices = json::Value::Object();
+    json::Value planner = json::Value::object();
+    planner["budget_bytes"] = p.budget_bytes;
+    planner["batch_sizes"] = CountArray(p.batch_sizes);
+    json::Value choices = json::Value::object();
     for (const PlannerChoice& choice : p.choices) {
-      json::Value entry = json::Value::Object();
-      entry.Set("fixed_bytes", choice.fixed_bytes);
-      entry.Set("per_sample_bytes", choice.per_sample_bytes);
-      entry.Set("max_batch_size", choice.max_batch_size);
-      choices.Set(choice.name, std::move(entry));
+      json::Value entry = json::Value::object();
+      entry["fixed_bytes"] = choice.fixed_bytes;
+      entry["per_sample_bytes"] = choice.per_sample_bytes;
+      entry["max_batch_size"] = choice.max_batch_size;
+      choices[choice.name] = std::move(entry);
     }
-    planner.Set("choices", std::move(choices));
-    planner.Set("verified", VerifiedJson(p));
-    summary.Set("planner", std::move(planner));
+    planner["choices"] = std::move(choices);
+    planner["verified"] = VerifiedJson(p);
+    summary["planner"] = std::move(planner);
   }
 
   if (report.allocator.has_value()) {
     const AllocatorUsage& a = *report.allocator;
-    json::Value allocator = json::Value::Object();
-    allocator.Set("backend", a.backend);
-    allocator.Set("budget_bytes", OptionalJson(a.budget_bytes));
-    allocator.Set("peak_allocated_bytes", OptionalJson(a.peak_allocated_bytes));
-    allocator.Set("peak_reserved_bytes", OptionalJson(a.peak_reserved_bytes));
+    json::Value allocator = json::Value::object();
+    allocator["backend"] = a.backend;
+    allocator["budget_bytes"] = OptionalJson(a.budget_bytes);
+    allocator["peak_allocated_bytes"] = OptionalJson(a.peak_allocated_bytes);
+    allocator["peak_reserved_bytes"] = OptionalJson(a.peak_reserved_bytes);
     const std::optional<double> fragmentation = a.Fragmentation();
-    allocator.Set("fragmentation",
-                  fragmentation.has_value() ? json::Value(*fragmentation) : json::Value());
-    allocator.Set("num_alloc_retries", OptionalJson(a.num_alloc_retries));
-    allocator.Set("num_ooms", OptionalJson(a.num_ooms));
+    allocator["fragmentation"] =
+        fragmentation.has_value() ? json::Value(*fragmentation) : json::Value();
+    allocator["num_alloc_retries"] = OptionalJson(a.num_alloc_retries);
+    allocator["num_ooms"] = OptionalJson(a.num_ooms);
     if (a.has_snapshot) {
-      json::Value snapshot = json::Value::Object();
-      snapshot.Set("segments", a.snapshot_segments);
-      snapshot.Set("trace_entries", a.snapshot_trace_entries);
-      allocator.Set("snapshot", std::move(snapshot));
+      json::Value snapshot = json::Value::object();
+      snapshot["segments"] = a.snapshot_segments;
+      snapshot["trace_entries"] = a.snapshot_trace_entries;
+      allocator["snapshot"] = std::move(snapshot);
     } else {
-      allocator.Set("snapshot", json::Value());
+      allocator["snapshot"] = json::Value();
     }
-    summary.Set("allocator", std::move(allocator));
+    summary["allocator"] = std::move(allocator);
   }
 
-  json::Value warnings = json::Value::Array();
-  for (const std::string& warning : report.warnings) warnings.Append(warning);
-  summary.Set("warnings", std::move(warnings));
+  json::Value warnings = json::Value::array();
+  for (const std::string& warning : report.warnings) warnings.emplace_back(warning);
+  summary["warnings"] = std::move(warnings);
   return summary;
 }
 
@@ -1752,30 +1762,30 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
 
 json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   const PlannerProfile& planner = *report.planner;
-  json::Value plan = json::Value::Object();
-  plan.Set("schema", "actpack.plan");
-  plan.Set("schema_version", 1);
-  plan.Set("file", report.file);
-  plan.Set("budget_bytes", budget_bytes);
-  plan.Set("recorded_budget_bytes", planner.budget_bytes);
-  plan.Set("batch_sizes", CountArray(planner.batch_sizes));
-  plan.Set("headroom", planner.headroom);
-  json::Value choices = json::Value::Object();
+  json::Value plan = json::Value::object();
+  plan["schema"] = "actpack.plan";
+  plan["schema_version"] = 1;
+  plan["file"] = report.file;
+  plan["budget_bytes"] = budget_bytes;
+  plan["recorded_budget_bytes"] = planner.budget_bytes;
+  plan["batch_sizes"] = CountArray(planner.batch_sizes);
+  plan["headroom"] = planner.headroom;
+  json::Value choices = json::Value::object();
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
         MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
                      choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
-    json::Value entry = json::Value::Object();
-    entry.Set("fixed_bytes", choice.fixed_bytes);
-    entry.Set("per_sample_bytes", choice.per_sample_bytes);
-    entry.Set("max_batch_size", OptionalJson(batch));  // null: unbounded
-    entry.Set("unbounded", !batch.has_value());
-    entry.Set("recorded_max_batch_size", choice.max_batch_size);
-    choices.Set(choice.name, std::move(entry));
+    json::Value entry = json::Value::object();
+    entry["fixed_bytes"] = choice.fixed_bytes;
+    entry["per_sample_bytes"] = choice.per_sample_bytes;
+    entry["max_batch_size"] = OptionalJson(batch);  // null: unbounded
+    (entry["unbounded"] = !batch.has_value());
+    entry["recorded_max_batch_size"] = choice.max_batch_size;
+    choices[choice.name] = std::move(entry);
   }
-  plan.Set("choices", std::move(choices));
+  plan["choices"] = std::move(choices);
   // The choice with the largest batch, null when none fits one sample.
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   if (best != nullptr &&
@@ -1783,9 +1793,9 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
           uint64_t{0}) {
     best = nullptr;
   }
-  plan.Set("best", best == nullptr ? json::Value() : json::Value(best->name));
-  plan.Set("extrapolated", extrapolated);
-  plan.Set("verified", VerifiedJson(planner));
+  plan["best"] = best == nullptr ? json::Value() : json::Value(best->name);
+  plan["extrapolated"] = extrapolated;
+  plan["verified"] = VerifiedJson(planner);
   return plan;
 }
 

@@ -102,7 +102,7 @@ std::string WriteJsonTemp(const std::string& name, const json::Value& document) 
 json::Value* Member(json::Value& document, const std::vector<std::string>& keys) {
   json::Value* value = &document;
   for (const std::string& key : keys) {
-    value = value->Find(key);
+    value = json::Find(*value, key);
     if (value == nullptr) return nullptr;
   }
   return value;
@@ -171,8 +171,12 @@ absl::StatusOr<json::Value> Unpickle(absl::string_view data) {
         i += length;
         break;
       }
-      case ']': stack.push_back(json::Value::Array()); break;
-      case '}': stack.push_back(json::Value::Object()); break;
+      case ']':
+        stack.push_back(json::Value::array());
+        break;
+      case '}':
+        stack.push_back(json::Value::object());
+        break;
       case '(': marks.push_back(stack.size()); break;
       case 'e':
       case 'u': {
@@ -182,12 +186,12 @@ absl::StatusOr<json::Value> Unpickle(absl::string_view data) {
         json::Value& target = stack[mark - 1];
         if (op == 'e') {
           if (!target.is_array()) return bad("APPENDS to a non-list");
-          for (size_t k = mark; k < stack.size(); ++k) target.Append(stack[k]);
+          for (size_t k = mark; k < stack.size(); ++k) target.emplace_back(stack[k]);
         } else {
           if (!target.is_object() || (stack.size() - mark) % 2 != 0) return bad("SETITEMS");
           for (size_t k = mark; k < stack.size(); k += 2) {
             if (!stack[k].is_string()) return bad("non-string key");
-            target.Set(stack[k].as_string(), stack[k + 1]);
+            target[stack[k].get_ref<const std::string&>()] = stack[k + 1];
           }
         }
         stack.resize(mark);
@@ -333,19 +337,21 @@ TEST(ReportTest, JsonSummaryIsMachineReadable) {
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
   absl::StatusOr<json::Value> summary = json::Parse(result.out);
   ASSERT_TRUE(summary.ok()) << summary.status();
-  EXPECT_EQ(summary->Find("schema")->as_string(), "actpack.report_summary");
-  const json::Value* run = summary->Find("run");
+  EXPECT_EQ(json::Find(*summary, "schema")->get_ref<const std::string&>(),
+            "actpack.report_summary");
+  const json::Value* run = json::Find(*summary, "run");
   ASSERT_NE(run, nullptr);
-  EXPECT_EQ(run->Find("budget_bytes")->as_int(), int64_t{256} << 20);
-  EXPECT_TRUE(run->Find("peak_allocated_bytes")->is_null());
-  const json::Value* totals = summary->Find("activations")->Find("totals");
+  EXPECT_EQ(json::Find(*run, "budget_bytes")->get<int64_t>(), int64_t{256} << 20);
+  EXPECT_TRUE(json::Find(*run, "peak_allocated_bytes")->is_null());
+  const json::Value* totals = json::Find((*json::Find(*summary, "activations")), "totals");
   absl::StatusOr<RunReport> report = LoadRunReport(kQuant2Report);
   ASSERT_TRUE(report.ok());
-  EXPECT_EQ(static_cast<uint64_t>(totals->Find("packed_raw_bytes")->as_int()),
+  EXPECT_EQ(static_cast<uint64_t>(json::Find(*totals, "packed_raw_bytes")->get<int64_t>()),
             *report->totals.packed_raw_bytes);
-  const json::Value* producers = summary->Find("producers");
+  const json::Value* producers = json::Find(*summary, "producers");
   ASSERT_EQ(producers->size(), report->producers.size());
-  EXPECT_EQ((*producers)[0].Find("producer")->as_string(), report->producers[0].name);
+  EXPECT_EQ(json::Find((*producers)[0], "producer")->get_ref<const std::string&>(),
+            report->producers[0].name);
 }
 
 TEST(ReportTest, MissingOptionalSectionsAreNotPrinted) {
@@ -526,16 +532,16 @@ TEST(FullReportTest, ReadsPlannerAndAllocatorSections) {
   const json::Value& document = report->document;
 
   ASSERT_TRUE(report->planner.has_value());
-  const json::Value* planner = document.Find("planner");
+  const json::Value* planner = json::Find(document, "planner");
   EXPECT_EQ(report->planner->budget_bytes, uint64_t{256} << 20);
   EXPECT_EQ(report->planner->batch_sizes, (std::vector<uint64_t>{8, 16, 32}));
-  ASSERT_EQ(report->planner->choices.size(), planner->Find("choices")->size());
+  ASSERT_EQ(report->planner->choices.size(), json::Find(*planner, "choices")->size());
   for (const PlannerChoice& choice : report->planner->choices) {
-    const json::Value* recorded = planner->Find("choices")->Find(choice.name);
+    const json::Value* recorded = json::Find((*json::Find(*planner, "choices")), choice.name);
     ASSERT_NE(recorded, nullptr) << choice.name;
-    EXPECT_EQ(choice.fixed_bytes, recorded->Find("fixed_bytes")->as_int());
-    EXPECT_EQ(choice.per_sample_bytes, recorded->Find("per_sample_bytes")->as_int());
-    EXPECT_EQ(choice.max_batch_size, recorded->Find("max_batch_size")->as_int());
+    EXPECT_EQ(choice.fixed_bytes, json::Find(*recorded, "fixed_bytes")->get<int64_t>());
+    EXPECT_EQ(choice.per_sample_bytes, json::Find(*recorded, "per_sample_bytes")->get<int64_t>());
+    EXPECT_EQ(choice.max_batch_size, json::Find(*recorded, "max_batch_size")->get<int64_t>());
   }
   EXPECT_EQ(report->planner->choices.front().name, "none");  // the report's order
   ASSERT_TRUE(report->planner->verified.has_value());
@@ -543,23 +549,23 @@ TEST(FullReportTest, ReadsPlannerAndAllocatorSections) {
   EXPECT_DOUBLE_EQ(report->planner->headroom, 0.15);
 
   ASSERT_TRUE(report->allocator.has_value());
-  const json::Value* stats = document.Find("allocator")->Find("stats");
+  const json::Value* stats = json::Find((*json::Find(document, "allocator")), "stats");
   EXPECT_EQ(report->allocator->backend, "cpu");
   EXPECT_EQ(report->allocator->budget_bytes, uint64_t{256} << 20);
   EXPECT_EQ(report->allocator->peak_allocated_bytes,
-            stats->Find("allocated_bytes.all.peak")->as_int());
+            json::Find(*stats, "allocated_bytes.all.peak")->get<int64_t>());
   EXPECT_EQ(report->allocator->peak_reserved_bytes,
-            stats->Find("reserved_bytes.all.peak")->as_int());
+            json::Find(*stats, "reserved_bytes.all.peak")->get<int64_t>());
   ASSERT_TRUE(report->allocator->Fragmentation().has_value());
   EXPECT_DOUBLE_EQ(*report->allocator->Fragmentation(),
-                   stats->Find("reserved_bytes.all.peak")->as_double() /
-                       stats->Find("allocated_bytes.all.peak")->as_double());
+                   json::Find(*stats, "reserved_bytes.all.peak")->get<double>() /
+                       json::Find(*stats, "allocated_bytes.all.peak")->get<double>());
   EXPECT_GE(*report->allocator->Fragmentation(), 1.0);  // reserved memory holds the allocated
   const json::Value* snapshot = report->Snapshot();
   ASSERT_NE(snapshot, nullptr);
-  EXPECT_EQ(report->allocator->snapshot_segments, snapshot->Find("segments")->size());
+  EXPECT_EQ(report->allocator->snapshot_segments, json::Find(*snapshot, "segments")->size());
   EXPECT_EQ(report->allocator->snapshot_trace_entries,
-            (*snapshot->Find("device_traces"))[0].size());
+            (*json::Find(*snapshot, "device_traces"))[0].size());
   EXPECT_GT(report->allocator->snapshot_trace_entries, 100u);
 }
 
@@ -583,16 +589,18 @@ TEST(FullReportTest, ModulesRegroupTheSameBytesAndKeepTheWorstError) {
   double worst_rel_rms = 0, worst_max_abs = 0;
   uint64_t convs0_raw = 0, relu_tensors = 0;
   for (const json::Value& record :
-       report->document.Find("activations")->Find("saved_tensors")->elements()) {
-    const json::Value* module = record.Find("module");
-    if (module == nullptr && record.Find("producer")->as_string() == "ReluBackward0") {
+       *json::Find(*json::Find(report->document, "activations"), "saved_tensors")) {
+    const json::Value* module = json::Find(record, "module");
+    if (module == nullptr &&
+        json::Find(record, "producer")->get_ref<const std::string&>() == "ReluBackward0") {
       ++relu_tensors;
     }
-    if (module == nullptr || module->as_string() != "convs.0") continue;
-    convs0_raw += record.Find("raw_bytes")->as_int() * record.Find("occurrences")->as_int();
-    if (const json::Value* error = record.Find("error")) {
-      worst_rel_rms = std::max(worst_rel_rms, error->Find("rel_rms")->as_double());
-      worst_max_abs = std::max(worst_max_abs, error->Find("max_abs")->as_double());
+    if (module == nullptr || module->get_ref<const std::string&>() != "convs.0") continue;
+    convs0_raw += json::Find(record, "raw_bytes")->get<int64_t>() *
+                  json::Find(record, "occurrences")->get<int64_t>();
+    if (const json::Value* error = json::Find(record, "error")) {
+      worst_rel_rms = std::max(worst_rel_rms, json::Find(*error, "rel_rms")->get<double>());
+      worst_max_abs = std::max(worst_max_abs, json::Find(*error, "max_abs")->get<double>());
     }
   }
   const ConsumerUsage* convs0 = nullptr;
@@ -626,35 +634,42 @@ TEST(FullReportTest, JsonSummaryCarriesTheNewSections) {
   absl::StatusOr<RunReport> report = LoadRunReport(kFullReport);
   ASSERT_TRUE(report.ok());
 
-  const json::Value* modules = summary->Find("modules");
+  const json::Value* modules = json::Find(*summary, "modules");
   ASSERT_NE(modules, nullptr);
   ASSERT_EQ(modules->size(), report->modules.size());
-  EXPECT_EQ((*modules)[0].Find("module")->as_string(), report->modules[0].name);
+  EXPECT_EQ(json::Find((*modules)[0], "module")->get_ref<const std::string&>(),
+            report->modules[0].name);
   bool saw_error = false;
-  for (const json::Value& module : modules->elements()) {
-    if (const json::Value* error = module.Find("worst_error")) {
+  for (const json::Value& module : *modules) {
+    if (const json::Value* error = json::Find(module, "worst_error")) {
       saw_error = true;
-      EXPECT_TRUE(error->Find("rel_rms")->is_number());
+      EXPECT_TRUE(json::Find(*error, "rel_rms")->is_number());
     }
   }
   EXPECT_TRUE(saw_error);
 
-  const json::Value* planner = summary->Find("planner");
+  const json::Value* planner = json::Find(*summary, "planner");
   ASSERT_NE(planner, nullptr);
-  EXPECT_EQ(planner->Find("choices")->Find("quant2")->Find("max_batch_size")->as_int(),
-            report->document.Find("planner")->Find("choices")->Find("quant2")->Find(
-                "max_batch_size")->as_int());
-  EXPECT_EQ(planner->Find("verified")->Find("codec")->as_string(), "auto");
+  EXPECT_EQ(
+      json::Find((*json::Find((*json::Find(*planner, "choices")), "quant2")), "max_batch_size")
+          ->get<int64_t>(),
+      json::Find((*json::Find((*json::Find((*json::Find(report->document, "planner")), "choices")),
+                              "quant2")),
+                 "max_batch_size")
+          ->get<int64_t>());
+  EXPECT_EQ(json::Find((*json::Find(*planner, "verified")), "codec")->get_ref<const std::string&>(),
+            "auto");
 
-  const json::Value* allocator = summary->Find("allocator");
+  const json::Value* allocator = json::Find(*summary, "allocator");
   ASSERT_NE(allocator, nullptr);
-  EXPECT_EQ(allocator->Find("backend")->as_string(), "cpu");
-  EXPECT_EQ(static_cast<uint64_t>(allocator->Find("peak_reserved_bytes")->as_int()),
+  EXPECT_EQ(json::Find(*allocator, "backend")->get_ref<const std::string&>(), "cpu");
+  EXPECT_EQ(static_cast<uint64_t>(json::Find(*allocator, "peak_reserved_bytes")->get<int64_t>()),
             *report->allocator->peak_reserved_bytes);
-  EXPECT_DOUBLE_EQ(allocator->Find("fragmentation")->as_double(),
+  EXPECT_DOUBLE_EQ(json::Find(*allocator, "fragmentation")->get<double>(),
                    *report->allocator->Fragmentation());
-  EXPECT_EQ(allocator->Find("num_ooms")->as_int(), 0);
-  EXPECT_EQ(static_cast<uint64_t>(allocator->Find("snapshot")->Find("trace_entries")->as_int()),
+  EXPECT_EQ(json::Find(*allocator, "num_ooms")->get<int64_t>(), 0);
+  EXPECT_EQ(static_cast<uint64_t>(
+                json::Find((*json::Find(*allocator, "snapshot")), "trace_entries")->get<int64_t>()),
             report->allocator->snapshot_trace_entries);
 
   // A version 1 report without the sections: no such members.
@@ -662,19 +677,19 @@ TEST(FullReportTest, JsonSummaryCarriesTheNewSections) {
   absl::StatusOr<json::Value> old_summary = json::Parse(old.out);
   ASSERT_TRUE(old_summary.ok());
   for (const char* member : {"modules", "planner", "allocator"}) {
-    EXPECT_EQ(old_summary->Find(member), nullptr) << member;
+    EXPECT_EQ(json::Find(*old_summary, member), nullptr) << member;
   }
 }
 
 TEST(FullReportTest, NullSectionsAndNullErrorsReadAsAbsent) {
   json::Value document = ParseJsonFile(kFullReport);
-  document.Set("planner", json::Value());
-  document.Set("allocator", json::Value());
+  document["planner"] = json::Value();
+  document["allocator"] = json::Value();
   // The runtime's JSON writer turns a NaN error into null.
   json::Value& record = (*Member(document, {"activations", "saved_tensors"}))[1];
-  ASSERT_NE(record.Find("error"), nullptr);
-  record.Find("error")->Set("rel_rms", json::Value());
-  (*Member(document, {"activations", "saved_tensors"}))[3].Set("module", json::Value());
+  ASSERT_NE(json::Find(record, "error"), nullptr);
+  (*json::Find(record, "error"))["rel_rms"] = json::Value();
+  (*Member(document, {"activations", "saved_tensors"}))[3]["module"] = json::Value();
   const std::string path = WriteJsonTemp("null_sections.json", document);
   const CliResult result = RunActpack({"report", path});
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
@@ -709,28 +724,30 @@ TEST(PlanTest, ReplansEveryChoiceForTheNewBudget) {
   const uint64_t budget = uint64_t{12} << 30;
   uint64_t best = 0;
   std::string best_name;
-  for (const json::Value::Member& choice : document.Find("planner")->Find("choices")->members()) {
-    const uint64_t fixed = choice.second.Find("fixed_bytes")->as_int();
-    const uint64_t per_sample = choice.second.Find("per_sample_bytes")->as_int();
+  for (const auto& choice : json::Find((*json::Find(document, "planner")), "choices")->items()) {
+    const uint64_t fixed = json::Find(choice.value(), "fixed_bytes")->get<int64_t>();
+    const uint64_t per_sample = json::Find(choice.value(), "per_sample_bytes")->get<int64_t>();
     // The planner keeps its headroom free, as the runtime's policy does.
-    const double headroom = document.Find("planner")->Find("headroom")->as_double();
+    const double headroom =
+        json::Find((*json::Find(document, "planner")), "headroom")->get<double>();
     const uint64_t usable = static_cast<uint64_t>(static_cast<double>(budget) * (1 - headroom));
     const uint64_t batch = (usable - fixed) / per_sample;
     if (batch > best) {
       best = batch;
-      best_name = choice.first;
+      best_name = choice.key();
     }
     bool found_row = false;
     for (absl::string_view line : absl::StrSplit(result.out, '\n')) {
       const std::vector<std::string> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (cells.empty() || cells[0] != choice.first) continue;
+      if (cells.empty() || cells[0] != choice.key()) continue;
       found_row = true;
       ASSERT_GE(cells.size(), 3u);
       EXPECT_EQ(cells[cells.size() - 2], absl::StrCat(batch)) << line;
-      EXPECT_EQ(cells.back(), absl::StrCat(choice.second.Find("max_batch_size")->as_int()))
+      EXPECT_EQ(cells.back(),
+                absl::StrCat(json::Find(choice.value(), "max_batch_size")->get<int64_t>()))
           << line;
     }
-    EXPECT_TRUE(found_row) << choice.first << "\n" << result.out;
+    EXPECT_TRUE(found_row) << choice.key() << "\n" << result.out;
   }
   EXPECT_TRUE(absl::StrContains(result.out, absl::StrCat("largest batch at 12.00 GiB: ",
                                                          best_name, " (", best, ")")))
@@ -744,18 +761,20 @@ TEST(PlanTest, AtTheRecordedBudgetReproducesTheRecordedBatchSizes) {
   ASSERT_EQ(result.exit_code, kExitOk) << result.err;
   absl::StatusOr<json::Value> plan = json::Parse(result.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->Find("schema")->as_string(), "actpack.plan");
-  EXPECT_EQ(plan->Find("budget_bytes")->as_int(), int64_t{256} << 20);
-  EXPECT_EQ(plan->Find("recorded_budget_bytes")->as_int(), int64_t{256} << 20);
-  ASSERT_EQ(plan->Find("choices")->size(), 3u);  // none, quant2, auto
-  for (const json::Value::Member& choice : plan->Find("choices")->members()) {
-    EXPECT_FALSE(choice.second.Find("unbounded")->as_bool());
-    EXPECT_EQ(choice.second.Find("max_batch_size")->as_int(),
-              choice.second.Find("recorded_max_batch_size")->as_int())
-        << choice.first;
+  EXPECT_EQ(json::Find(*plan, "schema")->get_ref<const std::string&>(), "actpack.plan");
+  EXPECT_EQ(json::Find(*plan, "budget_bytes")->get<int64_t>(), int64_t{256} << 20);
+  EXPECT_EQ(json::Find(*plan, "recorded_budget_bytes")->get<int64_t>(), int64_t{256} << 20);
+  ASSERT_EQ(json::Find(*plan, "choices")->size(), 3u);  // none, quant2, auto
+  for (const auto& choice : json::Find(*plan, "choices")->items()) {
+    EXPECT_FALSE(json::Find(choice.value(), "unbounded")->get<bool>());
+    EXPECT_EQ(json::Find(choice.value(), "max_batch_size")->get<int64_t>(),
+              json::Find(choice.value(), "recorded_max_batch_size")->get<int64_t>())
+        << choice.key();
   }
-  EXPECT_EQ(plan->Find("best")->as_string(), "quant2");  // the first of equals (auto)
-  EXPECT_EQ(plan->Find("verified")->Find("codec")->as_string(), "auto");
+  EXPECT_EQ(json::Find(*plan, "best")->get_ref<const std::string&>(),
+            "quant2");  // the first of equals (auto)
+  EXPECT_EQ(json::Find((*json::Find(*plan, "verified")), "codec")->get_ref<const std::string&>(),
+            "auto");
 }
 
 TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {
@@ -763,13 +782,15 @@ TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {
   const CliResult json_result = RunActpack({"plan", kFullReport, "--budget", "30MiB", "--json"});
   absl::StatusOr<json::Value> plan = json::Parse(json_result.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_FALSE(plan->Find("extrapolated")->as_bool());
+  EXPECT_FALSE(json::Find(*plan, "extrapolated")->get<bool>());
   const json::Value document = ParseJsonFile(kFullReport);
-  const json::Value* none = document.Find("planner")->Find("choices")->Find("none");
+  const json::Value* none =
+      json::Find((*json::Find((*json::Find(document, "planner")), "choices")), "none");
   const auto usable = static_cast<int64_t>((int64_t{30} << 20) * (1 - 0.15));
-  EXPECT_EQ(plan->Find("choices")->Find("none")->Find("max_batch_size")->as_int(),
-            (usable - none->Find("fixed_bytes")->as_int()) /
-                none->Find("per_sample_bytes")->as_int());
+  EXPECT_EQ(json::Find((*json::Find((*json::Find(*plan, "choices")), "none")), "max_batch_size")
+                ->get<int64_t>(),
+            (usable - json::Find(*none, "fixed_bytes")->get<int64_t>()) /
+                json::Find(*none, "per_sample_bytes")->get<int64_t>());
   const CliResult text = RunActpack({"plan", kFullReport, "--budget", "30MiB"});
   EXPECT_FALSE(absl::StrContains(text.out, "extrapolated")) << text.out;
 }
@@ -781,16 +802,18 @@ TEST(PlanTest, TooSmallAndUnboundedBudgets) {
   const CliResult small_json = RunActpack({"plan", kFullReport, "--budget", "4MiB", "--json"});
   absl::StatusOr<json::Value> plan = json::Parse(small_json.out);
   ASSERT_TRUE(plan.ok());
-  EXPECT_TRUE(plan->Find("best")->is_null());
-  EXPECT_EQ(plan->Find("choices")->Find("quant2")->Find("max_batch_size")->as_int(), 0);
+  EXPECT_TRUE(json::Find(*plan, "best")->is_null());
+  EXPECT_EQ(json::Find((*json::Find((*json::Find(*plan, "choices")), "quant2")), "max_batch_size")
+                ->get<int64_t>(),
+            0);
 
   json::Value document = ParseJsonFile(kFullReport);
   json::Value* choices = Member(document, {"planner", "choices"});
-  json::Value free_choice = json::Value::Object();
-  free_choice.Set("fixed_bytes", int64_t{1} << 20);
-  free_choice.Set("per_sample_bytes", 0);
-  free_choice.Set("max_batch_size", 0);
-  choices->Set("my codec", std::move(free_choice));
+  json::Value free_choice = json::Value::object();
+  free_choice["fixed_bytes"] = int64_t{1} << 20;
+  free_choice["per_sample_bytes"] = 0;
+  free_choice["max_batch_size"] = 0;
+  (*choices)["my codec"] = std::move(free_choice);
   const std::string path = WriteJsonTemp("unbounded.json", document);
   const CliResult text = RunActpack({"plan", path, "--budget", "2GiB"});
   ASSERT_EQ(text.exit_code, kExitOk) << text.err;
@@ -799,10 +822,10 @@ TEST(PlanTest, TooSmallAndUnboundedBudgets) {
   const CliResult json_result = RunActpack({"plan", path, "--budget", "2GiB", "--json"});
   absl::StatusOr<json::Value> unbounded = json::Parse(json_result.out);
   ASSERT_TRUE(unbounded.ok());
-  const json::Value* entry = unbounded->Find("choices")->Find("my codec");
-  EXPECT_TRUE(entry->Find("max_batch_size")->is_null());
-  EXPECT_TRUE(entry->Find("unbounded")->as_bool());
-  EXPECT_EQ(unbounded->Find("best")->as_string(), "my codec");
+  const json::Value* entry = json::Find((*json::Find(*unbounded, "choices")), "my codec");
+  EXPECT_TRUE(json::Find(*entry, "max_batch_size")->is_null());
+  EXPECT_TRUE(json::Find(*entry, "unbounded")->get<bool>());
+  EXPECT_EQ(json::Find(*unbounded, "best")->get_ref<const std::string&>(), "my codec");
 }
 
 TEST(PlanTest, AShareOfTheDeviceIsRefusedClearly) {
@@ -852,14 +875,14 @@ TEST(PickleTest, ScalarsUseTheProtocolTwoOpcodes) {
   EXPECT_EQ(pickle(json::Value(2.0)), "G\x40\x00\x00\x00\x00\x00\x00\x00"s);  // a float
   EXPECT_EQ(pickle(json::Value("\xc3\xa9")), "X\x02\x00\x00\x00\xc3\xa9"s);
   EXPECT_EQ(pickle(json::Value("")), "X\x00\x00\x00\x00"s);
-  EXPECT_EQ(pickle(json::Value::Array()), "]");
-  EXPECT_EQ(pickle(json::Value::Object()), "}");
-  json::Value list = json::Value::Array();
-  list.Append(1);
-  list.Append(json::Value());
+  EXPECT_EQ(pickle(json::Value::array()), "]");
+  EXPECT_EQ(pickle(json::Value::object()), "}");
+  json::Value list = json::Value::array();
+  list.emplace_back(1);
+  list.emplace_back(json::Value());
   EXPECT_EQ(pickle(list), "](K\x01Ne"s);
-  json::Value dict = json::Value::Object();
-  dict.Set("a", json::Value());
+  json::Value dict = json::Value::object();
+  dict["a"] = json::Value();
   EXPECT_EQ(pickle(dict), "}(X\x01\x00\x00\x00" "aNu"s);
 }
 
@@ -888,11 +911,11 @@ TEST(SnapshotTest, WritesTheReportsSnapshotAsAPickle) {
   absl::StatusOr<json::Value> back = Unpickle(ReadText(path));
   ASSERT_TRUE(back.ok()) << back.status();
   const json::Value document = ParseJsonFile(kFullReport);
-  ExpectSameJson(*back, *document.Find("allocator")->Find("snapshot"));
+  ExpectSameJson(*back, *json::Find((*json::Find(document, "allocator")), "snapshot"));
   // What memory_viz reads: segments with blocks, traces with actions and addresses.
-  EXPECT_TRUE((*back->Find("segments"))[0].Find("blocks")->is_array());
-  EXPECT_TRUE((*back->Find("device_traces"))[0][0].Find("action")->is_string());
-  EXPECT_TRUE((*back->Find("device_traces"))[0][0].Find("addr")->is_int());
+  EXPECT_TRUE(json::Find((*json::Find(*back, "segments"))[0], "blocks")->is_array());
+  EXPECT_TRUE(json::Find((*json::Find(*back, "device_traces"))[0][0], "action")->is_string());
+  EXPECT_TRUE(json::IsInt((*json::Find((*json::Find(*back, "device_traces"))[0][0], "addr"))));
 
   // --output=FILE is the same option.
   const std::string other = TempPath("snap2.pickle");
@@ -909,7 +932,7 @@ TEST(SnapshotTest, WithoutSnapshotSaysSo) {
   EXPECT_TRUE(absl::StrContains(none.err, "actpack.dump_snapshot")) << none.err;
 
   json::Value document = ParseJsonFile(kFullReport);
-  Member(document, {"allocator"})->Set("snapshot", json::Value());
+  (*Member(document, {"allocator"}))["snapshot"] = json::Value();
   const std::string path = WriteJsonTemp("null_snapshot.json", document);
   const CliResult null_snapshot = RunActpack({"snapshot", path, "-o", TempPath("n.pickle")});
   EXPECT_EQ(null_snapshot.exit_code, kExitBadInput);
@@ -925,28 +948,29 @@ TEST(SnapshotTest, WithoutSnapshotSaysSo) {
 TEST(DiffTest, ComparesPlannerBatchSizesAndModules) {
   json::Value document = ParseJsonFile(kFullReport);
   // After: a larger budget, one choice gone, one new; one module stores twice as much.
-  Member(document, {"planner"})->Set("budget_bytes", int64_t{512} << 20);
+  ((*Member(document, {"planner"}))["budget_bytes"] = int64_t{512} << 20);
   json::Value* choices = Member(document, {"planner", "choices"});
-  const int64_t none_before = choices->Find("none")->Find("max_batch_size")->as_int();
-  choices->Find("none")->Set("max_batch_size", 290);
-  json::Value replacement = json::Value::Object();
-  for (const json::Value::Member& member : choices->members()) {
-    if (member.first != "auto") replacement.Set(member.first, member.second);
+  const int64_t none_before =
+      json::Find((*json::Find(*choices, "none")), "max_batch_size")->get<int64_t>();
+  (*json::Find(*choices, "none"))["max_batch_size"] = 290;
+  json::Value replacement = json::Value::object();
+  for (const auto& member : choices->items()) {
+    if (member.key() != "auto") (replacement[member.key()] = member.value());
   }
-  json::Value division = json::Value::Object();
-  division.Set("fixed_bytes", int64_t{6} << 20);
-  division.Set("per_sample_bytes", 600000);
-  division.Set("max_batch_size", 884);
-  replacement.Set("division", std::move(division));
-  Member(document, {"planner"})->Set("choices", std::move(replacement));
-  for (json::Value& record : Member(document, {"activations", "saved_tensors"})->elements()) {
-    const json::Value* module = record.Find("module");
-    if (module != nullptr && module->as_string() == "head" &&
-        record.Find("codec")->as_string() == "quant2") {
-      record.Set("stored_bytes", record.Find("stored_bytes")->as_int() * 2);
+  json::Value division = json::Value::object();
+  division["fixed_bytes"] = int64_t{6} << 20;
+  division["per_sample_bytes"] = 600000;
+  division["max_batch_size"] = 884;
+  replacement["division"] = std::move(division);
+  (*Member(document, {"planner"}))["choices"] = std::move(replacement);
+  for (json::Value& record : *Member(document, {"activations", "saved_tensors"})) {
+    const json::Value* module = json::Find(record, "module");
+    if (module != nullptr && module->get_ref<const std::string&>() == "head" &&
+        json::Find(record, "codec")->get_ref<const std::string&>() == "quant2") {
+      record["stored_bytes"] = json::Find(record, "stored_bytes")->get<int64_t>() * 2;
     }
   }
-  Member(document, {"allocator", "stats"})->Set("num_ooms", 2);
+  (*Member(document, {"allocator", "stats"}))["num_ooms"] = 2;
   const std::string after = WriteJsonTemp("after.json", document);
 
   const CliResult result = RunActpack({"diff", kFullReport, after});
@@ -983,11 +1007,12 @@ TEST(PlotTest, GroupsByModuleWhenTheReportNamesModules) {
   EXPECT_TRUE(absl::StrContains(svg, ">step peak reserved</text>")) << svg;
   EXPECT_TRUE(absl::StrContains(svg, ">step peak allocated</text>")) << svg;
   const json::Value document = ParseJsonFile(kFullReport);
-  const json::Value& first = document.Find("activations")->Find("steps")->elements()[0];
+  const json::Value& first = (*json::Find((*json::Find(document, "activations")), "steps"))[0];
   EXPECT_TRUE(absl::StrContains(
-      svg, absl::StrCat("<title>step 0: peak reserved ",
-                        allocator::FormatBytes(first.Find("peak_reserved_bytes")->as_int()),
-                        "</title>")))
+      svg,
+      absl::StrCat("<title>step 0: peak reserved ",
+                   allocator::FormatBytes(json::Find(first, "peak_reserved_bytes")->get<int64_t>()),
+                   "</title>")))
       << svg;
   // A report without them (version 1) draws neither.
   ASSERT_EQ(RunActpack({"plot", kQuant2Report, "-o", path}).exit_code, kExitOk);
@@ -1009,7 +1034,7 @@ TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
       std::vector<std::string> parent(keys.begin(), keys.end() - 1);
       json::Value* object = Member(document, parent);
       ASSERT_NE(object, nullptr) << absl::StrJoin(parent, ".");
-      object->Set(last, value);
+      (*object)[last] = value;
     };
   };
   auto erase = [](std::vector<std::string> keys) {
@@ -1017,28 +1042,28 @@ TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
       std::vector<std::string> parent(keys.begin(), keys.end() - 1);
       json::Value* object = Member(document, parent);
       ASSERT_NE(object, nullptr);
-      json::Value copy = json::Value::Object();
-      for (const json::Value::Member& m : object->members()) {
-        if (m.first != keys.back()) copy.Set(m.first, m.second);
+      json::Value copy = json::Value::object();
+      for (const auto& m : object->items()) {
+        if (m.key() != keys.back()) (copy[m.key()] = m.value());
       }
       *object = std::move(copy);
     };
   };
   auto record = [](size_t index, std::string key, json::Value value) {
     return [index, key, value](json::Value& document) {
-      (*Member(document, {"activations", "saved_tensors"}))[index].Set(key, value);
+      (*Member(document, {"activations", "saved_tensors"}))[index][key] = value;
     };
   };
-  json::Value bad_sizes = json::Value::Array();
-  bad_sizes.Append(8);
-  bad_sizes.Append("16");
-  json::Value nested_stat = json::Value::Object();
-  nested_stat.Set("current", 1);
-  json::Value bad_traces = json::Value::Array();
-  bad_traces.Append(json::Value::Object());
-  json::Value bad_error = json::Value::Object();
-  bad_error.Set("rms", 0.1);
-  bad_error.Set("rel_rms", -0.5);
+  json::Value bad_sizes = json::Value::array();
+  bad_sizes.emplace_back(8);
+  bad_sizes.emplace_back("16");
+  json::Value nested_stat = json::Value::object();
+  nested_stat["current"] = 1;
+  json::Value bad_traces = json::Value::array();
+  bad_traces.emplace_back(json::Value::object());
+  json::Value bad_error = json::Value::object();
+  bad_error["rms"] = 0.1;
+  bad_error["rel_rms"] = -0.5;
   const std::vector<Case> cases = {
       {"planner_string", set({"planner"}, "soon"),
        "bad run report: planner is the string \"soon\", expected an object or null"},
@@ -1050,7 +1075,7 @@ TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
        "planner.budget_bytes is missing, expected a non-negative integer"},
       {"batch_size_string", set({"planner", "batch_sizes"}, bad_sizes),
        "planner.batch_sizes[1] is the string \"16\""},
-      {"choices_array", set({"planner", "choices"}, json::Value::Array()),
+      {"choices_array", set({"planner", "choices"}, json::Value::array()),
        "planner.choices is an array, expected an object"},
       {"choice_number", set({"planner", "choices", "quant2"}, 3),
        "planner.choices.quant2 is the number 3, expected an object with fixed_bytes"},
@@ -1067,7 +1092,7 @@ TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
        "allocator.backend is the string \"tpu\", expected \"cpu\" or \"cuda\""},
       {"allocator_budget", set({"allocator", "budget_bytes"}, "none"),
        "allocator.budget_bytes is the string \"none\""},
-      {"stats_array", set({"allocator", "stats"}, json::Value::Array()),
+      {"stats_array", set({"allocator", "stats"}, json::Value::array()),
        "allocator.stats is an array, expected an object"},
       {"stat_nested", set({"allocator", "stats", "active_bytes.all"}, nested_stat),
        "allocator.stats[\"active_bytes.all\"] is an object, expected a number"},
@@ -1075,7 +1100,7 @@ TEST(ErrorTest, IllTypedNewSectionsGiveOneLineAndExitTwo) {
        "allocator.stats[\"reserved_bytes.all.peak\"] is the number -5, expected a non-negative"},
       {"ooms_string", set({"allocator", "stats", "num_ooms"}, "none"),
        "allocator.stats.num_ooms is the string \"none\""},
-      {"snapshot_array", set({"allocator", "snapshot"}, json::Value::Array()),
+      {"snapshot_array", set({"allocator", "snapshot"}, json::Value::array()),
        "allocator.snapshot is an array, expected null or an object with segments"},
       {"segments_missing", erase({"allocator", "snapshot", "segments"}),
        "allocator.snapshot.segments is missing, expected an array"},

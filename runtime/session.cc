@@ -42,8 +42,8 @@ codecs::CodecParams IdentityParams() {
 bool IsLossInput(const std::string& producer) { return producer == "LogSoftmaxBackward0"; }
 
 json::Value ShapeJson(const std::vector<int64_t>& shape) {
-  json::Value array = json::Value::Array();
-  for (int64_t d : shape) array.Append(d);
+  json::Value array = json::Value::array();
+  for (int64_t d : shape) array.emplace_back(d);
   return array;
 }
 
@@ -62,11 +62,11 @@ CodecChoice ChoiceFor(const SessionOptions& options, const std::string& module) 
 }
 
 json::Value ErrorJson(const CodecMeasurement& m) {
-  json::Value error = json::Value::Object();
-  error.Set("rms", m.RmsError());
-  error.Set("max_abs", m.max_abs_error);
-  error.Set("rel_rms", std::sqrt(m.RelativeError()));
-  error.Set("sampled_elements", m.count);
+  json::Value error = json::Value::object();
+  error["rms"] = m.RmsError();
+  error["max_abs"] = m.max_abs_error;
+  error["rel_rms"] = std::sqrt(m.RelativeError());
+  error["sampled_elements"] = m.count;
   return error;
 }
 
@@ -796,119 +796,119 @@ std::vector<StepRecord> Session::Steps() const {
 
 json::Value Session::ActivationReport() const {
   absl::MutexLock lock(&mu_);
-  json::Value report = json::Value::Object();
-  report.Set("codec", options_.codec.automatic ? std::string("auto")
-                                               : codecs::FormatCodecSpec(options_.codec.params));
+  json::Value report = json::Value::object();
+  report["codec"] = options_.codec.automatic ? std::string("auto")
+                                             : codecs::FormatCodecSpec(options_.codec.params);
   if (!options_.rules.empty()) {
-    json::Value rules = json::Value::Array();
+    json::Value rules = json::Value::array();
     for (const CodecRule& rule : options_.rules) {
-      json::Value r = json::Value::Object();
-      r.Set("pattern", rule.pattern);
-      r.Set("codec", rule.choice.automatic ? std::string("auto")
-                                           : codecs::FormatCodecSpec(rule.choice.params));
-      rules.Append(std::move(r));
+      json::Value r = json::Value::object();
+      r["pattern"] = rule.pattern;
+      r["codec"] =
+          rule.choice.automatic ? std::string("auto") : codecs::FormatCodecSpec(rule.choice.params);
+      rules.emplace_back(std::move(r));
     }
-    report.Set("rules", std::move(rules));
+    report["rules"] = std::move(rules);
   }
-  json::Value policy = json::Value::Object();
-  policy.Set("budget_bytes", options_.budget_bytes);
-  policy.Set("headroom", options_.headroom);
-  policy.Set("profile_every", options_.profile_every);
-  json::Value ladder = json::Value::Array();
+  json::Value policy = json::Value::object();
+  policy["budget_bytes"] = options_.budget_bytes;
+  policy["headroom"] = options_.headroom;
+  policy["profile_every"] = options_.profile_every;
+  json::Value ladder = json::Value::array();
   for (const codecs::CodecParams& params : options_.ladder) {
-    ladder.Append(codecs::FormatCodecSpec(params));
+    ladder.emplace_back(codecs::FormatCodecSpec(params));
   }
-  policy.Set("ladder", std::move(ladder));
-  policy.Set("plans", policy_.plans);
-  policy.Set("other_bytes", policy_.other_bytes);
-  policy.Set("outside_pool_bytes", policy_.outside_pool_bytes);
-  policy.Set("fragmentation", policy_.fragmentation);
-  policy.Set("projected_peak_bytes", policy_.projected_peak);
-  policy.Set("feasible", policy_.feasible);
-  policy.Set("smallest_feasible_budget", policy_.smallest_feasible_budget);
-  policy.Set("weighted_error", policy_.weighted_error);
-  policy.Set("sensitivity", module_weight_.empty() ? "uniform" : "gradient");
-  policy.Set("pressure_events", policy_.pressure_events);
-  policy.Set("relieved_bytes", policy_.relieved_bytes);
+  policy["ladder"] = std::move(ladder);
+  policy["plans"] = policy_.plans;
+  policy["other_bytes"] = policy_.other_bytes;
+  policy["outside_pool_bytes"] = policy_.outside_pool_bytes;
+  policy["fragmentation"] = policy_.fragmentation;
+  policy["projected_peak_bytes"] = policy_.projected_peak;
+  policy["feasible"] = policy_.feasible;
+  policy["smallest_feasible_budget"] = policy_.smallest_feasible_budget;
+  policy["weighted_error"] = policy_.weighted_error;
+  policy["sensitivity"] = module_weight_.empty() ? "uniform" : "gradient";
+  policy["pressure_events"] = policy_.pressure_events;
+  policy["relieved_bytes"] = policy_.relieved_bytes;
   if (options_.allowed_loss_increase > 0) {
-    policy.Set("allowed_loss_increase", options_.allowed_loss_increase);
-    policy.Set("capped_candidates", policy_.capped_candidates);
+    policy["allowed_loss_increase"] = options_.allowed_loss_increase;
+    policy["capped_candidates"] = policy_.capped_candidates;
   }
-  report.Set("policy", std::move(policy));
-  report.Set("min_bytes", options_.min_bytes);
-  report.Set("enabled", options_.enabled);
-  json::Value totals = json::Value::Object();
-  totals.Set("packed_raw_bytes", totals_.packed_raw_bytes);
-  totals.Set("packed_stored_bytes", totals_.packed_stored_bytes);
-  totals.Set("ratio", Ratio(totals_.packed_raw_bytes, totals_.packed_stored_bytes));
-  totals.Set("kept_bytes", totals_.kept_bytes);
-  totals.Set("reused_bytes", totals_.reused_bytes);
-  totals.Set("packs", totals_.packs);
-  totals.Set("unpacks", totals_.unpacks);
-  totals.Set("exact_fallbacks", totals_.exact_fallbacks);
-  totals.Set("peak_live_stored_bytes", totals_.peak_live_stored);
-  totals.Set("peak_live_raw_bytes", totals_.peak_live_raw);
-  report.Set("totals", std::move(totals));
+  report["policy"] = std::move(policy);
+  report["min_bytes"] = options_.min_bytes;
+  report["enabled"] = options_.enabled;
+  json::Value totals = json::Value::object();
+  totals["packed_raw_bytes"] = totals_.packed_raw_bytes;
+  totals["packed_stored_bytes"] = totals_.packed_stored_bytes;
+  totals["ratio"] = Ratio(totals_.packed_raw_bytes, totals_.packed_stored_bytes);
+  totals["kept_bytes"] = totals_.kept_bytes;
+  totals["reused_bytes"] = totals_.reused_bytes;
+  totals["packs"] = totals_.packs;
+  totals["unpacks"] = totals_.unpacks;
+  totals["exact_fallbacks"] = totals_.exact_fallbacks;
+  totals["peak_live_stored_bytes"] = totals_.peak_live_stored;
+  totals["peak_live_raw_bytes"] = totals_.peak_live_raw;
+  report["totals"] = std::move(totals);
 
-  json::Value steps = json::Value::Array();
+  json::Value steps = json::Value::array();
   for (const StepRecord& step : steps_) {
-    json::Value s = json::Value::Object();
-    s.Set("peak_bytes", step.peak_bytes);
-    s.Set("peak_reserved_bytes", step.peak_reserved_bytes);
-    s.Set("system_peak_bytes", step.system_peak_bytes);
-    s.Set("saved_raw_bytes", step.saved_raw_bytes);
-    s.Set("stored_bytes", step.stored_bytes);
-    s.Set("ratio", Ratio(step.saved_raw_bytes, step.stored_bytes));
-    s.Set("peak_live_stored_bytes", step.peak_live_stored);
-    s.Set("peak_live_raw_bytes", step.peak_live_raw);
-    s.Set("automatic_bytes", step.automatic_bytes);
-    s.Set("profiled", step.profiled);
-    steps.Append(std::move(s));
+    json::Value s = json::Value::object();
+    s["peak_bytes"] = step.peak_bytes;
+    s["peak_reserved_bytes"] = step.peak_reserved_bytes;
+    s["system_peak_bytes"] = step.system_peak_bytes;
+    s["saved_raw_bytes"] = step.saved_raw_bytes;
+    s["stored_bytes"] = step.stored_bytes;
+    s["ratio"] = Ratio(step.saved_raw_bytes, step.stored_bytes);
+    s["peak_live_stored_bytes"] = step.peak_live_stored;
+    s["peak_live_raw_bytes"] = step.peak_live_raw;
+    s["automatic_bytes"] = step.automatic_bytes;
+    s["profiled"] = step.profiled;
+    steps.emplace_back(std::move(s));
   }
-  report.Set("steps", std::move(steps));
+  report["steps"] = std::move(steps);
 
-  json::Value saved = json::Value::Array();
+  json::Value saved = json::Value::array();
   for (const SavedRecord& record : records_) {
-    json::Value r = json::Value::Object();
-    r.Set("ordinal", record.ordinal);
-    r.Set("producer", record.producer);
-    if (!record.module.empty()) r.Set("module", record.module);
+    json::Value r = json::Value::object();
+    r["ordinal"] = record.ordinal;
+    r["producer"] = record.producer;
+    if (!record.module.empty()) (r["module"] = record.module);
     if (record.assigned.automatic && !module_weight_.empty()) {
-      r.Set("sensitivity", WeightOf(record.module));
+      r["sensitivity"] = WeightOf(record.module);
     }
-    r.Set("shape", ShapeJson(record.shape));
-    r.Set("dtype", codecs::DTypeName(record.dtype));
-    r.Set("codec", record.codec.empty() ? std::string("reused") : record.codec);
-    r.Set("raw_bytes", record.raw_bytes);
-    r.Set("stored_bytes", record.stored_bytes);
-    r.Set("ratio", Ratio(record.raw_bytes, record.stored_bytes));
-    r.Set("occurrences", record.occurrences);
-    r.Set("reused", record.reused);
-    if (!record.note.empty()) r.Set("note", record.note);
-    if (record.error.count > 0) r.Set("error", ErrorJson(record.error));
+    r["shape"] = ShapeJson(record.shape);
+    r["dtype"] = codecs::DTypeName(record.dtype);
+    r["codec"] = record.codec.empty() ? std::string("reused") : record.codec;
+    r["raw_bytes"] = record.raw_bytes;
+    r["stored_bytes"] = record.stored_bytes;
+    r["ratio"] = Ratio(record.raw_bytes, record.stored_bytes);
+    r["occurrences"] = record.occurrences;
+    r["reused"] = record.reused;
+    if (!record.note.empty()) (r["note"] = record.note);
+    if (record.error.count > 0) (r["error"] = ErrorJson(record.error));
     if (std::isfinite(record.error_cap)) {
-      json::Value cap = json::Value::Object();
-      cap.Set("rel_rms", std::sqrt(record.error_cap));
-      cap.Set("rms", AllowedRms(record));
-      cap.Set("source", record.cap_source);
-      r.Set("error_cap", std::move(cap));
+      json::Value cap = json::Value::object();
+      cap["rel_rms"] = std::sqrt(record.error_cap);
+      cap["rms"] = AllowedRms(record);
+      cap["source"] = record.cap_source;
+      r["error_cap"] = std::move(cap);
     }
     if (record.assigned.automatic && !record.candidates.empty()) {
-      json::Value candidates = json::Value::Array();
+      json::Value candidates = json::Value::array();
       for (size_t i = 0; i < record.candidates.size(); ++i) {
         const PolicyCandidate& c = record.candidates[i];
-        json::Value candidate = json::Value::Object();
-        candidate.Set("codec", c.spec);
-        candidate.Set("bytes", c.bytes);
-        if (std::isfinite(c.error)) candidate.Set("rel_error", c.error);
-        candidate.Set("chosen", static_cast<int>(i) == record.choice);
-        candidates.Append(std::move(candidate));
+        json::Value candidate = json::Value::object();
+        candidate["codec"] = c.spec;
+        candidate["bytes"] = c.bytes;
+        if (std::isfinite(c.error)) (candidate["rel_error"] = c.error);
+        candidate["chosen"] = static_cast<int>(i) == record.choice;
+        candidates.emplace_back(std::move(candidate));
       }
-      r.Set("candidates", std::move(candidates));
+      r["candidates"] = std::move(candidates);
     }
-    saved.Append(std::move(r));
+    saved.emplace_back(std::move(r));
   }
-  report.Set("saved_tensors", std::move(saved));
+  report["saved_tensors"] = std::move(saved);
   return report;
 }
 

@@ -184,12 +184,13 @@ TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
   ASSERT_EQ(session.Records().size(), 4u);
   EXPECT_EQ(session.Records()[2].occurrences, 3u);
   const json::Value report = session.ActivationReport();
-  ASSERT_NE(report.Find("totals"), nullptr);
-  EXPECT_EQ(report.Find("totals")->Find("packs")->as_int(), 12);
-  EXPECT_GT(report.Find("totals")->Find("ratio")->as_double(), 14.0);
-  EXPECT_EQ(report.Find("steps")->size(), 3u);
-  EXPECT_EQ(report.Find("saved_tensors")->size(), 4u);
-  EXPECT_EQ(report.Find("steps")->elements()[0].Find("peak_live_raw_bytes")->as_int(), 4 * 32 * 256 * 4);
+  ASSERT_NE(json::Find(report, "totals"), nullptr);
+  EXPECT_EQ(json::Find((*json::Find(report, "totals")), "packs")->get<int64_t>(), 12);
+  EXPECT_GT(json::Find((*json::Find(report, "totals")), "ratio")->get<double>(), 14.0);
+  EXPECT_EQ(json::Find(report, "steps")->size(), 3u);
+  EXPECT_EQ(json::Find(report, "saved_tensors")->size(), 4u);
+  EXPECT_EQ(json::Find((*json::Find(report, "steps"))[0], "peak_live_raw_bytes")->get<int64_t>(),
+            4 * 32 * 256 * 4);
 }
 
 TEST(SessionTest, StorageNameReusedAfterFreeIsNotADuplicate) {
@@ -306,10 +307,10 @@ TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
   EXPECT_LE(other + second, other + raw / 4);
   EXPECT_GT(second, first);  // looser than the safe default: it uses the room it has
   const json::Value report = session.ActivationReport();
-  EXPECT_EQ(report.Find("codec")->as_string(), "auto");
-  const json::Value& record = report.Find("saved_tensors")->elements()[0];
-  EXPECT_EQ(record.Find("module")->as_string(), "encoder.layer0");
-  EXPECT_NE(record.Find("candidates"), nullptr);
+  EXPECT_EQ(json::Find(report, "codec")->get_ref<const std::string&>(), "auto");
+  const json::Value& record = (*json::Find(report, "saved_tensors"))[0];
+  EXPECT_EQ(json::Find(record, "module")->get_ref<const std::string&>(), "encoder.layer0");
+  EXPECT_NE(json::Find(record, "candidates"), nullptr);
 }
 
 TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
@@ -339,16 +340,18 @@ TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
     }
     EXPECT_GE(harsher, 1) << sensitive;
     const json::Value report = session.ActivationReport();
-    EXPECT_EQ(report.Find("policy")->Find("sensitivity")->as_string(), "gradient");
+    EXPECT_EQ(
+        json::Find((*json::Find(report, "policy")), "sensitivity")->get_ref<const std::string&>(),
+        "gradient");
   }
   // encoder.layer1 has no weight of its own: its parent's, 1/2 + 1/2 * 2 / mean(2, 6).
   Session session(AutoOptions(10 << 20), HostFactory());
   session.SetModuleGradients({{"encoder", {2.0}}, {"head", {6.0}}});
   RunStep(session);
   const json::Value report = session.ActivationReport();
-  const json::Value& layer1 = report.Find("saved_tensors")->elements()[1];
-  EXPECT_EQ(layer1.Find("module")->as_string(), "encoder.layer1");
-  EXPECT_DOUBLE_EQ(layer1.Find("sensitivity")->as_double(), 0.75);
+  const json::Value& layer1 = (*json::Find(report, "saved_tensors"))[1];
+  EXPECT_EQ(json::Find(layer1, "module")->get_ref<const std::string&>(), "encoder.layer1");
+  EXPECT_DOUBLE_EQ(json::Find(layer1, "sensitivity")->get<double>(), 0.75);
 }
 
 TEST(SessionPolicyTest, PressureRepacksKeptTensorsAndTurnsTheRestOfTheStepHarsh) {
@@ -430,8 +433,9 @@ TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
   ASSERT_TRUE(allowed.EndStep(peak, peak, peak + (200 << 10)).ok());
   EXPECT_EQ(allowed.Policy().outside_pool_bytes, 50u << 10);
   const json::Value report = session.ActivationReport();
-  EXPECT_EQ(report.Find("policy")->Find("outside_pool_bytes")->as_int(), 200 << 10);
-  EXPECT_EQ(report.Find("steps")->elements()[2].Find("system_peak_bytes")->as_int(),
+  EXPECT_EQ(json::Find((*json::Find(report, "policy")), "outside_pool_bytes")->get<int64_t>(),
+            200 << 10);
+  EXPECT_EQ(json::Find((*json::Find(report, "steps"))[2], "system_peak_bytes")->get<int64_t>(),
             static_cast<int64_t>(peak + (200 << 10)));
 }
 
@@ -465,7 +469,7 @@ TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
   ASSERT_TRUE(session.EndStep(other + held, other + held, other + held).ok());
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
   const json::Value report = session.ActivationReport();
-  EXPECT_EQ(report.Find("policy")->Find("fragmentation")->as_double(), 1.0);
+  EXPECT_EQ(json::Find((*json::Find(report, "policy")), "fragmentation")->get<double>(), 1.0);
 }
 
 TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
@@ -528,12 +532,16 @@ TEST(SessionErrorBoundTest, FixedEbPacksAtTheBoundTheGradientsAllow) {
     EXPECT_LE(squared_error / numel, bound * bound);
   }
   const json::Value report = session.ActivationReport();
-  EXPECT_DOUBLE_EQ(report.Find("policy")->Find("allowed_loss_increase")->as_double(), 0.02);
-  const json::Value& first = report.Find("saved_tensors")->elements()[0];
-  EXPECT_EQ(first.Find("error_cap")->Find("source")->as_string(), "weight gradient");
-  EXPECT_NEAR(first.Find("error_cap")->Find("rms")->as_double(), fc_bound, fc_bound * 1e-3);
-  const json::Value& second = report.Find("saved_tensors")->elements()[1];
-  EXPECT_EQ(second.Find("error_cap")->Find("source")->as_string(), "relative");
+  EXPECT_DOUBLE_EQ(
+      json::Find((*json::Find(report, "policy")), "allowed_loss_increase")->get<double>(), 0.02);
+  const json::Value& first = (*json::Find(report, "saved_tensors"))[0];
+  EXPECT_EQ(json::Find((*json::Find(first, "error_cap")), "source")->get_ref<const std::string&>(),
+            "weight gradient");
+  EXPECT_NEAR(json::Find((*json::Find(first, "error_cap")), "rms")->get<double>(), fc_bound,
+              fc_bound * 1e-3);
+  const json::Value& second = (*json::Find(report, "saved_tensors"))[1];
+  EXPECT_EQ(json::Find((*json::Find(second, "error_cap")), "source")->get_ref<const std::string&>(),
+            "relative");
 }
 
 // One step, ended with a peak of `other` bytes besides what its saved tensors held.

@@ -17,5 +17,6 @@ done
 # The runtime library package is named after the Abseil release (libabsl20220623 on bookworm).
 runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print $2; exit}')
 # Highway: the codecs' vector kernels (headers in libhwy-dev, libhwy.so in libhwy1).
-apt-get download libabsl-dev "$runtime_package" libhwy-dev libhwy1
+# nlohmann/json (the report) and CLI11 (the CLI's arguments): headers only.
+apt-get download libabsl-dev "$runtime_package" libhwy-dev libhwy1 nlohmann-json3-dev libcli11-dev
 ls -l

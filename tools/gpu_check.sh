@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU, a CUDA build of torch and no network: builds actpack
 # against that torch (with the CUDA kernels) and runs every GPU test and GPU benchmark,
-# writing results under $OUT (default ./gpu-results). What the machine lacks (Abseil) comes
-# from .deps/, filled beforehand by tools/fetch_gpu_deps.sh on a machine with apt.
+# writing results under $OUT (default ./gpu-results). What the machine lacks (Abseil, Highway,
+# nlohmann/json, CLI11) comes from .deps/, filled beforehand by tools/fetch_gpu_deps.sh on a
+# machine with apt.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu-results}"
@@ -11,7 +12,8 @@ export PYTHONUNBUFFERED=1
 
 python3 -c 'import pytest, setuptools, torch' 2>/dev/null ||
   { echo "actpack: this machine lacks pytest, setuptools or torch; carry them as wheels"; exit 1; }
-if ! ls /usr/lib/x86_64-linux-gnu/libabsl_status.so /usr/lib/x86_64-linux-gnu/libhwy.so >/dev/null 2>&1; then
+if ! ls /usr/lib/x86_64-linux-gnu/libabsl_status.so /usr/lib/x86_64-linux-gnu/libhwy.so \
+    /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp >/dev/null 2>&1; then
   ls .deps/*.deb >/dev/null 2>&1 || { echo "actpack: no Abseil here and no .deps/*.deb; run tools/fetch_gpu_deps.sh on a machine with apt first"; exit 1; }
   mkdir -p .deps/root
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done

@@ -97,22 +97,22 @@ class HostPeakMeter {
       pressure_id_.reset();
     }
     Reset();
-    json::Value stats = json::Value::Object();
+    json::Value stats = json::Value::object();
     for (const auto& [name, value] : allocator::ToTorchMemoryStats(HostPool().stats().GetStats())) {
-      stats.Set(name, value);
+      stats[name] = value;
     }
     // Peaks over the whole run, not the last window since a per-step restart.
-    stats.Set("allocated_bytes.all.peak", run_allocated_peak_);
-    stats.Set("reserved_bytes.all.peak", run_reserved_peak_);
-    json::Value section = json::Value::Object();
-    section.Set("backend", "cpu");
-    section.Set("allocator", "actpack");
-    section.Set("budget_bytes", budget_bytes_);
-    section.Set("stats", std::move(stats));
-    section.Set("snapshot", json::Value());
+    (stats["allocated_bytes.all.peak"] = run_allocated_peak_);
+    stats["reserved_bytes.all.peak"] = run_reserved_peak_;
+    json::Value section = json::Value::object();
+    section["backend"] = "cpu";
+    section["allocator"] = "actpack";
+    section["budget_bytes"] = budget_bytes_;
+    section["stats"] = std::move(stats);
+    section["snapshot"] = json::Value();
     if (snapshot) {
       absl::StatusOr<json::Value> parsed = json::Parse(allocator::HostSnapshotJson());
-      if (parsed.ok()) section.Set("snapshot", std::move(*parsed));
+      if (parsed.ok()) (section["snapshot"] = std::move(*parsed));
     }
     HostPool().budget().SetBudget(previous_cap_);
     capped_ = false;
@@ -223,39 +223,40 @@ struct Budget::State {
   }
 
   json::Value RunMetadata(double wall_seconds) const {
-    json::Value run = json::Value::Object();
-    run.Set("torch", TORCH_VERSION);
-    run.Set("python", json::Value());  // a C++ program
-    run.Set("device", "cpu");
-    run.Set("budget", limit.ToString());
-    run.Set("budget_bytes", budget_bytes);
+    json::Value run = json::Value::object();
+    run["torch"] = TORCH_VERSION;
+    run["python"] = json::Value();  // a C++ program
+    (run["device"] = "cpu");
+    run["budget"] = limit.ToString();
+    run["budget_bytes"] = budget_bytes;
     if (options.rules.empty()) {
-      run.Set("codec", options.codec);
+      run["codec"] = options.codec;
     } else {
-      json::Value codec = json::Value::Object();
-      for (const auto& [pattern, spec] : options.rules) codec.Set(pattern, spec);
-      codec.Set("*", options.codec);
-      run.Set("codec", std::move(codec));
+      json::Value codec = json::Value::object();
+      for (const auto& [pattern, spec] : options.rules) (codec[pattern] = spec);
+      codec["*"] = options.codec;
+      run["codec"] = std::move(codec);
     }
     if (options.allowed_loss_increase > 0) {
-      run.Set("allowed_loss_increase", options.allowed_loss_increase);
+      run["allowed_loss_increase"] = options.allowed_loss_increase;
     } else {
-      run.Set("allowed_loss_increase", json::Value());
+      run["allowed_loss_increase"] = json::Value();
     }
-    run.Set("peak_allocated_bytes", meter.run_allocated_peak());
-    run.Set("peak_reserved_bytes", meter.run_reserved_peak());
-    run.Set("peak_system_bytes", meter.run_resident_peak());
-    run.Set("system_memory", "resident set above its size at enter (VmHWM)");
-    run.Set("wall_seconds", wall_seconds);
-    run.Set("rank", 0);
-    run.Set("world_size", 1);
-    json::Value list = json::Value::Array();
-    for (const std::string& warning : warnings) list.Append(warning);
+    run["peak_allocated_bytes"] = meter.run_allocated_peak();
+    run["peak_reserved_bytes"] = meter.run_reserved_peak();
+    run["peak_system_bytes"] = meter.run_resident_peak();
+    run["system_memory"] = "resident set above its size at enter (VmHWM)";
+    run["wall_seconds"] = wall_seconds;
+    run["rank"] = 0;
+    run["world_size"] = 1;
+    json::Value list = json::Value::array();
+    for (const std::string& warning : warnings) list.emplace_back(warning);
     if (meter.run_reserved_peak() > budget_bytes) {
-      list.Append(absl::StrCat("peak memory ", allocator::FormatBytes(meter.run_reserved_peak()),
-                               " exceeded the budget ", allocator::FormatBytes(budget_bytes)));
+      list.emplace_back(
+          absl::StrCat("peak memory ", allocator::FormatBytes(meter.run_reserved_peak()),
+                       " exceeded the budget ", allocator::FormatBytes(budget_bytes)));
     }
-    run.Set("warnings", std::move(list));
+    run["warnings"] = std::move(list);
     return run;
   }
 
@@ -365,7 +366,7 @@ void Budget::Close() {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - state_->started).count();
   state_->report = torch_plugin::BuildReport(state_->RunMetadata(wall), state_->session);
-  state_->report.Set("allocator", std::move(allocator_section));
+  state_->report["allocator"] = std::move(allocator_section);
   if (!state_->options.report.empty()) {
     std::ofstream out(state_->options.report);
     out << json::Serialize(state_->report, 2) << "\n";

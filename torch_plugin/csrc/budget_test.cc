@@ -89,7 +89,7 @@ double MeanOfLast(const std::vector<double>& values, size_t n) {
 }
 
 const json::Value& Get(const json::Value& object, const std::string& key) {
-  const json::Value* value = object.Find(key);
+  const json::Value* value = json::Find(object, key);
   EXPECT_NE(value, nullptr) << "no member " << key;
   static const json::Value null;
   return value != nullptr ? *value : null;
@@ -109,7 +109,7 @@ TEST(BudgetTest, IdentityPacksEverySavedTensorAndTrainsBitwiseLikePlain) {
   }
   const json::Value& activations = Get(report, "activations");
   // The hooks ran: activations were encoded and decoded, one step per backward.
-  EXPECT_GT(Get(Get(activations, "totals"), "packs").as_int(), 5 * 3);
+  EXPECT_GT(Get(Get(activations, "totals"), "packs").get<int64_t>(), 5 * 3);
   EXPECT_EQ(Get(activations, "steps").size(), 5u);
 }
 
@@ -122,8 +122,9 @@ TEST(BudgetTest, AutoKeepsEveryStepUnderTheBudgetWithTheLossOfPlainTraining) {
   measure.enabled = false;
   json::Value plain_report;
   const Training plain = Train(&measure, kSteps, kWidth, kBatch, &plain_report);
-  const int64_t plain_peak = Get(Get(plain_report, "run"), "peak_reserved_bytes").as_int();
-  const int64_t plain_allocated = Get(Get(plain_report, "run"), "peak_allocated_bytes").as_int();
+  const int64_t plain_peak = Get(Get(plain_report, "run"), "peak_reserved_bytes").get<int64_t>();
+  const int64_t plain_allocated =
+      Get(Get(plain_report, "run"), "peak_allocated_bytes").get<int64_t>();
 
   BudgetOptions options;
   // 80% of what plain training reserved, less than it allocated: it needs packing to fit.
@@ -135,18 +136,19 @@ TEST(BudgetTest, AutoKeepsEveryStepUnderTheBudgetWithTheLossOfPlainTraining) {
   const Training packed = Train(&options, kSteps, kWidth, kBatch, &report);
 
   const json::Value& run = Get(report, "run");
-  const int64_t budget = Get(run, "budget_bytes").as_int();
+  const int64_t budget = Get(run, "budget_bytes").get<int64_t>();
   EXPECT_EQ(budget, plain_peak * 8 / 10);
   const json::Value& steps = Get(Get(report, "activations"), "steps");
   ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
   // The cap binds once the policy has planned (after the second step), as in Python.
   int64_t capped_peak = 0;
   for (size_t i = 2; i < steps.size(); ++i) {
-    EXPECT_LE(Get(steps[i], "peak_reserved_bytes").as_int(), budget) << "step " << i;
-    capped_peak = std::max(capped_peak, Get(steps[i], "peak_reserved_bytes").as_int());
+    EXPECT_LE(Get(steps[i], "peak_reserved_bytes").get<int64_t>(), budget) << "step " << i;
+    capped_peak = std::max(capped_peak, Get(steps[i], "peak_reserved_bytes").get<int64_t>());
   }
   const json::Value& totals = Get(Get(report, "activations"), "totals");
-  EXPECT_LT(Get(totals, "packed_stored_bytes").as_int(), Get(totals, "packed_raw_bytes").as_int());
+  EXPECT_LT(Get(totals, "packed_stored_bytes").get<int64_t>(),
+            Get(totals, "packed_raw_bytes").get<int64_t>());
   ASSERT_LT(plain.losses.back(), plain.losses.front() * 0.5);  // the task is learnable
   const double final_plain = MeanOfLast(plain.losses, 5);
   const double final_packed = MeanOfLast(packed.losses, 5);
@@ -163,9 +165,9 @@ TEST(BudgetTest, AutoKeepsEveryStepUnderTheBudgetWithTheLossOfPlainTraining) {
   absl::StatusOr<json::Value> written = json::Parse(text.str());
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(*written, report);
-  EXPECT_EQ(Get(report, "schema").as_string(), "actpack.report");
-  EXPECT_EQ(Get(report, "actpack_version").as_string(), kVersion);
-  EXPECT_EQ(Get(Get(report, "allocator"), "allocator").as_string(), "actpack");
+  EXPECT_EQ(Get(report, "schema").get_ref<const std::string&>(), "actpack.report");
+  EXPECT_EQ(Get(report, "actpack_version").get_ref<const std::string&>(), kVersion);
+  EXPECT_EQ(Get(Get(report, "allocator"), "allocator").get_ref<const std::string&>(), "actpack");
 }
 
 TEST(BudgetTest, ModuleScopesNameSavedTensorsAndRulesPickTheirCodecs) {
@@ -177,14 +179,14 @@ TEST(BudgetTest, ModuleScopesNameSavedTensorsAndRulesPickTheirCodecs) {
   json::Value report;
   Train(&options, 2, 64, 64, &report);
   int encoder = 0, head = 0;
-  for (const json::Value& saved : Get(Get(report, "activations"), "saved_tensors").elements()) {
-    const json::Value* module = saved.Find("module");
-    const std::string codec = Get(saved, "codec").as_string();
+  for (const json::Value& saved : Get(Get(report, "activations"), "saved_tensors")) {
+    const json::Value* module = json::Find(saved, "module");
+    const std::string codec = Get(saved, "codec").get_ref<const std::string&>();
     if (module == nullptr || codec == "kept" || codec == "reused") continue;
-    if (module->as_string() == "encoder") {
+    if (module->get_ref<const std::string&>() == "encoder") {
       ++encoder;
       EXPECT_EQ(codec.rfind("quant2", 0), 0u) << codec;
-    } else if (module->as_string() == "head") {
+    } else if (module->get_ref<const std::string&>() == "head") {
       ++head;
       EXPECT_EQ(codec, "identity");
     }
@@ -237,7 +239,7 @@ TEST(BudgetTest, AnExceptionInsideTheBudgetStillWritesTheReport) {
   ASSERT_TRUE(report.ok()) << report.status();
   const json::Value& warnings = Get(Get(*report, "run"), "warnings");
   ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_THAT(warnings[0].as_string(), HasSubstr("exception"));
+  EXPECT_THAT(warnings[0].get_ref<const std::string&>(), HasSubstr("exception"));
 }
 
 TEST(BudgetTest, ABudgetNoPlanFitsFailsNamingTheSmallestThatWould) {

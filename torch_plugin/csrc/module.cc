@@ -146,10 +146,10 @@ at::Tensor DecodeOp(const at::Tensor& buffer) {
 std::string ParseBudgetToJson(const std::string& text) {
   absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(text);
   ThrowIfError(budget.status());
-  json::Value v = json::Value::Object();
-  v.Set("bytes", budget->bytes);
-  v.Set("fraction", budget->fraction);
-  v.Set("text", budget->ToString());
+  json::Value v = json::Value::object();
+  v["bytes"] = budget->bytes;
+  v["fraction"] = budget->fraction;
+  v["text"] = budget->ToString();
   return json::Serialize(v, 0);
 }
 

@@ -366,12 +366,12 @@ void SavedTensorSession::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
 }
 
 json::Value BuildReport(json::Value run, const SavedTensorSession& session) {
-  json::Value report = json::Value::Object();
-  report.Set("schema", "actpack.report");
-  report.Set("schema_version", 1);
-  report.Set("actpack_version", kVersion);
-  report.Set("run", std::move(run));
-  report.Set("activations", session.ActivationReport());
+  json::Value report = json::Value::object();
+  report["schema"] = "actpack.report";
+  report["schema_version"] = 1;
+  report["actpack_version"] = kVersion;
+  report["run"] = std::move(run);
+  report["activations"] = session.ActivationReport();
   return report;
 }
 
