@@ -295,7 +295,7 @@ void StopCountingSystemMemory(int device) {
   if (stack != nullptr) stack->pool().SetOutsideCounter(nullptr);
 }
 
-std::string DeviceSnapshotJson() {
+nlohmann::ordered_json DeviceSnapshot() {
   MemorySnapshot snapshot;
   for (int device = 0; device < kMaxDevices; ++device) {
     if (const AllocatorStack* stack = FindDeviceAllocator(device)) {
@@ -304,7 +304,7 @@ std::string DeviceSnapshotJson() {
   }
   const AllocatorConfig config = DeviceAllocatorConfig();
   snapshot.allocator_settings = {{"backend", std::string(BackendName(config.backend))}};
-  return SnapshotToJson(snapshot);
+  return SnapshotDocument(snapshot);
 }
 
 void ResetDeviceAllocatorForTesting() {
@@ -365,7 +365,7 @@ AllocatorStack& HostPool() {
   return *stack;
 }
 
-std::string HostSnapshotJson() { return SnapshotToJson(HostPool().Snapshot()); }
+nlohmann::ordered_json HostSnapshot() { return SnapshotDocument(HostPool().Snapshot()); }
 
 namespace {
 

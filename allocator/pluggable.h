@@ -11,7 +11,7 @@
 // Configure a stack before its first allocation (a later ConfigureDeviceAllocator or
 // ConfigureHostPool fails with kFailedPrecondition); the budget may change at any time.
 // Through CUDAPluggableAllocator torch's own memory_stats and snapshots do not work: read them
-// here (AllocatorStack::stats(), SnapshotJson()).
+// here (AllocatorStack::stats(), DeviceSnapshot()).
 //
 // Example (C++; the torch glue in torch_plugin does this):
 //   AllocatorConfig config;
@@ -161,10 +161,10 @@ AllocatorStack* FindDeviceAllocator(int device);
 // Changes the budget of `device` (-1: every device), built or not.
 void SetDeviceBudget(int device, size_t budget_bytes);
 
-// DeviceSnapshotJson
+// DeviceSnapshot
 //
-// A snapshot of every built device stack, as torch.cuda.memory._snapshot() JSON.
-std::string DeviceSnapshotJson();
+// A snapshot of every built device stack, shaped like torch.cuda.memory._snapshot().
+nlohmann::ordered_json DeviceSnapshot();
 
 // ResetDeviceAllocatorForTesting
 //
@@ -188,10 +188,10 @@ absl::Status ConfigureHostPool(size_t budget_bytes,
 // process exit (static tensors) still has its allocator.
 AllocatorStack& HostPool();
 
-// HostSnapshotJson
+// HostSnapshot
 //
-// A snapshot of the host pool (as device 0), as torch.cuda.memory._snapshot() JSON.
-std::string HostSnapshotJson();
+// A snapshot of the host pool (as device 0), shaped like torch.cuda.memory._snapshot().
+nlohmann::ordered_json HostSnapshot();
 
 // ---- What the system counts (for budgets as the operating system or driver sees them) ----
 

@@ -166,7 +166,7 @@ TEST_P(DeviceAllocatorTest, DeviceOutOfRangeFails) {
 TEST_P(DeviceAllocatorTest, SnapshotCoversEveryDevice) {
   void* a = actpack_alloc(1000, 0, kStream);
   void* b = actpack_alloc(2000, 3, kStream);
-  const std::string json = DeviceSnapshotJson();
+  const std::string json = DeviceSnapshot().dump();
   EXPECT_THAT(json, StartsWith("{\"segments\":[{\"device\":0,"));
   EXPECT_THAT(json, HasSubstr("{\"device\":3,"));
   EXPECT_THAT(json, HasSubstr("\"requested_size\":2000"));
@@ -402,7 +402,7 @@ TEST(HostPoolTest, ConfiguredOnceThenServesWithBudgetAndStats) {
   EXPECT_EQ(stats.num_ooms, 1);
   EXPECT_EQ(stats.allocated_bytes.peak, static_cast<int64_t>(12_MiB + 512));
 
-  const std::string json = HostSnapshotJson();
+  const std::string json = HostSnapshot().dump();
   EXPECT_THAT(json, HasSubstr("\"budget_bytes\":\"33554432\""));
   EXPECT_THAT(json, HasSubstr("\"action\":\"oom\""));
   pool.EmptyCache();

@@ -62,7 +62,7 @@ absl::string_view BlockStateName(BlockState state) {
 
 absl::string_view SegmentTypeName(bool is_small) { return is_small ? "small" : "large"; }
 
-std::string SnapshotToJson(const MemorySnapshot& snapshot) {
+nlohmann::ordered_json SnapshotDocument(const MemorySnapshot& snapshot) {
   using Json = nlohmann::ordered_json;
   // Addresses and streams are integers, as in torch.cuda.memory._snapshot().
   const auto stream_id = [](void* stream) { return reinterpret_cast<uintptr_t>(stream); };
@@ -107,10 +107,9 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
   }
   Json settings = Json::object();
   for (const auto& [key, value] : snapshot.allocator_settings) settings[key] = value;
-  const Json document = {{"segments", std::move(segments)},
-                         {"device_traces", std::move(device_traces)},
-                         {"allocator_settings", std::move(settings)}};
-  return document.dump();
+  return {{"segments", std::move(segments)},
+          {"device_traces", std::move(device_traces)},
+          {"allocator_settings", std::move(settings)}};
 }
 
 }  // namespace actpack::allocator

@@ -2,7 +2,7 @@
 //
 // Through torch's CUDAPluggableAllocator PyTorch cannot take memory snapshots; actpack takes its
 // own. A MemorySnapshot holds every segment of the pool with its blocks (address, size,
-// requested size, state) and the recent trace of actions per device. SnapshotToJson writes it as
+// requested size, state) and the recent trace of actions per device. SnapshotDocument makes it
 // the dict torch returns — {"segments": [...], "device_traces": [[...]], "allocator_settings":
 // {...}} — as JSON text; the Python layer json.loads it and pickles it for
 // pytorch.org/memory_viz (`actpack.dump_snapshot("x.pickle")`). Stack frames are not recorded,
@@ -11,7 +11,7 @@
 // Example:
 //   MemorySnapshot snapshot;
 //   AddToSnapshot(/*device=*/0, pool, &trace, snapshot);
-//   std::string json = SnapshotToJson(snapshot);
+//   nlohmann::ordered_json document = SnapshotDocument(snapshot);
 #ifndef ACTPACK_ALLOCATOR_SNAPSHOT_H_
 #define ACTPACK_ALLOCATOR_SNAPSHOT_H_
 
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 #include "allocator/caching_pool.h"
 #include "allocator/tracing_adaptor.h"
 
@@ -58,11 +59,12 @@ void AddToSnapshot(int device, const CachingPool& pool, const TracingAdaptor* tr
 absl::string_view BlockStateName(BlockState state);
 absl::string_view SegmentTypeName(bool is_small);
 
-// SnapshotToJson
+// SnapshotDocument
 //
-// The snapshot as the JSON text of torch.cuda.memory._snapshot()'s dict. Addresses, sizes and
-// streams are integers; times are microseconds since the epoch.
-std::string SnapshotToJson(const MemorySnapshot& snapshot);
+// The snapshot as a JSON document shaped like torch.cuda.memory._snapshot()'s dict (members in
+// torch's order). Addresses, sizes and streams are integers; times are microseconds since the
+// epoch.
+nlohmann::ordered_json SnapshotDocument(const MemorySnapshot& snapshot);
 
 }  // namespace actpack::allocator
 

@@ -16,7 +16,7 @@ namespace {
 using ::testing::HasSubstr;
 using namespace literals;
 
-TEST(SnapshotToJsonTest, WritesTorchsSnapshotShape) {
+TEST(SnapshotDocumentTest, WritesTorchsSnapshotShape) {
   MemorySnapshot snapshot;
   SegmentSnapshot segment;
   segment.device = 1;
@@ -37,7 +37,7 @@ TEST(SnapshotToJsonTest, WritesTorchsSnapshotShape) {
   snapshot.allocator_settings = {{"backend", "host"}, {"note", "say \"hi\"\n"}};
 
   EXPECT_EQ(
-      SnapshotToJson(snapshot),
+      SnapshotDocument(snapshot).dump(),
       "{\"segments\":[{\"device\":1,\"address\":4096,\"total_size\":2048,"
       "\"allocated_size\":512,\"active_size\":1024,\"requested_size\":800,\"stream\":7,"
       "\"segment_type\":\"small\",\"segment_pool_id\":[0,0],\"is_expandable\":false,"
@@ -56,8 +56,8 @@ TEST(SnapshotToJsonTest, WritesTorchsSnapshotShape) {
       "\"allocator_settings\":{\"backend\":\"host\",\"note\":\"say \\\"hi\\\"\\n\"}}");
 }
 
-TEST(SnapshotToJsonTest, EmptySnapshot) {
-  EXPECT_EQ(SnapshotToJson(MemorySnapshot{}),
+TEST(SnapshotDocumentTest, EmptySnapshot) {
+  EXPECT_EQ(SnapshotDocument(MemorySnapshot{}).dump(),
             "{\"segments\":[],\"device_traces\":[],\"allocator_settings\":{}}");
 }
 
@@ -86,7 +86,7 @@ TEST(AddToSnapshotTest, CapturesALivePool) {
   ASSERT_EQ(snapshot.device_traces.size(), 1u);
   EXPECT_EQ(snapshot.device_traces[0].size(), 5u);  // 2 x (segment_alloc, alloc), free_requested
 
-  const std::string json = SnapshotToJson(snapshot);
+  const std::string json = SnapshotDocument(snapshot).dump();
   EXPECT_THAT(json, HasSubstr("\"state\":\"active_pending_free\""));
   EXPECT_THAT(json, HasSubstr("\"action\":\"free_requested\""));
   trace.Deallocate(a, 3_MiB);

@@ -1,5 +1,7 @@
 #include "report/report.h"
 
+#include "report/writer.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -1123,21 +1125,6 @@ int InputError(absl::string_view command, const absl::Status& status, std::strin
   return kExitBadInput;
 }
 
-absl::Status WriteFile(const std::string& path, absl::string_view contents) {
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
-  }
-  const size_t written = std::fwrite(contents.data(), 1, contents.size(), file);
-  const bool closed = std::fclose(file) == 0;
-  if (written != contents.size() || !closed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 int ReportCommand(const ParsedArgs& args, std::string* out, std::string* err) {
   absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
   if (!report.ok()) return InputError("report", report.status(), err);
@@ -1273,6 +1260,11 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": not JSON (", document.status().message(), ")"));
   }
+  return ReadRunReport(*std::move(document), file);
+}
+
+absl::StatusOr<RunReport> ReadRunReport(json::Value parsed, absl::string_view file) {
+  const json::Value* document = &parsed;
   if (!document->is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": not an actpack run report (the document is not a JSON object)"));
@@ -1301,7 +1293,7 @@ absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_vi
 
   RunReport report;
   report.file = std::string(file);
-  report.document = *std::move(document);
+  report.document = std::move(parsed);
   const json::Value* run = FindObject(&report.document, "run");
   report.torch_version = FindString(run, "torch");
   report.device = FindString(run, "device");

@@ -215,6 +215,12 @@ struct RunReport {
 //    section (see the file comment), naming its path, what it is and what was expected.
 absl::StatusOr<RunReport> ParseRunReport(absl::string_view text, absl::string_view file);
 
+// ReadRunReport
+//
+// ParseRunReport for a document already parsed (or built in memory): the same checks and
+// messages, without the JSON text.
+absl::StatusOr<RunReport> ReadRunReport(json::Value document, absl::string_view file);
+
 // LoadRunReport
 //
 // Reads and validates the file at `path`; kNotFound / kPermissionDenied / kInvalidArgument when

@@ -41,34 +41,7 @@ codecs::CodecParams IdentityParams() {
 // there lands in the gradient of every logit (2-bit log-probs made training diverge).
 bool IsLossInput(const std::string& producer) { return producer == "LogSoftmaxBackward0"; }
 
-json::Value ShapeJson(const std::vector<int64_t>& shape) {
-  json::Value array = json::Value::array();
-  for (int64_t d : shape) array.emplace_back(d);
-  return array;
-}
-
-double Ratio(uint64_t raw, uint64_t stored) {
-  return stored == 0 ? 0.0 : static_cast<double>(raw) / static_cast<double>(stored);
-}
-
 constexpr char kExact[] = "keep";
-
-// The codec a record's module gets: the first matching rule, else the default.
-CodecChoice ChoiceFor(const SessionOptions& options, const std::string& module) {
-  for (const CodecRule& rule : options.rules) {
-    if (GlobMatch(rule.pattern, module)) return rule.choice;
-  }
-  return options.codec;
-}
-
-json::Value ErrorJson(const CodecMeasurement& m) {
-  json::Value error = json::Value::object();
-  error["rms"] = m.RmsError();
-  error["max_abs"] = m.max_abs_error;
-  error["rel_rms"] = std::sqrt(m.RelativeError());
-  error["sampled_elements"] = m.count;
-  return error;
-}
 
 }  // namespace
 
@@ -80,107 +53,6 @@ std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
     if (params.ok()) ladder.push_back(*params);
   }
   return ladder;
-}
-
-double CodecMeasurement::RmsError() const {
-  return count == 0 ? 0.0 : std::sqrt(squared_error / static_cast<double>(count));
-}
-
-bool GlobMatch(absl::string_view pattern, absl::string_view text) {
-  // Iterative wildcard matching with one backtrack point (the last '*').
-  size_t p = 0, t = 0, star = absl::string_view::npos, mark = 0;
-  while (t < text.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
-      ++p;
-      ++t;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = t;
-    } else if (star != absl::string_view::npos) {
-      p = star + 1;
-      t = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
-uint64_t ScaleEncodedSize(uint64_t used, uint64_t sample_numel, uint64_t full_numel,
-                          uint64_t full_bound) {
-  if (sample_numel == full_numel) return used;
-  if (used <= codecs::kHeaderSize || sample_numel == 0) return full_bound;
-  const double scale = static_cast<double>(full_numel) / static_cast<double>(sample_numel);
-  const uint64_t scaled =
-      codecs::kHeaderSize +
-      static_cast<uint64_t>(std::ceil(static_cast<double>(used - codecs::kHeaderSize) * scale));
-  return std::min(scaled, full_bound);
-}
-
-CodecMeasurement MeasureOnHost(const codecs::TensorView& sample, uint64_t full_numel,
-                               const codecs::CodecParams& params) {
-  CodecMeasurement m;
-  const codecs::TensorSpec spec = sample.Spec();
-  std::vector<int64_t> full_shape = spec.shape;
-  if (!full_shape.empty() && spec.numel() > 0) {
-    full_shape[0] = static_cast<int64_t>(full_numel / (spec.numel() / full_shape[0]));
-  }
-  absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(spec, params);
-  absl::StatusOr<size_t> bound = codecs::MaxEncodedSize({spec.dtype, full_shape}, params);
-  if (!capacity.ok() || !bound.ok()) {
-    m.exact = true;
-    return m;
-  }
-  // uint32 words: codecs require 4-byte aligned buffers.
-  std::vector<uint32_t> buffer((*capacity + 3) / 4);
-  absl::StatusOr<size_t> used =
-      codecs::Encode(sample, params, reinterpret_cast<uint8_t*>(buffer.data()), *capacity, {});
-  if (!used.ok()) {
-    m.exact = true;  // the session keeps such a tensor exact (non-finite values)
-    return m;
-  }
-  std::vector<uint32_t> decoded((spec.numel() * codecs::ElementSize(spec.dtype) + 3) / 4);
-  const absl::Status ok = codecs::Decode(reinterpret_cast<const uint8_t*>(buffer.data()), *used,
-                                         {decoded.data(), spec.dtype, spec.shape, codecs::Device::kCpu}, {});
-  if (!ok.ok()) {
-    m.exact = true;
-    return m;
-  }
-  const auto compare = [&](auto load) {
-    for (uint64_t i = 0; i < spec.numel(); ++i) {
-      const double a = load(sample.data, i);
-      const double d = load(decoded.data(), i) - a;
-      m.squared_error += d * d;
-      m.squared_norm += a * a;
-      m.max_abs_error = std::max(m.max_abs_error, std::abs(d));
-    }
-  };
-  namespace el = codecs::elements;
-  switch (spec.dtype) {
-    case codecs::DType::kFloat32: compare(el::Load<el::kF32>); break;
-    case codecs::DType::kFloat16: compare(el::Load<el::kF16>); break;
-    case codecs::DType::kBFloat16: compare(el::Load<el::kBF16>); break;
-    default: break;  // lossless codecs of other types (mask): no error
-  }
-  m.count = spec.numel();
-  m.bytes = ScaleEncodedSize(*used, spec.numel(), full_numel, *bound);
-  return m;
-}
-
-absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text) {
-  CodecChoice choice;
-  if (absl::StripAsciiWhitespace(text) == "auto") {
-    choice.automatic = true;
-    return choice;
-  }
-  absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(text);
-  if (!params.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(params.status().message(), " (or 'auto': the policy chooses per tensor)"));
-  }
-  choice.params = *params;
-  return choice;
 }
 
 uint64_t SavedTensorInfo::Bytes() const {
@@ -233,7 +105,7 @@ int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
   record.module = info.module;
   record.shape = info.shape;
   record.dtype = info.dtype;
-  record.assigned = ChoiceFor(options_, info.module);
+  record.assigned = ChoiceFor(options_.rules, options_.codec, info.module);
   records_.push_back(std::move(record));
   record_index_.emplace(std::move(key), static_cast<int>(records_.size() - 1));
   return static_cast<int>(records_.size() - 1);
@@ -360,33 +232,18 @@ bool Session::Allowed(const SavedRecord& record, int candidate) const {
 
 void Session::UpdateErrorBound(SavedRecord& record) {
   const double e = options_.allowed_loss_increase;
-  if (e <= 0 || record.mean_square <= 0 || record.cap_version == gradients_version_) return;
-  // AC-GC: the loss rises by at most a fraction e over an exact step when every weight
-  // gradient's error stays within ||dg_W||^2 <= (e/2) ||g_W||^2. A layer y = x W^T (or a
-  // convolution, each input element reaching `fan` outputs per weight) has
-  // ||dg_W||^2 <= fan ||g_y||^2 ||dx||^2, so its saved input may carry a mean squared error
-  // dx^2 = e ||g_W||^2 / (2 numel fan ||g_y||^2); over the data's mean square, the cap. A
-  // tensor that is no such layer's input (an activation's, a norm's) passes its error on
-  // through the activation gradient, whose relative error it about equals: cap e/2.
-  record.error_cap = e / 2;
-  record.cap_source = "relative";
-  auto it = module_gradients_.find(record.module);
-  if (it != module_gradients_.end()) {
-    const ModuleGradients& g = it->second;
-    const uint64_t numel = codecs::TensorSpec{record.dtype, record.shape}.numel();
-    if (g.weight_sq > 0 && g.output_sq > 0 && g.fan > 0 && numel > 0 &&
-        std::isfinite(g.weight_sq) && std::isfinite(g.output_sq)) {
-      const double dx2 = e * g.weight_sq / (2.0 * static_cast<double>(numel) * g.fan * g.output_sq);
-      record.error_cap = dx2 / record.mean_square;
-      record.cap_source = "weight gradient";
-    }
-  }
-  record.cap_version = gradients_version_;
+  if (e <= 0 || record.mean_square <= 0 || record.cap_version == gradients_.version()) return;
+  const ErrorCap cap =
+      gradients_.CapFor(record.module, codecs::TensorSpec{record.dtype, record.shape}.numel(),
+                        record.mean_square, e);
+  record.error_cap = cap.relative;
+  record.cap_source = cap.source;
+  record.cap_version = gradients_.version();
   record.measured_step = UINT64_MAX;  // measure at the new bound
   if (!record.assigned.automatic || codecs::FindCodec(codecs::CodecId::kEb) == nullptr) return;
   // eb at the bound: every value within sqrt(cap * mean square), so the mean squared error
   // is within the cap too.
-  const codecs::CodecParams params = BoundedEb(record);
+  const codecs::CodecParams params = BoundedEb(record.AllowedRms());
   const PolicyCandidate candidate{codecs::FormatCodecSpec(params), record.raw_bytes,
                                   std::numeric_limits<double>::infinity()};
   if (record.bound_candidate < 0) {
@@ -402,17 +259,7 @@ void Session::UpdateErrorBound(SavedRecord& record) {
   if (bound.ok()) record.candidates[record.bound_candidate].bytes = *bound;
 }
 
-codecs::CodecParams Session::BoundedEb(const SavedRecord& record) {
-  codecs::CodecParams params;
-  params.codec = codecs::CodecId::kEb;
-  params.eb_mode = codecs::EbMode::kAbsolute;
-  params.error_bound = AllowedRms(record);
-  return params;
-}
-
-double Session::AllowedRms(const SavedRecord& record) {
-  return std::sqrt(record.error_cap * record.mean_square);
-}
+double SavedRecord::AllowedRms() const { return std::sqrt(error_cap * mean_square); }
 
 void Session::PlanBoundedEb(SavedRecord& record, PackPlan& plan) {
   // A fixed eb in the error-bounded mode packs at the record's bound, exact until it is known.
@@ -422,45 +269,12 @@ void Session::PlanBoundedEb(SavedRecord& record, PackPlan& plan) {
     plan.reason = KeepReason::kAwaitingBound;
     return;
   }
-  plan.params = BoundedEb(record);
+  plan.params = BoundedEb(record.AllowedRms());
 }
 
 void Session::SetModuleGradients(const std::map<std::string, ModuleGradients>& gradients) {
-  double sum = 0;
-  size_t count = 0;
-  for (const auto& [module, g] : gradients) {
-    if (std::isfinite(g.params_sq) && g.params_sq > 0) {
-      sum += g.params_sq;
-      ++count;
-    }
-  }
   absl::MutexLock lock(&mu_);
-  module_gradients_ = gradients;
-  ++gradients_version_;
-  module_weight_.clear();
-  if (count == 0) return;
-  // A saved tensor's error reaches the gradients two ways: through its module's parameter
-  // gradients (measured: the norm over the mean) and through the activation gradient passed
-  // down (not measured: uniform). Both count half.
-  const double mean = sum / static_cast<double>(count);
-  for (const auto& [module, g] : gradients) {
-    if (std::isfinite(g.params_sq) && g.params_sq > 0) {
-      module_weight_[module] = 0.5 + 0.5 * g.params_sq / mean;
-    }
-  }
-}
-
-double Session::WeightOf(const std::string& module) const {
-  // The module itself, else its nearest parent with a weight ("blocks.0.attn" -> "blocks.0").
-  std::string name = module;
-  while (true) {
-    auto it = module_weight_.find(name);
-    if (it != module_weight_.end()) return it->second;
-    const size_t dot = name.rfind('.');
-    if (dot == std::string::npos) break;
-    name.resize(dot);
-  }
-  return 1.0;
+  gradients_.Set(gradients);
 }
 
 void Session::OnPressure() {
@@ -665,7 +479,7 @@ absl::Status Session::Replan(uint64_t peak_bytes) {
       continue;
     }
     planned.push_back(index);
-    PolicyItem item{{}, WeightOf(record.module)};
+    PolicyItem item{{}, gradients_.WeightOf(record.module)};
     allowed.emplace_back();
     for (size_t i = 0; i < record.candidates.size(); ++i) {
       if (!Allowed(record, static_cast<int>(i))) {
@@ -794,122 +608,15 @@ std::vector<StepRecord> Session::Steps() const {
   return steps_;
 }
 
-json::Value Session::ActivationReport() const {
+SessionState Session::State() const {
   absl::MutexLock lock(&mu_);
-  json::Value report = json::Value::object();
-  report["codec"] = options_.codec.automatic ? std::string("auto")
-                                             : codecs::FormatCodecSpec(options_.codec.params);
-  if (!options_.rules.empty()) {
-    json::Value rules = json::Value::array();
-    for (const CodecRule& rule : options_.rules) {
-      json::Value r = json::Value::object();
-      r["pattern"] = rule.pattern;
-      r["codec"] =
-          rule.choice.automatic ? std::string("auto") : codecs::FormatCodecSpec(rule.choice.params);
-      rules.emplace_back(std::move(r));
+  SessionState state{options_, totals_, policy_, records_, steps_, gradients_.measured(), {}};
+  if (state.gradient_sensitivity) {
+    for (const SavedRecord& record : records_) {
+      state.sensitivity.push_back(gradients_.WeightOf(record.module));
     }
-    report["rules"] = std::move(rules);
   }
-  json::Value policy = json::Value::object();
-  policy["budget_bytes"] = options_.budget_bytes;
-  policy["headroom"] = options_.headroom;
-  policy["profile_every"] = options_.profile_every;
-  json::Value ladder = json::Value::array();
-  for (const codecs::CodecParams& params : options_.ladder) {
-    ladder.emplace_back(codecs::FormatCodecSpec(params));
-  }
-  policy["ladder"] = std::move(ladder);
-  policy["plans"] = policy_.plans;
-  policy["other_bytes"] = policy_.other_bytes;
-  policy["outside_pool_bytes"] = policy_.outside_pool_bytes;
-  policy["fragmentation"] = policy_.fragmentation;
-  policy["projected_peak_bytes"] = policy_.projected_peak;
-  policy["feasible"] = policy_.feasible;
-  policy["smallest_feasible_budget"] = policy_.smallest_feasible_budget;
-  policy["weighted_error"] = policy_.weighted_error;
-  policy["sensitivity"] = module_weight_.empty() ? "uniform" : "gradient";
-  policy["pressure_events"] = policy_.pressure_events;
-  policy["relieved_bytes"] = policy_.relieved_bytes;
-  if (options_.allowed_loss_increase > 0) {
-    policy["allowed_loss_increase"] = options_.allowed_loss_increase;
-    policy["capped_candidates"] = policy_.capped_candidates;
-  }
-  report["policy"] = std::move(policy);
-  report["min_bytes"] = options_.min_bytes;
-  report["enabled"] = options_.enabled;
-  json::Value totals = json::Value::object();
-  totals["packed_raw_bytes"] = totals_.packed_raw_bytes;
-  totals["packed_stored_bytes"] = totals_.packed_stored_bytes;
-  totals["ratio"] = Ratio(totals_.packed_raw_bytes, totals_.packed_stored_bytes);
-  totals["kept_bytes"] = totals_.kept_bytes;
-  totals["reused_bytes"] = totals_.reused_bytes;
-  totals["packs"] = totals_.packs;
-  totals["unpacks"] = totals_.unpacks;
-  totals["exact_fallbacks"] = totals_.exact_fallbacks;
-  totals["peak_live_stored_bytes"] = totals_.peak_live_stored;
-  totals["peak_live_raw_bytes"] = totals_.peak_live_raw;
-  report["totals"] = std::move(totals);
-
-  json::Value steps = json::Value::array();
-  for (const StepRecord& step : steps_) {
-    json::Value s = json::Value::object();
-    s["peak_bytes"] = step.peak_bytes;
-    s["peak_reserved_bytes"] = step.peak_reserved_bytes;
-    s["system_peak_bytes"] = step.system_peak_bytes;
-    s["saved_raw_bytes"] = step.saved_raw_bytes;
-    s["stored_bytes"] = step.stored_bytes;
-    s["ratio"] = Ratio(step.saved_raw_bytes, step.stored_bytes);
-    s["peak_live_stored_bytes"] = step.peak_live_stored;
-    s["peak_live_raw_bytes"] = step.peak_live_raw;
-    s["automatic_bytes"] = step.automatic_bytes;
-    s["profiled"] = step.profiled;
-    steps.emplace_back(std::move(s));
-  }
-  report["steps"] = std::move(steps);
-
-  json::Value saved = json::Value::array();
-  for (const SavedRecord& record : records_) {
-    json::Value r = json::Value::object();
-    r["ordinal"] = record.ordinal;
-    r["producer"] = record.producer;
-    if (!record.module.empty()) (r["module"] = record.module);
-    if (record.assigned.automatic && !module_weight_.empty()) {
-      r["sensitivity"] = WeightOf(record.module);
-    }
-    r["shape"] = ShapeJson(record.shape);
-    r["dtype"] = codecs::DTypeName(record.dtype);
-    r["codec"] = record.codec.empty() ? std::string("reused") : record.codec;
-    r["raw_bytes"] = record.raw_bytes;
-    r["stored_bytes"] = record.stored_bytes;
-    r["ratio"] = Ratio(record.raw_bytes, record.stored_bytes);
-    r["occurrences"] = record.occurrences;
-    r["reused"] = record.reused;
-    if (!record.note.empty()) (r["note"] = record.note);
-    if (record.error.count > 0) (r["error"] = ErrorJson(record.error));
-    if (std::isfinite(record.error_cap)) {
-      json::Value cap = json::Value::object();
-      cap["rel_rms"] = std::sqrt(record.error_cap);
-      cap["rms"] = AllowedRms(record);
-      cap["source"] = record.cap_source;
-      r["error_cap"] = std::move(cap);
-    }
-    if (record.assigned.automatic && !record.candidates.empty()) {
-      json::Value candidates = json::Value::array();
-      for (size_t i = 0; i < record.candidates.size(); ++i) {
-        const PolicyCandidate& c = record.candidates[i];
-        json::Value candidate = json::Value::object();
-        candidate["codec"] = c.spec;
-        candidate["bytes"] = c.bytes;
-        if (std::isfinite(c.error)) (candidate["rel_error"] = c.error);
-        candidate["chosen"] = static_cast<int>(i) == record.choice;
-        candidates.emplace_back(std::move(candidate));
-      }
-      r["candidates"] = std::move(candidates);
-    }
-    saved.emplace_back(std::move(r));
-  }
-  report["saved_tensors"] = std::move(saved);
-  return report;
+  return state;
 }
 
 }  // namespace actpack::runtime

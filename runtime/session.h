@@ -31,7 +31,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "codecs/codec.h"
-#include "runtime/json.h"
+#include "runtime/codec_choice.h"
+#include "runtime/gradient_statistics.h"
+#include "runtime/measurement.h"
 #include "runtime/policy.h"
 
 namespace actpack::runtime {
@@ -54,19 +56,6 @@ class Buffer {
 
 using BufferFactory = std::function<absl::StatusOr<std::unique_ptr<Buffer>>(
     size_t bytes, const codecs::ExecContext& context)>;
-
-// What a group of saved tensors gets: a fixed codec, or "auto" (the policy chooses).
-struct CodecChoice {
-  bool automatic = false;
-  codecs::CodecParams params;  // when not automatic
-};
-
-// Saved tensors produced inside modules whose name matches `pattern` (a glob: * and ?, as in
-// fnmatch, over names such as "layer1.0.conv1") get `choice`.
-struct CodecRule {
-  std::string pattern;
-  CodecChoice choice;
-};
 
 // Defaults of the session's options, the one place both languages take them from (actpack.budget,
 // actpack::BudgetOptions and the planner read them through the bindings).
@@ -99,19 +88,6 @@ struct SessionOptions {
 
   // quant8, quant4, quant2, and division and eb where they are built in.
   static std::vector<codecs::CodecParams> DefaultLadder();
-};
-
-// What one candidate codec did to (a sample of) a saved tensor, measured by the plugin.
-struct CodecMeasurement {
-  uint64_t bytes = 0;          // stored bytes for the whole tensor (estimated from the sample)
-  double squared_error = 0.0;  // Σ (x − x̂)² over the sample
-  double squared_norm = 0.0;   // Σ x² over the sample
-  double max_abs_error = 0.0;
-  uint64_t count = 0;          // elements in the sample
-  bool exact = false;          // the codec could not encode it and the tensor is kept exact
-
-  double RelativeError() const { return squared_norm > 0 ? squared_error / squared_norm : 0.0; }
-  double RmsError() const;
 };
 
 // Everything the session needs to know about a saved tensor, gathered before any copy.
@@ -148,17 +124,6 @@ enum class PackAction { kKeep, kReuse, kPack };
 enum class KeepReason {
   kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
   kSavedInBackward, kAwaitingBound
-};
-
-// Gradient statistics of one module, measured by the plugin at the end of a backward pass.
-struct ModuleGradients {
-  double params_sq = 0.0;  // Σ ‖g‖² over the module's own parameters (the policy's sensitivity)
-  // For a layer whose weight gradient is linear in its saved input (Linear, ConvNd): ‖g_W‖² of
-  // its weight, ‖g_y‖² of its output, and the fan, how many outputs each input element reaches
-  // per weight (kernel area over stride product; 1 for Linear). 0 where not measured.
-  double weight_sq = 0.0;
-  double output_sq = 0.0;
-  double fan = 0.0;
 };
 
 class PackedTensor;
@@ -242,6 +207,9 @@ struct SavedRecord {
   std::string cap_source;
   uint64_t cap_version = UINT64_MAX;
   int bound_candidate = -1;  // index into candidates of eb at the bound, -1: none yet
+
+  // The rms error the cap allows (eb at the bound packs within it).
+  double AllowedRms() const;
 };
 
 struct StepRecord {
@@ -298,6 +266,20 @@ struct SessionTotals {
   uint64_t codec_nanoseconds = 0;
 };
 
+// Everything the session has recorded, copied at one moment: what the run report's
+// "activations" section is written from (report/writer.h).
+struct SessionState {
+  SessionOptions options;
+  SessionTotals totals;
+  PolicyState policy;
+  std::vector<SavedRecord> records;
+  std::vector<StepRecord> steps;
+  // Whether gradient statistics weigh the tensors (else every tensor weighs 1), and then each
+  // record's weight, in the order of `records`.
+  bool gradient_sensitivity = false;
+  std::vector<double> sensitivity;
+};
+
 class Session {
  public:
   Session(SessionOptions options, BufferFactory factory);
@@ -317,13 +299,9 @@ class Session {
   absl::Status Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
                       const codecs::ExecContext& context);
 
-  // Gradient statistics per module (the plugin measures them at the end of a backward pass).
-  // Sensitivity: a module's weight-gradient error grows with the relative error of its saved
-  // input times its gradient's magnitude (ActNN, GACT), so the policy weighs a tensor's
-  // measured error by 1/2 + 1/2 * its module's params_sq over the mean of those given (the
-  // other half: the error passed down through the activation gradient, not measured). A tensor
-  // whose module (or nearest parent, by dotted name) has none weighs 1. In the error-bounded
-  // mode the weight and output norms also set the error caps (ErrorCap in session.cc).
+  // Gradient statistics per module (the plugin measures them at the end of a backward pass):
+  // they weigh each tensor's error for the policy and, in the error-bounded mode, set the error
+  // caps (gradient_statistics.h).
   void SetModuleGradients(const std::map<std::string, ModuleGradients>& gradients);
 
   // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
@@ -356,8 +334,8 @@ class Session {
   std::vector<SavedRecord> Records() const;
   std::vector<StepRecord> Steps() const;
 
-  // The report's "activations" section: totals, per-step and per saved tensor.
-  json::Value ActivationReport() const;
+  // All of the above at one moment (for the report).
+  SessionState State() const;
 
  private:
   using DedupKey = std::tuple<uintptr_t, int64_t, std::vector<int64_t>, std::vector<int64_t>,
@@ -372,9 +350,6 @@ class Session {
   bool Allowed(const SavedRecord& record, int candidate) const;
   void UpdateErrorBound(SavedRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlanBoundedEb(SavedRecord& record, PackPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // eb at the record's bound; the bound: the rms error its cap allows.
-  static codecs::CodecParams BoundedEb(const SavedRecord& record);
-  static double AllowedRms(const SavedRecord& record);
   void OnRelease(const PackedTensor& packed);
 
   const SessionOptions options_;
@@ -394,10 +369,7 @@ class Session {
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
   bool pressure_this_step_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, double> module_weight_ ABSL_GUARDED_BY(mu_);  // mean 1
-  std::map<std::string, ModuleGradients> module_gradients_ ABSL_GUARDED_BY(mu_);
-  uint64_t gradients_version_ ABSL_GUARDED_BY(mu_) = 0;  // SetModuleGradients calls
-  double WeightOf(const std::string& module) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  GradientStatistics gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
 
@@ -405,22 +377,6 @@ class Session {
 };
 
 absl::string_view KeepReasonName(KeepReason reason);
-
-// fnmatch-style matching of module names: * any run of characters, ? one character.
-bool GlobMatch(absl::string_view pattern, absl::string_view text);
-
-// Measures `params` on a host tensor: encodes `sample` (a leading slice of a tensor of
-// `full_numel` elements), decodes it and compares, in host memory outside the step's allocator
-// so that profiling does not raise the peak it profiles. Bytes are scaled to the whole tensor.
-CodecMeasurement MeasureOnHost(const codecs::TensorView& sample, uint64_t full_numel,
-                               const codecs::CodecParams& params);
-
-// Scales the encoded size of a sample of `sample_numel` elements to `full_numel` elements.
-uint64_t ScaleEncodedSize(uint64_t used, uint64_t sample_numel, uint64_t full_numel,
-                          uint64_t full_bound);
-
-// "auto", a codec spec ("quant2", "eb:rel=1e-2"), with the error naming the text.
-absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text);
 
 }  // namespace actpack::runtime
 

@@ -183,14 +183,13 @@ TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
   EXPECT_EQ(session.Steps().size(), 3u);
   ASSERT_EQ(session.Records().size(), 4u);
   EXPECT_EQ(session.Records()[2].occurrences, 3u);
-  const json::Value report = session.ActivationReport();
-  ASSERT_NE(json::Find(report, "totals"), nullptr);
-  EXPECT_EQ(json::Find((*json::Find(report, "totals")), "packs")->get<int64_t>(), 12);
-  EXPECT_GT(json::Find((*json::Find(report, "totals")), "ratio")->get<double>(), 14.0);
-  EXPECT_EQ(json::Find(report, "steps")->size(), 3u);
-  EXPECT_EQ(json::Find(report, "saved_tensors")->size(), 4u);
-  EXPECT_EQ(json::Find((*json::Find(report, "steps"))[0], "peak_live_raw_bytes")->get<int64_t>(),
-            4 * 32 * 256 * 4);
+  const SessionState state = session.State();
+  EXPECT_EQ(state.totals.packs, 12u);
+  EXPECT_GT(static_cast<double>(state.totals.packed_raw_bytes),
+            14.0 * static_cast<double>(state.totals.packed_stored_bytes));
+  EXPECT_EQ(state.steps.size(), 3u);
+  EXPECT_EQ(state.records.size(), 4u);
+  EXPECT_EQ(state.steps[0].peak_live_raw, 4u * 32 * 256 * 4);
 }
 
 TEST(SessionTest, StorageNameReusedAfterFreeIsNotADuplicate) {
@@ -306,11 +305,10 @@ TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
   const uint64_t second = RunStep(session);
   EXPECT_LE(other + second, other + raw / 4);
   EXPECT_GT(second, first);  // looser than the safe default: it uses the room it has
-  const json::Value report = session.ActivationReport();
-  EXPECT_EQ(json::Find(report, "codec")->get_ref<const std::string&>(), "auto");
-  const json::Value& record = (*json::Find(report, "saved_tensors"))[0];
-  EXPECT_EQ(json::Find(record, "module")->get_ref<const std::string&>(), "encoder.layer0");
-  EXPECT_NE(json::Find(record, "candidates"), nullptr);
+  const SessionState state = session.State();
+  EXPECT_EQ(state.options.codec.Name(), "auto");
+  EXPECT_EQ(state.records[0].module, "encoder.layer0");
+  EXPECT_FALSE(state.records[0].candidates.empty());
 }
 
 TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
@@ -339,19 +337,16 @@ TEST(SessionPolicyTest, GradientSensitivityDecidesWhoLosesPrecision) {
       }
     }
     EXPECT_GE(harsher, 1) << sensitive;
-    const json::Value report = session.ActivationReport();
-    EXPECT_EQ(
-        json::Find((*json::Find(report, "policy")), "sensitivity")->get_ref<const std::string&>(),
-        "gradient");
+    EXPECT_TRUE(session.State().gradient_sensitivity);
   }
   // encoder.layer1 has no weight of its own: its parent's, 1/2 + 1/2 * 2 / mean(2, 6).
   Session session(AutoOptions(10 << 20), HostFactory());
   session.SetModuleGradients({{"encoder", {2.0}}, {"head", {6.0}}});
   RunStep(session);
-  const json::Value report = session.ActivationReport();
-  const json::Value& layer1 = (*json::Find(report, "saved_tensors"))[1];
-  EXPECT_EQ(json::Find(layer1, "module")->get_ref<const std::string&>(), "encoder.layer1");
-  EXPECT_DOUBLE_EQ(json::Find(layer1, "sensitivity")->get<double>(), 0.75);
+  const SessionState state = session.State();
+  EXPECT_EQ(state.records[1].module, "encoder.layer1");
+  ASSERT_EQ(state.sensitivity.size(), state.records.size());
+  EXPECT_DOUBLE_EQ(state.sensitivity[1], 0.75);
 }
 
 TEST(SessionPolicyTest, PressureRepacksKeptTensorsAndTurnsTheRestOfTheStepHarsh) {
@@ -432,11 +427,9 @@ TEST(SessionPolicyTest, MemoryOutsideTheAllocatorTakesFromThePlannedBudget) {
   RunStep(allowed);
   ASSERT_TRUE(allowed.EndStep(peak, peak, peak + (200 << 10)).ok());
   EXPECT_EQ(allowed.Policy().outside_pool_bytes, 50u << 10);
-  const json::Value report = session.ActivationReport();
-  EXPECT_EQ(json::Find((*json::Find(report, "policy")), "outside_pool_bytes")->get<int64_t>(),
-            200 << 10);
-  EXPECT_EQ(json::Find((*json::Find(report, "steps"))[2], "system_peak_bytes")->get<int64_t>(),
-            static_cast<int64_t>(peak + (200 << 10)));
+  const SessionState state = session.State();
+  EXPECT_EQ(state.policy.outside_pool_bytes, 200u << 10);
+  EXPECT_EQ(state.steps[2].system_peak_bytes, peak + (200 << 10));
 }
 
 // The cap counts reserved bytes, the policy models allocated ones: a step where the cap bound
@@ -468,8 +461,6 @@ TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
   session.OnPressure();
   ASSERT_TRUE(session.EndStep(other + held, other + held, other + held).ok());
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
-  const json::Value report = session.ActivationReport();
-  EXPECT_EQ(json::Find((*json::Find(report, "policy")), "fragmentation")->get<double>(), 1.0);
 }
 
 TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
@@ -531,17 +522,10 @@ TEST(SessionErrorBoundTest, FixedEbPacksAtTheBoundTheGradientsAllow) {
     }
     EXPECT_LE(squared_error / numel, bound * bound);
   }
-  const json::Value report = session.ActivationReport();
-  EXPECT_DOUBLE_EQ(
-      json::Find((*json::Find(report, "policy")), "allowed_loss_increase")->get<double>(), 0.02);
-  const json::Value& first = (*json::Find(report, "saved_tensors"))[0];
-  EXPECT_EQ(json::Find((*json::Find(first, "error_cap")), "source")->get_ref<const std::string&>(),
-            "weight gradient");
-  EXPECT_NEAR(json::Find((*json::Find(first, "error_cap")), "rms")->get<double>(), fc_bound,
-              fc_bound * 1e-3);
-  const json::Value& second = (*json::Find(report, "saved_tensors"))[1];
-  EXPECT_EQ(json::Find((*json::Find(second, "error_cap")), "source")->get_ref<const std::string&>(),
-            "relative");
+  const SessionState state = session.State();
+  EXPECT_EQ(state.records[0].cap_source, "weight gradient");
+  EXPECT_NEAR(state.records[0].AllowedRms(), fc_bound, fc_bound * 1e-3);
+  EXPECT_EQ(state.records[1].cap_source, "relative");
 }
 
 // One step, ended with a peak of `other` bytes besides what its saved tensors held.

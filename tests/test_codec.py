@@ -88,23 +88,6 @@ def test_non_finite_values_are_refused_by_quant():
         actpack.encode(x, "quant2")
 
 
-def test_truncated_and_corrupted_buffers():
-    buffer = actpack.encode(torch.randn(64, 64), "quant2")
-    with pytest.raises(RuntimeError, match="truncated"):
-        actpack.decode(buffer[:100])
-    with pytest.raises(RuntimeError, match="truncated"):
-        actpack.decode(buffer[:-1])
-    for position in [0, 5, 20, 90, 130, buffer.numel() - 1]:
-        corrupt = buffer.clone()
-        corrupt[position] ^= 0x10
-        with pytest.raises(RuntimeError, match="actpack: "):
-            actpack.decode(corrupt)
-    with pytest.raises(ValueError, match="1-D uint8"):
-        actpack.decode(torch.randn(10))
-    with pytest.raises(RuntimeError, match="not an actpack buffer"):
-        actpack.decode(torch.zeros(200, dtype=torch.uint8))
-
-
 @pytest.mark.parametrize("text, words", [("6 gigs", "unknown unit 'gigs'"),
                                          ("-1GiB", "must be positive"),
                                          ("", "no number"),
@@ -118,33 +101,6 @@ def test_budgets_and_sizes():
     assert actpack.parse_size("6GiB") == 6 << 30
     assert actpack.parse_budget("80%")["fraction"] == pytest.approx(0.8)
     assert actpack.format_bytes(1536) == "1.50 KiB"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("spec", ["quant1", "quant2", "quant4", "quant8", "quant:bits=2,group=64",
-                                  "identity"])
-def test_cpu_and_cuda_write_identical_bytes(dtype, spec):
-    torch.manual_seed(3)
-    for shape in [(1,), (255,), (1000, 37), (64, 4096)]:
-        x = (torch.randn(shape) * 3).to(dtype)
-        x.view(-1)[:5] = 0.0
-        cpu = actpack.encode(x, spec, seed=11)
-        cuda = actpack.encode(x.cuda(), spec, seed=11)
-        assert torch.equal(cpu, cuda.cpu()), (spec, dtype, shape)
-        # Either side decodes the other's buffer to the same values.
-        assert torch.equal(actpack.decode(cuda.cpu()), actpack.decode(cpu.cuda()).cpu())
-
-
-@pytest.mark.gpu
-def test_cuda_rejects_corrupt_buffers():
-    buffer = actpack.encode(torch.randn(64, 64, device="cuda"), "quant2")
-    corrupt = buffer.clone()
-    corrupt[-1] ^= 1
-    with pytest.raises(RuntimeError, match="checksum"):
-        actpack.decode(corrupt)
-    with pytest.raises(RuntimeError, match="truncated"):
-        actpack.decode(buffer[:-4])
 
 
 def test_a_buffer_slice_that_is_not_word_aligned_decodes():

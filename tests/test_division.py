@@ -95,18 +95,6 @@ def test_non_finite_values_are_refused(spec):
         actpack.encode(x, spec)
 
 
-@pytest.mark.parametrize("spec", SPECS)
-def test_corrupt_and_truncated_buffers(spec):
-    buffer = actpack.encode(torch.randn(2, 3, 10, 7), spec)
-    with pytest.raises(RuntimeError, match="truncated"):
-        actpack.decode(buffer[:-1])
-    for position in [0, 6, 81, 84, 100, 130, buffer.numel() - 1]:
-        corrupt = buffer.clone()
-        corrupt[position] ^= 0x10
-        with pytest.raises(RuntimeError, match="actpack: "):
-            actpack.decode(corrupt)
-
-
 @pytest.mark.parametrize("bad, words", [("division:block=1", "block must be 2..64, not 1"),
                                         ("division:bits=3", "bits must be 1, 2, 4 or 8, not 3"),
                                         ("division:group=100", "group size"),
@@ -119,38 +107,3 @@ def test_bad_specs_name_the_value(bad, words):
 def test_unsupported_dtype_names_it():
     with pytest.raises(ValueError, match="int64"):
         actpack.encode(torch.arange(64), "division")
-
-
-def test_codec_names():
-    assert {"division", "division_fft"} <= set(actpack.codec_names())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("spec", ["division", "division:block=4,bits=4", "division:block=3,bits=1,group=32",
-                                  "division:block=64,bits=8,group=64"])
-def test_cpu_and_cuda_write_identical_bytes(dtype, spec):
-    torch.manual_seed(3)
-    for shape in [(), (1,), (255,), (1000, 37), (4, 128, 96), (2, 3, 13, 21), (8, 16, 56, 56),
-                  (2, 4, 3, 70)]:
-        x = (torch.randn(shape) * 3).to(dtype)
-        cpu = actpack.encode(x, spec, seed=11)
-        cuda = actpack.encode(x.cuda(), spec, seed=11)
-        assert torch.equal(cpu, cuda.cpu()), (spec, dtype, shape)
-        # Either side decodes the other's buffer to the same values.
-        assert torch.equal(actpack.decode(cuda.cpu()), actpack.decode(cpu.cuda()).cpu())
-
-
-@pytest.mark.gpu
-def test_cuda_refusals_match_the_cpu():
-    x = torch.randn(2, 3, 9, 9)
-    x[0, 1, 2, 3] = float("inf")
-    with pytest.raises(RuntimeError, match="1 non-finite"):
-        actpack.encode(x.cuda(), "division")
-    with pytest.raises(RuntimeError, match="CPU only"):
-        actpack.encode(torch.randn(1, 1, 8, 8, device="cuda"), "division_fft")
-    buffer = actpack.encode(torch.ones(64, 64, device="cuda"), "division")
-    corrupt = buffer.clone()
-    corrupt[-1] ^= 1
-    with pytest.raises(RuntimeError, match="checksum"):
-        actpack.decode(corrupt)

@@ -94,3 +94,51 @@ def test_a_drifting_writer_is_refused(validator, full_report, path, value, where
     found = errors(validator, report)
     assert found, (path, value)
     assert any(e.startswith(where) for e in found), found
+
+
+# The report crosses the binding as Python objects (torch_plugin/csrc/py_json.h), not JSON text.
+def test_the_report_in_memory_is_the_file_in_member_order(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    with actpack.budget("1GiB", codec="quant4", report=tmp_path / "run.json") as run:
+        model(torch.randn(256, 512)).square().mean().backward()
+    with open(tmp_path / "run.json") as f:
+        text = f.read()
+    assert json.loads(text) == run.report
+    # Member order survives both crossings (C++ -> dict -> C++ writer -> file).
+    assert list(run.report) == ["schema", "schema_version", "actpack_version", "run",
+                                "activations", "allocator"]
+    assert list(json.loads(text)["activations"]) == list(run.report["activations"])
+    assert isinstance(run.report["activations"]["totals"]["packs"], int)
+
+
+def test_the_writer_refuses_an_invalid_report_and_writes_nothing(full_report, tmp_path):
+    path = tmp_path / "bad.json"
+    report = copy.deepcopy(full_report)
+    report["planner"]["choices"]["quant2"]["per_sample_bytes"] = "x"
+    with pytest.raises(ValueError, match=r"planner\.choices\.quant2\.per_sample_bytes"):
+        actpack._C.write_report(report, str(path))
+    assert not path.exists()
+    with pytest.raises(ValueError, match="schema"):
+        actpack._C.write_report({"schema": "torch.report"}, str(path))
+    assert not path.exists()
+    actpack._C.write_report(full_report, str(path))
+    with open(path) as f:
+        assert json.load(f) == full_report
+
+
+def test_what_json_cannot_hold_is_refused_by_path(full_report, tmp_path):
+    report = copy.deepcopy(full_report)
+    report["run"]["warnings"] = ["ok", object()]
+    with pytest.raises(TypeError, match=r"run\.warnings\[1\] is <object object"):
+        actpack._C.write_report(report, str(tmp_path / "r.json"))
+    report["run"]["warnings"] = []
+    report["run"]["budget_bytes"] = 2**70
+    with pytest.raises(TypeError, match=r"run\.budget_bytes is the integer 1180591620717411303424"):
+        actpack._C.write_report(report, str(tmp_path / "r.json"))
+    report["run"]["budget_bytes"] = 2**63 + 1  # fits uint64: kept exact
+    report["run"]["wall_seconds"] = float("nan")  # written as null, as every non-finite number
+    actpack._C.write_report(report, str(tmp_path / "r.json"))
+    with open(tmp_path / "r.json") as f:
+        written = json.load(f)
+    assert written["run"]["budget_bytes"] == 2**63 + 1
+    assert written["run"]["wall_seconds"] is None

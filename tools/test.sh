@@ -13,13 +13,26 @@
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
 #   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
 #   6. pytest tests/                             (the installed package; GPU tests skip)
-# and ends with pytest's summary line. Exits non-zero if any stage failed.
+# then the time each stage took. ACTPACK_FULL=1 runs the long sweeps in full (see FULL below). Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash tools/setup_env.sh || exit 1
-
+# ACTPACK_FULL=1 runs the long sweeps in full (every kernel mutant, a second random schedule,
+# 120 s of fuzzing per target); by default each keeps a smoke run.
+FULL="${ACTPACK_FULL:-0}"
 failed=()
-stage() { echo; echo "== $* =="; }
+timings=()
+stage_name=""
+stage_start=$SECONDS
+# Closes the running stage's timer and opens the next one.
+stage() {
+  [ -n "$stage_name" ] && timings+=("$(printf '%5d s  %s' $((SECONDS - stage_start)) "$stage_name")")
+  stage_name="$*"
+  stage_start=$SECONDS
+  [ -n "$stage_name" ] && { echo; echo "== $* =="; }
+}
+
+stage "install what is missing, build and install the wheel (tools/setup_env.sh)"
+bash tools/setup_env.sh || exit 1
 
 stage "bazel test //..."
 bazel test //... || failed+=("bazel test")
@@ -39,7 +52,9 @@ bazel test --config=cudaemu -- //... -//torch_plugin/... || failed+=("cudaemu")
 # Every test that links the emulator: the codec, allocator and session tests with CUDA cases.
 emulated=$(bazel cquery --config=cudaemu 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))' \
            2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
-for schedule in reverse random:7; do
+schedules="reverse"
+[ "$FULL" = 1 ] && schedules="reverse random:7 random:11"
+for schedule in $schedules; do
   stage "emulated tests, schedule $schedule"
   bazel test --config=cudaemu --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
     failed+=("cudaemu $schedule")
@@ -52,19 +67,33 @@ bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //te
 stage "emulated tests with the race checker, and the kernels' coverage"
 python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "kernel mutation tests"
-python3 tools/mutate_kernels.py || failed+=("kernel mutations")
+if [ "$FULL" = 1 ]; then
+  python3 tools/mutate_kernels.py || failed+=("kernel mutations")
+else
+  python3 tools/mutate_kernels.py --smoke || failed+=("kernel mutations")
+fi
 
 stage "fuzz"
-bash tools/fuzz.sh 20 || failed+=("fuzz")
+if [ "$FULL" = 1 ]; then bash tools/fuzz.sh 120 || failed+=("fuzz"); else bash tools/fuzz.sh 20 || failed+=("fuzz"); fi
 
 stage "the wheel in a fresh virtual environment"
 bash tools/wheel_check.sh || failed+=("wheel")
 
 stage "pytest"
-(cd tests && python3 -m pytest -q -p no:cacheprovider .) || failed+=("pytest")
+pytest_log=$(mktemp)
+(cd tests && python3 -m pytest -q -p no:cacheprovider . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
+  failed+=("pytest")
+stage ""
 
+echo
+echo "actpack: time per stage (total $SECONDS s)"
+printf '%s\n' "${timings[@]}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "actpack: FAILED stages: ${failed[*]}"
-  exit 1
+else
+  echo "actpack: all stages passed"
 fi
-echo "actpack: all stages passed"
+# pytest's summary line closes the run.
+tail -n 1 "$pytest_log"
+rm -f "$pytest_log"
+[ ${#failed[@]} -eq 0 ]

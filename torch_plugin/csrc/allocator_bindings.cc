@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "allocator/cuda_memory_resource.h"
 #include "allocator/pluggable.h"
+#include "torch_plugin/csrc/py_json.h"
 #include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
@@ -359,9 +360,9 @@ void WirePluggableHooks(const py::object& allocator_object) {
 #endif
 
 // torch's snapshot holds every device; so does the device one here.
-std::string SnapshotJson(int device) {
+py::object Snapshot(int device) {
   CheckDevice(device);
-  return device == kHostDevice ? allocator::HostSnapshotJson() : allocator::DeviceSnapshotJson();
+  return ToPython(device == kHostDevice ? allocator::HostSnapshot() : allocator::DeviceSnapshot());
 }
 
 }  // namespace
@@ -398,7 +399,7 @@ void BindAllocator(py::module& m) {
   m.def("_budget", &Budget, py::arg("device"));
   m.def("_reset_peak_memory_stats", &ResetPeak, py::arg("device"));
   m.def("_empty_cache", &EmptyCache, py::arg("device"));
-  m.def("_snapshot_json", &SnapshotJson, py::arg("device"));
+  m.def("_snapshot", &Snapshot, py::arg("device"));
   m.def("_last_allocator_error", [] { return std::string(actpack_last_error()); });
   m.def("_reset_accumulated_memory_stats", &ResetAccumulated, py::arg("device"));
   m.def("_clear_trace", &ClearTrace, py::arg("device"));

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -21,6 +20,7 @@
 #include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"
 #include "allocator/units.h"
+#include "report/writer.h"
 #include "runtime/config.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
 #include "torch_plugin/csrc/saved_tensors.h"
@@ -111,8 +111,7 @@ class HostPeakMeter {
     section["stats"] = std::move(stats);
     section["snapshot"] = json::Value();
     if (snapshot) {
-      absl::StatusOr<json::Value> parsed = json::Parse(allocator::HostSnapshotJson());
-      if (parsed.ok()) (section["snapshot"] = std::move(*parsed));
+      section["snapshot"] = allocator::HostSnapshot();
     }
     HostPool().budget().SetBudget(previous_cap_);
     capped_ = false;
@@ -365,13 +364,12 @@ void Budget::Close() {
   json::Value allocator_section = state_->meter.Stop(state_->options.snapshot);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - state_->started).count();
-  state_->report = torch_plugin::BuildReport(state_->RunMetadata(wall), state_->session);
+  state_->report = report::MakeRunReport(state_->RunMetadata(wall),
+                                         report::ActivationsSection(state_->session.State()));
   state_->report["allocator"] = std::move(allocator_section);
   if (!state_->options.report.empty()) {
-    std::ofstream out(state_->options.report);
-    out << json::Serialize(state_->report, 2) << "\n";
-    TORCH_CHECK(out.good(), "actpack::Budget: could not write the report to ",
-                state_->options.report);
+    const absl::Status written = report::WriteRunReport(state_->report, state_->options.report);
+    TORCH_CHECK(written.ok(), "actpack::Budget: ", written.message());
   }
 }
 

@@ -16,15 +16,18 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/units.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "common/version.h"
 #include "runtime/config.h"
+#include "report/writer.h"
 #include "runtime/json.h"
 #include "runtime/session.h"
 #include "torch_plugin/csrc/allocator_bindings.h"
 #include "torch_plugin/csrc/cli_bindings.h"
+#include "torch_plugin/csrc/py_json.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
@@ -143,21 +146,31 @@ at::Tensor DecodeOp(const at::Tensor& buffer) {
   return output;
 }
 
-std::string ParseBudgetToJson(const std::string& text) {
+py::dict ParseBudgetToDict(const std::string& text) {
   absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(text);
   ThrowIfError(budget.status());
-  json::Value v = json::Value::object();
-  v["bytes"] = budget->bytes;
-  v["fraction"] = budget->fraction;
-  v["text"] = budget->ToString();
-  return json::Serialize(v, 0);
+  py::dict parsed;
+  parsed["bytes"] = budget->bytes;
+  parsed["fraction"] = budget->fraction;
+  parsed["text"] = budget->ToString();
+  return parsed;
 }
 
 // The run report (without its allocator section) under the caller's run metadata.
-std::string BuildReportJson(const std::string& run_json, const PySession& session) {
-  absl::StatusOr<json::Value> run = json::Parse(run_json);
-  ThrowIfError(run.status());
-  return json::Serialize(BuildReport(std::move(*run), session.session()), 2);
+py::object BuildReport(py::handle run, const PySession& session) {
+  return ToPython(report::MakeRunReport(FromPython(run),
+                                        report::ActivationsSection(session.session().State())));
+}
+
+// Validates a run report and writes it to `path` (ValueError naming the problem otherwise).
+void WriteReport(py::handle document, const std::string& path) {
+  const json::Value value = FromPython(document);
+  absl::Status written;
+  {
+    py::gil_scoped_release release;
+    written = report::WriteRunReport(value, path);
+  }
+  if (!written.ok()) throw py::value_error(absl::StrCat("actpack: ", written.message()));
 }
 
 }  // namespace
@@ -238,12 +251,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("policy", &PySession::Policy)
       .def("totals", &PySession::Totals)
       .def("activation_report", [](const PySession& s) {
-        return actpack::json::Serialize(s.session().ActivationReport(), 0);
+        return actpack::torch_plugin::ToPython(
+            actpack::report::ActivationsSection(s.session().State()));
       });
-  m.def("build_report", &actpack::torch_plugin::BuildReportJson, py::arg("run_json"),
-        py::arg("session"));
+  m.def("build_report", &actpack::torch_plugin::BuildReport, py::arg("run"), py::arg("session"));
+  m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
   m.attr("__version__") = actpack::kVersion;
-  m.def("parse_budget", &actpack::torch_plugin::ParseBudgetToJson, py::arg("text"));
+  m.def("parse_budget", &actpack::torch_plugin::ParseBudgetToDict, py::arg("text"));
   m.def("parse_size", [](const std::string& text) {
     absl::StatusOr<uint64_t> bytes = actpack::runtime::ParseByteSize(text);
     actpack::torch_plugin::ThrowIfError(bytes.status());

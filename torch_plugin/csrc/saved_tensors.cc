@@ -13,7 +13,6 @@
 
 #include "codecs/codec.h"
 #include "codecs/registry.h"
-#include "common/version.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -365,14 +364,5 @@ void SavedTensorSession::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes, system_bytes));
 }
 
-json::Value BuildReport(json::Value run, const SavedTensorSession& session) {
-  json::Value report = json::Value::object();
-  report["schema"] = "actpack.report";
-  report["schema_version"] = 1;
-  report["actpack_version"] = kVersion;
-  report["run"] = std::move(run);
-  report["activations"] = session.ActivationReport();
-  return report;
-}
 
 }  // namespace actpack::torch_plugin

@@ -94,7 +94,7 @@ class SavedTensorSession {
 
   runtime::PolicyState Policy() const { return session_->Policy(); }
   runtime::SessionTotals Totals() const { return session_->Totals(); }
-  json::Value ActivationReport() const { return session_->ActivationReport(); }
+  runtime::SessionState State() const { return session_->State(); }
 
  private:
   SavedTensor Keep(const at::Tensor& tensor, const runtime::SavedTensorInfo& info,
@@ -104,10 +104,6 @@ class SavedTensorSession {
   // Tensors the policy kept exact, for Relieve (pruned as they expire).
   std::vector<std::weak_ptr<KeptTensor>> kept_;
 };
-
-// The run report without its allocator section (the caller adds "allocator"): the schema,
-// actpack's version, `run` (the caller's run metadata) and the session's activation section.
-json::Value BuildReport(json::Value run, const SavedTensorSession& session);
 
 }  // namespace actpack::torch_plugin
 

@@ -1,6 +1,5 @@
 """The memory-budget context: saved_tensors_hooks backed by the C++ session."""
 import functools
-import json
 import math
 import os
 import platform
@@ -253,14 +252,11 @@ class budget:
                 f"plan may take to measure what it needs ({exc}); use a smaller batch") from exc
         wall = time.perf_counter() - self._started
         self._started = None
-        self.run.report = json.loads(_C.build_report(json.dumps(self._run_metadata(wall)),
-                                                     self._session))
+        self.run.report = _C.build_report(self._run_metadata(wall), self._session)
         self.run.report["allocator"] = allocator
         self.run._close()
         if self._report_path is not None:
-            with open(_rank_path(self._report_path), "w") as f:
-                json.dump(self.run.report, f, indent=2)
-                f.write("\n")
+            _C.write_report(self.run.report, _rank_path(self._report_path))
         return False
 
     def _check_compiled(self):

@@ -17,7 +17,6 @@ with real steps under the budget's cap from the estimate (down 5% at a time unti
 then bisecting up to where allocated bytes alone fill the budget), answers 1% below the largest
 that ran (a fresh process's pool can fragment differently), and reports the measured peak.
 """
-import json
 import math
 import re
 import os
@@ -222,9 +221,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     document = dict(last_report)
     document["planner"] = section
     if report is not None:
-        with open(os.fspath(report), "w") as f:
-            json.dump(document, f, indent=2)
-            f.write("\n")
+        _C.write_report(document, os.fspath(report))
     return Plan(budget_bytes, sizes, choices, verified, document)
 
 

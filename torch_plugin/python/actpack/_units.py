@@ -1,5 +1,4 @@
 """Byte sizes and budgets as users write them ("6GiB", "512MiB", "80%")."""
-import json
 
 from actpack import _C
 
@@ -21,7 +20,7 @@ def parse_budget(text):
         return {"bytes": parse_size(text), "fraction": 0.0, "text": format_bytes(text)}
     if not isinstance(text, str):
         raise TypeError(f"actpack: a budget is a str like '6GiB' or '80%', or an int, got {type(text).__name__}")
-    return json.loads(_C.parse_budget(text))
+    return _C.parse_budget(text)
 
 
 def format_bytes(n):

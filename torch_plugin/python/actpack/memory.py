@@ -14,7 +14,6 @@ A `device` argument is "cpu" (the host pool behind install_cpu_allocator), "cuda
 an int N, or a torch.device; None means the current CUDA device when CUDA is available, else
 "cpu".
 """
-import json
 import os
 import pickle
 import warnings
@@ -275,7 +274,7 @@ def memory_snapshot(device=None):
     actions per device) and "allocator_settings". For "cpu" the host pool appears as device 0.
     Stack frames are not recorded.
     """
-    return json.loads(_C._snapshot_json(_device_index(device)))
+    return _C._snapshot(_device_index(device))
 
 
 def dump_snapshot(path, device=None):

@@ -1,0 +1,38 @@
+// Writing the run report (report/FORMAT.md): the one place its envelope and its "activations"
+// section are made, and where a document is validated before it reaches a file. The reader,
+// the CLI and the format's checks are report.h.
+//
+// Usage:
+//   json::Value document = MakeRunReport(run_metadata, ActivationsSection(session.State()));
+//   document["allocator"] = allocator_section;        // and "planner" from actpack.plan
+//   absl::Status written = WriteRunReport(document, "run.json");
+#ifndef ACTPACK_REPORT_WRITER_H_
+#define ACTPACK_REPORT_WRITER_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "runtime/json.h"
+#include "runtime/session.h"
+
+namespace actpack::report {
+
+// The "activations" section: the session's settings, policy, totals, steps and saved tensors.
+json::Value ActivationsSection(const runtime::SessionState& state);
+
+// A run report's document: the envelope (schema, schema_version, actpack_version) around the
+// run metadata and the activations section. The caller may add "allocator" and "planner".
+json::Value MakeRunReport(json::Value run, json::Value activations);
+
+// Validates `document` as ReadRunReport (report.h) does and writes it to `path`, indented,
+// ending with a newline. An invalid document is kInvalidArgument naming the problem, and
+// nothing is written.
+absl::Status WriteRunReport(const json::Value& document, const std::string& path);
+
+// Writes `contents` to `path`; kInvalidArgument naming the file and the system's reason.
+absl::Status WriteFile(const std::string& path, absl::string_view contents);
+
+}  // namespace actpack::report
+
+#endif  // ACTPACK_REPORT_WRITER_H_
