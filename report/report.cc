@@ -11,6 +11,7 @@
 #include <map>
 #include <utility>
 
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -989,130 +990,62 @@ std::string PlannerDiff(const RunReport& before, const RunReport& after) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The command line: every subcommand declares its operands and options once, and one parser
-// and one usage text serve them all.
+// The command line, declared once with CLI11: the subcommands, their operands and options,
+// bound to Args. CLI11 parses and refuses what does not fit; the usage text is read back from
+// the same declarations.
 
-// A flag ("--json") or an option with a value ("-o FILE", "--output FILE", "--output=FILE").
-struct OptionSpec {
-  absl::string_view name;        // "--output"
-  absl::string_view short_name;  // "-o", or empty
-  absl::string_view value_name;  // "MEMORY.svg"; empty for a flag
-  bool required = false;
+// What the command line asked for.
+struct Args {
+  std::string run;     // RUN.json: report, plot, plan, snapshot
+  std::string before;  // BEFORE.json and AFTER.json: diff
+  std::string after;
+  std::string output;  // -o/--output: plot, snapshot
+  std::string budget;  // --budget: plan
+  bool json = false;   // --json: report, plan
 };
 
-struct ParsedArgs {
-  std::vector<std::string> operands;
-  std::vector<std::pair<std::string, std::string>> options;  // by long name; "" for a flag
+using Command = int (*)(const Args& args, std::string* out, std::string* err);
 
-  bool Has(absl::string_view name) const { return Find(name) != nullptr; }
-  // The option's value; "" when absent.
-  std::string Value(absl::string_view name) const {
-    const std::string* value = Find(name);
-    return value == nullptr ? "" : *value;
-  }
+// The declarations, bound to `args`: one subcommand per command, in the usage text's order, and
+// the command each runs. Parsing throws CLI::ParseError: CLI::CallForHelp for -h/--help,
+// CLI::CallForVersion for --version, any other for a usage error.
+struct Cli {
+  explicit Cli(Args* args);
 
- private:
-  const std::string* Find(absl::string_view name) const {
-    for (const auto& [key, value] : options) {
-      if (key == name) return &value;
-    }
-    return nullptr;
-  }
+  CLI::App app;
+  std::map<const CLI::App*, Command> commands;
 };
-
-struct CommandSpec {
-  absl::string_view name;
-  std::vector<absl::string_view> operands;  // "RUN.json", or "BEFORE.json", "AFTER.json"
-  std::vector<OptionSpec> options;
-  absl::string_view summary;
-  int (*run)(const ParsedArgs& args, std::string* out, std::string* err);
-};
-
-const std::vector<CommandSpec>& Commands();
 
 // "plot RUN.json -o MEMORY.svg", "report RUN.json [--json]".
-std::string Synopsis(const CommandSpec& command) {
-  std::string text = std::string(command.name);
-  for (absl::string_view operand : command.operands) absl::StrAppend(&text, " ", operand);
-  for (const OptionSpec& option : command.options) {
-    const absl::string_view shown = option.short_name.empty() ? option.name : option.short_name;
-    const std::string usage = option.value_name.empty()
-                                  ? std::string(shown)
-                                  : absl::StrCat(shown, " ", option.value_name);
-    absl::StrAppend(&text, " ", option.required ? usage : absl::StrCat("[", usage, "]"));
+std::string Synopsis(const CLI::App& command) {
+  std::string text = command.get_name();
+  for (const CLI::Option* option : command.get_options()) {
+    if (option == command.get_help_ptr()) continue;
+    std::string usage = option->get_positional()         ? option->get_name()
+                        : option->get_snames().empty() ? "--" + option->get_lnames().front()
+                                                       : "-" + option->get_snames().front();
+    if (!option->get_positional() && option->get_expected_max() > 0) {
+      absl::StrAppend(&usage, " ", option->get_type_name());
+    }
+    absl::StrAppend(&text, " ", option->get_required() ? usage : absl::StrCat("[", usage, "]"));
   }
   return text;
 }
 
 std::string Usage() {
+  Args unused;
+  const Cli cli(&unused);
   std::string text = "usage: actpack <command> [options]\n";
   size_t width = 0;
-  for (const CommandSpec& command : Commands()) width = std::max(width, Synopsis(command).size());
-  for (const CommandSpec& command : Commands()) {
-    const std::string synopsis = Synopsis(command);
+  for (const CLI::App* command : cli.app.get_subcommands(nullptr)) {
+    width = std::max(width, Synopsis(*command).size());
+  }
+  for (const CLI::App* command : cli.app.get_subcommands(nullptr)) {
+    const std::string synopsis = Synopsis(*command);
     absl::StrAppend(&text, "  actpack ", synopsis, std::string(width - synopsis.size() + 3, ' '),
-                    command.summary, "\n");
+                    command->get_description(), "\n");
   }
   return text;
-}
-
-// Splits `args` into operands and the command's options. The error is the one line a usage
-// error starts with, such as "plot: -o needs a value (MEMORY.svg)".
-absl::StatusOr<ParsedArgs> ParseArgs(const CommandSpec& command,
-                                     const std::vector<std::string>& args) {
-  ParsedArgs parsed;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.size() < 2 || arg[0] != '-') {
-      parsed.operands.push_back(arg);
-      continue;
-    }
-    const size_t equals = arg.find('=');
-    const absl::string_view given = absl::string_view(arg).substr(0, equals);
-    const OptionSpec* spec = nullptr;
-    for (const OptionSpec& option : command.options) {
-      if (given == option.name || (!option.short_name.empty() && given == option.short_name)) {
-        spec = &option;
-      }
-    }
-    if (spec == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(command.name, ": unknown option '", arg, "'"));
-    }
-    if (parsed.Has(spec->name)) {
-      return absl::InvalidArgumentError(absl::StrCat(command.name, ": ", given, " given twice"));
-    }
-    std::string value;
-    if (spec->value_name.empty()) {
-      if (equals != std::string::npos) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(command.name, ": ", given, " takes no value"));
-      }
-    } else if (equals != std::string::npos) {
-      value = arg.substr(equals + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    }
-    if (!spec->value_name.empty() && value.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(command.name, ": ", given, " needs a value (", spec->value_name, ")"));
-    }
-    parsed.options.emplace_back(std::string(spec->name), std::move(value));
-  }
-  if (parsed.operands.size() != command.operands.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        command.name, " takes ", absl::StrJoin(command.operands, " "), " (",
-        command.operands.size(), command.operands.size() == 1 ? " file" : " files", "), got ",
-        parsed.operands.size()));
-  }
-  for (const OptionSpec& option : command.options) {
-    if (option.required && !parsed.Has(option.name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          command.name, " needs ", option.short_name.empty() ? option.name : option.short_name,
-          " ", option.value_name));
-    }
-  }
-  return parsed;
 }
 
 int UsageError(absl::string_view problem, std::string* err) {
@@ -1125,37 +1058,35 @@ int InputError(absl::string_view command, const absl::Status& status, std::strin
   return kExitBadInput;
 }
 
-int ReportCommand(const ParsedArgs& args, std::string* out, std::string* err) {
-  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
+int ReportCommand(const Args& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> report = LoadRunReport(args.run);
   if (!report.ok()) return InputError("report", report.status(), err);
-  absl::StrAppend(out, args.Has("--json") ? json::Serialize(SummarizeReport(*report)) + "\n"
-                                          : FormatReportText(*report));
+  absl::StrAppend(out, args.json ? json::Serialize(SummarizeReport(*report)) + "\n"
+                                 : FormatReportText(*report));
   return kExitOk;
 }
 
-int DiffCommand(const ParsedArgs& args, std::string* out, std::string* err) {
-  absl::StatusOr<RunReport> before = LoadRunReport(args.operands[0]);
+int DiffCommand(const Args& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> before = LoadRunReport(args.before);
   if (!before.ok()) return InputError("diff", before.status(), err);
-  absl::StatusOr<RunReport> after = LoadRunReport(args.operands[1]);
+  absl::StatusOr<RunReport> after = LoadRunReport(args.after);
   if (!after.ok()) return InputError("diff", after.status(), err);
   absl::StrAppend(out, FormatDiffText(*before, *after));
   return kExitOk;
 }
 
-int PlotCommand(const ParsedArgs& args, std::string* out, std::string* err) {
-  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
+int PlotCommand(const Args& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> report = LoadRunReport(args.run);
   if (!report.ok()) return InputError("plot", report.status(), err);
-  const std::string output = args.Value("--output");
-  if (absl::Status written = WriteFile(output, RenderMemorySvg(*report)); !written.ok()) {
+  if (absl::Status written = WriteFile(args.output, RenderMemorySvg(*report)); !written.ok()) {
     return InputError("plot", written, err);
   }
-  absl::StrAppend(out, "wrote ", output, "\n");
+  absl::StrAppend(out, "wrote ", args.output, "\n");
   return kExitOk;
 }
 
-int PlanCommand(const ParsedArgs& args, std::string* out, std::string* err) {
-  const std::string budget_text = args.Value("--budget");
-  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(budget_text);
+int PlanCommand(const Args& args, std::string* out, std::string* err) {
+  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(args.budget);
   if (!budget.ok()) {
     absl::string_view problem = budget.status().message();
     absl::ConsumePrefix(&problem, "actpack: ");
@@ -1164,12 +1095,12 @@ int PlanCommand(const ParsedArgs& args, std::string* out, std::string* err) {
   if (budget->bytes == 0) {
     // A share needs the device's size, which a report does not record (and this machine's
     // device need not be the run's).
-    return UsageError(absl::StrCat("plan --budget ", budget_text, ": a share of the device "
+    return UsageError(absl::StrCat("plan --budget ", args.budget, ": a share of the device "
                                    "needs the device's memory size, which a run report does not "
                                    "record; give a size such as 12GiB"),
                       err);
   }
-  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
+  absl::StatusOr<RunReport> report = LoadRunReport(args.run);
   if (!report.ok()) return InputError("plan", report.status(), err);
   // Re-planning needs the planner's fixed and per-sample memory model; without it any batch
   // size printed here would be invented.
@@ -1179,14 +1110,14 @@ int PlanCommand(const ParsedArgs& args, std::string* out, std::string* err) {
                     "actpack.plan(step, budget=..., report=\"run.json\")\n");
     return kExitBadInput;
   }
-  absl::StrAppend(out, args.Has("--json")
+  absl::StrAppend(out, args.json
                            ? json::Serialize(SummarizePlan(*report, budget->bytes)) + "\n"
                            : FormatPlanText(*report, budget->bytes));
   return kExitOk;
 }
 
-int SnapshotCommand(const ParsedArgs& args, std::string* out, std::string* err) {
-  absl::StatusOr<RunReport> report = LoadRunReport(args.operands[0]);
+int SnapshotCommand(const Args& args, std::string* out, std::string* err) {
+  absl::StatusOr<RunReport> report = LoadRunReport(args.run);
   if (!report.ok()) return InputError("snapshot", report.status(), err);
   const json::Value* snapshot = report->Snapshot();
   if (snapshot == nullptr) {
@@ -1198,29 +1129,58 @@ int SnapshotCommand(const ParsedArgs& args, std::string* out, std::string* err) 
                     "one\n");
     return kExitBadInput;
   }
-  const std::string output = args.Value("--output");
-  if (absl::Status written = WriteFile(output, PickleJson(*snapshot)); !written.ok()) {
+  if (absl::Status written = WriteFile(args.output, PickleJson(*snapshot)); !written.ok()) {
     return InputError("snapshot", written, err);
   }
-  absl::StrAppend(out, "wrote ", output, " (", report->allocator->snapshot_segments,
+  absl::StrAppend(out, "wrote ", args.output, " (", report->allocator->snapshot_segments,
                   " segments, ", report->allocator->snapshot_trace_entries,
                   " trace entries); open it in https://pytorch.org/memory_viz\n");
   return kExitOk;
 }
 
-const std::vector<CommandSpec>& Commands() {
-  static const std::vector<CommandSpec>* const kCommands = new std::vector<CommandSpec>{
-      {"report", {"RUN.json"}, {{"--json", "", "", false}},
-       "where the memory went (--json: for machines)", &ReportCommand},
-      {"diff", {"BEFORE.json", "AFTER.json"}, {}, "what changed between two runs", &DiffCommand},
-      {"plot", {"RUN.json"}, {{"--output", "-o", "MEMORY.svg", true}},
-       "per-step and per-module bytes as an SVG", &PlotCommand},
-      {"plan", {"RUN.json"}, {{"--budget", "", "SIZE", true}, {"--json", "", "", false}},
-       "the largest batch per choice at another budget", &PlanCommand},
-      {"snapshot", {"RUN.json"}, {{"--output", "-o", "SNAP.pickle", true}},
-       "the allocator snapshot for pytorch.org/memory_viz", &SnapshotCommand},
+Cli::Cli(Args* args) : app("actpack") {
+  // At most one command (a second command's name is an operand or an error). None is required
+  // here: RunCli says "no command given" itself, after CLI11 has named any stray argument.
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", absl::StrCat("actpack ", kVersion));
+  auto add = [&](const char* name, const char* summary, Command run) {
+    CLI::App* command = app.add_subcommand(name, summary);
+    commands[command] = run;
+    return command;
   };
-  return *kCommands;
+  // A flag given twice, or given a value ("--json=yes"), is refused as an option given twice is.
+  auto add_json = [&](CLI::App* command) {
+    command->add_flag("--json", args->json)
+        ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
+        ->disable_flag_override();
+  };
+  auto add_output = [&](CLI::App* command, const char* value_name) {
+    command->add_option("-o,--output", args->output)->required()->type_name(value_name);
+  };
+
+  CLI::App* report = add("report", "where the memory went (--json: for machines)", &ReportCommand);
+  report->add_option("RUN.json", args->run)->required();
+  add_json(report);
+  CLI::App* diff = add("diff", "what changed between two runs", &DiffCommand);
+  diff->add_option("BEFORE.json", args->before)->required();
+  diff->add_option("AFTER.json", args->after)->required();
+  CLI::App* plot = add("plot", "per-step and per-module bytes as an SVG", &PlotCommand);
+  plot->add_option("RUN.json", args->run)->required();
+  add_output(plot, "MEMORY.svg");
+  CLI::App* plan = add("plan", "the largest batch per choice at another budget", &PlanCommand);
+  plan->add_option("RUN.json", args->run)->required();
+  plan->add_option("--budget", args->budget)->required()->type_name("SIZE");
+  add_json(plan);
+  CLI::App* snapshot =
+      add("snapshot", "the allocator snapshot for pytorch.org/memory_viz", &SnapshotCommand);
+  snapshot->add_option("RUN.json", args->run)->required();
+  add_output(snapshot, "SNAP.pickle");
+
+  // A word in a command's place that names none lands here, and the error names it and the
+  // commands: "command: frobnicate not in {report,diff,plot,plan,snapshot}".
+  std::vector<std::string> names;
+  for (const CLI::App* command : app.get_subcommands(nullptr)) names.push_back(command->get_name());
+  app.add_option("command")->check(CLI::IsMember(names));
 }
 
 }  // namespace
@@ -2012,24 +1972,32 @@ std::string PickleJson(const json::Value& value) {
 }
 
 int RunCli(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  if (args.empty()) return UsageError("no command given", err);
-  const std::string& name = args[0];
-  if (name == "help" || name == "--help" || name == "-h") {
+  Args parsed;
+  Cli cli(&parsed);
+  // CLI11 takes the arguments last to first. It reads "-o=FILE" as -o with the value "=FILE"
+  // (POSIX's "-oFILE"); this command line reads it as it reads "--output=FILE".
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  for (std::string& arg : reversed) {
+    if (arg.size() > 2 && arg[0] == '-' && arg[1] != '-' && arg[2] == '=') arg.erase(2, 1);
+  }
+  try {
+    cli.app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
     absl::StrAppend(out, Usage());
     return kExitOk;
-  }
-  if (name == "--version") {
-    absl::StrAppend(out, "actpack ", kVersion, "\n");
+  } catch (const CLI::CallForVersion& version) {
+    absl::StrAppend(out, version.what(), "\n");
     return kExitOk;
+  } catch (const CLI::ParseError& error) {
+    // Led by the synopsis of the command it is about, which says what that command expects.
+    const std::vector<CLI::App*> chosen = cli.app.get_subcommands();
+    return UsageError(chosen.empty() ? error.what()
+                                     : absl::StrCat(Synopsis(*chosen.front()), ": ", error.what()),
+                      err);
   }
-  for (const CommandSpec& command : Commands()) {
-    if (command.name != name) continue;
-    absl::StatusOr<ParsedArgs> parsed =
-        ParseArgs(command, std::vector<std::string>(args.begin() + 1, args.end()));
-    if (!parsed.ok()) return UsageError(parsed.status().message(), err);
-    return command.run(*parsed, out, err);
-  }
-  return UsageError(absl::StrCat("unknown command '", name, "'"), err);
+  const std::vector<CLI::App*> chosen = cli.app.get_subcommands();
+  if (chosen.empty()) return UsageError("no command given", err);
+  return cli.commands.at(chosen.front())(parsed, out, err);
 }
 
 }  // namespace actpack::report

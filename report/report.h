@@ -285,11 +285,11 @@ std::string PickleJson(const json::Value& value);
 
 // RunCli
 //
-// The whole command line, without the program name: {"report", "run.json"}, ... Writes what a
-// terminal shows to `out` and `err` (files such as the SVG or the pickle are written directly)
-// and returns the exit code: kExitOk, or kExitBadInput with one line on `err` for a usage
-// error (followed by the usage), an unreadable or foreign report, or a request the report
-// cannot answer.
+// The whole command line, without the program name: {"report", "run.json"}, ... (CLI11 parses
+// it). Writes what a terminal shows to `out` and `err` (files such as the SVG or the pickle are
+// written directly) and returns the exit code: kExitOk (also for -h/--help, the usage on `out`,
+// and --version), or kExitBadInput with one line on `err` for a usage error (followed by the
+// usage), an unreadable or foreign report, or a request the report cannot answer.
 int RunCli(const std::vector<std::string>& args, std::string* out, std::string* err);
 
 }  // namespace actpack::report

@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "allocator/units.h"
 #include "common/version.h"
@@ -478,39 +479,128 @@ TEST(ErrorTest, BadFilesGiveOneLineAndExitTwo) {
   }
 }
 
-TEST(ErrorTest, UsageErrorsExitTwoWithUsage) {
-  const std::vector<std::vector<std::string>> bad_usages = {
-      {},
-      {"frobnicate"},
-      {"report"},
-      {"report", kQuant2Report, kQuant4Report},
-      {"report", kQuant2Report, "--yaml"},
-      {"diff", kQuant2Report},
-      {"plot", kQuant2Report},
-      {"plot", kQuant2Report, "-o"},
-      {"plan", kQuant2Report},
-      {"plan", kQuant2Report, "--budget", "lots"},
-      {"plan", kQuant2Report, "--budget", "0GiB"},
-      {"plan", kQuant2Report, "--budget", "1GiB", "--budget", "2GiB"},
-      {"plan", kQuant2Report, "--budget="},
-      {"report", kQuant2Report, "--json=yes"},
-      {"snapshot", kFullReport},
-      {"snapshot", kFullReport, "-o"},
-      {"snapshot", kFullReport, kQuant2Report, "-o", "x.pickle"},
+// The usage text, read back from the command line's declarations.
+constexpr char kUsage[] =
+    "usage: actpack <command> [options]\n"
+    "  actpack report RUN.json [--json]               where the memory went (--json: for "
+    "machines)\n"
+    "  actpack diff BEFORE.json AFTER.json            what changed between two runs\n"
+    "  actpack plot RUN.json -o MEMORY.svg            per-step and per-module bytes as an SVG\n"
+    "  actpack plan RUN.json --budget SIZE [--json]   the largest batch per choice at another "
+    "budget\n"
+    "  actpack snapshot RUN.json -o SNAP.pickle       the allocator snapshot for "
+    "pytorch.org/memory_viz\n";
+
+// Every usage error exits 2 with nothing on stdout and, on stderr, one line "actpack: ..." that
+// names what was given and what was expected (the command's synopsis leads a problem with its
+// arguments), then the usage.
+TEST(CommandLineTest, UsageErrorsNameTheProblemThenShowTheUsage) {
+  const std::string quant4 = kQuant4Report;
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> named;  // in the first line
   };
-  for (const auto& args : bad_usages) {
-    const CliResult result = RunActpack(args);
-    EXPECT_EQ(result.exit_code, kExitBadInput) << absl::StrJoin(args, " ");
-    EXPECT_TRUE(absl::StartsWith(result.err, "actpack: ")) << result.err;
-    EXPECT_TRUE(absl::StrContains(result.err, "usage: actpack")) << result.err;
-    EXPECT_EQ(result.out, "");
+  const std::vector<Case> cases = {
+      // No command, or no known one.
+      {{}, {"no command given"}},
+      {{"frobnicate"}, {"command: frobnicate not in {report,diff,plot,plan,snapshot}"}},
+      {{"help"}, {"command: help not in {report,diff,plot,plan,snapshot}"}},
+      {{"--bogus"}, {"not expected: --bogus"}},
+      // An unknown option.
+      {{"report", kQuant2Report, "--yaml"}, {"report RUN.json [--json]: ", "not expected: --yaml"}},
+      {{"plot", kQuant2Report, "-x", "-o", "m.svg"},
+       {"plot RUN.json -o MEMORY.svg: ", "not expected: -x"}},
+      {{"report", kQuant2Report, "--version"}, {"not expected: --version"}},
+      // Too few files, too many.
+      {{"report"}, {"report RUN.json [--json]: RUN.json is required"}},
+      {{"diff"}, {"diff BEFORE.json AFTER.json: BEFORE.json is required"}},
+      {{"diff", kQuant2Report}, {"diff BEFORE.json AFTER.json: AFTER.json is required"}},
+      {{"report", kQuant2Report, kQuant4Report},
+       {"report RUN.json [--json]: ", "not expected: " + quant4}},
+      {{"diff", kQuant2Report, kQuant2Report, kQuant4Report},
+       {"diff BEFORE.json AFTER.json: ", "not expected: " + quant4}},
+      {{"snapshot", kFullReport, kQuant4Report, "-o", "x.pickle"},
+       {"snapshot RUN.json -o SNAP.pickle: ", "not expected: " + quant4}},
+      // One command at a time (CLI11 2.1.2 lists several unexpected arguments last to first).
+      {{"report", kQuant2Report, "diff", kQuant2Report, kQuant4Report},
+       {"report RUN.json [--json]: ", "arguments were not expected: ", " diff"}},
+      // A required option missing: the synopsis shows its value.
+      {{"plot", kQuant2Report}, {"plot RUN.json -o MEMORY.svg: --output is required"}},
+      {{"plan", kQuant2Report}, {"plan RUN.json --budget SIZE [--json]: --budget is required"}},
+      {{"snapshot", kFullReport}, {"snapshot RUN.json -o SNAP.pickle: --output is required"}},
+      // An option without its value.
+      {{"plot", kQuant2Report, "-o"}, {"--output: 1 required MEMORY.svg missing"}},
+      {{"plot", kQuant2Report, "--output"}, {"--output: 1 required MEMORY.svg missing"}},
+      {{"plot", kQuant2Report, "-o="}, {"--output: 1 required MEMORY.svg missing"}},
+      {{"plan", kQuant2Report, "--budget"}, {"--budget: 1 required SIZE missing"}},
+      {{"plan", kQuant2Report, "--budget="}, {"--budget: 1 required SIZE missing"}},
+      {{"snapshot", kFullReport, "-o"}, {"--output: 1 required SNAP.pickle missing"}},
+      // An option given twice, in any of its spellings.
+      {{"plan", kQuant2Report, "--budget", "1GiB", "--budget", "2GiB"},
+       {"--budget: At Most 1 required but received 2"}},
+      {{"plot", kQuant2Report, "-o", "a.svg", "--output=b.svg"},
+       {"--output: At Most 1 required but received 2"}},
+      {{"report", kQuant2Report, "--json", "--json"},
+       {"--json: At Most 1 required but received 2"}},
+      {{"plan", kQuant2Report, "--json", "--budget=1GiB", "--json"},
+       {"--json: At Most 1 required but received 2"}},
+      // A flag given a value.
+      {{"report", kQuant2Report, "--json=yes"}, {"json was given a disallowed flag override"}},
+      // A budget that is no size (plan's own check).
+      {{"plan", kQuant2Report, "--budget", "lots"}, {"plan --budget: invalid memory size 'lots'"}},
+      {{"plan", kQuant2Report, "--budget", "0GiB"}, {"plan --budget: invalid memory size '0GiB'"}},
+  };
+  for (const Case& c : cases) {
+    const std::string command_line = absl::StrJoin(c.args, " ");
+    const CliResult result = RunActpack(c.args);
+    EXPECT_EQ(result.exit_code, kExitBadInput) << command_line;
+    EXPECT_EQ(result.out, "") << command_line;
+    const size_t newline = result.err.find('\n');
+    const std::string first_line = result.err.substr(0, newline);
+    EXPECT_TRUE(absl::StartsWith(first_line, "actpack: ")) << command_line << ": " << result.err;
+    for (const std::string& named : c.named) {
+      EXPECT_TRUE(absl::StrContains(first_line, named)) << command_line << ": " << first_line;
+    }
+    EXPECT_EQ(result.err.substr(newline + 1), kUsage) << command_line;
   }
-  const CliResult help = RunActpack({"--help"});
-  EXPECT_EQ(help.exit_code, kExitOk);
-  EXPECT_TRUE(absl::StartsWith(help.out, "usage: actpack"));
+}
+
+TEST(CommandLineTest, HelpAndVersionGoToStdout) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--help"}, {"-h"}, {"plot", "--help"}}) {
+    const CliResult help = RunActpack(args);
+    EXPECT_EQ(help.exit_code, kExitOk) << args[0];
+    EXPECT_EQ(help.out, kUsage);
+    EXPECT_EQ(help.err, "");
+  }
   const CliResult version = RunActpack({"--version"});
   EXPECT_EQ(version.exit_code, kExitOk);
   EXPECT_EQ(version.out, absl::StrCat("actpack ", kVersion, "\n"));
+  EXPECT_EQ(version.err, "");
+}
+
+// An option's value follows it or an equals sign, and options may come before the file.
+TEST(CommandLineTest, OptionValuesInEverySpelling) {
+  const std::vector<std::vector<std::string>> spellings = {
+      {"-o", "PATH"}, {"-o=PATH"}, {"--output", "PATH"}, {"--output=PATH"}};
+  for (size_t i = 0; i < spellings.size(); ++i) {
+    const std::string path = TempPath(absl::StrCat("spelling", i, ".svg"));
+    std::vector<std::string> options;
+    for (const std::string& word : spellings[i]) {
+      options.push_back(absl::StrReplaceAll(word, {{"PATH", path}}));
+    }
+    for (bool options_first : {false, true}) {
+      std::remove(path.c_str());
+      std::vector<std::string> args = {"plot"};
+      if (options_first) args.insert(args.end(), options.begin(), options.end());
+      args.push_back(kQuant2Report);
+      if (!options_first) args.insert(args.end(), options.begin(), options.end());
+      const CliResult result = RunActpack(args);
+      EXPECT_EQ(result.exit_code, kExitOk) << absl::StrJoin(args, " ") << ": " << result.err;
+      EXPECT_EQ(result.out, absl::StrCat("wrote ", path, "\n"));
+      EXPECT_TRUE(absl::StartsWith(ReadText(path), "<?xml")) << path;
+    }
+  }
 }
 
 
