@@ -38,6 +38,7 @@ pytestmark = pytest.mark.skipif(
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FULL_REPORT = REPO / "report" / "testdata" / "run_quant2_full.json"
+FIXTURES = [p.name for p in (REPO / "report" / "testdata").glob("*.json")]
 
 
 def actpack_cli(*args):
@@ -134,6 +135,58 @@ def test_plot_renders_to_png(run_report, tmp_path):
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (int(root.get("width")), int(root.get("height")))
     assert len(data) > 10_000, "a rendered chart, not an empty canvas"
+
+
+# A report with as little as reads, and one whose optional sections are ill-typed (read as absent).
+BARE_REPORTS = {
+    "bare": {"schema": "actpack.report", "schema_version": 1},
+    "odd": {"schema": "actpack.report", "schema_version": 1, "run": [1],
+            "activations": {"totals": 3, "steps": {"a": 1},
+                            "saved_tensors": [1, {"raw_bytes": "x"}, {}]}},
+}
+
+
+@pytest.mark.parametrize("source", sorted(FIXTURES) + sorted(BARE_REPORTS))
+def test_every_plot_is_well_formed_svg(source, tmp_path):
+    """The SVG writer on every fixture and on reports with nothing to draw: XML a parser
+    accepts, that rsvg renders at its stated size."""
+    path = REPO / "report" / "testdata" / source if source in FIXTURES else tmp_path / "r.json"
+    if source in BARE_REPORTS:
+        path.write_text(json.dumps(BARE_REPORTS[source]))
+    svg = tmp_path / "memory.svg"
+    result = actpack_cli("plot", path, "-o", svg)
+    assert result.returncode == 0, result.stderr
+    root = ElementTree.parse(svg).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    rsvg = shutil.which("rsvg-convert")
+    if rsvg is None:
+        pytest.skip("rsvg-convert not installed (Debian package librsvg2-bin)")
+    png = tmp_path / "memory.png"
+    subprocess.run([rsvg, str(svg), "-o", str(png)], check=True, timeout=60)
+    assert struct.unpack(">II", png.read_bytes()[16:24]) == (int(root.get("width")),
+                                                            int(root.get("height")))
+
+
+def test_snapshot_pickles_any_json_document(tmp_path):
+    """`actpack snapshot` pickles what the report holds, whatever its values: Python's pickle
+    reads back the same objects, of the same types, in the same order."""
+    snapshot = {"segments": [{"address": 140737488355328, "blocks": [], "is_expandable": False,
+                              "ratio": 0.25, "name": "w\u00e9ight \u2713", "empty": {},
+                              "big": 2**63 - 1, "small": -2**63, "negative_zero": -0.0,
+                              "values": [[[[]]], -7, 1e300, None, 2.0, 255, 256, 65536, -1,
+                                         2**31, -2**31 - 1]}],
+                "device_traces": [], "z": {"y": {"x": [1, 2.5, "3", True]}}}
+    report = dict(BARE_REPORTS["bare"],
+                  allocator={"backend": "cpu", "stats": {}, "snapshot": snapshot})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report, ensure_ascii=False), encoding="utf-8")
+    out = tmp_path / "snap.pickle"
+    result = actpack_cli("snapshot", path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    with open(out, "rb") as f:
+        back = pickle.load(f)
+    assert same_types(back, snapshot)
+    assert math.copysign(1.0, back["segments"][0]["negative_zero"]) == -1.0
 
 
 @pytest.mark.parametrize("contents, problem", [
