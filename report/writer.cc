@@ -152,6 +152,19 @@ json::Value ActivationsSection(const runtime::SessionState& state) {
   return section;
 }
 
+json::Value AllocatorSection(AllocatorRun run) {
+  const auto or_null = [](std::optional<uint64_t> v) { return v ? json::Value(*v) : json::Value(); };
+  run.stats["allocated_bytes.all.peak"] = or_null(run.peak_allocated_bytes);
+  run.stats["reserved_bytes.all.peak"] = or_null(run.peak_reserved_bytes);
+  json::Value section = json::Value::object();
+  section["backend"] = std::move(run.backend);
+  section["allocator"] = run.actpack ? "actpack" : "torch";
+  section["budget_bytes"] = run.budget_bytes;
+  section["stats"] = std::move(run.stats);
+  section["snapshot"] = std::move(run.snapshot);
+  return section;
+}
+
 json::Value MakeRunReport(json::Value run, json::Value activations) {
   json::Value document = json::Value::object();
   document["schema"] = std::string(kReportSchema);

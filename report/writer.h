@@ -9,6 +9,8 @@
 #ifndef ACTPACK_REPORT_WRITER_H_
 #define ACTPACK_REPORT_WRITER_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -20,6 +22,21 @@ namespace actpack::report {
 
 // The "activations" section: the session's settings, policy, totals, steps and saved tensors.
 json::Value ActivationsSection(const runtime::SessionState& state);
+
+// The "allocator" section: the device ("cpu" or "cuda"), whose allocator served it (actpack's
+// or torch's), its budget, its statistics under torch.cuda.memory_stats' names with the peaks
+// over the whole run (a per-step restart of the counters hides them), and its snapshot (null
+// when none was taken).
+struct AllocatorRun {
+  std::string backend;
+  bool actpack = true;
+  uint64_t budget_bytes = 0;
+  json::Value stats = json::Value::object();
+  std::optional<uint64_t> peak_allocated_bytes;  // absent: no step ran (null)
+  std::optional<uint64_t> peak_reserved_bytes;
+  json::Value snapshot;
+};
+json::Value AllocatorSection(AllocatorRun run);
 
 // A run report's document: the envelope (schema, schema_version, actpack_version) around the
 // run metadata and the activations section. The caller may add "allocator" and "planner".

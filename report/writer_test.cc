@@ -128,6 +128,25 @@ TEST(ActivationsSectionTest, UniformWithoutGradients) {
   EXPECT_EQ(section["saved_tensors"][0].find("sensitivity"), section["saved_tensors"][0].end());
 }
 
+TEST(AllocatorSectionTest, RunPeaksReplaceTheLastWindowsAndAbsentOnesAreNull) {
+  json::Value stats = json::Value::object();
+  stats["allocated_bytes.all.peak"] = 10;  // since the last per-step restart
+  stats["num_ooms"] = 2;
+  json::Value section = AllocatorSection({"cuda", false, 4096, stats, 300, 500, json::Value()});
+  EXPECT_EQ(section["backend"], "cuda");
+  EXPECT_EQ(section["allocator"], "torch");
+  EXPECT_EQ(section["budget_bytes"], 4096);
+  EXPECT_EQ(section["stats"]["allocated_bytes.all.peak"], 300);
+  EXPECT_EQ(section["stats"]["reserved_bytes.all.peak"], 500);
+  EXPECT_EQ(section["stats"]["num_ooms"], 2);
+  EXPECT_TRUE(section["snapshot"].is_null());
+  section = AllocatorSection({"cpu", true, 0, stats, std::nullopt, std::nullopt,
+                              json::Value::parse(R"({"segments": []})")});
+  EXPECT_EQ(section["allocator"], "actpack");
+  EXPECT_TRUE(section["stats"]["allocated_bytes.all.peak"].is_null());
+  EXPECT_EQ(section["snapshot"]["segments"], json::Value::array());
+}
+
 TEST(WriteRunReportTest, WritesWhatTheReaderReads) {
   json::Value run = json::Value::object();
   run["device"] = "cpu";

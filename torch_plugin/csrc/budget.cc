@@ -97,22 +97,13 @@ class HostPeakMeter {
       pressure_id_.reset();
     }
     Reset();
-    json::Value stats = json::Value::object();
+    report::AllocatorRun run{"cpu", true, budget_bytes_, json::Value::object(),
+                             run_allocated_peak_, run_reserved_peak_, json::Value()};
     for (const auto& [name, value] : allocator::ToTorchMemoryStats(HostPool().stats().GetStats())) {
-      stats[name] = value;
+      run.stats[name] = value;
     }
-    // Peaks over the whole run, not the last window since a per-step restart.
-    (stats["allocated_bytes.all.peak"] = run_allocated_peak_);
-    stats["reserved_bytes.all.peak"] = run_reserved_peak_;
-    json::Value section = json::Value::object();
-    section["backend"] = "cpu";
-    section["allocator"] = "actpack";
-    section["budget_bytes"] = budget_bytes_;
-    section["stats"] = std::move(stats);
-    section["snapshot"] = json::Value();
-    if (snapshot) {
-      section["snapshot"] = allocator::HostSnapshot();
-    }
+    if (snapshot) run.snapshot = allocator::HostSnapshot();
+    json::Value section = report::AllocatorSection(std::move(run));
     HostPool().budget().SetBudget(previous_cap_);
     capped_ = false;
     if (installed_here_) torch_plugin::UninstallCpuAllocator();

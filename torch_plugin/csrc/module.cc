@@ -9,6 +9,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -256,6 +257,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       });
   m.def("build_report", &actpack::torch_plugin::BuildReport, py::arg("run"), py::arg("session"));
   m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
+  m.def(
+      "allocator_section",
+      [](const std::string& backend, bool actpack, uint64_t budget_bytes, py::handle stats,
+         std::optional<uint64_t> peak_allocated, std::optional<uint64_t> peak_reserved,
+         py::handle snapshot) {
+        using actpack::torch_plugin::FromPython;
+        return actpack::torch_plugin::ToPython(actpack::report::AllocatorSection(
+            {backend, actpack, budget_bytes, FromPython(stats), peak_allocated, peak_reserved,
+             FromPython(snapshot)}));
+      },
+      py::arg("backend"), py::arg("actpack"), py::arg("budget_bytes"), py::arg("stats"),
+      py::arg("peak_allocated_bytes"), py::arg("peak_reserved_bytes"), py::arg("snapshot"));
   m.attr("__version__") = actpack::kVersion;
   m.def("parse_budget", &actpack::torch_plugin::ParseBudgetToDict, py::arg("text"));
   m.def("parse_size", [](const std::string& text) {

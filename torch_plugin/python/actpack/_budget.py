@@ -696,13 +696,9 @@ class _PeakMeter:
             # backend: the device; allocator: whose allocator served it (the CLI's schema).
             ours = not self._cuda or self._actpack_cuda
             stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
-            # Peaks over the whole run, not the last window since a per-step restart.
-            stats["allocated_bytes.all.peak"] = self.run_allocated_peak
-            stats["reserved_bytes.all.peak"] = self.run_peak
-            section = {"backend": device, "allocator": "actpack" if ours else "torch",
-                       "budget_bytes": self.budget_bytes, "stats": stats, "snapshot": None}
-            if snapshot and ours:
-                section["snapshot"] = self._mem.memory_snapshot(device)
+            section = _C.allocator_section(
+                device, ours, self.budget_bytes, stats, self.run_allocated_peak, self.run_peak,
+                self._mem.memory_snapshot(device) if snapshot and ours else None)
         finally:
             if not self._cuda:
                 self._mem.set_cpu_budget(self._previous_cap)
