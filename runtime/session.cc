@@ -55,6 +55,10 @@ std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
   return ladder;
 }
 
+bool IsProfileStep(uint64_t step, int profile_every) {
+  return step < kFirstProfileSteps || step % static_cast<uint64_t>(std::max(1, profile_every)) == 0;
+}
+
 uint64_t SavedTensorInfo::Bytes() const {
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
@@ -165,9 +169,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   // Measured on profile steps and when never measured (or its error bound changed while this
   // tensor was planned), once per step. A call: planning may reset measured_step.
   const auto profile = [&] {
-    const bool due =
-        step_index_ % static_cast<uint64_t>(std::max(1, options_.profile_every)) == 0 ||
-        record.measured_step == UINT64_MAX;
+    const bool due = IsProfileStep(step_index_, options_.profile_every) ||
+                     record.measured_step == UINT64_MAX;
     return due && record.measured_step != step_index_;
   };
   plan.action = PackAction::kPack;

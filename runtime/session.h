@@ -63,6 +63,13 @@ inline constexpr double kDefaultHeadroom = 0.15;  // fragmentation and what the 
 inline constexpr int kDefaultProfileEvery = 50;
 inline constexpr uint64_t kDefaultMinBytes = 64 * 1024;
 
+// The profile steps, one schedule for everything measured: the session measures every candidate
+// codec on each saved tensor (and any tensor never measured yet), and the plugin takes its
+// modules' gradient statistics, on the first kFirstProfileSteps steps (the policy's first plans
+// and the error caps need them) and then every `profile_every` steps.
+inline constexpr uint64_t kFirstProfileSteps = 3;
+bool IsProfileStep(uint64_t step, int profile_every);
+
 struct SessionOptions {
   CodecChoice codec;               // the default for every packed tensor
   std::vector<CodecRule> rules;    // first match wins over `codec`

@@ -463,6 +463,21 @@ TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
 }
 
+// One schedule for everything measured: the first three steps, then every profile_every.
+TEST(SessionPolicyTest, MeasuresOnTheProfileStepsOnly) {
+  SessionOptions options = AutoOptions(10 << 20);
+  options.profile_every = 4;
+  Session session(options, HostFactory());
+  std::vector<uint64_t> profiled;
+  for (uint64_t step = 0; step < 10; ++step) {
+    const uint64_t held = RunStep(session);
+    ASSERT_TRUE(session.EndStep((1 << 20) + held).ok());
+    if (session.Steps().back().profiled) profiled.push_back(step);
+    EXPECT_EQ(IsProfileStep(step, options.profile_every), session.Steps().back().profiled) << step;
+  }
+  EXPECT_EQ(profiled, (std::vector<uint64_t>{0, 1, 2, 4, 8}));
+}
+
 TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
   SessionOptions options = AutoOptions(0);
   options.rules.push_back({"encoder.*", *ParseCodecChoice("quant4")});

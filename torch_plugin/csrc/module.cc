@@ -214,6 +214,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("DEFAULT_HEADROOM") = actpack::runtime::kDefaultHeadroom;
   m.attr("DEFAULT_PROFILE_EVERY") = actpack::runtime::kDefaultProfileEvery;
   m.attr("DEFAULT_MIN_BYTES") = actpack::runtime::kDefaultMinBytes;
+  m.def("is_profile_step", &actpack::runtime::IsProfileStep, py::arg("step"),
+        py::arg("profile_every"));
   py::class_<PackedHandle>(m, "PackedTensor")
       .def_property_readonly("raw_bytes", &PackedHandle::RawBytes)
       .def_property_readonly("stored_bytes", &PackedHandle::StoredBytes);

@@ -217,7 +217,7 @@ class budget:
 
     def _statistics_step(self, step):
         wanted = _automatic(self._codec) or self._loss_bound > 0
-        return wanted and (step < 3 or step % self._profile_every == 0)
+        return wanted and _C.is_profile_step(step, self._profile_every)
 
     @_eager
     def __enter__(self):
