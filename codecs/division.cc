@@ -166,12 +166,12 @@ void EncodeGroup(const void* input, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t j0 = q * l.group_length;
   const uint32_t n = static_cast<uint32_t>(division_math::GroupSize(l, q));
   const uint64_t first = p * l.plane + j0;  // the group's flat element index
-  if (K == elements::kF32 && simd::Vectorized()) {
+  if (simd::Vectorized()) {
     simd::QuantTotals totals;
-    simd::QuantizeGroupF32(static_cast<const float*>(input) + first, approx, n,
-                           division_math::CeilDiv(n, kPerWord) * kPerWord, kBits, l.seed, first,
-                           words, division_math::ParamWord(l, p * l.groups_per_plane + q),
-                           division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
+    simd::QuantizeGroup(K, elements::Offset<K>(input, first), approx, n,
+                        division_math::CeilDiv(n, kPerWord) * kPerWord, kBits, l.seed, first,
+                        words, division_math::ParamWord(l, p * l.groups_per_plane + q),
+                        division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
     partial->checksum += totals.checksum;
     partial->nonfinite += totals.nonfinite;
     partial->overflow_groups += totals.overflow_groups;
@@ -235,9 +235,9 @@ void DecodeGroup(const uint32_t* words, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t first = p * l.plane + j0;
   const uint32_t param_word = words[division_math::ParamWord(l, p * l.groups_per_plane + q)];
   const uint32_t* in = words + division_math::PlaneCodeWord(l, p) + j0 / kPerWord;
-  if (K == elements::kF32 && simd::Vectorized()) {
-    simd::DequantizeGroupF32(in, param_word, static_cast<uint32_t>(n), kBits, approx,
-                             static_cast<float*>(output) + first);
+  if (simd::Vectorized()) {
+    simd::DequantizeGroup(K, in, param_word, static_cast<uint32_t>(n), kBits, approx,
+                          elements::Offset<K>(output, first));
     return;
   }
   const quant_math::GroupParams gp = quant_math::UnpackGroupParams(param_word);

@@ -12,6 +12,8 @@
 #define HWY_TARGET_INCLUDE "codecs/internal/simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+// Must follow highway.h: it is compiled per target too.
+#include "codecs/internal/simd-inl.h"
 
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
@@ -21,76 +23,13 @@ namespace actpack::codecs::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using D64 = hn::ScalableTag<uint64_t>;
-using DF = hn::ScalableTag<float>;
-using DI = hn::RebindToSigned<DF>;
-using DU = hn::RebindToUnsigned<DF>;
-
 // Codes a quantizer block handles at a time: they sit in a byte buffer between computing and
 // packing (or unpacking and dequantizing).
 constexpr uint32_t kBlockCodes = 1024;
 // Room past a block for whole vectors of u64 lanes (8 codes a lane).
 constexpr size_t kCodePadding = 8 * HWY_MAX_BYTES;
 
-// portable::SplitMix64 per u64 lane.
-HWY_INLINE hn::Vec<D64> SplitMix64(D64 d, hn::Vec<D64> x) {
-  x = hn::Add(x, hn::Set(d, 0x9e3779b97f4a7c15ull));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<30>(x)), hn::Set(d, 0xbf58476d1ce4e5b9ull));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<27>(x)), hn::Set(d, 0x94d049bb133111ebull));
-  return hn::Xor(x, hn::ShiftRight<31>(x));
-}
-
-// portable::ChecksumTerm per lane; kHigh when an index may be 2^31 or more.
-template <bool kHigh>
-HWY_INLINE hn::Vec<D64> ChecksumTerms(D64 d, hn::Vec<D64> words, hn::Vec<D64> index) {
-  hn::Vec<D64> x = hn::Xor(hn::Xor(hn::ShiftLeft<32>(index), words),
-                           hn::Set(d, 0x5851f42d4c957f2dull));
-  if (kHigh) {
-    x = hn::Xor(x, hn::Mul(hn::ShiftRight<31>(index), hn::Set(d, 0x9e3779b97f4a7c15ull)));
-  }
-  return SplitMix64(d, x);
-}
-
-template <bool kHigh>
-uint64_t SumChecksumTerms(const uint32_t* words, uint64_t count, uint64_t first_index) {
-  const D64 d;
-  const hn::Rebind<uint32_t, D64> d32;
-  const size_t n = hn::Lanes(d);
-  hn::Vec<D64> index = hn::Iota(d, first_index);
-  const hn::Vec<D64> step = hn::Set(d, n);
-  hn::Vec<D64> sum0 = hn::Zero(d), sum1 = hn::Zero(d);
-  uint64_t i = 0;
-  for (; i + 2 * n <= count; i += 2 * n) {
-    const hn::Vec<D64> next = hn::Add(index, step);
-    sum0 = hn::Add(sum0, ChecksumTerms<kHigh>(d, hn::PromoteTo(d, hn::LoadU(d32, words + i)),
-                                              index));
-    sum1 = hn::Add(sum1, ChecksumTerms<kHigh>(
-                             d, hn::PromoteTo(d, hn::LoadU(d32, words + i + n)), next));
-    index = hn::Add(next, step);
-  }
-  // Lane by lane in uint64_t: GCC's AVX-512 horizontal sum adds as signed 64-bit integers,
-  // whose overflow is undefined (UBSan reports it).
-  alignas(HWY_MAX_BYTES) uint64_t lane_sums[HWY_MAX_BYTES / 8];
-  hn::Store(hn::Add(sum0, sum1), d, lane_sums);
-  uint64_t sum = 0;
-  for (size_t k = 0; k < n; ++k) sum += lane_sums[k];
-  for (; i < count; ++i) sum += portable::ChecksumTerm(words[i], first_index + i);
-  return sum;
-}
-
-uint64_t ChecksumWordsVector(const uint32_t* words, uint64_t count, uint64_t first_index) {
-  return first_index + count <= (uint64_t{1} << 31)
-             ? SumChecksumTerms<false>(words, count, first_index)
-             : SumChecksumTerms<true>(words, count, first_index);
-}
-
 // ---- the quantizer ----
-
-HWY_INLINE hn::Mask<DF> IsFiniteLanes(DF df, hn::Vec<DF> v) {
-  const DU du;
-  const hn::Vec<DU> exponent = hn::Set(du, 0x7f800000u);
-  return hn::RebindMask(df, hn::Ne(hn::And(hn::BitCast(du, v), exponent), exponent));
-}
 
 // portable::Hash32 per lane.
 HWY_INLINE hn::Vec<DU> Hash32(hn::Vec<DU> x) {
@@ -125,12 +64,12 @@ HWY_INLINE hn::Vec<DU> WrappedKeys(hn::Vec<DU> low_index, hn::Vec<DU> first_low,
   return hn::IfThenElse(hn::RebindMask(du, wrapped), key1, key0);
 }
 
-// x[i] (or x[i] - approx[i]) for the lanes of the vector at i: all of them when kWhole, else
-// those in `valid` (0 elsewhere).
-template <bool kWhole>
-HWY_INLINE hn::Vec<DF> LoadLanes(const float* p, hn::Mask<DF> valid, size_t i) {
+// Elements [i, i + count) of x as floats (count <= Lanes; 0 in the lanes past it): all lanes
+// when kWhole.
+template <int K, bool kWhole>
+HWY_INLINE hn::Vec<DF> LoadLanes(const void* x, size_t i, size_t count) {
   const DF df;
-  return kWhole ? hn::LoadU(df, p + i) : hn::MaskedLoad(valid, df, p + i);
+  return kWhole ? LoadElements<K>(df, x, i) : LoadElementsN<K>(df, x, i, count);
 }
 
 // The zero bytes PackCodes reads past `count` codes: up to a whole vector of u64 lanes.
@@ -226,9 +165,10 @@ HWY_INLINE void CopyCodeWords(const uint32_t* src, uint32_t word_count, uint32_t
   }
 }
 
-void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uint32_t padded,
-                            uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                            uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
+template <int K>
+void QuantizeGroupKind(const void* x, const float* approx, uint32_t n, uint32_t padded,
+                       uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
+                       uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
   const DF df;
   const DI di;
   const DU du;
@@ -239,20 +179,22 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
   hn::Vec<DF> hi = hn::Neg(lo);
   hn::Vec<DI> nonfinite = hn::Zero(di), overflow = hn::Zero(di);
   const hn::Vec<DI> one = hn::Set(di, 1);
-  const auto range = [&]<bool kWhole>(uint32_t i, hn::Mask<DF> valid) {
-    const hn::Vec<DF> v = LoadLanes<kWhole>(x, valid, i);
-    const hn::Vec<DF> r = approx == nullptr ? v : hn::Sub(v, LoadLanes<kWhole>(approx, valid, i));
+  const auto range = [&]<bool kWhole>(uint32_t i) {
+    const uint32_t count = kWhole ? lanes : n - i;
+    const hn::Vec<DF> v = LoadLanes<K, kWhole>(x, i, count);
+    const hn::Vec<DF> r =
+        approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, kWhole>(approx, i, count));
     const hn::Mask<DF> x_finite = IsFiniteLanes(df, v);  // true past n (0 was loaded)
     const hn::Mask<DF> r_finite = IsFiniteLanes(df, r);
     nonfinite = hn::Add(nonfinite, hn::IfThenZeroElse(hn::RebindMask(di, x_finite), one));
     overflow = hn::Add(overflow, hn::IfThenZeroElse(hn::RebindMask(di, hn::Or(r_finite, hn::Not(x_finite))), one));
-    const hn::Mask<DF> counted = kWhole ? r_finite : hn::And(valid, r_finite);
+    const hn::Mask<DF> counted = kWhole ? r_finite : hn::And(hn::FirstN(df, count), r_finite);
     lo = hn::IfThenElse(counted, hn::Min(lo, r), lo);
     hi = hn::IfThenElse(counted, hn::Max(hi, r), hi);
   };
   uint32_t i = 0;
-  for (; i + lanes <= n; i += lanes) range.template operator()<true>(i, hn::FirstN(df, lanes));
-  if (i < n) range.template operator()<false>(i, hn::FirstN(df, n - i));
+  for (; i + lanes <= n; i += lanes) range.template operator()<true>(i);
+  if (i < n) range.template operator()<false>(i);
   const quant_math::GroupParams p = quant_math::MakeGroupParams(
       hn::GetLane(hn::MinOfLanes(df, lo)), hn::GetLane(hn::MaxOfLanes(df, hi)),
       static_cast<int>(bits));
@@ -277,10 +219,11 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
   const hn::Vec<DU> iota = hn::Iota(du, 0);
   const hn::Rebind<uint8_t, DU> d8;
   alignas(HWY_MAX_BYTES) uint8_t codes[kBlockCodes + kCodePadding];
-  const auto quantize = [&]<bool kWhole, bool kWraps>(uint32_t i, hn::Mask<DF> valid,
-                                                      uint8_t* out) {
-    const hn::Vec<DF> v = LoadLanes<kWhole>(x, valid, i);
-    const hn::Vec<DF> r = approx == nullptr ? v : hn::Sub(v, LoadLanes<kWhole>(approx, valid, i));
+  const auto quantize = [&]<bool kWhole, bool kWraps>(uint32_t i, uint8_t* out) {
+    const uint32_t count = kWhole ? lanes : (i < n ? n - i : 0);
+    const hn::Vec<DF> v = LoadLanes<K, kWhole>(x, i, count);
+    const hn::Vec<DF> r =
+        approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, kWhole>(approx, i, count));
     const hn::Mask<DF> finite = IsFiniteLanes(df, r);
     const hn::Vec<DF> safe = hn::IfThenElse(finite, r, min);
     const hn::Vec<DU> low_index = hn::Add(iota, hn::Set(du, static_cast<uint32_t>(first + i)));
@@ -289,7 +232,7 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
         hn::Add(hn::Mul(hn::Sub(safe, min), inv_step), Draws(low_index, key));
     const hn::Vec<DF> clamped = hn::IfThenElse(hn::Lt(levels, scaled), levels, scaled);
     const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
-    const hn::Mask<DF> coded = kWhole ? finite : hn::And(valid, finite);
+    const hn::Mask<DF> coded = kWhole ? finite : hn::And(hn::FirstN(df, count), finite);
     const hn::Vec<DI> code =
         hn::IfThenElseZero(hn::RebindMask(di, coded), hn::ConvertTo(di, positive));
     hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, out);
@@ -300,18 +243,14 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
     uint32_t j = 0;
     if (wraps) {
       for (; j < whole; j += lanes) {
-        quantize.template operator()<true, true>(block + j, hn::FirstN(df, lanes), codes + j);
+        quantize.template operator()<true, true>(block + j, codes + j);
       }
     } else {
       for (; j < whole; j += lanes) {
-        quantize.template operator()<true, false>(block + j, hn::FirstN(df, lanes), codes + j);
+        quantize.template operator()<true, false>(block + j, codes + j);
       }
     }
-    for (; j < count; j += lanes) {
-      const uint32_t at = block + j;
-      quantize.template operator()<false, true>(at, hn::FirstN(df, at < n ? n - at : 0),
-                                                codes + j);
-    }
+    for (; j < count; j += lanes) quantize.template operator()<false, true>(block + j, codes + j);
     std::memset(codes + count, 0, PaddingOf(count));
     uint32_t* out = words + first_code_word + block * bits / 32;
     PackCodes(codes, count, bits, out);
@@ -320,8 +259,26 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
   }
 }
 
-void DequantizeGroupF32Vector(const uint32_t* code_words, uint32_t param_word, uint32_t n,
-                              uint32_t bits, const float* approx, float* out) {
+void QuantizeGroupVector(int kind, const void* x, const float* approx, uint32_t n,
+                         uint32_t padded, uint32_t bits, uint64_t seed, uint64_t first,
+                         uint32_t* words, uint64_t param_word, uint64_t first_code_word,
+                         QuantTotals* totals) {
+  switch (kind) {
+    case elements::kF16:
+      return QuantizeGroupKind<elements::kF16>(x, approx, n, padded, bits, seed, first, words,
+                                               param_word, first_code_word, totals);
+    case elements::kBF16:
+      return QuantizeGroupKind<elements::kBF16>(x, approx, n, padded, bits, seed, first, words,
+                                                param_word, first_code_word, totals);
+    default:
+      return QuantizeGroupKind<elements::kF32>(x, approx, n, padded, bits, seed, first, words,
+                                               param_word, first_code_word, totals);
+  }
+}
+
+template <int K>
+void DequantizeGroupKind(const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                         uint32_t bits, const float* approx, void* out) {
   const DF df;
   const DI di;
   const size_t lanes = hn::Lanes(df);
@@ -340,86 +297,34 @@ void DequantizeGroupF32Vector(const uint32_t* code_words, uint32_t param_word, u
       const uint32_t i = block + j;
       const hn::Vec<DF> code = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, codes + j)));
       hn::Vec<DF> v = hn::Add(hn::Mul(code, step), min);
-      const hn::Mask<DF> valid = hn::FirstN(df, n - i);
-      if (approx != nullptr) v = hn::Add(hn::MaskedLoad(valid, df, approx + i), v);
-      hn::BlendedStore(v, valid, df, out + i);
+      if (j + lanes <= count) {
+        if (approx != nullptr) v = hn::Add(hn::LoadU(df, approx + i), v);
+        StoreElements<K>(df, v, out, i);
+      } else {
+        if (approx != nullptr) v = hn::Add(LoadElementsN<elements::kF32>(df, approx, i, count - j), v);
+        StoreElementsN<K>(df, v, out, i, count - j);
+      }
     }
   }
 }
 
+void DequantizeGroupVector(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                           uint32_t bits, const float* approx, void* out) {
+  switch (kind) {
+    case elements::kF16:
+      return DequantizeGroupKind<elements::kF16>(code_words, param_word, n, bits, approx, out);
+    case elements::kBF16:
+      return DequantizeGroupKind<elements::kBF16>(code_words, param_word, n, bits, approx, out);
+    default:
+      return DequantizeGroupKind<elements::kF32>(code_words, param_word, n, bits, approx, out);
+  }
+}
 
 // ---- cast ----
 
 // Elements a cast, mask or pool block converts before it checksums the words it wrote (they
 // are still in the L1 cache).
 constexpr uint64_t kBlockElements = 2048;
-
-// portable::FloatToBf16 per lane (the result in the low 16 bits).
-HWY_INLINE hn::Vec<DU> FloatToBf16(hn::Vec<DU> u) {
-  const DU du;
-  const DI di;
-  const hn::Vec<DU> abs = hn::And(u, hn::Set(du, 0x7fffffffu));
-  const hn::Mask<DU> nan = hn::RebindMask(
-      du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7f800000)));
-  const hn::Vec<DU> rounded = hn::ShiftRight<16>(hn::Add(
-      u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)))));
-  return hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u)), rounded);
-}
-
-// portable::FloatToHalf per lane (the result in the low 16 bits), its branches as selects.
-HWY_INLINE hn::Vec<DU> FloatToHalf(hn::Vec<DU> u) {
-  const DU du;
-  const DI di;
-  const hn::Vec<DU> sign = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 0x8000u));
-  const hn::Vec<DU> abs = hn::And(u, hn::Set(du, 0x7fffffffu));
-  const hn::Vec<DI> abs_i = hn::BitCast(di, abs);  // abs < 2^31: signed comparisons hold
-  // Normal results: round the mantissa to 10 bits, to nearest even.
-  const hn::Vec<DU> rounded =
-      hn::Add(abs, hn::Add(hn::Set(du, 0xfffu), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 1u))));
-  hn::Vec<DU> h = hn::ShiftRight<13>(hn::Sub(rounded, hn::Set(du, 112u << 23)));
-  // Subnormal results: the full mantissa shifted by 126 - exponent (14..24), rounded to even.
-  const hn::Vec<DU> exponent = hn::ShiftRight<23>(abs);
-  const hn::Vec<DU> shift = hn::Min(hn::Sub(hn::Set(du, 126u), hn::Min(exponent, hn::Set(du, 112u))),
-                                    hn::Set(du, 24u));
-  const hn::Vec<DU> mantissa = hn::Or(hn::And(abs, hn::Set(du, 0x7fffffu)), hn::Set(du, 0x800000u));
-  const hn::Vec<DU> result = hn::Shr(mantissa, shift);
-  const hn::Vec<DU> remainder = hn::And(mantissa, hn::Sub(hn::Shl(hn::Set(du, 1u), shift), hn::Set(du, 1u)));
-  const hn::Vec<DU> halfway = hn::Shl(hn::Set(du, 1u), hn::Sub(shift, hn::Set(du, 1u)));
-  const hn::Vec<DI> rem_i = hn::BitCast(di, remainder), half_i = hn::BitCast(di, halfway);
-  const hn::Mask<DI> up = hn::Or(
-      hn::Gt(rem_i, half_i),
-      hn::And(hn::Eq(rem_i, half_i), hn::Eq(hn::And(hn::BitCast(di, result), hn::Set(di, 1)),
-                                            hn::Set(di, 1))));
-  const hn::Vec<DU> subnormal =
-      hn::Add(result, hn::BitCast(du, hn::IfThenElseZero(up, hn::Set(di, 1))));
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x38800000))), subnormal, h);
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x33000000))), hn::Zero(du), h);
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x477ff000 - 1))),
-                     hn::Set(du, 0x7c00u), h);
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x7f800000))),
-                     hn::Set(du, 0x7e00u), h);
-  return hn::Or(sign, h);
-}
-
-// portable::HalfToFloat per lane (the half in the low 16 bits). A subnormal half m * 2^-24
-// converts exactly through float arithmetic.
-HWY_INLINE hn::Vec<DF> HalfToFloat(hn::Vec<DU> h) {
-  const DF df;
-  const DI di;
-  const DU du;
-  const hn::Vec<DU> sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
-  const hn::Vec<DU> exponent = hn::And(hn::ShiftRight<10>(h), hn::Set(du, 0x1fu));
-  const hn::Vec<DU> mantissa = hn::And(h, hn::Set(du, 0x3ffu));
-  const hn::Vec<DU> normal =
-      hn::Or(hn::ShiftLeft<23>(hn::Add(exponent, hn::Set(du, 112u))), hn::ShiftLeft<13>(mantissa));
-  const hn::Vec<DU> special = hn::Or(hn::Set(du, 0x7f800000u), hn::ShiftLeft<13>(mantissa));
-  const hn::Vec<DU> subnormal = hn::BitCast(
-      du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, mantissa)), hn::Set(df, 1.0f / 16777216.0f)));
-  const hn::Vec<DU> bits = hn::IfThenElse(
-      hn::Eq(exponent, hn::Zero(du)), subnormal,
-      hn::IfThenElse(hn::Eq(exponent, hn::Set(du, 0x1fu)), special, normal));
-  return hn::BitCast(df, hn::Or(sign, bits));
-}
 
 void CastEncodeWordsVector(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
                            uint64_t end, uint32_t* words, CastTotals* totals) {
@@ -439,7 +344,7 @@ void CastEncodeWordsVector(const float* input, uint64_t numel, bool to_bf16, uin
       const hn::Mask<DF> valid = hn::FirstN(df, i < last ? last - i : 0);
       const hn::Vec<DF> v = hn::MaskedLoad(valid, df, input + i);
       const hn::Vec<DU> u = hn::BitCast(du, v);
-      const hn::Vec<DU> h = to_bf16 ? FloatToBf16(u) : FloatToHalf(u);
+      const hn::Vec<DU> h = to_bf16 ? FloatToBf16(du, u) : FloatToHalf(du, u);
       overflow += hn::CountTrue(
           df, hn::And(IsFiniteLanes(df, v),
                       hn::RebindMask(df, hn::Eq(hn::And(h, exponent_mask), exponent_mask))));
@@ -467,8 +372,12 @@ void CastDecodeElementsVector(const uint16_t* halves, bool from_bf16, uint64_t b
     const bool whole = i + lanes <= end;
     if (!whole) std::memcpy(tail, halves + i, 2 * (end - i));
     const hn::Vec<DU> h = hn::PromoteTo(du, hn::LoadU(d16, whole ? halves + i : tail));
-    const hn::Vec<DF> v = from_bf16 ? hn::BitCast(df, hn::ShiftLeft<16>(h)) : HalfToFloat(h);
-    hn::BlendedStore(v, hn::FirstN(df, end - i), df, out + i);
+    const hn::Vec<DF> v = from_bf16 ? hn::BitCast(df, hn::ShiftLeft<16>(h)) : HalfToFloat(du, h);
+    if (whole) {
+      hn::StoreU(v, df, out + i);
+    } else {
+      hn::BlendedStore(v, hn::FirstN(df, end - i), df, out + i);
+    }
   }
 }
 
@@ -519,8 +428,12 @@ void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value
     const uint64_t last = std::min(numel, 32 * block_end);
     for (uint64_t i = 32 * block; i < last; i += lanes) {
       const hn::Vec<DU> set = hn::PromoteTo(du, hn::LoadU(d8, bits + (i - 32 * block)));
-      hn::BlendedStore(hn::IfThenElseZero(hn::Ne(set, hn::Zero(du)), v), hn::FirstN(du, last - i),
-                       du, out + i);
+      const hn::Vec<DU> decoded = hn::IfThenElseZero(hn::Ne(set, hn::Zero(du)), v);
+      if (i + lanes <= last) {
+        hn::StoreU(decoded, du, out + i);
+      } else {
+        hn::BlendedStore(decoded, hn::FirstN(du, last - i), du, out + i);
+      }
     }
   }
 }
@@ -655,8 +568,8 @@ Target ActiveTarget() {
 bool Vectorized() { return ActiveTarget() != Target::kScalar; }
 
 HWY_EXPORT(ChecksumWordsVector);
-HWY_EXPORT(QuantizeGroupF32Vector);
-HWY_EXPORT(DequantizeGroupF32Vector);
+HWY_EXPORT(QuantizeGroupVector);
+HWY_EXPORT(DequantizeGroupVector);
 HWY_EXPORT(CastEncodeWordsVector);
 HWY_EXPORT(CastDecodeElementsVector);
 HWY_EXPORT(MaskEncodeWordsVector);
@@ -671,16 +584,16 @@ uint64_t ChecksumWords(const uint32_t* words, uint64_t count, uint64_t first_ind
   return sum;
 }
 
-void QuantizeGroupF32(const float* x, const float* approx, uint32_t n, uint32_t padded,
-                      uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                      uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(QuantizeGroupF32Vector)(x, approx, n, padded, bits, seed, first, words,
-                                               param_word, first_code_word, totals);
+void QuantizeGroup(int kind, const void* x, const float* approx, uint32_t n, uint32_t padded,
+                   uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
+                   uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(QuantizeGroupVector)(kind, x, approx, n, padded, bits, seed, first, words,
+                                            param_word, first_code_word, totals);
 }
 
-void DequantizeGroupF32(const uint32_t* code_words, uint32_t param_word, uint32_t n,
-                        uint32_t bits, const float* approx, float* out) {
-  HWY_DYNAMIC_DISPATCH(DequantizeGroupF32Vector)(code_words, param_word, n, bits, approx, out);
+void DequantizeGroup(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                     uint32_t bits, const float* approx, void* out) {
+  HWY_DYNAMIC_DISPATCH(DequantizeGroupVector)(kind, code_words, param_word, n, bits, approx, out);
 }
 
 void CastEncodeWords(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,

@@ -46,20 +46,21 @@ struct QuantTotals {
   uint64_t overflow_groups = 0;  // groups whose value (or residual) range overflows float
 };
 
-// One group of the quantizer `quant` and `division` share, in float32: values x[0 .. n) minus
-// approx[0 .. n) when approx is not null (division's residuals), quantized to `bits` bits with
-// the draws of flat elements first .. first + n under `seed`. Writes the group's parameter
-// word at words[param_word] and `padded` codes (a multiple of 32 / bits, >= n; codes past n
-// are 0) from words[first_code_word], and adds their checksum terms to *totals. The scalar
-// reference is quant.cc's EncodeGroups (division.cc's EncodeGroup).
-void QuantizeGroupF32(const float* x, const float* approx, uint32_t n, uint32_t padded,
-                      uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                      uint64_t param_word, uint64_t first_code_word, QuantTotals* totals);
+// One group of the quantizer `quant` and `division` share: values x[0 .. n) of element kind
+// `kind` (elements::Kind: float32, float16 or bfloat16, widened to float32) minus approx[0 .. n)
+// when approx is not null (division's residuals), quantized to `bits` bits with the draws of
+// flat elements first .. first + n under `seed`. Writes the group's parameter word at
+// words[param_word] and `padded` codes (a multiple of 32 / bits, >= n; codes past n are 0) from
+// words[first_code_word], and adds their checksum terms to *totals. The scalar reference is
+// quant.cc's EncodeGroups (division.cc's EncodeGroup).
+void QuantizeGroup(int kind, const void* x, const float* approx, uint32_t n, uint32_t padded,
+                   uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
+                   uint64_t param_word, uint64_t first_code_word, QuantTotals* totals);
 
 // The inverse: out[i] = approx[i] + Dequantize(code i) (no addition when approx is null),
-// i < n, from the group's parameter word and its code words.
-void DequantizeGroupF32(const uint32_t* code_words, uint32_t param_word, uint32_t n,
-                        uint32_t bits, const float* approx, float* out);
+// rounded to element kind `kind`, i < n, from the group's parameter word and its code words.
+void DequantizeGroup(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                     uint32_t bits, const float* approx, void* out);
 
 // ---- cast ----
 

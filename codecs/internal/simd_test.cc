@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codecs/codec.h"
+#include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
 #include "codecs/registry.h"
@@ -164,7 +165,7 @@ TEST(SimdTest, GroupQuantizerDrawsAcrossTheTwoToThe32Boundary) {
     if (target == Target::kScalar) return;  // the kernels are the vector targets
     std::vector<uint32_t> words(expected.size(), 0xdeadbeef);
     simd::QuantTotals totals;
-    simd::QuantizeGroupF32(x.data(), nullptr, n, padded, bits, seed, first, words.data(), 0, 1,
+    simd::QuantizeGroup(elements::kF32, x.data(), nullptr, n, padded, bits, seed, first, words.data(), 0, 1,
                            &totals);
     EXPECT_EQ(words, expected) << simd::TargetName(target);
     EXPECT_EQ(totals.checksum, simd::ChecksumWords(expected.data(), expected.size(), 0));
