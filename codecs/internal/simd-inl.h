@@ -105,9 +105,9 @@ HWY_INLINE hn::Vec<DU32> FloatToBf16(DU32 du, hn::Vec<DU32> u) {
   return hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u)), rounded);
 }
 
-// portable::FloatToHalf per lane (the result in the low 16 bits), its branches as selects.
+// portable::FloatToHalf per lane in integer arithmetic, its branches as selects.
 template <class DU32>
-HWY_INLINE hn::Vec<DU32> FloatToHalf(DU32 du, hn::Vec<DU32> u) {
+HWY_INLINE hn::Vec<DU32> FloatToHalfBits(DU32 du, hn::Vec<DU32> u) {
   const hn::RebindToSigned<DU32> di;
   using VI = hn::Vec<decltype(di)>;
   using VU = hn::Vec<DU32>;
@@ -139,6 +139,30 @@ HWY_INLINE hn::Vec<DU32> FloatToHalf(DU32 du, hn::Vec<DU32> u) {
   h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x7f800000))),
                      hn::Set(du, 0x7e00u), h);
   return hn::Or(sign, h);
+}
+
+// portable::FloatToHalf per lane (the result in the low 16 bits). x86's F16C conversion
+// (vcvtps2ph, round to nearest even from its immediate, not MXCSR) rounds every non-NaN value
+// as portable::FloatToHalf does, overflow to infinity and half subnormals included; it keeps a
+// NaN's top payload bits where the format stores the one quiet NaN 0x7e00, so NaN lanes are
+// replaced.
+template <class DU32>
+HWY_INLINE hn::Vec<DU32> FloatToHalf(DU32 du, hn::Vec<DU32> u) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+  const hn::RebindToFloat<DU32> df;
+  const hn::RebindToSigned<DU32> di;
+  const hn::Rebind<hwy::float16_t, DU32> dh;
+  const hn::Rebind<uint16_t, DU32> d16;
+  const hn::Vec<DU32> converted =
+      hn::PromoteTo(du, hn::BitCast(d16, hn::DemoteTo(dh, hn::BitCast(df, u))));
+  const hn::Mask<DU32> nan = hn::RebindMask(
+      du, hn::Gt(hn::BitCast(di, hn::And(u, hn::Set(du, 0x7fffffffu))), hn::Set(di, 0x7f800000)));
+  const hn::Vec<DU32> quiet_nan =
+      hn::Or(hn::And(hn::ShiftRight<16>(u), hn::Set(du, 0x8000u)), hn::Set(du, 0x7e00u));
+  return hn::IfThenElse(nan, quiet_nan, converted);
+#else
+  return FloatToHalfBits(du, u);
+#endif
 }
 
 // portable::HalfToFloat per lane (the half in the low 16 bits). A subnormal half m * 2^-24
