@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "codecs/internal/eb_math.h"
 
 namespace actpack::codecs::simd {
 
@@ -114,6 +115,33 @@ void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64
 
 // Whether the pool kernels take windows of this size.
 inline bool PoolWindowVectorized(uint32_t window) { return window >= 2 && window <= 4; }
+
+// ---- eb (simd_eb.cc) ----
+
+// Encodes blocks [first, last) of an eb tensor of element kind `kind` as eb.cc's EncodeBlock
+// does: writes block b's header word to headers[b - first], the blocks' data words one after
+// the other from `data` (room for (last - first) * kBlockValues words), and each outlier's slot
+// (b * kBlockValues + its position in the block) and raw bits to slots and raw (room for
+// (last - first) * kBlockValues each). Returns the data words; *outliers gets the outliers.
+uint64_t EbEncodeBlocks(int kind, const void* input, const eb_math::Layout& l,
+                        const eb_math::Quantizer& qz, uint64_t first, uint64_t last,
+                        uint32_t* headers, uint32_t* data, uint64_t* slots, uint32_t* raw,
+                        uint64_t* outliers);
+
+// Decodes blocks [first, last), whose headers (validated) are headers[0 .. last - first) and
+// whose data words start at `data`, as eb.cc's DecodeBlock does (outliers are not written).
+void EbDecodeBlocks(int kind, const uint32_t* headers, const uint32_t* data,
+                    const eb_math::Layout& l, float half_bin, uint64_t first, uint64_t last,
+                    void* output);
+
+struct EbRangeTotals {
+  float lo = __builtin_inff();
+  float hi = -__builtin_inff();
+  uint64_t finite = 0;
+};
+
+// Folds the finite values of elements [begin, end) into *totals (eb.cc's RangeOf).
+void EbRange(int kind, const void* input, uint64_t begin, uint64_t end, EbRangeTotals* totals);
 
 }  // namespace actpack::codecs::simd
 
