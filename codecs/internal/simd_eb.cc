@@ -171,6 +171,17 @@ HWY_INLINE VF Dequantize(VI k, VF half_bin) {
   return hn::BitCast(df, bits);
 }
 
+// Float to int32 by truncation for lanes known to be in range (Highway's ConvertTo also fixes
+// up lanes out of range, which costs four more instructions on x86).
+HWY_INLINE VI TruncateInRange(VF v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  static_assert(sizeof(v.raw) == 32, "8 lanes of 32 bits");
+  return VI{_mm256_cvttps_epi32(v.raw)};
+#else
+  return hn::ConvertTo(EI(), v);
+#endif
+}
+
 // The quantizer's constants as lanes.
 struct QuantizerLanes {
   VF bin, half_bin;
@@ -194,7 +205,7 @@ HWY_INLINE VI FirstPassCodes(VF x, const QuantizerLanes& q, hn::Mask<EI>* done) 
   const VI clamped_bits = hn::Min(bin, q.top);
   const VF clamped = hn::BitCast(df, clamped_bits);
   const VI one = hn::Set(di, 1);
-  VI m = hn::ConvertTo(di, clamped);
+  VI m = TruncateInRange(clamped);
   m = hn::Add(m, hn::IfThenElseZero(hn::Lt(hn::BitCast(di, hn::ConvertTo(df, m)), clamped_bits), one));
   m = hn::Max(m, one);
   const VF decoded = RoundToElement<K>(df, hn::Mul(hn::ConvertTo(df, hn::Sub(hn::Add(m, m), one)), q.half_bin));
@@ -282,84 +293,105 @@ uint32_t EncodeBlock(const void* input, const eb_math::Layout& l, const eb_math:
   uint8_t outlier_at[kValues];
   uint32_t missed = 0;
   VI lo = hn::Set(di, INT32_MAX), hi = hn::Set(di, INT32_MIN);
-  // The codes, into the grid below its border row and right of its border column.
-  for (uint32_t r = 0; r < t.rows; ++r) {
-    const uint64_t row = t.origin + r * l.cols;
-    int32_t* codes = grid + (r + 1) * stride + 1;
-    for (uint32_t c = 0; c < t.cols; c += lanes) {
-      const uint32_t n = std::min(lanes, t.cols - c);
-      const VF x = n == lanes ? LoadElements<K>(df, input, row + c)
-                              : LoadElementsN<K>(df, input, row + c, n);
-      hn::Mask<EI> done;
-      VI k = FirstPassCodes<K>(x, ql, &done);
-      const hn::Mask<EI> valid = hn::FirstN(di, n);
-      hn::StoreU(k, di, codes + c);
-      if (!hn::AllTrue(di, hn::Or(done, hn::Not(valid)))) {
-        hn::StoreU(hn::VecFromMask(di, done), di, done_lanes);
-        for (uint32_t j = 0; j < n; ++j) {
-          if (done_lanes[j] != 0) continue;
-          if (!eb_math::Quantize<K>(elements::Load<K>(input, row + c + j), qz, &codes[c + j])) {
-            outlier_at[missed++] = static_cast<uint8_t>(r * t.cols + c + j);
-          }
+  // The codes, into the grid below its border row and right of its border column. kWhole: all
+  // lanes are values of the row (else the first n).
+  const auto quantize = [&]<bool kWhole>(uint32_t r, uint32_t c, uint32_t n) {
+    const uint64_t at = t.origin + r * l.cols + c;
+    int32_t* codes = grid + (r + 1) * stride + 1 + c;
+    const VF x = kWhole ? LoadElements<K>(df, input, at) : LoadElementsN<K>(df, input, at, n);
+    hn::Mask<EI> done;
+    VI k = FirstPassCodes<K>(x, ql, &done);
+    hn::StoreU(k, di, codes);
+    if (!kWhole) done = hn::Or(done, hn::Not(hn::FirstN(di, n)));
+    if (HWY_UNLIKELY(!hn::AllTrue(di, done))) {
+      hn::StoreU(hn::VecFromMask(di, done), di, done_lanes);
+      for (uint32_t j = 0; j < n; ++j) {
+        if (done_lanes[j] != 0) continue;
+        if (!eb_math::Quantize<K>(elements::Load<K>(input, at + j), qz, &codes[j])) {
+          outlier_at[missed++] = static_cast<uint8_t>(r * t.cols + c + j);
         }
-        k = hn::LoadU(di, codes + c);
       }
+      k = hn::LoadU(di, codes);
+    }
+    if (kWhole) {
+      lo = hn::Min(lo, k);
+      hi = hn::Max(hi, k);
+    } else {
+      const hn::Mask<EI> valid = hn::FirstN(di, n);
       lo = hn::Min(lo, hn::IfThenElse(valid, k, hn::Set(di, INT32_MAX)));
       hi = hn::Max(hi, hn::IfThenElse(valid, k, hn::Set(di, INT32_MIN)));
     }
+  };
+  for (uint32_t r = 0; r < t.rows; ++r) {
+    uint32_t c = 0;
+    for (; c + lanes <= t.cols; c += lanes) quantize.template operator()<true>(r, c, lanes);
+    if (c < t.cols) quantize.template operator()<false>(r, c, t.cols - c);
   }
   // Codes outside the tile count as the anchor, its first code.
   const int32_t anchor = grid[stride + 1];
   for (uint32_t c = 0; c < stride; ++c) grid[c] = anchor;
   for (uint32_t r = 1; r <= t.rows; ++r) grid[r * stride] = anchor;
-  const int32_t mid =
-      eb_math::MidCode(hn::GetLane(hn::MinOfLanes(di, lo)), hn::GetLane(hn::MaxOfLanes(di, hi)));
-  // ZigZag residuals of the three predictors, and the OR of each.
+  const int32_t lo_code = hn::GetLane(hn::MinOfLanes(di, lo));
+  const int32_t hi_code = hn::GetLane(hn::MaxOfLanes(di, hi));
+  const int32_t mid = eb_math::MidCode(lo_code, hi_code);
+  // ZigZag residuals of the row and 2-D Lorenzo predictors, and the largest of each (its bit
+  // width is that of the OR eb.cc takes). The offset predictor's largest residual is that of
+  // the lowest or the highest code (ZigZag grows with |r|); its residuals are computed only if
+  // it is chosen.
   alignas(HWY_MAX_BYTES) uint32_t zz[3][kValues + kSpill];
-  VU or_offset = hn::Zero(du), or_row = hn::Zero(du), or_lorenzo = hn::Zero(du);
-  const VI mid_lanes = hn::Set(di, mid);
+  VU max_row = hn::Zero(du), max_lorenzo = hn::Zero(du);
   const hn::Mask<EI> first_lane = hn::FirstN(di, 1);
-  for (uint32_t r = 0; r < t.rows; ++r) {
-    const int32_t* here_row = grid + (r + 1) * stride + 1;
-    for (uint32_t c = 0; c < t.cols; c += lanes) {
-      const int32_t* at = here_row + c;
-      const VI here = hn::LoadU(di, at);
-      const VI left = hn::LoadU(di, at - 1);
-      const VI up = hn::LoadU(di, at - stride);
-      const VI up_left = hn::LoadU(di, at - stride - 1);
-      // Row prediction: the left neighbour, the one above in the first column.
-      const VI row_prediction = c == 0 ? hn::IfThenElse(first_lane, up, left) : left;
-      const VU z0 = ZigZag(hn::Sub(here, mid_lanes));
-      const VU z1 = ZigZag(hn::Sub(here, row_prediction));
-      const VU z2 = ZigZag(hn::Add(hn::Sub(hn::Sub(here, left), up), up_left));
-      const hn::Mask<EU> valid = hn::FirstN(du, std::min(lanes, t.cols - c));
-      or_offset = hn::Or(or_offset, hn::IfThenElseZero(valid, z0));
-      or_row = hn::Or(or_row, hn::IfThenElseZero(valid, z1));
-      or_lorenzo = hn::Or(or_lorenzo, hn::IfThenElseZero(valid, z2));
-      // Lanes past the row land where the next row's values go, which overwrite them.
-      const uint32_t i = r * t.cols + c;
-      hn::StoreU(z0, du, zz[0] + i);
-      hn::StoreU(z1, du, zz[1] + i);
-      hn::StoreU(z2, du, zz[2] + i);
+  const auto residuals = [&]<bool kWhole>(uint32_t r, uint32_t c, uint32_t n) {
+    const int32_t* at = grid + (r + 1) * stride + 1 + c;
+    const VI here = hn::LoadU(di, at);
+    const VI left = hn::LoadU(di, at - 1);
+    const VI up = hn::LoadU(di, at - stride);
+    const VI up_left = hn::LoadU(di, at - stride - 1);
+    // Row prediction: the left neighbour, the one above in the first column.
+    const VI row_prediction = c == 0 ? hn::IfThenElse(first_lane, up, left) : left;
+    VU z1 = ZigZag(hn::Sub(here, row_prediction));
+    VU z2 = ZigZag(hn::Add(hn::Sub(hn::Sub(here, left), up), up_left));
+    // Lanes past the row land where the next row's values go, which overwrite them.
+    const uint32_t i = r * t.cols + c;
+    hn::StoreU(z1, du, zz[1] + i);
+    hn::StoreU(z2, du, zz[2] + i);
+    if (!kWhole) {
+      const hn::Mask<EU> valid = hn::FirstN(du, n);
+      z1 = hn::IfThenElseZero(valid, z1);
+      z2 = hn::IfThenElseZero(valid, z2);
     }
-  }
-  const auto or_of = [&](VU v) {
-    // OR of the lanes, in 32-bit arithmetic.
-    alignas(HWY_MAX_BYTES) uint32_t lane_values[hn::MaxLanes(EU())];
-    hn::StoreU(v, du, lane_values);
-    uint32_t acc = 0;
-    for (uint32_t j = 0; j < lanes; ++j) acc |= lane_values[j];
-    return acc;
+    max_row = hn::Max(max_row, z1);
+    max_lorenzo = hn::Max(max_lorenzo, z2);
   };
-  const eb_math::BlockChoice choice =
-      eb_math::ChooseBlock(or_of(or_offset), or_of(or_row), or_of(or_lorenzo), mid, anchor,
-                           missed, t.count, kBytes);
+  for (uint32_t r = 0; r < t.rows; ++r) {
+    uint32_t c = 0;
+    for (; c + lanes <= t.cols; c += lanes) residuals.template operator()<true>(r, c, lanes);
+    if (c < t.cols) residuals.template operator()<false>(r, c, t.cols - c);
+  }
+  const auto zigzag_from_mid = [&](int32_t code) {
+    return eb_math::ZigZag(
+        static_cast<int32_t>(static_cast<uint32_t>(code) - static_cast<uint32_t>(mid)));
+  };
+  const uint32_t max_offset = std::max(zigzag_from_mid(lo_code), zigzag_from_mid(hi_code));
+  const eb_math::BlockChoice choice = eb_math::ChooseBlock(
+      max_offset, hn::GetLane(hn::MaxOfLanes(du, max_row)),
+      hn::GetLane(hn::MaxOfLanes(du, max_lorenzo)), mid, anchor, missed, t.count, kBytes);
   const uint32_t mode = eb_math::HeaderMode(choice.header);
   *data_words = choice.data_words;
   *outliers = choice.outliers;
   if (mode == eb_math::kVerbatim) {
     CopyVerbatim<K>(input, l, t, data);
     return choice.header;
+  }
+  if (mode == eb_math::kOffset) {
+    // Tile values are row after row in zz; the grid's rows are a border column apart.
+    const VI mid_lanes = hn::Set(di, mid);
+    for (uint32_t r = 0; r < t.rows; ++r) {
+      for (uint32_t c = 0; c < t.cols; c += lanes) {
+        const VI here = hn::LoadU(di, grid + (r + 1) * stride + 1 + c);
+        hn::StoreU(ZigZag(hn::Sub(here, mid_lanes)), du, zz[0] + r * t.cols + c);
+      }
+    }
   }
   kPack[eb_math::HeaderWidth(choice.header)](zz[mode - 1], t.count, data);
   for (uint32_t j = 0; j < missed; ++j) {
