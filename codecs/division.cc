@@ -149,7 +149,8 @@ Partial Sum(const std::vector<Partial>& partials) {
 
 // Per-thread buffers of one group.
 struct GroupScratch {
-  explicit GroupScratch(uint64_t n) : approx(n), residual(n), codes(n) {}
+  // simd::DivisionApproximations writes up to 8 values past a group.
+  explicit GroupScratch(uint64_t n) : approx(n + 8), residual(n), codes(n) {}
   std::vector<float> approx;
   std::vector<float> residual;
   std::vector<uint32_t> codes;
@@ -381,6 +382,17 @@ void PoolApproximations(const uint16_t* means, const Layout& l, uint64_t p, uint
   }
 }
 
+// PoolApproximations, by the vector kernel when the CPU has one (it writes up to 8 values past
+// approx[n - 1]).
+void Approximations(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0, uint64_t n,
+                    float* approx) {
+  if (simd::Vectorized()) {
+    simd::DivisionApproximations(means, l, p, j0, n, approx);
+  } else {
+    PoolApproximations(means, l, p, j0, n, approx);
+  }
+}
+
 // Groups per parallel chunk: about 64 Ki values.
 int64_t GroupGrain(const Layout& l) {
   return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.group_length)));
@@ -394,6 +406,14 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
   const int64_t band_values = static_cast<int64_t>(l.block_h * l.width * l.inner);
   internal::ParallelFor(bands, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, band_values)),
                         [&](int chunk, int64_t begin, int64_t end) {
+    if (simd::Vectorized()) {
+      std::vector<float> scratch(l.blocks_w * l.inner + l.width + 16);
+      for (int64_t b = begin; b < end; ++b) {
+        simd::DivisionPoolBand(elements::KindOf(dtype), input, l, b, scratch.data(), means,
+                               &partials[chunk].nonfinite_lfc);
+      }
+      return;
+    }
     switch (dtype) {
       case DType::kFloat16:
         PoolBands<elements::kF16>(input, l, means, begin, end, &partials[chunk]);
@@ -415,8 +435,8 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t p = g / l.groups_per_plane;
         const uint64_t q = g % l.groups_per_plane;
-        PoolApproximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
-                           s.approx.data());
+        Approximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
+                       s.approx.data());
         EncodeGroup<K, kBits>(input, l, p, q, s.approx.data(), words, s, &partials[chunk]);
       }
     });
@@ -428,13 +448,13 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
-    std::vector<float> approx(l.group_length);
+    std::vector<float> approx(l.group_length + 8);
     DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t p = g / l.groups_per_plane;
         const uint64_t q = g % l.groups_per_plane;
-        PoolApproximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
-                           approx.data());
+        Approximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
+                       approx.data());
         DecodeGroup<K, kBits>(words, l, p, q, approx.data(), output);
       }
     });

@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "codecs/internal/division_math.h"
 #include "codecs/internal/eb_math.h"
 
 namespace actpack::codecs::simd {
@@ -142,6 +143,20 @@ struct EbRangeTotals {
 
 // Folds the finite values of elements [begin, end) into *totals (eb.cc's RangeOf).
 void EbRange(int kind, const void* input, uint64_t begin, uint64_t end, EbRangeTotals* totals);
+
+// ---- division's pooled LFC (simd_division.cc) ----
+
+// Band `band` of the window means (division.cc's PoolBands for one band: plane band / blocks_h,
+// window row band % blocks_h) of a tensor of element kind `kind`: writes its blocks_w * inner
+// bfloat16 means to means[band * blocks_w * inner ...] and adds those that are not finite to
+// *nonfinite. `scratch` holds blocks_w * inner + width + 16 floats.
+void DivisionPoolBand(int kind, const void* input, const division_math::Layout& l, uint64_t band,
+                      float* scratch, uint16_t* means, uint64_t* nonfinite);
+
+// division.cc's PoolApproximations: the upsampled LFC of values [j0, j0 + n) of plane p. Writes
+// up to 8 floats past approx[n - 1].
+void DivisionApproximations(const uint16_t* means, const division_math::Layout& l, uint64_t p,
+                            uint64_t j0, uint64_t n, float* approx);
 
 }  // namespace actpack::codecs::simd
 

@@ -153,11 +153,12 @@ TEST(SimdTest, EveryCodecWritesTheReferenceBytesOnEveryTarget) {
       "quant1", "quant2", "quant4", "quant8", "quant:bits=2,group=64",
       "quant:bits=8,group=4096", "quant:bits=1,group=2048", "cast:fp16", "cast:bf16", "mask",
       "pool2", "pool3", "pool4", "pool:k=64", "division", "division:block=4,bits=4",
-      "division:bits=1", "division:bits=8", "eb:rel=1e-2", "eb:abs=0.01", "eb:rel=1e-4",
+      "division:bits=1", "division:bits=8", "division:block=2", "division:block=3",
+      "division:block=5", "division:block=16", "division:block=64", "eb:rel=1e-2", "eb:abs=0.01", "eb:rel=1e-4",
       "identity"};
   const std::vector<std::vector<int64_t>> shapes = {
       {}, {1}, {7}, {31}, {33}, {255}, {257}, {1000}, {4100}, {3, 37}, {5, 9, 17},
-      {2, 3, 16, 19}, {2, 4, 64, 64}, {3, 130, 40}, {70001}};
+      {2, 3, 16, 19}, {2, 4, 64, 64}, {1, 2, 24, 300}, {3, 130, 40}, {70001}};
   std::printf("compared %d encodes and decodes\n", CompareTargets(specs, shapes, kAllData));
 }
 
