@@ -169,10 +169,12 @@ void EncodeGroup(const void* input, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t first = p * l.plane + j0;  // the group's flat element index
   if (simd::Vectorized()) {
     simd::QuantTotals totals;
-    simd::QuantizeGroup(K, elements::Offset<K>(input, first), approx, n,
-                        division_math::CeilDiv(n, kPerWord) * kPerWord, kBits, l.seed, first,
-                        words, division_math::ParamWord(l, p * l.groups_per_plane + q),
-                        division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
+    simd::QuantizeGroups(K, elements::Offset<K>(input, first), approx, n,
+                         static_cast<uint32_t>(l.group_length),
+                         static_cast<uint32_t>(division_math::CeilDiv(n, kPerWord) * kPerWord),
+                         kBits, l.seed, first, words,
+                         division_math::ParamWord(l, p * l.groups_per_plane + q),
+                         division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
     partial->checksum += totals.checksum;
     partial->nonfinite += totals.nonfinite;
     partial->overflow_groups += totals.overflow_groups;
@@ -398,6 +400,38 @@ int64_t GroupGrain(const Layout& l) {
   return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.group_length)));
 }
 
+// Groups [begin, end) (over all planes) with the vector kernels: a call per plane's run of
+// groups, whose values, approximations and words are consecutive.
+void VectorEncodeGroups(const void* input, DType dtype, const Layout& l, const uint16_t* means,
+                        uint32_t* words, int64_t begin, int64_t end, Partial* partial) {
+  const int kind = elements::KindOf(dtype);
+  const uint64_t per_word = 32 / l.bits;
+  const size_t element_bytes = ElementSize(dtype);
+  std::vector<float> approx;
+  for (int64_t g = begin; g < end;) {
+    const uint64_t p = g / l.groups_per_plane;
+    const uint64_t q0 = g % l.groups_per_plane;
+    const uint64_t q1 = std::min<uint64_t>(l.groups_per_plane, q0 + (end - g));
+    const uint64_t j0 = q0 * l.group_length;
+    const uint64_t n = std::min<uint64_t>(q1 * l.group_length, l.plane) - j0;
+    const uint64_t last_values = division_math::GroupSize(l, q1 - 1);
+    if (approx.size() < n + 8) approx.resize(n + 8);
+    simd::DivisionApproximations(means, l, p, j0, n, approx.data());
+    const uint64_t first = p * l.plane + j0;
+    simd::QuantTotals totals;
+    simd::QuantizeGroups(kind, static_cast<const uint8_t*>(input) + element_bytes * first,
+                         approx.data(), n, static_cast<uint32_t>(l.group_length),
+                         static_cast<uint32_t>(division_math::CeilDiv(last_values, per_word) * per_word),
+                         l.bits, l.seed, first, words,
+                         division_math::ParamWord(l, p * l.groups_per_plane + q0),
+                         division_math::PlaneCodeWord(l, p) + j0 / per_word, &totals);
+    partial->checksum += totals.checksum;
+    partial->nonfinite += totals.nonfinite;
+    partial->overflow_groups += totals.overflow_groups;
+    g += q1 - q0;
+  }
+}
+
 Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* payload) {
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   uint16_t* means = reinterpret_cast<uint16_t*>(payload);  // little-endian: low half first
@@ -430,6 +464,10 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
     partials[chunk].checksum += simd::ChecksumWords(words + begin, end - begin, begin);
   });
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
+    if (simd::Vectorized()) {
+      VectorEncodeGroups(input, dtype, l, means, words, begin, end, &partials[chunk]);
+      return;
+    }
     GroupScratch s(l.group_length);
     DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t g = begin; g < end; ++g) {

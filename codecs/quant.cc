@@ -64,12 +64,11 @@ Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64
   constexpr uint32_t kLevels = (1u << kBits) - 1;
   Partial partial;
   if (simd::Vectorized()) {
-    for (uint64_t g = g_begin; g < g_end; ++g) {
-      const uint64_t first = g * l.group_size;
-      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.group_size, l.numel - first));
-      simd::QuantizeGroup(K, elements::Offset<K>(input, first), nullptr, n, l.group_size, kBits,
-                          l.seed, first, words, g, l.CodeWord(g, 0), &partial);
-    }
+    const uint64_t first = g_begin * l.group_size;
+    const uint64_t n = std::min<uint64_t>(g_end * l.group_size, l.numel) - first;
+    simd::QuantizeGroups(K, elements::Offset<K>(input, first), nullptr, n, l.group_size,
+                         l.group_size, kBits, l.seed, first, words, g_begin, l.CodeWord(g_begin, 0),
+                         &partial);
     return partial;
   }
   std::vector<float> values(l.group_size);

@@ -165,47 +165,99 @@ HWY_INLINE void CopyCodeWords(const uint32_t* src, uint32_t word_count, uint32_t
   }
 }
 
+// The range of one group's residuals and what quant.cc's EncodeGroups counts: the first pass
+// takes min and max of every lane and notes whether any input or residual is not finite; only
+// such a group (which the codec refuses, or whose residual range overflows) is gone over again
+// lane by lane as the reference does.
+struct GroupRange {
+  float lo, hi;
+  uint32_t nonfinite = 0;  // non-finite inputs
+  uint32_t overflow = 0;   // finite inputs whose residual is not finite
+  bool clean = true;       // every input and residual finite
+};
+
 template <int K>
-void QuantizeGroupKind(const void* x, const float* approx, uint32_t n, uint32_t padded,
-                       uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                       uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
+GroupRange RangeOfGroup(const void* x, const float* approx, uint32_t n) {
   const DF df;
   const DI di;
-  const DU du;
   const uint32_t lanes = static_cast<uint32_t>(hn::Lanes(df));
-  // The group's range, as quant.cc's EncodeGroups: over the finite residuals; counts of
-  // non-finite inputs and of finite inputs whose residual is not finite.
+  GroupRange g;
   hn::Vec<DF> lo = hn::Set(df, portable::BitsToFloat(0x7f800000u));
   hn::Vec<DF> hi = hn::Neg(lo);
-  hn::Vec<DI> nonfinite = hn::Zero(di), overflow = hn::Zero(di);
-  const hn::Vec<DI> one = hn::Set(di, 1);
-  const auto range = [&]<bool kWhole>(uint32_t i) {
+  hn::Mask<DF> bad = hn::FirstN(df, 0);
+  const auto fast = [&]<bool kWhole>(uint32_t i) {
     const uint32_t count = kWhole ? lanes : n - i;
     const hn::Vec<DF> v = LoadLanes<K, kWhole>(x, i, count);
     const hn::Vec<DF> r =
         approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, kWhole>(approx, i, count));
-    const hn::Mask<DF> x_finite = IsFiniteLanes(df, v);  // true past n (0 was loaded)
-    const hn::Mask<DF> r_finite = IsFiniteLanes(df, r);
-    nonfinite = hn::Add(nonfinite, hn::IfThenZeroElse(hn::RebindMask(di, x_finite), one));
-    overflow = hn::Add(overflow, hn::IfThenZeroElse(hn::RebindMask(di, hn::Or(r_finite, hn::Not(x_finite))), one));
-    const hn::Mask<DF> counted = kWhole ? r_finite : hn::And(hn::FirstN(df, count), r_finite);
-    lo = hn::IfThenElse(counted, hn::Min(lo, r), lo);
-    hi = hn::IfThenElse(counted, hn::Max(hi, r), hi);
+    // Lanes past n hold 0, which is finite; min and max count only lanes in the group.
+    bad = hn::Or(bad, hn::Not(hn::And(IsFiniteLanes(df, v), IsFiniteLanes(df, r))));
+    if (kWhole) {
+      lo = hn::Min(lo, r);
+      hi = hn::Max(hi, r);
+    } else {
+      const hn::Mask<DF> valid = hn::FirstN(df, count);
+      lo = hn::IfThenElse(valid, hn::Min(lo, r), lo);
+      hi = hn::IfThenElse(valid, hn::Max(hi, r), hi);
+    }
   };
   uint32_t i = 0;
-  for (; i + lanes <= n; i += lanes) range.template operator()<true>(i);
-  if (i < n) range.template operator()<false>(i);
-  const quant_math::GroupParams p = quant_math::MakeGroupParams(
-      hn::GetLane(hn::MinOfLanes(df, lo)), hn::GetLane(hn::MaxOfLanes(df, hi)),
-      static_cast<int>(bits));
-  totals->nonfinite += hn::GetLane(hn::SumOfLanes(di, nonfinite));
-  if (!p.ok || hn::GetLane(hn::SumOfLanes(di, overflow)) > 0) ++totals->overflow_groups;
-  words[param_word] = p.packed;
-  totals->checksum += portable::ChecksumTerm(p.packed, param_word);
+  for (; i + lanes <= n; i += lanes) fast.template operator()<true>(i);
+  if (i < n) fast.template operator()<false>(i);
+  if (HWY_UNLIKELY(!hn::AllFalse(df, bad))) {
+    // As the reference: the range over the finite residuals, and the counts.
+    g.clean = false;
+    lo = hn::Set(df, portable::BitsToFloat(0x7f800000u));
+    hi = hn::Neg(lo);
+    hn::Vec<DI> nonfinite = hn::Zero(di), overflow = hn::Zero(di);
+    const hn::Vec<DI> one = hn::Set(di, 1);
+    for (i = 0; i < n; i += lanes) {
+      const uint32_t count = std::min(lanes, n - i);
+      const hn::Vec<DF> v = LoadLanes<K, false>(x, i, count);
+      const hn::Vec<DF> r =
+          approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, false>(approx, i, count));
+      const hn::Mask<DF> x_finite = IsFiniteLanes(df, v);  // true past n (0 was loaded)
+      const hn::Mask<DF> r_finite = IsFiniteLanes(df, r);
+      nonfinite = hn::Add(nonfinite, hn::IfThenZeroElse(hn::RebindMask(di, x_finite), one));
+      overflow = hn::Add(overflow, hn::IfThenZeroElse(
+                                       hn::RebindMask(di, hn::Or(r_finite, hn::Not(x_finite))), one));
+      const hn::Mask<DF> counted = hn::And(hn::FirstN(df, count), r_finite);
+      lo = hn::IfThenElse(counted, hn::Min(lo, r), lo);
+      hi = hn::IfThenElse(counted, hn::Max(hi, r), hi);
+    }
+    g.nonfinite = static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, nonfinite)));
+    g.overflow = static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, overflow)));
+  }
+  g.lo = hn::GetLane(hn::MinOfLanes(df, lo));
+  g.hi = hn::GetLane(hn::MaxOfLanes(df, hi));
+  return g;
+}
 
-  // Codes: quant_math::Quantize per lane, with its comparisons spelled out so that NaN and
-  // rounding go exactly as there. floor(min(scaled, levels)) clamped at 0 is, for every float
-  // (NaN included), the truncation of scaled when 0 < min(scaled, levels), else 0.
+// Float to int32 by truncation for lanes known to be in range (Highway's ConvertTo also fixes
+// up lanes out of range, which costs four more instructions on x86).
+HWY_INLINE hn::Vec<DI> TruncateInRange(hn::Vec<DF> v) {
+#if HWY_TARGET == HWY_AVX2
+  return hn::Vec256<int32_t>{_mm256_cvttps_epi32(v.raw)};
+#elif HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2  // the AVX-512 targets: 512-bit vectors
+  return hn::Vec512<int32_t>{_mm512_cvttps_epi32(v.raw)};
+#else
+  return hn::ConvertTo(DI(), v);
+#endif
+}
+
+// Codes [0, padded) of one group (quant_math::Quantize per lane, with its comparisons spelled
+// out so that NaN and rounding go exactly as there), packed to `bits` bits from `out`.
+// floor(min(scaled, levels)) clamped at 0 is, for every float (NaN included), the truncation of
+// scaled when 0 < min(scaled, levels), else 0. A clean group (every residual finite) skips the
+// non-finite lanes' handling.
+template <int K>
+void QuantizeGroupCodes(const void* x, const float* approx, uint32_t n, uint32_t padded,
+                        uint32_t bits, uint64_t seed, uint64_t first,
+                        const quant_math::GroupParams& p, bool clean, uint32_t* out) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const uint32_t lanes = static_cast<uint32_t>(hn::Lanes(df));
   const hn::Vec<DF> min = hn::Set(df, p.min);
   const hn::Vec<DF> inv_step = hn::Set(df, p.inv_step);
   const hn::Vec<DF> levels = hn::Set(df, static_cast<float>((1u << bits) - 1));
@@ -219,60 +271,117 @@ void QuantizeGroupKind(const void* x, const float* approx, uint32_t n, uint32_t 
   const hn::Vec<DU> iota = hn::Iota(du, 0);
   const hn::Rebind<uint8_t, DU> d8;
   alignas(HWY_MAX_BYTES) uint8_t codes[kBlockCodes + kCodePadding];
-  const auto quantize = [&]<bool kWhole, bool kWraps>(uint32_t i, uint8_t* out) {
+  // kClean: every lane is a finite residual of the group (a whole vector of a clean group).
+  const auto quantize = [&]<bool kWhole, bool kWraps, bool kClean>(uint32_t i, uint8_t* dst) {
     const uint32_t count = kWhole ? lanes : (i < n ? n - i : 0);
     const hn::Vec<DF> v = LoadLanes<K, kWhole>(x, i, count);
     const hn::Vec<DF> r =
         approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, kWhole>(approx, i, count));
-    const hn::Mask<DF> finite = IsFiniteLanes(df, r);
-    const hn::Vec<DF> safe = hn::IfThenElse(finite, r, min);
+    const hn::Mask<DF> finite = kClean ? hn::FirstN(df, lanes) : IsFiniteLanes(df, r);
+    const hn::Vec<DF> safe = kClean ? r : hn::IfThenElse(finite, r, min);
     const hn::Vec<DU> low_index = hn::Add(iota, hn::Set(du, static_cast<uint32_t>(first + i)));
     const hn::Vec<DU> key = kWraps ? WrappedKeys(low_index, first_low, key0, key1) : key0;
     const hn::Vec<DF> scaled =
         hn::Add(hn::Mul(hn::Sub(safe, min), inv_step), Draws(low_index, key));
     const hn::Vec<DF> clamped = hn::IfThenElse(hn::Lt(levels, scaled), levels, scaled);
-    const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
-    const hn::Mask<DF> coded = kWhole ? finite : hn::And(hn::FirstN(df, count), finite);
-    const hn::Vec<DI> code =
-        hn::IfThenElseZero(hn::RebindMask(di, coded), hn::ConvertTo(di, positive));
-    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, out);
+    hn::Vec<DI> code;
+    if (kClean) {
+      // A finite residual of a group whose range is finite scales to a finite value >= +0.
+      code = TruncateInRange(clamped);
+    } else {
+      const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
+      const hn::Mask<DF> coded = kWhole ? finite : hn::And(hn::FirstN(df, count), finite);
+      code = hn::IfThenElseZero(hn::RebindMask(di, coded), hn::ConvertTo(di, positive));
+    }
+    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, dst);
   };
   for (uint32_t block = 0; block < padded; block += kBlockCodes) {
     const uint32_t count = std::min(kBlockCodes, padded - block);
     const uint32_t whole = n > block ? std::min(count, n - block) / lanes * lanes : 0;
     uint32_t j = 0;
-    if (wraps) {
+    if (clean && !wraps) {
       for (; j < whole; j += lanes) {
-        quantize.template operator()<true, true>(block + j, codes + j);
+        quantize.template operator()<true, false, true>(block + j, codes + j);
+      }
+    } else if (wraps) {
+      for (; j < whole; j += lanes) {
+        quantize.template operator()<true, true, false>(block + j, codes + j);
       }
     } else {
       for (; j < whole; j += lanes) {
-        quantize.template operator()<true, false>(block + j, codes + j);
+        quantize.template operator()<true, false, false>(block + j, codes + j);
       }
     }
-    for (; j < count; j += lanes) quantize.template operator()<false, true>(block + j, codes + j);
+    for (; j < count; j += lanes) {
+      quantize.template operator()<false, true, false>(block + j, codes + j);
+    }
     std::memset(codes + count, 0, PaddingOf(count));
-    uint32_t* out = words + first_code_word + block * bits / 32;
-    PackCodes(codes, count, bits, out);
-    totals->checksum += ChecksumWordsVector(out, count * bits / 32,
-                                            first_code_word + block * bits / 32);
+    PackCodes(codes, count, bits, out + block * bits / 32);
   }
 }
 
-void QuantizeGroupVector(int kind, const void* x, const float* approx, uint32_t n,
-                         uint32_t padded, uint32_t bits, uint64_t seed, uint64_t first,
-                         uint32_t* words, uint64_t param_word, uint64_t first_code_word,
-                         QuantTotals* totals) {
+// Groups in a batch: their ranges and parameters first, then their codes, so that the
+// parameters' divisions of one group overlap the work of the others.
+constexpr uint32_t kGroupBatch = 8;
+
+template <int K>
+void QuantizeGroupsKind(const void* x, const float* approx, uint64_t n, uint32_t length,
+                        uint32_t padded_last, uint32_t bits, uint64_t seed, uint64_t first,
+                        uint32_t* words, uint64_t first_param_word, uint64_t first_code_word,
+                        QuantTotals* totals) {
+  const uint64_t groups = (n + length - 1) / length;
+  const uint32_t group_words = length * bits / 32;
+  constexpr size_t kBytes = K == elements::kF32 ? 4 : 2;
+  const uint8_t* bytes = static_cast<const uint8_t*>(x);
+  for (uint64_t g0 = 0; g0 < groups; g0 += kGroupBatch) {
+    const uint64_t g1 = std::min<uint64_t>(groups, g0 + kGroupBatch);
+    quant_math::GroupParams params[kGroupBatch];
+    bool clean[kGroupBatch];
+    for (uint64_t g = g0; g < g1; ++g) {
+      const uint64_t at = g * length;
+      const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(length, n - at));
+      const GroupRange range = RangeOfGroup<K>(bytes + kBytes * at,
+                                               approx == nullptr ? nullptr : approx + at, count);
+      const quant_math::GroupParams p =
+          quant_math::MakeGroupParams(range.lo, range.hi, static_cast<int>(bits));
+      totals->nonfinite += range.nonfinite;
+      if (!p.ok || range.overflow > 0) ++totals->overflow_groups;
+      words[first_param_word + g] = p.packed;
+      params[g - g0] = p;
+      clean[g - g0] = range.clean && p.ok;
+    }
+    for (uint64_t g = g0; g < g1; ++g) {
+      const uint64_t at = g * length;
+      const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(length, n - at));
+      QuantizeGroupCodes<K>(bytes + kBytes * at, approx == nullptr ? nullptr : approx + at, count,
+                            g + 1 == groups ? padded_last : length, bits, seed, first + at,
+                            params[g - g0], clean[g - g0], words + first_code_word + g * group_words);
+    }
+  }
+  // The checksum terms of the run's words, while they are still in the cache.
+  totals->checksum += ChecksumWordsVector(words + first_param_word, groups, first_param_word);
+  const uint64_t code_words = (groups - 1) * group_words + padded_last * bits / 32;
+  totals->checksum += ChecksumWordsVector(words + first_code_word, code_words, first_code_word);
+}
+
+void QuantizeGroupsVector(int kind, const void* x, const float* approx, uint64_t n,
+                          uint32_t length, uint32_t padded_last, uint32_t bits, uint64_t seed,
+                          uint64_t first, uint32_t* words, uint64_t first_param_word,
+                          uint64_t first_code_word, QuantTotals* totals) {
+  if (n == 0) return;
   switch (kind) {
     case elements::kF16:
-      return QuantizeGroupKind<elements::kF16>(x, approx, n, padded, bits, seed, first, words,
-                                               param_word, first_code_word, totals);
+      return QuantizeGroupsKind<elements::kF16>(x, approx, n, length, padded_last, bits, seed,
+                                                first, words, first_param_word, first_code_word,
+                                                totals);
     case elements::kBF16:
-      return QuantizeGroupKind<elements::kBF16>(x, approx, n, padded, bits, seed, first, words,
-                                                param_word, first_code_word, totals);
+      return QuantizeGroupsKind<elements::kBF16>(x, approx, n, length, padded_last, bits, seed,
+                                                 first, words, first_param_word,
+                                                 first_code_word, totals);
     default:
-      return QuantizeGroupKind<elements::kF32>(x, approx, n, padded, bits, seed, first, words,
-                                               param_word, first_code_word, totals);
+      return QuantizeGroupsKind<elements::kF32>(x, approx, n, length, padded_last, bits, seed,
+                                                first, words, first_param_word, first_code_word,
+                                                totals);
   }
 }
 
@@ -568,7 +677,7 @@ Target ActiveTarget() {
 bool Vectorized() { return ActiveTarget() != Target::kScalar; }
 
 HWY_EXPORT(ChecksumWordsVector);
-HWY_EXPORT(QuantizeGroupVector);
+HWY_EXPORT(QuantizeGroupsVector);
 HWY_EXPORT(DequantizeGroupVector);
 HWY_EXPORT(CastEncodeWordsVector);
 HWY_EXPORT(CastDecodeElementsVector);
@@ -584,11 +693,13 @@ uint64_t ChecksumWords(const uint32_t* words, uint64_t count, uint64_t first_ind
   return sum;
 }
 
-void QuantizeGroup(int kind, const void* x, const float* approx, uint32_t n, uint32_t padded,
-                   uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                   uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(QuantizeGroupVector)(kind, x, approx, n, padded, bits, seed, first, words,
-                                            param_word, first_code_word, totals);
+void QuantizeGroups(int kind, const void* x, const float* approx, uint64_t n, uint32_t length,
+                    uint32_t padded_last, uint32_t bits, uint64_t seed, uint64_t first,
+                    uint32_t* words, uint64_t first_param_word, uint64_t first_code_word,
+                    QuantTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(QuantizeGroupsVector)(kind, x, approx, n, length, padded_last, bits, seed,
+                                             first, words, first_param_word, first_code_word,
+                                             totals);
 }
 
 void DequantizeGroup(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,

@@ -48,16 +48,19 @@ struct QuantTotals {
   uint64_t overflow_groups = 0;  // groups whose value (or residual) range overflows float
 };
 
-// One group of the quantizer `quant` and `division` share: values x[0 .. n) of element kind
-// `kind` (elements::Kind: float32, float16 or bfloat16, widened to float32) minus approx[0 .. n)
-// when approx is not null (division's residuals), quantized to `bits` bits with the draws of
-// flat elements first .. first + n under `seed`. Writes the group's parameter word at
-// words[param_word] and `padded` codes (a multiple of 32 / bits, >= n; codes past n are 0) from
-// words[first_code_word], and adds their checksum terms to *totals. The scalar reference is
-// quant.cc's EncodeGroups (division.cc's EncodeGroup).
-void QuantizeGroup(int kind, const void* x, const float* approx, uint32_t n, uint32_t padded,
-                   uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                   uint64_t param_word, uint64_t first_code_word, QuantTotals* totals);
+// Consecutive groups of the quantizer `quant` and `division` share: values x[0 .. n) of element
+// kind `kind` (elements::Kind: float32, float16 or bfloat16, widened to float32) minus
+// approx[0 .. n) when approx is not null (division's residuals), cut into groups of `length`
+// values (the last may be shorter), quantized to `bits` bits with the draws of flat elements
+// first .. first + n under `seed`. Writes group i's parameter word at
+// words[first_param_word + i] and its codes from words[first_code_word + i * length * bits /
+// 32]: `length` codes a group, `padded_last` (a multiple of 32 / bits, at least the last
+// group's values) for the last, codes past the values 0; adds the words' checksum terms to
+// *totals. The scalar reference is quant.cc's EncodeGroups (division.cc's EncodeGroup).
+void QuantizeGroups(int kind, const void* x, const float* approx, uint64_t n, uint32_t length,
+                    uint32_t padded_last, uint32_t bits, uint64_t seed, uint64_t first,
+                    uint32_t* words, uint64_t first_param_word, uint64_t first_code_word,
+                    QuantTotals* totals);
 
 // The inverse: out[i] = approx[i] + Dequantize(code i) (no addition when approx is null),
 // rounded to element kind `kind`, i < n, from the group's parameter word and its code words.

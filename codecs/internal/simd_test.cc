@@ -208,8 +208,8 @@ TEST(SimdTest, GroupQuantizerDrawsAcrossTheTwoToThe32Boundary) {
     if (target == Target::kScalar) return;  // the kernels are the vector targets
     std::vector<uint32_t> words(expected.size(), 0xdeadbeef);
     simd::QuantTotals totals;
-    simd::QuantizeGroup(elements::kF32, x.data(), nullptr, n, padded, bits, seed, first, words.data(), 0, 1,
-                           &totals);
+simd::QuantizeGroups(elements::kF32, x.data(), nullptr, n, padded, padded, bits, seed, first,
+                         words.data(), 0, 1, &totals);
     EXPECT_EQ(words, expected) << simd::TargetName(target);
     EXPECT_EQ(totals.checksum, simd::ChecksumWords(expected.data(), expected.size(), 0));
   });
