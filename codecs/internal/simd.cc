@@ -492,41 +492,94 @@ void CastDecodeElementsVector(const uint16_t* halves, bool from_bf16, uint64_t b
 
 // ---- mask ----
 
-void MaskEncodeWordsVector(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
-                           uint32_t* words, MaskTotals* totals) {
-  const DU du;
-  const hn::Rebind<uint8_t, DU> d8;
-  const size_t lanes = hn::Lanes(du);
-  hn::Vec<DU> max = hn::Zero(du);
-  hn::Vec<DU> min = hn::Set(du, 0xffffffffu);
+// Elements [i, i + count) of `input` (count <= Lanes(d); 0 past it) without reading past them.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadFirst(D d, const hn::TFromD<D>* input, size_t count) {
+  if (count == hn::Lanes(d)) return hn::LoadU(d, input);
+  alignas(HWY_MAX_BYTES) hn::TFromD<D> part[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)] = {};
+  std::memcpy(part, input, count * sizeof(hn::TFromD<D>));
+  return hn::Load(d, part);
+}
+
+// Stores the first count <= Lanes(d) lanes of v (a masked store is slow on some CPUs).
+template <class D>
+HWY_INLINE void StoreFirst(D d, hn::Vec<D> v, hn::TFromD<D>* out, size_t count) {
+  if (count == hn::Lanes(d)) return hn::StoreU(v, d, out);
+  alignas(HWY_MAX_BYTES) hn::TFromD<D> part[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
+  hn::Store(v, d, part);
+  std::memcpy(out, part, count * sizeof(hn::TFromD<D>));
+}
+
+// mask.cc's EncodeWords<sizeof(T)>: lanes of the element width.
+template <typename T>
+void MaskEncodeWordsKind(const T* input, uint64_t numel, uint64_t begin, uint64_t end,
+                         uint32_t* words, MaskTotals* totals) {
+  const hn::ScalableTag<T> d;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const T all_ones = static_cast<T>(~T{0});
+  auto max = hn::Zero(d);
+  auto min = hn::Set(d, all_ones);
   alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
   for (uint64_t block = begin; block < end; block += kBlockElements / 32) {
     const uint64_t block_end = std::min(end, block + kBlockElements / 32);
     const uint64_t last = std::min(numel, 32 * block_end);
     for (uint64_t i = 32 * block; i < 32 * block_end; i += lanes) {
-      const hn::Mask<DU> valid = hn::FirstN(du, i < last ? last - i : 0);
-      const hn::Vec<DU> v = hn::MaskedLoad(valid, du, input + i);
-      const hn::Mask<DU> set = hn::Ne(v, hn::Zero(du));
+      const auto v = LoadFirst(d, input + i, i < last ? std::min<uint64_t>(lanes, last - i) : 0);
+      const auto set = hn::Ne(v, hn::Zero(d));
       max = hn::Max(max, v);
-      min = hn::Min(min, hn::IfThenElse(set, v, hn::Set(du, 0xffffffffu)));
-      hn::StoreU(hn::TruncateTo(d8, hn::IfThenElseZero(set, hn::Set(du, 1u))), d8,
-                 bits + (i - 32 * block));
+      min = hn::Min(min, hn::IfThenElse(set, v, hn::Set(d, all_ones)));
+      const auto one = hn::IfThenElseZero(set, hn::Set(d, T{1}));
+      if constexpr (sizeof(T) == 1) {
+        hn::StoreU(one, d8, bits + (i - 32 * block));
+      } else {
+        hn::StoreU(hn::TruncateTo(d8, one), d8, bits + (i - 32 * block));
+      }
     }
     const uint32_t count = static_cast<uint32_t>(32 * (block_end - block));
     std::memset(bits + count, 0, PaddingOf(count));
     PackCodes(bits, count, 1, words + block);
     totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
   }
-  totals->max_bits = std::max(totals->max_bits, hn::GetLane(hn::MaxOfLanes(du, max)));
-  totals->min_bits = std::min(totals->min_bits, hn::GetLane(hn::MinOfLanes(du, min)));
+  // Zero-extended (mask.cc compares element bits as uint32).
+  // Lane by lane: this Highway has no 8-bit MinOfLanes / MaxOfLanes.
+  alignas(HWY_MAX_BYTES) T lane_max[HWY_MAX_BYTES / sizeof(T)];
+  alignas(HWY_MAX_BYTES) T lane_min[HWY_MAX_BYTES / sizeof(T)];
+  hn::Store(max, d, lane_max);
+  hn::Store(min, d, lane_min);
+  uint32_t max_bits = 0;
+  T min_lane = all_ones;
+  for (size_t j = 0; j < lanes; ++j) {
+    max_bits = std::max<uint32_t>(max_bits, lane_max[j]);
+    min_lane = std::min(min_lane, lane_min[j]);
+  }
+  const uint32_t min_bits = min_lane == all_ones && max_bits != all_ones ? 0xffffffffu : min_lane;
+  totals->max_bits = std::max(totals->max_bits, max_bits);
+  totals->min_bits = std::min(totals->min_bits, min_bits);
 }
 
-void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value,
-                           uint64_t begin_word, uint64_t end_word, uint32_t* out) {
-  const DU du;
-  const hn::Rebind<uint8_t, DU> d8;
-  const size_t lanes = hn::Lanes(du);
-  const hn::Vec<DU> v = hn::Set(du, value);
+void MaskEncodeWordsVector(int width, const void* input, uint64_t numel, uint64_t begin,
+                           uint64_t end, uint32_t* words, MaskTotals* totals) {
+  switch (width) {
+    case 1:
+      return MaskEncodeWordsKind(static_cast<const uint8_t*>(input), numel, begin, end, words,
+                                 totals);
+    case 2:
+      return MaskEncodeWordsKind(static_cast<const uint16_t*>(input), numel, begin, end, words,
+                                 totals);
+    default:
+      return MaskEncodeWordsKind(static_cast<const uint32_t*>(input), numel, begin, end, words,
+                                 totals);
+  }
+}
+
+template <typename T>
+void MaskDecodeWordsKind(const uint32_t* words, uint64_t numel, uint32_t value,
+                         uint64_t begin_word, uint64_t end_word, T* out) {
+  const hn::ScalableTag<T> d;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const auto v = hn::Set(d, static_cast<T>(value));
   alignas(HWY_MAX_BYTES) uint32_t block_words[kBlockElements / 32 + kCodePadding / 4];
   alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
   for (uint64_t block = begin_word; block < end_word; block += kBlockElements / 32) {
@@ -536,84 +589,161 @@ void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value
     UnpackCodes(block_words, count, 1, bits);
     const uint64_t last = std::min(numel, 32 * block_end);
     for (uint64_t i = 32 * block; i < last; i += lanes) {
-      const hn::Vec<DU> set = hn::PromoteTo(du, hn::LoadU(d8, bits + (i - 32 * block)));
-      const hn::Vec<DU> decoded = hn::IfThenElseZero(hn::Ne(set, hn::Zero(du)), v);
-      if (i + lanes <= last) {
-        hn::StoreU(decoded, du, out + i);
+      hn::Vec<decltype(d)> set;
+      if constexpr (sizeof(T) == 1) {
+        set = hn::LoadU(d8, bits + (i - 32 * block));
       } else {
-        hn::BlendedStore(decoded, hn::FirstN(du, last - i), du, out + i);
+        set = hn::PromoteTo(d, hn::LoadU(d8, bits + (i - 32 * block)));
       }
+      StoreFirst(d, hn::IfThenElseZero(hn::Ne(set, hn::Zero(d)), v), out + i,
+                 std::min<uint64_t>(lanes, last - i));
     }
+  }
+}
+
+void MaskDecodeWordsVector(int width, const uint32_t* words, uint64_t numel, uint32_t value,
+                           uint64_t begin_word, uint64_t end_word, void* out) {
+  switch (width) {
+    case 1:
+      return MaskDecodeWordsKind(words, numel, value, begin_word, end_word,
+                                 static_cast<uint8_t*>(out));
+    case 2:
+      return MaskDecodeWordsKind(words, numel, value, begin_word, end_word,
+                                 static_cast<uint16_t*>(out));
+    default:
+      return MaskDecodeWordsKind(words, numel, value, begin_word, end_word,
+                                 static_cast<uint32_t*>(out));
   }
 }
 
 // ---- pool ----
 
-// The window means of `lanes` consecutive windows at x, summed left to right from +0 and
-// divided by the window, as pool_math::WindowMean.
-HWY_INLINE hn::Vec<DF> WindowMeans(const float* x, uint32_t window) {
+// The window means of `lanes` consecutive windows at x (elements of kind K), summed left to
+// right from +0 and divided by the window, as pool_math::WindowMean.
+template <int K>
+HWY_INLINE hn::Vec<DF> WindowMeans(const void* x, uint32_t window) {
   const DF df;
-  hn::Vec<DF> v0, v1, v2, v3;
-  hn::Vec<DF> sum = hn::Zero(df);
-  if (window == 2) {
-    hn::LoadInterleaved2(df, x, v0, v1);
-    sum = hn::Add(hn::Add(sum, v0), v1);
-  } else if (window == 3) {
-    hn::LoadInterleaved3(df, x, v0, v1, v2);
-    sum = hn::Add(hn::Add(hn::Add(sum, v0), v1), v2);
+  hn::Vec<DF> v[4];
+  if constexpr (K == elements::kF32) {
+    const float* f = static_cast<const float*>(x);
+    if (window == 2) {
+      hn::LoadInterleaved2(df, f, v[0], v[1]);
+    } else if (window == 3) {
+      hn::LoadInterleaved3(df, f, v[0], v[1], v[2]);
+    } else {
+      hn::LoadInterleaved4(df, f, v[0], v[1], v[2], v[3]);
+    }
   } else {
-    hn::LoadInterleaved4(df, x, v0, v1, v2, v3);
-    sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, v0), v1), v2), v3);
+    const DU du;
+    const hn::Rebind<uint16_t, DF> d16;
+    const uint16_t* h = static_cast<const uint16_t*>(x);
+    hn::Vec<decltype(d16)> u[4];
+    if (window == 2) {
+      hn::LoadInterleaved2(d16, h, u[0], u[1]);
+    } else if (window == 3) {
+      hn::LoadInterleaved3(d16, h, u[0], u[1], u[2]);
+    } else {
+      hn::LoadInterleaved4(d16, h, u[0], u[1], u[2], u[3]);
+    }
+    for (uint32_t j = 0; j < window; ++j) v[j] = FromHalfBits<K>(du, hn::PromoteTo(du, u[j]));
   }
+  hn::Vec<DF> sum = hn::Zero(df);
+  for (uint32_t j = 0; j < window; ++j) sum = hn::Add(sum, v[j]);
   return hn::Div(sum, hn::Set(df, static_cast<float>(window)));
 }
 
-void PoolEncodeWordsVector(const float* input, uint32_t window, uint64_t begin, uint64_t end,
-                           uint32_t* words, PoolTotals* totals) {
+// pool_math::EncodeWord<K> for words [begin, end) of a payload whose windows tile the tensor:
+// one float32 mean a word, or two 16-bit means (low half first; a missing last one is 0).
+template <int K>
+void PoolEncodeWordsKind(const void* input, uint64_t means, uint32_t window, uint64_t begin,
+                         uint64_t end, uint32_t* words, PoolTotals* totals) {
+  constexpr uint64_t kPerWord = K == elements::kF32 ? 1 : 2;
+  constexpr size_t kBytes = K == elements::kF32 ? 4 : 2;
   const DF df;
+  const DU du;
   const size_t lanes = hn::Lanes(df);
-  alignas(HWY_MAX_BYTES) float tail[4 * (HWY_MAX_BYTES / 4)] = {};
-  alignas(HWY_MAX_BYTES) float means[(HWY_MAX_BYTES / 4)];
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  uint8_t* out = reinterpret_cast<uint8_t*>(words);
+  alignas(HWY_MAX_BYTES) uint8_t tail[4 * HWY_MAX_BYTES] = {};
+  alignas(HWY_MAX_BYTES) uint8_t tail_means[HWY_MAX_BYTES];
   uint64_t nonfinite = 0;
+  const hn::Vec<DU> exponent = hn::Set(du, K == elements::kF16 ? 0x7c00u : 0x7f80u);
   for (uint64_t block = begin; block < end; block += kBlockElements) {
     const uint64_t block_end = std::min(end, block + kBlockElements);
-    for (uint64_t m = block; m < block_end; m += lanes) {
-      float* dst = reinterpret_cast<float*>(words + m);
-      if (m + lanes <= block_end) {
-        const hn::Vec<DF> mean = WindowMeans(input + m * window, window);
-        nonfinite += hn::CountTrue(df, hn::Not(IsFiniteLanes(df, mean)));
-        hn::StoreU(mean, df, dst);
-        continue;
+    const uint64_t last = std::min(means, kPerWord * block_end);  // means [kPerWord * block, last)
+    for (uint64_t m = kPerWord * block; m < kPerWord * block_end; m += lanes) {
+      const size_t rest = m < last ? std::min<uint64_t>(lanes, last - m) : 0;
+      const void* x = in + kBytes * m * window;
+      if (rest < lanes) {
+        std::memcpy(tail, x, kBytes * rest * window);
+        std::memset(tail + kBytes * rest * window, 0, sizeof(tail) - kBytes * rest * window);
+        x = tail;
       }
-      const size_t rest = block_end - m;
-      std::memcpy(tail, input + m * window, sizeof(float) * rest * window);
-      const hn::Vec<DF> mean = WindowMeans(tail, window);
-      nonfinite += hn::CountTrue(df, hn::AndNot(IsFiniteLanes(df, mean), hn::FirstN(df, rest)));
-      hn::StoreU(mean, df, means);
-      std::memcpy(dst, means, sizeof(float) * rest);
+      const hn::Vec<DF> mean = WindowMeans<K>(x, window);
+      const hn::Mask<DF> valid = hn::FirstN(df, rest);
+      uint8_t* dst = rest < lanes ? tail_means : out + kBytes * m;
+      if constexpr (K == elements::kF32) {
+        nonfinite += hn::CountTrue(df, hn::AndNot(IsFiniteLanes(df, mean), valid));
+        hn::StoreU(mean, df, reinterpret_cast<float*>(dst));
+      } else {
+        const hn::Rebind<uint16_t, DF> d16;
+        const hn::Vec<DU> h = ToHalfBits<K>(df, mean);
+        nonfinite += hn::CountTrue(
+            df, hn::And(valid, hn::RebindMask(df, hn::Eq(hn::And(h, exponent), exponent))));
+        // Means past `last` are 0 and give 0: the zero high half the format asks for.
+        hn::StoreU(hn::TruncateTo(d16, h), d16, reinterpret_cast<uint16_t*>(dst));
+      }
+      if (rest < lanes) {
+        const uint64_t stop = std::min<uint64_t>(m + lanes, kPerWord * block_end);
+        std::memcpy(out + kBytes * m, tail_means, kBytes * (stop - m));
+      }
     }
     totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
   }
   totals->nonfinite += nonfinite;
 }
 
-void PoolDecodeMeansVector(const float* means, uint32_t window, uint64_t begin, uint64_t end,
-                           float* out) {
-  const DF df;
-  const size_t lanes = hn::Lanes(df);
-  alignas(HWY_MAX_BYTES) float tail[4 * (HWY_MAX_BYTES / 4)];
+void PoolEncodeWordsVector(int kind, const void* input, uint64_t means, uint32_t window,
+                           uint64_t begin, uint64_t end, uint32_t* words, PoolTotals* totals) {
+  switch (kind) {
+    case elements::kF16:
+      return PoolEncodeWordsKind<elements::kF16>(input, means, window, begin, end, words, totals);
+    case elements::kBF16:
+      return PoolEncodeWordsKind<elements::kBF16>(input, means, window, begin, end, words, totals);
+    default:
+      return PoolEncodeWordsKind<elements::kF32>(input, means, window, begin, end, words, totals);
+  }
+}
+
+// The inverse, a bit copy: out[m * window + j] = means[m] for m in [begin, end), j < window.
+template <typename T>
+void PoolDecodeMeansKind(const T* means, uint32_t window, uint64_t begin, uint64_t end, T* out) {
+  const hn::ScalableTag<T> d;
+  const size_t lanes = hn::Lanes(d);
+  alignas(HWY_MAX_BYTES) T tail[4 * HWY_MAX_BYTES / sizeof(T)];
   for (uint64_t m = begin; m < end; m += lanes) {
     const bool whole = m + lanes <= end;
-    const hn::Vec<DF> v = hn::MaskedLoad(hn::FirstN(df, end - m), df, means + m);
-    float* dst = whole ? out + m * window : tail;
+    const auto v = LoadFirst(d, means + m, whole ? lanes : end - m);
+    T* dst = whole ? out + m * window : tail;
     if (window == 2) {
-      hn::StoreInterleaved2(v, v, df, dst);
+      hn::StoreInterleaved2(v, v, d, dst);
     } else if (window == 3) {
-      hn::StoreInterleaved3(v, v, v, df, dst);
+      hn::StoreInterleaved3(v, v, v, d, dst);
     } else {
-      hn::StoreInterleaved4(v, v, v, v, df, dst);
+      hn::StoreInterleaved4(v, v, v, v, d, dst);
     }
-    if (!whole) std::memcpy(out + m * window, tail, sizeof(float) * (end - m) * window);
+    if (!whole) std::memcpy(out + m * window, tail, sizeof(T) * (end - m) * window);
+  }
+}
+
+void PoolDecodeMeansVector(int width, const void* means, uint32_t window, uint64_t begin,
+                           uint64_t end, void* out) {
+  if (width == 2) {
+    PoolDecodeMeansKind(static_cast<const uint16_t*>(means), window, begin, end,
+                        static_cast<uint16_t*>(out));
+  } else {
+    PoolDecodeMeansKind(static_cast<const uint32_t*>(means), window, begin, end,
+                        static_cast<uint32_t*>(out));
   }
 }
 
@@ -717,24 +847,26 @@ void CastDecodeElements(const uint16_t* halves, bool from_bf16, uint64_t begin, 
   HWY_DYNAMIC_DISPATCH(CastDecodeElementsVector)(halves, from_bf16, begin, end, out);
 }
 
-void MaskEncodeWords(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+void MaskEncodeWords(int width, const void* input, uint64_t numel, uint64_t begin, uint64_t end,
                      uint32_t* words, MaskTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(MaskEncodeWordsVector)(input, numel, begin, end, words, totals);
+  HWY_DYNAMIC_DISPATCH(MaskEncodeWordsVector)(width, input, numel, begin, end, words, totals);
 }
 
-void MaskDecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, uint64_t begin_word,
-                     uint64_t end_word, uint32_t* out) {
-  HWY_DYNAMIC_DISPATCH(MaskDecodeWordsVector)(words, numel, value, begin_word, end_word, out);
+void MaskDecodeWords(int width, const uint32_t* words, uint64_t numel, uint32_t value,
+                     uint64_t begin_word, uint64_t end_word, void* out) {
+  HWY_DYNAMIC_DISPATCH(MaskDecodeWordsVector)(width, words, numel, value, begin_word, end_word,
+                                              out);
 }
 
-void PoolEncodeWords(const float* input, uint32_t window, uint64_t begin, uint64_t end,
-                     uint32_t* words, PoolTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(PoolEncodeWordsVector)(input, window, begin, end, words, totals);
+void PoolEncodeWords(int kind, const void* input, uint64_t means, uint32_t window, uint64_t begin,
+                     uint64_t end, uint32_t* words, PoolTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(PoolEncodeWordsVector)(kind, input, means, window, begin, end, words,
+                                              totals);
 }
 
-void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64_t end,
-                     float* out) {
-  HWY_DYNAMIC_DISPATCH(PoolDecodeMeansVector)(means, window, begin, end, out);
+void PoolDecodeMeans(int width, const void* means, uint32_t window, uint64_t begin, uint64_t end,
+                     void* out) {
+  HWY_DYNAMIC_DISPATCH(PoolDecodeMeansVector)(width, means, window, begin, end, out);
 }
 
 }  // namespace actpack::codecs::simd

@@ -91,31 +91,33 @@ struct MaskTotals {
   uint32_t min_bits = 0xffffffffu;  // smallest nonzero element bits
 };
 
-// Payload words [begin, end) of `mask` for a tensor of `numel` 4-byte elements (mask.cc's
-// EncodeWords<4>).
-void MaskEncodeWords(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+// Payload words [begin, end) of `mask` for a tensor of `numel` elements of `width` bytes (1, 2
+// or 4; mask.cc's EncodeWords<width>).
+void MaskEncodeWords(int width, const void* input, uint64_t numel, uint64_t begin, uint64_t end,
                      uint32_t* words, MaskTotals* totals);
 
 // Elements [32 * begin_word, min(numel, 32 * end_word)) of a mask payload: `value` where the
-// bit is set, else 0 (mask.cc's DecodeElements<4>).
-void MaskDecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, uint64_t begin_word,
-                     uint64_t end_word, uint32_t* out);
+// bit is set, else 0 (mask.cc's DecodeElements<width>).
+void MaskDecodeWords(int width, const uint32_t* words, uint64_t numel, uint32_t value,
+                     uint64_t begin_word, uint64_t end_word, void* out);
 
-// ---- pool, float32 rows of whole windows of 2, 3 or 4 values ----
+// ---- pool: rows of whole windows of 2, 3 or 4 values ----
 
 struct PoolTotals {
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;  // means that are not finite
 };
 
-// Words [begin, end) of a float32 `pool` payload whose windows tile the flattened tensor: word
-// w is the mean of input[w * window, (w + 1) * window) (pool_math::EncodeWord<kF32>).
-void PoolEncodeWords(const float* input, uint32_t window, uint64_t begin, uint64_t end,
-                     uint32_t* words, PoolTotals* totals);
+// Words [begin, end) of a `pool` payload of `means` means whose windows tile the flattened
+// tensor of element kind `kind`: mean m is that of elements [m * window, (m + 1) * window),
+// one float32 a word or two 16-bit means a word (pool_math::EncodeWord<K>).
+void PoolEncodeWords(int kind, const void* input, uint64_t means, uint32_t window, uint64_t begin,
+                     uint64_t end, uint32_t* words, PoolTotals* totals);
 
-// The inverse: output[m * window + j] = means[m] for m in [begin, end), j < window.
-void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64_t end,
-                     float* out);
+// The inverse, a copy of `width`-byte (2 or 4) means: out[m * window + j] = means[m] for m in
+// [begin, end), j < window.
+void PoolDecodeMeans(int width, const void* means, uint32_t window, uint64_t begin, uint64_t end,
+                     void* out);
 
 // Whether the pool kernels take windows of this size.
 inline bool PoolWindowVectorized(uint32_t window) { return window >= 2 && window <= 4; }

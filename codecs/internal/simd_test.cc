@@ -173,6 +173,40 @@ TEST(SimdTest, LargeTensorsSplitAcrossTasks) {
   std::printf("compared %d encodes and decodes\n", CompareTargets(specs, shapes, kinds));
 }
 
+// `mask` of bool and uint8 tensors (the float dtypes are in the tests above).
+TEST(SimdTest, ByteMasksWriteTheReferenceBytesOnEveryTarget) {
+  const CodecParams params = *ParseCodecSpec("mask");
+  int compared = 0;
+  for (DType dtype : {DType::kBool, DType::kUInt8}) {
+    for (int64_t numel : {0, 1, 31, 33, 255, 4097, 70001}) {
+      for (int kind = 0; kind < 4; ++kind) {
+        std::vector<uint8_t> input(numel);
+        for (int64_t i = 0; i < numel; ++i) {
+          const bool set = portable::Hash32(static_cast<uint32_t>(i)) % 3 == 0;
+          switch (kind) {
+            case 0: input[i] = set ? 1 : 0; break;                   // a bool mask
+            case 1: input[i] = set ? 0xff : 0; break;                // the top byte value
+            case 2: input[i] = set ? (i % 2 ? 7 : 9) : 0; break;     // two values: refused
+            default: input[i] = 0; break;                            // all zero
+          }
+        }
+        simd::SetTargetForTest(Target::kScalar);
+        const Outcome reference = RunCodec(input, dtype, {numel}, params);
+        ForEachTarget([&](Target target) {
+          const Outcome got = RunCodec(input, dtype, {numel}, params);
+          const std::string where = absl::StrCat(DTypeName(dtype), " numel ", numel, " kind ",
+                                                 kind, " on ", simd::TargetName(target));
+          EXPECT_EQ(got.code, reference.code) << where;
+          EXPECT_EQ(got.encoded, reference.encoded) << where;
+          EXPECT_EQ(got.decoded, reference.decoded) << where;
+          ++compared;
+        });
+      }
+    }
+  }
+  std::printf("compared %d encodes and decodes\n", compared);
+}
+
 TEST(SimdTest, ChecksumWordsMatchesTheTermsAtAnyIndex) {
   std::vector<uint32_t> words(1000);
   for (size_t i = 0; i < words.size(); ++i) words[i] = portable::Hash32(static_cast<uint32_t>(i));
