@@ -335,52 +335,18 @@ void PoolBands(const void* input, const Layout& l, uint16_t* means, uint64_t beg
 // by counters: a division per value would cost more than the rest of decoding.
 void PoolApproximations(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0,
                         uint64_t n, float* approx) {
-  uint64_t c = j0 % l.inner;
-  uint64_t w = (j0 / l.inner) % l.width;
-  const uint64_t h = j0 / (l.inner * l.width);
-  uint64_t h_in_block = h % l.block_h;
-  uint64_t wb = w / l.block_w, w_in_block = w % l.block_w;
-  const uint64_t row_means = l.blocks_w * l.inner;
-  const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * row_means;
-  // Moves (h, w) one column or a run of columns on.
-  const auto advance_columns = [&](uint64_t columns) {
-    w += columns;
-    w_in_block += columns;
-    if (w_in_block == l.block_w) {
-      w_in_block = 0;
-      ++wb;
-    }
-    if (w == l.width) {
-      w = 0;
-      wb = 0;
-      w_in_block = 0;
-      if (++h_in_block == l.block_h) {
-        h_in_block = 0;
-        row += row_means;
-      }
-    }
-  };
-  uint64_t i = 0;
-  if (l.inner == 1) {
-    while (i < n) {
-      const uint64_t run = std::min({l.block_w - w_in_block, l.width - w, n - i});
-      const float value = portable::Bf16ToFloat(row[wb]);
+  division_math::MeanCursor at(means, l, p, j0);
+  for (uint64_t i = 0; i < n;) {
+    const uint64_t run = at.Run(n - i);
+    const uint16_t* m = at.Means();
+    if (l.inner == 1) {
+      const float value = portable::Bf16ToFloat(m[0]);
       for (uint64_t k = 0; k < run; ++k) approx[i + k] = value;
-      i += run;
-      advance_columns(run);
+    } else {
+      for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
     }
-    return;
-  }
-  while (i < n) {
-    const uint64_t run = std::min(l.inner - c, n - i);
-    const uint16_t* m = row + wb * l.inner + c;
-    for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
     i += run;
-    c += run;
-    if (c == l.inner) {
-      c = 0;
-      advance_columns(1);
-    }
+    at.Advance(run);
   }
 }
 

@@ -187,66 +187,30 @@ void DivisionPoolBandVector(int kind, const void* input, const division_math::La
 }
 
 // division.cc's PoolApproximations: the upsampled LFC of n values of plane p from value j0.
+// Whole vectors are stored: a run's lanes past its end are overwritten by the next run (approx
+// has room for a vector past n).
 void DivisionApproximationsVector(const uint16_t* means, const division_math::Layout& l,
                                   uint64_t p, uint64_t j0, uint64_t n, float* approx) {
   const PF df;
   const PU du;
   const hn::Rebind<uint16_t, PF> d16;
-  const uint64_t row_means = l.blocks_w * l.inner;
-  uint64_t i = 0;
-  if (l.inner == 1) {
-    // Runs of a window's columns in a row share a mean. Whole vectors are stored; a run's lanes
-    // past its end are overwritten by the next run (approx has room for a vector past n).
-    // Positions advance by counters, as in the reference: a division per run costs more than
-    // the run.
-    uint64_t w = j0 % l.width;
-    const uint64_t h = j0 / l.width;
-    uint64_t h_in_block = h % l.block_h;
-    uint64_t wb = w / l.block_w, w_in_block = w % l.block_w;
-    const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * row_means;
-    while (i < n) {
-      const uint64_t run = std::min(std::min(l.block_w - w_in_block, l.width - w), n - i);
-      const VF value = hn::Set(df, portable::Bf16ToFloat(row[wb]));
+  division_math::MeanCursor at(means, l, p, j0);
+  for (uint64_t i = 0; i < n;) {
+    const uint64_t run = at.Run(n - i);
+    const uint16_t* m = at.Means();
+    if (l.inner == 1) {
+      const VF value = hn::Set(df, portable::Bf16ToFloat(m[0]));
       for (uint64_t k = 0; k < run; k += 8) hn::StoreU(value, df, approx + i + k);
-      i += run;
-      w += run;
-      w_in_block += run;
-      if (w_in_block == l.block_w) {
-        w_in_block = 0;
-        ++wb;
+    } else {
+      uint64_t k = 0;
+      for (; k + 8 <= run; k += 8) {
+        hn::StoreU(FromHalfBits<elements::kBF16>(du, hn::PromoteTo(du, hn::LoadU(d16, m + k))),
+                   df, approx + i + k);
       }
-      if (w == l.width) {
-        w = 0;
-        wb = 0;
-        w_in_block = 0;
-        if (++h_in_block == l.block_h) {
-          h_in_block = 0;
-          row += row_means;
-        }
-      }
+      for (; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
     }
-    return;
-  }
-  // [P, H, 1, C]: each row of C values reads the C means of its window row.
-  uint64_t c = j0 % l.inner;
-  const uint64_t h = j0 / l.inner;  // width is 1
-  uint64_t h_in_block = h % l.block_h;
-  const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * row_means;
-  while (i < n) {
-    const uint16_t* m = row + c;
-    const uint64_t run = std::min(l.inner - c, n - i);
-    uint64_t k = 0;
-    for (; k + 8 <= run; k += 8) {
-      hn::StoreU(FromHalfBits<elements::kBF16>(du, hn::PromoteTo(du, hn::LoadU(d16, m + k))), df,
-                 approx + i + k);
-    }
-    for (; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
     i += run;
-    c = 0;
-    if (++h_in_block == l.block_h) {
-      h_in_block = 0;
-      row += row_means;
-    }
+    at.Advance(run);
   }
 }
 
