@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
@@ -28,6 +29,17 @@ using D64 = hn::ScalableTag<uint64_t>;
 using DF = hn::ScalableTag<float>;
 using DI = hn::RebindToSigned<DF>;
 using DU = hn::RebindToUnsigned<DF>;
+
+// Calls fn(std::integral_constant<int, K>()) for the element kind `kind` (elements::Kind) and
+// returns what it returns.
+template <typename Fn>
+HWY_INLINE auto WithKind(int kind, Fn&& fn) {
+  switch (kind) {
+    case elements::kF16: return fn(std::integral_constant<int, elements::kF16>());
+    case elements::kBF16: return fn(std::integral_constant<int, elements::kBF16>());
+    default: return fn(std::integral_constant<int, elements::kF32>());
+  }
+}
 
 // ---- the checksum ----
 

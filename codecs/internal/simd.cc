@@ -369,20 +369,10 @@ void QuantizeGroupsVector(int kind, const void* x, const float* approx, uint64_t
                           uint64_t first, uint32_t* words, uint64_t first_param_word,
                           uint64_t first_code_word, QuantTotals* totals) {
   if (n == 0) return;
-  switch (kind) {
-    case elements::kF16:
-      return QuantizeGroupsKind<elements::kF16>(x, approx, n, length, padded_last, bits, seed,
-                                                first, words, first_param_word, first_code_word,
-                                                totals);
-    case elements::kBF16:
-      return QuantizeGroupsKind<elements::kBF16>(x, approx, n, length, padded_last, bits, seed,
-                                                 first, words, first_param_word,
-                                                 first_code_word, totals);
-    default:
-      return QuantizeGroupsKind<elements::kF32>(x, approx, n, length, padded_last, bits, seed,
-                                                first, words, first_param_word, first_code_word,
-                                                totals);
-  }
+  return WithKind(kind, [&](auto k) {
+    QuantizeGroupsKind<decltype(k)::value>(x, approx, n, length, padded_last, bits, seed, first,
+                                           words, first_param_word, first_code_word, totals);
+  });
 }
 
 template <int K>
@@ -419,14 +409,9 @@ void DequantizeGroupKind(const uint32_t* code_words, uint32_t param_word, uint32
 
 void DequantizeGroupVector(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,
                            uint32_t bits, const float* approx, void* out) {
-  switch (kind) {
-    case elements::kF16:
-      return DequantizeGroupKind<elements::kF16>(code_words, param_word, n, bits, approx, out);
-    case elements::kBF16:
-      return DequantizeGroupKind<elements::kBF16>(code_words, param_word, n, bits, approx, out);
-    default:
-      return DequantizeGroupKind<elements::kF32>(code_words, param_word, n, bits, approx, out);
-  }
+  return WithKind(kind, [&](auto k) {
+    DequantizeGroupKind<decltype(k)::value>(code_words, param_word, n, bits, approx, out);
+  });
 }
 
 // ---- cast ----
@@ -705,14 +690,9 @@ void PoolEncodeWordsKind(const void* input, uint64_t means, uint32_t window, uin
 
 void PoolEncodeWordsVector(int kind, const void* input, uint64_t means, uint32_t window,
                            uint64_t begin, uint64_t end, uint32_t* words, PoolTotals* totals) {
-  switch (kind) {
-    case elements::kF16:
-      return PoolEncodeWordsKind<elements::kF16>(input, means, window, begin, end, words, totals);
-    case elements::kBF16:
-      return PoolEncodeWordsKind<elements::kBF16>(input, means, window, begin, end, words, totals);
-    default:
-      return PoolEncodeWordsKind<elements::kF32>(input, means, window, begin, end, words, totals);
-  }
+  return WithKind(kind, [&](auto k) {
+    PoolEncodeWordsKind<decltype(k)::value>(input, means, window, begin, end, words, totals);
+  });
 }
 
 // The inverse, a bit copy: out[m * window + j] = means[m] for m in [begin, end), j < window.

@@ -178,12 +178,9 @@ void PoolBand(const void* input, const division_math::Layout& l, uint64_t band, 
 
 void DivisionPoolBandVector(int kind, const void* input, const division_math::Layout& l,
                             uint64_t band, float* scratch, uint16_t* means, uint64_t* nonfinite) {
-  switch (kind) {
-    case elements::kF16: return PoolBand<elements::kF16>(input, l, band, scratch, means, nonfinite);
-    case elements::kBF16:
-      return PoolBand<elements::kBF16>(input, l, band, scratch, means, nonfinite);
-    default: return PoolBand<elements::kF32>(input, l, band, scratch, means, nonfinite);
-  }
+  return WithKind(kind, [&](auto k) {
+    PoolBand<decltype(k)::value>(input, l, band, scratch, means, nonfinite);
+  });
 }
 
 // division.cc's PoolApproximations: the upsampled LFC of n values of plane p from value j0.

@@ -430,17 +430,10 @@ uint64_t EbEncodeBlocksVector(int kind, const void* input, const eb_math::Layout
                               const eb_math::Quantizer& qz, uint64_t first, uint64_t last,
                               uint32_t* headers, uint32_t* data, uint64_t* slots, uint32_t* raw,
                               uint64_t* outliers) {
-  switch (kind) {
-    case elements::kF16:
-      return EncodeBlocks<elements::kF16>(input, l, qz, first, last, headers, data, slots, raw,
-                                          outliers);
-    case elements::kBF16:
-      return EncodeBlocks<elements::kBF16>(input, l, qz, first, last, headers, data, slots, raw,
-                                           outliers);
-    default:
-      return EncodeBlocks<elements::kF32>(input, l, qz, first, last, headers, data, slots, raw,
-                                          outliers);
-  }
+  return WithKind(kind, [&](auto k) {
+    return EncodeBlocks<decltype(k)::value>(input, l, qz, first, last, headers, data, slots, raw,
+                                            outliers);
+  });
 }
 
 // One (validated) block, as eb.cc's DecodeBlock<K>.
@@ -509,14 +502,9 @@ void DecodeBlocks(const uint32_t* headers, const uint32_t* data, const eb_math::
 void EbDecodeBlocksVector(int kind, const uint32_t* headers, const uint32_t* data,
                           const eb_math::Layout& l, float half_bin, uint64_t first, uint64_t last,
                           void* output) {
-  switch (kind) {
-    case elements::kF16:
-      return DecodeBlocks<elements::kF16>(headers, data, l, half_bin, first, last, output);
-    case elements::kBF16:
-      return DecodeBlocks<elements::kBF16>(headers, data, l, half_bin, first, last, output);
-    default:
-      return DecodeBlocks<elements::kF32>(headers, data, l, half_bin, first, last, output);
-  }
+  return WithKind(kind, [&](auto k) {
+    DecodeBlocks<decltype(k)::value>(headers, data, l, half_bin, first, last, output);
+  });
 }
 
 // ---- the relative bound's range ----
@@ -560,11 +548,7 @@ void Range(const void* input, uint64_t begin, uint64_t end, EbRangeTotals* total
 
 void EbRangeVector(int kind, const void* input, uint64_t begin, uint64_t end,
                    EbRangeTotals* totals) {
-  switch (kind) {
-    case elements::kF16: return Range<elements::kF16>(input, begin, end, totals);
-    case elements::kBF16: return Range<elements::kBF16>(input, begin, end, totals);
-    default: return Range<elements::kF32>(input, begin, end, totals);
-  }
+  return WithKind(kind, [&](auto k) { Range<decltype(k)::value>(input, begin, end, totals); });
 }
 
 #endif  // HWY_TARGET == HWY_SCALAR
