@@ -603,38 +603,44 @@ void MaskDecodeWordsVector(int width, const uint32_t* words, uint64_t numel, uin
 
 // ---- pool ----
 
-// The window means of `lanes` consecutive windows at x (elements of kind K), summed left to
-// right from +0 and divided by the window, as pool_math::WindowMean.
-template <int K>
-HWY_INLINE hn::Vec<DF> WindowMeans(const void* x, uint32_t window) {
+// The `window` (2, 3 or 4) interleaved vectors at x (elements of kind K) as float lanes.
+template <int K, size_t kWindow>
+HWY_INLINE void LoadWindows(const void* x, hn::Vec<DF>* v) {
   const DF df;
-  hn::Vec<DF> v[4];
   if constexpr (K == elements::kF32) {
     const float* f = static_cast<const float*>(x);
-    if (window == 2) {
-      hn::LoadInterleaved2(df, f, v[0], v[1]);
-    } else if (window == 3) {
-      hn::LoadInterleaved3(df, f, v[0], v[1], v[2]);
-    } else {
-      hn::LoadInterleaved4(df, f, v[0], v[1], v[2], v[3]);
-    }
+    if constexpr (kWindow == 2) hn::LoadInterleaved2(df, f, v[0], v[1]);
+    if constexpr (kWindow == 3) hn::LoadInterleaved3(df, f, v[0], v[1], v[2]);
+    if constexpr (kWindow == 4) hn::LoadInterleaved4(df, f, v[0], v[1], v[2], v[3]);
   } else {
     const DU du;
     const hn::Rebind<uint16_t, DF> d16;
     const uint16_t* h = static_cast<const uint16_t*>(x);
     hn::Vec<decltype(d16)> u[4];
-    if (window == 2) {
-      hn::LoadInterleaved2(d16, h, u[0], u[1]);
-    } else if (window == 3) {
-      hn::LoadInterleaved3(d16, h, u[0], u[1], u[2]);
-    } else {
-      hn::LoadInterleaved4(d16, h, u[0], u[1], u[2], u[3]);
-    }
-    for (uint32_t j = 0; j < window; ++j) v[j] = FromHalfBits<K>(du, hn::PromoteTo(du, u[j]));
+    if constexpr (kWindow == 2) hn::LoadInterleaved2(d16, h, u[0], u[1]);
+    if constexpr (kWindow == 3) hn::LoadInterleaved3(d16, h, u[0], u[1], u[2]);
+    if constexpr (kWindow == 4) hn::LoadInterleaved4(d16, h, u[0], u[1], u[2], u[3]);
+    for (size_t j = 0; j < kWindow; ++j) v[j] = FromHalfBits<K>(du, hn::PromoteTo(du, u[j]));
   }
+}
+
+// The window means of `lanes` consecutive windows at x (elements of kind K), summed left to
+// right from +0 and divided by the window, as pool_math::WindowMean.
+template <int K, size_t kWindow>
+HWY_INLINE hn::Vec<DF> WindowMeans(const void* x) {
+  const DF df;
+  hn::Vec<DF> v[kWindow];
+  LoadWindows<K, kWindow>(x, v);
   hn::Vec<DF> sum = hn::Zero(df);
-  for (uint32_t j = 0; j < window; ++j) sum = hn::Add(sum, v[j]);
-  return hn::Div(sum, hn::Set(df, static_cast<float>(window)));
+  for (size_t j = 0; j < kWindow; ++j) sum = hn::Add(sum, v[j]);
+  return hn::Div(sum, hn::Set(df, static_cast<float>(kWindow)));
+}
+
+template <int K>
+HWY_INLINE hn::Vec<DF> WindowMeans(const void* x, uint32_t window) {
+  if (window == 2) return WindowMeans<K, 2>(x);
+  if (window == 3) return WindowMeans<K, 3>(x);
+  return WindowMeans<K, 4>(x);
 }
 
 // pool_math::EncodeWord<K> for words [begin, end) of a payload whose windows tile the tensor:
