@@ -149,7 +149,8 @@ Partial Sum(const std::vector<Partial>& partials) {
 
 // Per-thread buffers of one group.
 struct GroupScratch {
-  explicit GroupScratch(uint64_t n) : approx(n), residual(n), codes(n) {}
+  // simd::DivisionApproximations writes up to 8 values past a group.
+  explicit GroupScratch(uint64_t n) : approx(n + 8), residual(n), codes(n) {}
   std::vector<float> approx;
   std::vector<float> residual;
   std::vector<uint32_t> codes;
@@ -166,12 +167,14 @@ void EncodeGroup(const void* input, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t j0 = q * l.group_length;
   const uint32_t n = static_cast<uint32_t>(division_math::GroupSize(l, q));
   const uint64_t first = p * l.plane + j0;  // the group's flat element index
-  if (K == elements::kF32 && simd::Vectorized()) {
+  if (simd::Vectorized()) {
     simd::QuantTotals totals;
-    simd::QuantizeGroupF32(static_cast<const float*>(input) + first, approx, n,
-                           division_math::CeilDiv(n, kPerWord) * kPerWord, kBits, l.seed, first,
-                           words, division_math::ParamWord(l, p * l.groups_per_plane + q),
-                           division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
+    simd::QuantizeGroups(K, elements::Offset<K>(input, first), approx, n,
+                         static_cast<uint32_t>(l.group_length),
+                         static_cast<uint32_t>(division_math::CeilDiv(n, kPerWord) * kPerWord),
+                         kBits, l.seed, first, words,
+                         division_math::ParamWord(l, p * l.groups_per_plane + q),
+                         division_math::PlaneCodeWord(l, p) + j0 / kPerWord, &totals);
     partial->checksum += totals.checksum;
     partial->nonfinite += totals.nonfinite;
     partial->overflow_groups += totals.overflow_groups;
@@ -235,9 +238,9 @@ void DecodeGroup(const uint32_t* words, const Layout& l, uint64_t p, uint64_t q,
   const uint64_t first = p * l.plane + j0;
   const uint32_t param_word = words[division_math::ParamWord(l, p * l.groups_per_plane + q)];
   const uint32_t* in = words + division_math::PlaneCodeWord(l, p) + j0 / kPerWord;
-  if (K == elements::kF32 && simd::Vectorized()) {
-    simd::DequantizeGroupF32(in, param_word, static_cast<uint32_t>(n), kBits, approx,
-                             static_cast<float*>(output) + first);
+  if (simd::Vectorized()) {
+    simd::DequantizeGroup(K, in, param_word, static_cast<uint32_t>(n), kBits, approx,
+                          elements::Offset<K>(output, first));
     return;
   }
   const quant_math::GroupParams gp = quant_math::UnpackGroupParams(param_word);
@@ -332,58 +335,67 @@ void PoolBands(const void* input, const Layout& l, uint16_t* means, uint64_t beg
 // by counters: a division per value would cost more than the rest of decoding.
 void PoolApproximations(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0,
                         uint64_t n, float* approx) {
-  uint64_t c = j0 % l.inner;
-  uint64_t w = (j0 / l.inner) % l.width;
-  const uint64_t h = j0 / (l.inner * l.width);
-  uint64_t h_in_block = h % l.block_h;
-  uint64_t wb = w / l.block_w, w_in_block = w % l.block_w;
-  const uint64_t row_means = l.blocks_w * l.inner;
-  const uint16_t* row = means + (p * l.blocks_h + h / l.block_h) * row_means;
-  // Moves (h, w) one column or a run of columns on.
-  const auto advance_columns = [&](uint64_t columns) {
-    w += columns;
-    w_in_block += columns;
-    if (w_in_block == l.block_w) {
-      w_in_block = 0;
-      ++wb;
-    }
-    if (w == l.width) {
-      w = 0;
-      wb = 0;
-      w_in_block = 0;
-      if (++h_in_block == l.block_h) {
-        h_in_block = 0;
-        row += row_means;
-      }
-    }
-  };
-  uint64_t i = 0;
-  if (l.inner == 1) {
-    while (i < n) {
-      const uint64_t run = std::min({l.block_w - w_in_block, l.width - w, n - i});
-      const float value = portable::Bf16ToFloat(row[wb]);
+  division_math::MeanCursor at(means, l, p, j0);
+  for (uint64_t i = 0; i < n;) {
+    const uint64_t run = at.Run(n - i);
+    const uint16_t* m = at.Means();
+    if (l.inner == 1) {
+      const float value = portable::Bf16ToFloat(m[0]);
       for (uint64_t k = 0; k < run; ++k) approx[i + k] = value;
-      i += run;
-      advance_columns(run);
+    } else {
+      for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
     }
-    return;
-  }
-  while (i < n) {
-    const uint64_t run = std::min(l.inner - c, n - i);
-    const uint16_t* m = row + wb * l.inner + c;
-    for (uint64_t k = 0; k < run; ++k) approx[i + k] = portable::Bf16ToFloat(m[k]);
     i += run;
-    c += run;
-    if (c == l.inner) {
-      c = 0;
-      advance_columns(1);
-    }
+    at.Advance(run);
+  }
+}
+
+// PoolApproximations, by the vector kernel when the CPU has one (it writes up to 8 values past
+// approx[n - 1]).
+void Approximations(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0, uint64_t n,
+                    float* approx) {
+  if (simd::Vectorized()) {
+    simd::DivisionApproximations(means, l, p, j0, n, approx);
+  } else {
+    PoolApproximations(means, l, p, j0, n, approx);
   }
 }
 
 // Groups per parallel chunk: about 64 Ki values.
 int64_t GroupGrain(const Layout& l) {
   return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.group_length)));
+}
+
+// Groups [begin, end) (over all planes) with the vector kernels: a call per plane's run of
+// groups, whose values, approximations and words are consecutive.
+void VectorEncodeGroups(const void* input, DType dtype, const Layout& l, const uint16_t* means,
+                        uint32_t* words, int64_t begin, int64_t end, Partial* partial) {
+  const int kind = elements::KindOf(dtype);
+  const uint64_t per_word = 32 / l.bits;
+  const size_t element_bytes = ElementSize(dtype);
+  std::vector<float> approx;
+  for (int64_t g = begin; g < end;) {
+    const uint64_t p = g / l.groups_per_plane;
+    const uint64_t q0 = g % l.groups_per_plane;
+    const uint64_t q1 = std::min<uint64_t>(l.groups_per_plane, q0 + (end - g));
+    const uint64_t j0 = q0 * l.group_length;
+    const uint64_t n = std::min<uint64_t>(q1 * l.group_length, l.plane) - j0;
+    const uint64_t last_values = division_math::GroupSize(l, q1 - 1);
+    if (approx.size() < n + 8) approx.resize(n + 8);
+    simd::DivisionApproximations(means, l, p, j0, n, approx.data());
+    const uint64_t first = p * l.plane + j0;
+    simd::QuantTotals totals;
+    simd::QuantizeGroups(kind, static_cast<const uint8_t*>(input) + element_bytes * first,
+                         approx.data(), n, static_cast<uint32_t>(l.group_length),
+                         static_cast<uint32_t>(division_math::CeilDiv(last_values, per_word) * per_word),
+                         l.bits, l.seed, first, words,
+                         division_math::ParamWord(l, p * l.groups_per_plane + q0),
+                         division_math::PlaneCodeWord(l, p) + j0 / per_word, &totals);
+    partial->checksum += totals.checksum;
+    partial->nonfinite += totals.nonfinite;
+    partial->overflow_groups += totals.overflow_groups;
+    g += q1 - q0;
+  }
 }
 
 Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* payload) {
@@ -394,6 +406,14 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
   const int64_t band_values = static_cast<int64_t>(l.block_h * l.width * l.inner);
   internal::ParallelFor(bands, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, band_values)),
                         [&](int chunk, int64_t begin, int64_t end) {
+    if (simd::Vectorized()) {
+      std::vector<float> scratch(l.blocks_w * l.inner + l.width + 16);
+      for (int64_t b = begin; b < end; ++b) {
+        simd::DivisionPoolBand(elements::KindOf(dtype), input, l, b, scratch.data(), means,
+                               &partials[chunk].nonfinite_lfc);
+      }
+      return;
+    }
     switch (dtype) {
       case DType::kFloat16:
         PoolBands<elements::kF16>(input, l, means, begin, end, &partials[chunk]);
@@ -410,13 +430,17 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
     partials[chunk].checksum += simd::ChecksumWords(words + begin, end - begin, begin);
   });
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
+    if (simd::Vectorized()) {
+      VectorEncodeGroups(input, dtype, l, means, words, begin, end, &partials[chunk]);
+      return;
+    }
     GroupScratch s(l.group_length);
     DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t p = g / l.groups_per_plane;
         const uint64_t q = g % l.groups_per_plane;
-        PoolApproximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
-                           s.approx.data());
+        Approximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
+                       s.approx.data());
         EncodeGroup<K, kBits>(input, l, p, q, s.approx.data(), words, s, &partials[chunk]);
       }
     });
@@ -428,13 +452,13 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
-    std::vector<float> approx(l.group_length);
+    std::vector<float> approx(l.group_length + 8);
     DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t p = g / l.groups_per_plane;
         const uint64_t q = g % l.groups_per_plane;
-        PoolApproximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
-                           approx.data());
+        Approximations(means, l, p, q * l.group_length, division_math::GroupSize(l, q),
+                       approx.data());
         DecodeGroup<K, kBits>(words, l, p, q, approx.data(), output);
       }
     });

@@ -17,6 +17,7 @@
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
+#include "codecs/internal/simd.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -166,6 +167,11 @@ struct TaskOutput {
   std::vector<uint32_t> data;
   std::vector<uint64_t> slots;
   std::vector<uint32_t> raw;
+  // The vector kernels write a task's data words into the payload itself, from where the task's
+  // blocks would start if every block before them were verbatim (the most they can take), and
+  // they are moved down into place once every task's size is known.
+  const uint32_t* in_place = nullptr;
+  uint64_t in_place_words = 0;
 };
 
 // Appends v[0 .. count) packed at `width` bits.
@@ -303,6 +309,40 @@ uint32_t EncodeBlock(const void* input, const Layout& l, const Quantizer& qz, ui
   return choice.header;
 }
 
+// Encodes chunks [begin, end) with the vector kernels: the block headers into `words`, the
+// data words in place (TaskOutput::in_place), each chunk's data word count into chunk_words,
+// the outliers into *out.
+void VectorEncodeChunks(const void* input, DType dtype, const Layout& l, const Quantizer& qz,
+                        int64_t begin, int64_t end, uint32_t* words, uint64_t* chunk_words,
+                        TaskOutput* out) {
+  constexpr size_t kChunkValues = size_t{eb_math::kBlocksPerChunk} * eb_math::kBlockValues;
+  const uint32_t element_bytes = static_cast<uint32_t>(ElementSize(dtype));
+  uint32_t* data = words + SectionsOf(l, 0, 0).data +
+                   eb_math::VerbatimWordsBefore(l, begin * eb_math::kBlocksPerChunk, element_bytes);
+  out->in_place = data;
+  uint64_t data_used = 0, outliers_used = 0;
+  for (int64_t c = begin; c < end; ++c) {
+    // Room for a chunk's every value as an outlier; grows geometrically (rarely past one chunk).
+    if (out->slots.size() < outliers_used + kChunkValues) {
+      const size_t size = std::max(2 * out->slots.size(), outliers_used + kChunkValues);
+      out->slots.resize(size);
+      out->raw.resize(size);
+    }
+    const uint64_t first = c * eb_math::kBlocksPerChunk;
+    const uint64_t last = std::min<uint64_t>(l.blocks, first + eb_math::kBlocksPerChunk);
+    uint64_t outliers = 0;
+    chunk_words[c] = simd::EbEncodeBlocks(elements::KindOf(dtype), input, l, qz, first, last,
+                                          words + first, data + data_used,
+                                          out->slots.data() + outliers_used,
+                                          out->raw.data() + outliers_used, &outliers);
+    data_used += chunk_words[c];
+    outliers_used += outliers;
+  }
+  out->in_place_words = data_used;
+  out->slots.resize(outliers_used);
+  out->raw.resize(outliers_used);
+}
+
 // Calls fn.template operator()<K>() for the dtype's element kind.
 template <typename Fn>
 void DispatchKind(DType dtype, Fn&& fn) {
@@ -335,6 +375,12 @@ Range RangeOf(const void* input, int64_t begin, int64_t end) {
 Range CpuRange(const void* input, DType dtype, uint64_t numel) {
   std::vector<Range> partials(internal::MaxParallelChunks());
   internal::ParallelFor(numel, 65536, [&](int chunk, int64_t begin, int64_t end) {
+    if (simd::Vectorized()) {
+      simd::EbRangeTotals totals;
+      simd::EbRange(elements::KindOf(dtype), input, begin, end, &totals);
+      partials[chunk] = Range{totals.lo, totals.hi, totals.finite};
+      return;
+    }
     DispatchKind(dtype, [&]<int K>() { partials[chunk] = RangeOf<K>(input, begin, end); });
   });
   Range total;
@@ -356,6 +402,10 @@ std::pair<uint64_t, uint64_t> CpuEncode(const void* input, DType dtype, const La
   internal::ParallelFor(l.chunks, kChunkGrain, [&](int task, int64_t begin, int64_t end) {
     first_chunk[task] = begin;
     TaskOutput* out = &outputs[task];
+    if (simd::Vectorized()) {
+      VectorEncodeChunks(input, dtype, l, qz, begin, end, words, chunk_words.data(), out);
+      return;
+    }
     DispatchKind(dtype, [&]<int K>() {
       for (int64_t c = begin; c < end; ++c) {
         const size_t before = out->data.size();
@@ -383,6 +433,13 @@ std::pair<uint64_t, uint64_t> CpuEncode(const void* input, DType dtype, const La
   }
   uint32_t* slots = words + s.slots;
   uint32_t* raw = words + s.raw;
+  // In task order: a task's data moves down to where its blocks start, below the data of every
+  // later task (those start at their worst case, past this task's worst case).
+  for (int t = 0; t < tasks; ++t) {
+    if (first_chunk[t] < 0 || outputs[t].in_place_words == 0) continue;
+    std::memmove(words + s.data + ReadU64(words + s.index, first_chunk[t]), outputs[t].in_place,
+                 4 * outputs[t].in_place_words);
+  }
   internal::ParallelFor(tasks, 1, [&](int, int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const TaskOutput& out = outputs[t];
@@ -644,6 +701,16 @@ class Eb final : public Codec {
     valid = ValidateOutliers(words, l, slots, raw, p.outliers, element_bytes);
     if (!valid.ok()) return valid;
     internal::ParallelFor(l.chunks, kChunkGrain, [&](int, int64_t begin, int64_t end) {
+      if (simd::Vectorized()) {
+        for (int64_t c = begin; c < end; ++c) {
+          const uint64_t first = c * eb_math::kBlocksPerChunk;
+          const uint64_t last = std::min<uint64_t>(l.blocks, first + eb_math::kBlocksPerChunk);
+          simd::EbDecodeBlocks(elements::KindOf(header.dtype), words + first,
+                               words + s.data + ReadU64(words + s.index, c), l, p.half_bin, first,
+                               last, output.data);
+        }
+        return;
+      }
       DispatchKind(header.dtype, [&]<int K>() {
         for (int64_t c = begin; c < end; ++c) {
           const uint32_t* data = words + s.data + ReadU64(words + s.index, c);

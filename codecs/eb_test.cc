@@ -427,6 +427,25 @@ TEST(EbMathTest, ZigZagAndHeaders) {
   EXPECT_FALSE(eb_math::ValidHeader(eb_math::HeaderWord(eb_math::kOffset, 3, (1u << 24) + 1)));
 }
 
+TEST(EbMathTest, VerbatimWordsBeforeIsTheSumOfTheBlocksVerbatimSizes) {
+  // (dims, planes, rows, cols): runs of 128 with a short last one, tiles with short last rows
+  // and columns (odd counts for 16-bit elements), whole tiles.
+  const uint64_t layouts[][4] = {{1, 1, 1, 1000}, {1, 1, 1, 256}, {2, 3, 13, 37}, {2, 2, 8, 16},
+                                 {2, 1, 21, 19},  {2, 4, 9, 33},  {2, 1, 64, 64}};
+  for (const auto& d : layouts) {
+    const eb_math::Layout l = eb_math::MakeLayout(static_cast<int>(d[0]), d[1], d[2], d[3]);
+    for (uint32_t bytes : {4u, 2u}) {
+      uint64_t sum = 0;
+      for (uint64_t b = 0; b <= l.blocks; ++b) {
+        ASSERT_EQ(eb_math::VerbatimWordsBefore(l, b, bytes), sum)
+            << d[0] << " " << d[1] << "x" << d[2] << "x" << d[3] << " bytes " << bytes << " block "
+            << b;
+        if (b < l.blocks) sum += eb_math::VerbatimWords(eb_math::TileOf(l, b).count, bytes);
+      }
+    }
+  }
+}
+
 // ---- the order of work of the CUDA kernels, on the host ----
 //
 // cuda/eb_kernels.cu cannot run here, so these follow its algorithm step by step (codes in

@@ -43,8 +43,8 @@ template <int Width>
 Partial EncodeWords(const void* input, uint64_t numel, uint32_t* words, uint64_t begin,
                     uint64_t end) {
   Partial p;
-  if (Width == 4 && simd::Vectorized()) {
-    simd::MaskEncodeWords(static_cast<const uint32_t*>(input), numel, begin, end, words, &p);
+  if (simd::Vectorized()) {
+    simd::MaskEncodeWords(Width, input, numel, begin, end, words, &p);
     return p;
   }
   for (uint64_t w = begin; w < end; ++w) {
@@ -68,9 +68,8 @@ Partial EncodeWords(const void* input, uint64_t numel, uint32_t* words, uint64_t
 template <int Width>
 void DecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, void* output,
                  uint64_t begin_word, uint64_t end_word) {
-  if (Width == 4 && simd::Vectorized()) {
-    simd::MaskDecodeWords(words, numel, value, begin_word, end_word,
-                          static_cast<uint32_t*>(output));
+  if (simd::Vectorized()) {
+    simd::MaskDecodeWords(Width, words, numel, value, begin_word, end_word, output);
     return;
   }
   const uint64_t end = std::min(numel, 32 * end_word);

@@ -39,11 +39,11 @@ uint64_t PayloadBytes(const pool_math::Shape& s, DType dtype) {
 
 using Partial = simd::PoolTotals;
 
-// Whether the vector kernels take this tensor: float32 rows of whole windows they handle, so
-// that the windows tile the flattened tensor.
-bool PoolVectorized(DType dtype, const pool_math::Shape& s) {
-  return dtype == DType::kFloat32 && simd::PoolWindowVectorized(s.window) &&
-         s.row_length % s.window == 0 && simd::Vectorized();
+// Whether the vector kernels take this tensor: rows of whole windows they handle, so that the
+// windows tile the flattened tensor.
+bool PoolVectorized(const pool_math::Shape& s) {
+  return simd::PoolWindowVectorized(s.window) && s.row_length % s.window == 0 &&
+         simd::Vectorized();
 }
 
 template <int K>
@@ -120,11 +120,11 @@ class Pool final : public Codec {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       const int64_t grain = std::max<int64_t>(1, 65536 / window);
-      const bool vectorized = PoolVectorized(input.dtype, s);
+      const bool vectorized = PoolVectorized(s);
       internal::ParallelFor(bytes / 4, grain, [&](int chunk, int64_t begin, int64_t end) {
         if (vectorized) {
-          simd::PoolEncodeWords(static_cast<const float*>(input.data), window, begin, end, words,
-                                &partials[chunk]);
+          simd::PoolEncodeWords(elements::KindOf(input.dtype), input.data, s.means, window, begin,
+                                end, words, &partials[chunk]);
           return;
         }
         switch (input.dtype) {
@@ -181,10 +181,10 @@ class Pool final : public Codec {
       return internal::CudaNotCompiledIn("pool decode");
 #endif
     }
-    if (PoolVectorized(header.dtype, s)) {
+    if (PoolVectorized(s)) {
+      const int width = static_cast<int>(ElementSize(header.dtype));
       internal::ParallelFor(s.means, 65536 / window, [&](int, int64_t begin, int64_t end) {
-        simd::PoolDecodeMeans(reinterpret_cast<const float*>(payload), window, begin, end,
-                              static_cast<float*>(output.data));
+        simd::PoolDecodeMeans(width, payload, window, begin, end, output.data);
       });
       return absl::OkStatus();
     }

@@ -63,14 +63,12 @@ Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64
   constexpr uint32_t kPerWord = 32 / kBits;
   constexpr uint32_t kLevels = (1u << kBits) - 1;
   Partial partial;
-  if (K == elements::kF32 && simd::Vectorized()) {
-    const float* x = static_cast<const float*>(input);
-    for (uint64_t g = g_begin; g < g_end; ++g) {
-      const uint64_t first = g * l.group_size;
-      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.group_size, l.numel - first));
-      simd::QuantizeGroupF32(x + first, nullptr, n, l.group_size, kBits, l.seed, first, words, g,
-                             l.CodeWord(g, 0), &partial);
-    }
+  if (simd::Vectorized()) {
+    const uint64_t first = g_begin * l.group_size;
+    const uint64_t n = std::min<uint64_t>(g_end * l.group_size, l.numel) - first;
+    simd::QuantizeGroups(K, elements::Offset<K>(input, first), nullptr, n, l.group_size,
+                         l.group_size, kBits, l.seed, first, words, g_begin, l.CodeWord(g_begin, 0),
+                         &partial);
     return partial;
   }
   std::vector<float> values(l.group_size);
@@ -129,12 +127,12 @@ void DecodeGroups(const uint32_t* words, const Layout& l, void* output, uint64_t
                   uint64_t g_end) {
   constexpr uint32_t kPerWord = 32 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1;
-  if (K == elements::kF32 && simd::Vectorized()) {
+  if (simd::Vectorized()) {
     for (uint64_t g = g_begin; g < g_end; ++g) {
       const uint64_t first = g * l.group_size;
       const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(l.group_size, l.numel - first));
-      simd::DequantizeGroupF32(words + l.CodeWord(g, 0), words[g], n, kBits, nullptr,
-                               static_cast<float*>(output) + first);
+      simd::DequantizeGroup(K, words + l.CodeWord(g, 0), words[g], n, kBits, nullptr,
+                            elements::Offset<K>(output, first));
     }
     return;
   }

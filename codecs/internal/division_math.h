@@ -162,6 +162,63 @@ ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j) {
   return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
 }
 
+// The mean values of a plane upsample from, walked in runs from value j0 of plane p: with
+// C == 1 a run is the rest of a window's columns in one row (they share a mean), with C > 1 the
+// rest of a position's C values (they read consecutive means). Counters, not divisions, move it
+// on: a division per value would cost more than the rest of decoding. Host code (the CPU's
+// upsampling, reference and vector kernel alike); a GPU thread computes MeanOf instead.
+struct MeanCursor {
+  MeanCursor(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0) : l_(l) {
+    c_ = j0 % l.inner;
+    w_ = (j0 / l.inner) % l.width;
+    const uint64_t h = j0 / (l.inner * l.width);
+    h_in_block_ = h % l.block_h;
+    wb_ = w_ / l.block_w;
+    w_in_block_ = w_ % l.block_w;
+    row_ = means + (p * l.blocks_h + h / l.block_h) * l.blocks_w * l.inner;
+  }
+
+  // The values of the run from here, at most n, and their first mean.
+  uint64_t Run(uint64_t n) const {
+    const uint64_t run = l_.inner == 1 ? MinU(l_.block_w - w_in_block_, l_.width - w_) : l_.inner - c_;
+    return MinU(run, n);
+  }
+  const uint16_t* Means() const { return row_ + wb_ * l_.inner + c_; }
+
+  // Moves `run` values on (no further than Run allows).
+  void Advance(uint64_t run) {
+    if (l_.inner == 1) return AdvanceColumns(run);
+    c_ += run;
+    if (c_ == l_.inner) {
+      c_ = 0;
+      AdvanceColumns(1);
+    }
+  }
+
+ private:
+  void AdvanceColumns(uint64_t columns) {
+    w_ += columns;
+    w_in_block_ += columns;
+    if (w_in_block_ == l_.block_w) {
+      w_in_block_ = 0;
+      ++wb_;
+    }
+    if (w_ == l_.width) {
+      w_ = 0;
+      wb_ = 0;
+      w_in_block_ = 0;
+      if (++h_in_block_ == l_.block_h) {
+        h_in_block_ = 0;
+        row_ += l_.blocks_w * l_.inner;
+      }
+    }
+  }
+
+  const Layout& l_;
+  uint64_t c_, w_, wb_, w_in_block_, h_in_block_;
+  const uint16_t* row_;
+};
+
 // ---- the residual quantizer (both codecs) ----
 
 // The residual of a value against its LFC approximation; its code with uniform draw u. A

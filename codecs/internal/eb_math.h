@@ -285,6 +285,32 @@ ACTPACK_HD uint32_t DataWords(uint32_t h, uint32_t count, uint32_t element_bytes
                                     : PackedWords(count, HeaderWidth(h));
 }
 
+// The most data words blocks [0, block) can take: each its verbatim size. (Every tile before
+// the last column of tiles is tile_cols wide; every tile row but the last is tile_rows high.)
+ACTPACK_HD uint64_t VerbatimWordsBefore(const Layout& l, uint64_t block, uint32_t element_bytes) {
+  if (l.blocks == 0) return 0;
+  const uint64_t per_plane = l.tiles_down * l.tiles_across;
+  const uint64_t plane = block / per_plane;
+  const uint64_t rest = block - plane * per_plane;
+  const uint64_t tile_row = rest / l.tiles_across;
+  const uint64_t tile_col = rest - tile_row * l.tiles_across;
+  const uint64_t last_cols = l.cols - (l.tiles_across - 1) * l.tile_cols;
+  const uint64_t last_rows = l.rows - (l.tiles_down - 1) * l.tile_rows;
+  // The first `tiles` tiles of a tile row `rows` high.
+  const auto row_words = [&](uint64_t rows, uint64_t tiles) {
+    const uint64_t full = tiles < l.tiles_across ? tiles : l.tiles_across - 1;
+    uint64_t words = full * VerbatimWords(static_cast<uint32_t>(rows * l.tile_cols), element_bytes);
+    if (tiles == l.tiles_across) {
+      words += VerbatimWords(static_cast<uint32_t>(rows * last_cols), element_bytes);
+    }
+    return words;
+  };
+  const uint64_t full_row = row_words(l.tile_rows, l.tiles_across);
+  const uint64_t plane_words = (l.tiles_down - 1) * full_row + row_words(last_rows, l.tiles_across);
+  const uint64_t rows_here = tile_row + 1 == l.tiles_down ? last_rows : l.tile_rows;
+  return plane * plane_words + tile_row * full_row + row_words(rows_here, tile_col);
+}
+
 struct BlockChoice {
   uint32_t header;
   uint32_t data_words;

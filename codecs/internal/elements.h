@@ -34,6 +34,16 @@ ACTPACK_HD void Store(void* base, uint64_t i, float v) {
   }
 }
 
+// The address of element `i` of a tensor of element kind K.
+template <int K>
+ACTPACK_HD const void* Offset(const void* base, uint64_t i) {
+  return static_cast<const uint8_t*>(base) + i * (K == kF32 ? 4 : 2);
+}
+template <int K>
+ACTPACK_HD void* Offset(void* base, uint64_t i) {
+  return static_cast<uint8_t*>(base) + i * (K == kF32 ? 4 : 2);
+}
+
 // The raw bits of element `i` of a tensor of `Width`-byte elements (1, 2 or 4), zero-extended.
 template <int Width>
 ACTPACK_HD uint32_t LoadBits(const void* base, uint64_t i) {

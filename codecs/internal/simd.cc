@@ -12,6 +12,8 @@
 #define HWY_TARGET_INCLUDE "codecs/internal/simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+// Must follow highway.h: it is compiled per target too.
+#include "codecs/internal/simd-inl.h"
 
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
@@ -21,76 +23,13 @@ namespace actpack::codecs::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using D64 = hn::ScalableTag<uint64_t>;
-using DF = hn::ScalableTag<float>;
-using DI = hn::RebindToSigned<DF>;
-using DU = hn::RebindToUnsigned<DF>;
-
 // Codes a quantizer block handles at a time: they sit in a byte buffer between computing and
 // packing (or unpacking and dequantizing).
 constexpr uint32_t kBlockCodes = 1024;
 // Room past a block for whole vectors of u64 lanes (8 codes a lane).
 constexpr size_t kCodePadding = 8 * HWY_MAX_BYTES;
 
-// portable::SplitMix64 per u64 lane.
-HWY_INLINE hn::Vec<D64> SplitMix64(D64 d, hn::Vec<D64> x) {
-  x = hn::Add(x, hn::Set(d, 0x9e3779b97f4a7c15ull));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<30>(x)), hn::Set(d, 0xbf58476d1ce4e5b9ull));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<27>(x)), hn::Set(d, 0x94d049bb133111ebull));
-  return hn::Xor(x, hn::ShiftRight<31>(x));
-}
-
-// portable::ChecksumTerm per lane; kHigh when an index may be 2^31 or more.
-template <bool kHigh>
-HWY_INLINE hn::Vec<D64> ChecksumTerms(D64 d, hn::Vec<D64> words, hn::Vec<D64> index) {
-  hn::Vec<D64> x = hn::Xor(hn::Xor(hn::ShiftLeft<32>(index), words),
-                           hn::Set(d, 0x5851f42d4c957f2dull));
-  if (kHigh) {
-    x = hn::Xor(x, hn::Mul(hn::ShiftRight<31>(index), hn::Set(d, 0x9e3779b97f4a7c15ull)));
-  }
-  return SplitMix64(d, x);
-}
-
-template <bool kHigh>
-uint64_t SumChecksumTerms(const uint32_t* words, uint64_t count, uint64_t first_index) {
-  const D64 d;
-  const hn::Rebind<uint32_t, D64> d32;
-  const size_t n = hn::Lanes(d);
-  hn::Vec<D64> index = hn::Iota(d, first_index);
-  const hn::Vec<D64> step = hn::Set(d, n);
-  hn::Vec<D64> sum0 = hn::Zero(d), sum1 = hn::Zero(d);
-  uint64_t i = 0;
-  for (; i + 2 * n <= count; i += 2 * n) {
-    const hn::Vec<D64> next = hn::Add(index, step);
-    sum0 = hn::Add(sum0, ChecksumTerms<kHigh>(d, hn::PromoteTo(d, hn::LoadU(d32, words + i)),
-                                              index));
-    sum1 = hn::Add(sum1, ChecksumTerms<kHigh>(
-                             d, hn::PromoteTo(d, hn::LoadU(d32, words + i + n)), next));
-    index = hn::Add(next, step);
-  }
-  // Lane by lane in uint64_t: GCC's AVX-512 horizontal sum adds as signed 64-bit integers,
-  // whose overflow is undefined (UBSan reports it).
-  alignas(HWY_MAX_BYTES) uint64_t lane_sums[HWY_MAX_BYTES / 8];
-  hn::Store(hn::Add(sum0, sum1), d, lane_sums);
-  uint64_t sum = 0;
-  for (size_t k = 0; k < n; ++k) sum += lane_sums[k];
-  for (; i < count; ++i) sum += portable::ChecksumTerm(words[i], first_index + i);
-  return sum;
-}
-
-uint64_t ChecksumWordsVector(const uint32_t* words, uint64_t count, uint64_t first_index) {
-  return first_index + count <= (uint64_t{1} << 31)
-             ? SumChecksumTerms<false>(words, count, first_index)
-             : SumChecksumTerms<true>(words, count, first_index);
-}
-
 // ---- the quantizer ----
-
-HWY_INLINE hn::Mask<DF> IsFiniteLanes(DF df, hn::Vec<DF> v) {
-  const DU du;
-  const hn::Vec<DU> exponent = hn::Set(du, 0x7f800000u);
-  return hn::RebindMask(df, hn::Ne(hn::And(hn::BitCast(du, v), exponent), exponent));
-}
 
 // portable::Hash32 per lane.
 HWY_INLINE hn::Vec<DU> Hash32(hn::Vec<DU> x) {
@@ -125,12 +64,12 @@ HWY_INLINE hn::Vec<DU> WrappedKeys(hn::Vec<DU> low_index, hn::Vec<DU> first_low,
   return hn::IfThenElse(hn::RebindMask(du, wrapped), key1, key0);
 }
 
-// x[i] (or x[i] - approx[i]) for the lanes of the vector at i: all of them when kWhole, else
-// those in `valid` (0 elsewhere).
-template <bool kWhole>
-HWY_INLINE hn::Vec<DF> LoadLanes(const float* p, hn::Mask<DF> valid, size_t i) {
+// Elements [i, i + count) of x as floats (count <= Lanes; 0 in the lanes past it): all lanes
+// when kWhole.
+template <int K, bool kWhole>
+HWY_INLINE hn::Vec<DF> LoadLanes(const void* x, size_t i, size_t count) {
   const DF df;
-  return kWhole ? hn::LoadU(df, p + i) : hn::MaskedLoad(valid, df, p + i);
+  return kWhole ? LoadElements<K>(df, x, i) : LoadElementsN<K>(df, x, i, count);
 }
 
 // The zero bytes PackCodes reads past `count` codes: up to a whole vector of u64 lanes.
@@ -226,44 +165,99 @@ HWY_INLINE void CopyCodeWords(const uint32_t* src, uint32_t word_count, uint32_t
   }
 }
 
-void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uint32_t padded,
-                            uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                            uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
+// The range of one group's residuals and what quant.cc's EncodeGroups counts: the first pass
+// takes min and max of every lane and notes whether any input or residual is not finite; only
+// such a group (which the codec refuses, or whose residual range overflows) is gone over again
+// lane by lane as the reference does.
+struct GroupRange {
+  float lo, hi;
+  uint32_t nonfinite = 0;  // non-finite inputs
+  uint32_t overflow = 0;   // finite inputs whose residual is not finite
+  bool clean = true;       // every input and residual finite
+};
+
+template <int K>
+GroupRange RangeOfGroup(const void* x, const float* approx, uint32_t n) {
+  const DF df;
+  const DI di;
+  const uint32_t lanes = static_cast<uint32_t>(hn::Lanes(df));
+  GroupRange g;
+  hn::Vec<DF> lo = hn::Set(df, portable::BitsToFloat(0x7f800000u));
+  hn::Vec<DF> hi = hn::Neg(lo);
+  hn::Mask<DF> bad = hn::FirstN(df, 0);
+  const auto fast = [&]<bool kWhole>(uint32_t i) {
+    const uint32_t count = kWhole ? lanes : n - i;
+    const hn::Vec<DF> v = LoadLanes<K, kWhole>(x, i, count);
+    const hn::Vec<DF> r =
+        approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, kWhole>(approx, i, count));
+    // Lanes past n hold 0, which is finite; min and max count only lanes in the group.
+    bad = hn::Or(bad, hn::Not(hn::And(IsFiniteLanes(df, v), IsFiniteLanes(df, r))));
+    if (kWhole) {
+      lo = hn::Min(lo, r);
+      hi = hn::Max(hi, r);
+    } else {
+      const hn::Mask<DF> valid = hn::FirstN(df, count);
+      lo = hn::IfThenElse(valid, hn::Min(lo, r), lo);
+      hi = hn::IfThenElse(valid, hn::Max(hi, r), hi);
+    }
+  };
+  uint32_t i = 0;
+  for (; i + lanes <= n; i += lanes) fast.template operator()<true>(i);
+  if (i < n) fast.template operator()<false>(i);
+  if (HWY_UNLIKELY(!hn::AllFalse(df, bad))) {
+    // As the reference: the range over the finite residuals, and the counts.
+    g.clean = false;
+    lo = hn::Set(df, portable::BitsToFloat(0x7f800000u));
+    hi = hn::Neg(lo);
+    hn::Vec<DI> nonfinite = hn::Zero(di), overflow = hn::Zero(di);
+    const hn::Vec<DI> one = hn::Set(di, 1);
+    for (i = 0; i < n; i += lanes) {
+      const uint32_t count = std::min(lanes, n - i);
+      const hn::Vec<DF> v = LoadLanes<K, false>(x, i, count);
+      const hn::Vec<DF> r =
+          approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, false>(approx, i, count));
+      const hn::Mask<DF> x_finite = IsFiniteLanes(df, v);  // true past n (0 was loaded)
+      const hn::Mask<DF> r_finite = IsFiniteLanes(df, r);
+      nonfinite = hn::Add(nonfinite, hn::IfThenZeroElse(hn::RebindMask(di, x_finite), one));
+      overflow = hn::Add(overflow, hn::IfThenZeroElse(
+                                       hn::RebindMask(di, hn::Or(r_finite, hn::Not(x_finite))), one));
+      const hn::Mask<DF> counted = hn::And(hn::FirstN(df, count), r_finite);
+      lo = hn::IfThenElse(counted, hn::Min(lo, r), lo);
+      hi = hn::IfThenElse(counted, hn::Max(hi, r), hi);
+    }
+    g.nonfinite = static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, nonfinite)));
+    g.overflow = static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, overflow)));
+  }
+  g.lo = hn::GetLane(hn::MinOfLanes(df, lo));
+  g.hi = hn::GetLane(hn::MaxOfLanes(df, hi));
+  return g;
+}
+
+// Float to int32 by truncation for lanes known to be in range (Highway's ConvertTo also fixes
+// up lanes out of range, which costs four more instructions on x86).
+HWY_INLINE hn::Vec<DI> TruncateInRange(hn::Vec<DF> v) {
+#if HWY_TARGET == HWY_AVX2
+  return hn::Vec256<int32_t>{_mm256_cvttps_epi32(v.raw)};
+#elif HWY_ARCH_X86 && HWY_TARGET < HWY_AVX2  // the AVX-512 targets: 512-bit vectors
+  return hn::Vec512<int32_t>{_mm512_cvttps_epi32(v.raw)};
+#else
+  return hn::ConvertTo(DI(), v);
+#endif
+}
+
+// Codes [0, padded) of one group (quant_math::Quantize per lane, with its comparisons spelled
+// out so that NaN and rounding go exactly as there), packed to `bits` bits from `out`.
+// floor(min(scaled, levels)) clamped at 0 is, for every float (NaN included), the truncation of
+// scaled when 0 < min(scaled, levels), else 0. A clean group (every residual finite) skips the
+// non-finite lanes' handling.
+template <int K>
+void QuantizeGroupCodes(const void* x, const float* approx, uint32_t n, uint32_t padded,
+                        uint32_t bits, uint64_t seed, uint64_t first,
+                        const quant_math::GroupParams& p, bool clean, uint32_t* out) {
   const DF df;
   const DI di;
   const DU du;
   const uint32_t lanes = static_cast<uint32_t>(hn::Lanes(df));
-  // The group's range, as quant.cc's EncodeGroups: over the finite residuals; counts of
-  // non-finite inputs and of finite inputs whose residual is not finite.
-  hn::Vec<DF> lo = hn::Set(df, portable::BitsToFloat(0x7f800000u));
-  hn::Vec<DF> hi = hn::Neg(lo);
-  hn::Vec<DI> nonfinite = hn::Zero(di), overflow = hn::Zero(di);
-  const hn::Vec<DI> one = hn::Set(di, 1);
-  const auto range = [&]<bool kWhole>(uint32_t i, hn::Mask<DF> valid) {
-    const hn::Vec<DF> v = LoadLanes<kWhole>(x, valid, i);
-    const hn::Vec<DF> r = approx == nullptr ? v : hn::Sub(v, LoadLanes<kWhole>(approx, valid, i));
-    const hn::Mask<DF> x_finite = IsFiniteLanes(df, v);  // true past n (0 was loaded)
-    const hn::Mask<DF> r_finite = IsFiniteLanes(df, r);
-    nonfinite = hn::Add(nonfinite, hn::IfThenZeroElse(hn::RebindMask(di, x_finite), one));
-    overflow = hn::Add(overflow, hn::IfThenZeroElse(hn::RebindMask(di, hn::Or(r_finite, hn::Not(x_finite))), one));
-    const hn::Mask<DF> counted = kWhole ? r_finite : hn::And(valid, r_finite);
-    lo = hn::IfThenElse(counted, hn::Min(lo, r), lo);
-    hi = hn::IfThenElse(counted, hn::Max(hi, r), hi);
-  };
-  uint32_t i = 0;
-  for (; i + lanes <= n; i += lanes) range.template operator()<true>(i, hn::FirstN(df, lanes));
-  if (i < n) range.template operator()<false>(i, hn::FirstN(df, n - i));
-  const quant_math::GroupParams p = quant_math::MakeGroupParams(
-      hn::GetLane(hn::MinOfLanes(df, lo)), hn::GetLane(hn::MaxOfLanes(df, hi)),
-      static_cast<int>(bits));
-  totals->nonfinite += hn::GetLane(hn::SumOfLanes(di, nonfinite));
-  if (!p.ok || hn::GetLane(hn::SumOfLanes(di, overflow)) > 0) ++totals->overflow_groups;
-  words[param_word] = p.packed;
-  totals->checksum += portable::ChecksumTerm(p.packed, param_word);
-
-  // Codes: quant_math::Quantize per lane, with its comparisons spelled out so that NaN and
-  // rounding go exactly as there. floor(min(scaled, levels)) clamped at 0 is, for every float
-  // (NaN included), the truncation of scaled when 0 < min(scaled, levels), else 0.
   const hn::Vec<DF> min = hn::Set(df, p.min);
   const hn::Vec<DF> inv_step = hn::Set(df, p.inv_step);
   const hn::Vec<DF> levels = hn::Set(df, static_cast<float>((1u << bits) - 1));
@@ -277,51 +271,113 @@ void QuantizeGroupF32Vector(const float* x, const float* approx, uint32_t n, uin
   const hn::Vec<DU> iota = hn::Iota(du, 0);
   const hn::Rebind<uint8_t, DU> d8;
   alignas(HWY_MAX_BYTES) uint8_t codes[kBlockCodes + kCodePadding];
-  const auto quantize = [&]<bool kWhole, bool kWraps>(uint32_t i, hn::Mask<DF> valid,
-                                                      uint8_t* out) {
-    const hn::Vec<DF> v = LoadLanes<kWhole>(x, valid, i);
-    const hn::Vec<DF> r = approx == nullptr ? v : hn::Sub(v, LoadLanes<kWhole>(approx, valid, i));
-    const hn::Mask<DF> finite = IsFiniteLanes(df, r);
-    const hn::Vec<DF> safe = hn::IfThenElse(finite, r, min);
+  // kClean: every lane is a finite residual of the group (a whole vector of a clean group).
+  const auto quantize = [&]<bool kWhole, bool kWraps, bool kClean>(uint32_t i, uint8_t* dst) {
+    const uint32_t count = kWhole ? lanes : (i < n ? n - i : 0);
+    const hn::Vec<DF> v = LoadLanes<K, kWhole>(x, i, count);
+    const hn::Vec<DF> r =
+        approx == nullptr ? v : hn::Sub(v, LoadLanes<elements::kF32, kWhole>(approx, i, count));
+    const hn::Mask<DF> finite = kClean ? hn::FirstN(df, lanes) : IsFiniteLanes(df, r);
+    const hn::Vec<DF> safe = kClean ? r : hn::IfThenElse(finite, r, min);
     const hn::Vec<DU> low_index = hn::Add(iota, hn::Set(du, static_cast<uint32_t>(first + i)));
     const hn::Vec<DU> key = kWraps ? WrappedKeys(low_index, first_low, key0, key1) : key0;
     const hn::Vec<DF> scaled =
         hn::Add(hn::Mul(hn::Sub(safe, min), inv_step), Draws(low_index, key));
     const hn::Vec<DF> clamped = hn::IfThenElse(hn::Lt(levels, scaled), levels, scaled);
-    const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
-    const hn::Mask<DF> coded = kWhole ? finite : hn::And(valid, finite);
-    const hn::Vec<DI> code =
-        hn::IfThenElseZero(hn::RebindMask(di, coded), hn::ConvertTo(di, positive));
-    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, out);
+    hn::Vec<DI> code;
+    if (kClean) {
+      // A finite residual of a group whose range is finite scales to a finite value >= +0.
+      code = TruncateInRange(clamped);
+    } else {
+      const hn::Vec<DF> positive = hn::IfThenElseZero(hn::Gt(clamped, hn::Zero(df)), clamped);
+      const hn::Mask<DF> coded = kWhole ? finite : hn::And(hn::FirstN(df, count), finite);
+      code = hn::IfThenElseZero(hn::RebindMask(di, coded), hn::ConvertTo(di, positive));
+    }
+    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, code)), d8, dst);
   };
   for (uint32_t block = 0; block < padded; block += kBlockCodes) {
     const uint32_t count = std::min(kBlockCodes, padded - block);
     const uint32_t whole = n > block ? std::min(count, n - block) / lanes * lanes : 0;
     uint32_t j = 0;
-    if (wraps) {
+    if (clean && !wraps) {
       for (; j < whole; j += lanes) {
-        quantize.template operator()<true, true>(block + j, hn::FirstN(df, lanes), codes + j);
+        quantize.template operator()<true, false, true>(block + j, codes + j);
+      }
+    } else if (wraps) {
+      for (; j < whole; j += lanes) {
+        quantize.template operator()<true, true, false>(block + j, codes + j);
       }
     } else {
       for (; j < whole; j += lanes) {
-        quantize.template operator()<true, false>(block + j, hn::FirstN(df, lanes), codes + j);
+        quantize.template operator()<true, false, false>(block + j, codes + j);
       }
     }
     for (; j < count; j += lanes) {
-      const uint32_t at = block + j;
-      quantize.template operator()<false, true>(at, hn::FirstN(df, at < n ? n - at : 0),
-                                                codes + j);
+      quantize.template operator()<false, true, false>(block + j, codes + j);
     }
     std::memset(codes + count, 0, PaddingOf(count));
-    uint32_t* out = words + first_code_word + block * bits / 32;
-    PackCodes(codes, count, bits, out);
-    totals->checksum += ChecksumWordsVector(out, count * bits / 32,
-                                            first_code_word + block * bits / 32);
+    PackCodes(codes, count, bits, out + block * bits / 32);
   }
 }
 
-void DequantizeGroupF32Vector(const uint32_t* code_words, uint32_t param_word, uint32_t n,
-                              uint32_t bits, const float* approx, float* out) {
+// Groups in a batch: their ranges and parameters first, then their codes, so that the
+// parameters' divisions of one group overlap the work of the others.
+constexpr uint32_t kGroupBatch = 8;
+
+template <int K>
+void QuantizeGroupsKind(const void* x, const float* approx, uint64_t n, uint32_t length,
+                        uint32_t padded_last, uint32_t bits, uint64_t seed, uint64_t first,
+                        uint32_t* words, uint64_t first_param_word, uint64_t first_code_word,
+                        QuantTotals* totals) {
+  const uint64_t groups = (n + length - 1) / length;
+  const uint32_t group_words = length * bits / 32;
+  constexpr size_t kBytes = K == elements::kF32 ? 4 : 2;
+  const uint8_t* bytes = static_cast<const uint8_t*>(x);
+  for (uint64_t g0 = 0; g0 < groups; g0 += kGroupBatch) {
+    const uint64_t g1 = std::min<uint64_t>(groups, g0 + kGroupBatch);
+    quant_math::GroupParams params[kGroupBatch];
+    bool clean[kGroupBatch];
+    for (uint64_t g = g0; g < g1; ++g) {
+      const uint64_t at = g * length;
+      const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(length, n - at));
+      const GroupRange range = RangeOfGroup<K>(bytes + kBytes * at,
+                                               approx == nullptr ? nullptr : approx + at, count);
+      const quant_math::GroupParams p =
+          quant_math::MakeGroupParams(range.lo, range.hi, static_cast<int>(bits));
+      totals->nonfinite += range.nonfinite;
+      if (!p.ok || range.overflow > 0) ++totals->overflow_groups;
+      words[first_param_word + g] = p.packed;
+      params[g - g0] = p;
+      clean[g - g0] = range.clean && p.ok;
+    }
+    for (uint64_t g = g0; g < g1; ++g) {
+      const uint64_t at = g * length;
+      const uint32_t count = static_cast<uint32_t>(std::min<uint64_t>(length, n - at));
+      QuantizeGroupCodes<K>(bytes + kBytes * at, approx == nullptr ? nullptr : approx + at, count,
+                            g + 1 == groups ? padded_last : length, bits, seed, first + at,
+                            params[g - g0], clean[g - g0], words + first_code_word + g * group_words);
+    }
+  }
+  // The checksum terms of the run's words, while they are still in the cache.
+  totals->checksum += ChecksumWordsVector(words + first_param_word, groups, first_param_word);
+  const uint64_t code_words = (groups - 1) * group_words + padded_last * bits / 32;
+  totals->checksum += ChecksumWordsVector(words + first_code_word, code_words, first_code_word);
+}
+
+void QuantizeGroupsVector(int kind, const void* x, const float* approx, uint64_t n,
+                          uint32_t length, uint32_t padded_last, uint32_t bits, uint64_t seed,
+                          uint64_t first, uint32_t* words, uint64_t first_param_word,
+                          uint64_t first_code_word, QuantTotals* totals) {
+  if (n == 0) return;
+  return WithKind(kind, [&](auto k) {
+    QuantizeGroupsKind<decltype(k)::value>(x, approx, n, length, padded_last, bits, seed, first,
+                                           words, first_param_word, first_code_word, totals);
+  });
+}
+
+template <int K>
+void DequantizeGroupKind(const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                         uint32_t bits, const float* approx, void* out) {
   const DF df;
   const DI di;
   const size_t lanes = hn::Lanes(df);
@@ -340,86 +396,29 @@ void DequantizeGroupF32Vector(const uint32_t* code_words, uint32_t param_word, u
       const uint32_t i = block + j;
       const hn::Vec<DF> code = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, codes + j)));
       hn::Vec<DF> v = hn::Add(hn::Mul(code, step), min);
-      const hn::Mask<DF> valid = hn::FirstN(df, n - i);
-      if (approx != nullptr) v = hn::Add(hn::MaskedLoad(valid, df, approx + i), v);
-      hn::BlendedStore(v, valid, df, out + i);
+      if (j + lanes <= count) {
+        if (approx != nullptr) v = hn::Add(hn::LoadU(df, approx + i), v);
+        StoreElements<K>(df, v, out, i);
+      } else {
+        if (approx != nullptr) v = hn::Add(LoadElementsN<elements::kF32>(df, approx, i, count - j), v);
+        StoreElementsN<K>(df, v, out, i, count - j);
+      }
     }
   }
 }
 
+void DequantizeGroupVector(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                           uint32_t bits, const float* approx, void* out) {
+  return WithKind(kind, [&](auto k) {
+    DequantizeGroupKind<decltype(k)::value>(code_words, param_word, n, bits, approx, out);
+  });
+}
 
 // ---- cast ----
 
 // Elements a cast, mask or pool block converts before it checksums the words it wrote (they
 // are still in the L1 cache).
 constexpr uint64_t kBlockElements = 2048;
-
-// portable::FloatToBf16 per lane (the result in the low 16 bits).
-HWY_INLINE hn::Vec<DU> FloatToBf16(hn::Vec<DU> u) {
-  const DU du;
-  const DI di;
-  const hn::Vec<DU> abs = hn::And(u, hn::Set(du, 0x7fffffffu));
-  const hn::Mask<DU> nan = hn::RebindMask(
-      du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7f800000)));
-  const hn::Vec<DU> rounded = hn::ShiftRight<16>(hn::Add(
-      u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)))));
-  return hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u)), rounded);
-}
-
-// portable::FloatToHalf per lane (the result in the low 16 bits), its branches as selects.
-HWY_INLINE hn::Vec<DU> FloatToHalf(hn::Vec<DU> u) {
-  const DU du;
-  const DI di;
-  const hn::Vec<DU> sign = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 0x8000u));
-  const hn::Vec<DU> abs = hn::And(u, hn::Set(du, 0x7fffffffu));
-  const hn::Vec<DI> abs_i = hn::BitCast(di, abs);  // abs < 2^31: signed comparisons hold
-  // Normal results: round the mantissa to 10 bits, to nearest even.
-  const hn::Vec<DU> rounded =
-      hn::Add(abs, hn::Add(hn::Set(du, 0xfffu), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 1u))));
-  hn::Vec<DU> h = hn::ShiftRight<13>(hn::Sub(rounded, hn::Set(du, 112u << 23)));
-  // Subnormal results: the full mantissa shifted by 126 - exponent (14..24), rounded to even.
-  const hn::Vec<DU> exponent = hn::ShiftRight<23>(abs);
-  const hn::Vec<DU> shift = hn::Min(hn::Sub(hn::Set(du, 126u), hn::Min(exponent, hn::Set(du, 112u))),
-                                    hn::Set(du, 24u));
-  const hn::Vec<DU> mantissa = hn::Or(hn::And(abs, hn::Set(du, 0x7fffffu)), hn::Set(du, 0x800000u));
-  const hn::Vec<DU> result = hn::Shr(mantissa, shift);
-  const hn::Vec<DU> remainder = hn::And(mantissa, hn::Sub(hn::Shl(hn::Set(du, 1u), shift), hn::Set(du, 1u)));
-  const hn::Vec<DU> halfway = hn::Shl(hn::Set(du, 1u), hn::Sub(shift, hn::Set(du, 1u)));
-  const hn::Vec<DI> rem_i = hn::BitCast(di, remainder), half_i = hn::BitCast(di, halfway);
-  const hn::Mask<DI> up = hn::Or(
-      hn::Gt(rem_i, half_i),
-      hn::And(hn::Eq(rem_i, half_i), hn::Eq(hn::And(hn::BitCast(di, result), hn::Set(di, 1)),
-                                            hn::Set(di, 1))));
-  const hn::Vec<DU> subnormal =
-      hn::Add(result, hn::BitCast(du, hn::IfThenElseZero(up, hn::Set(di, 1))));
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x38800000))), subnormal, h);
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x33000000))), hn::Zero(du), h);
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x477ff000 - 1))),
-                     hn::Set(du, 0x7c00u), h);
-  h = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x7f800000))),
-                     hn::Set(du, 0x7e00u), h);
-  return hn::Or(sign, h);
-}
-
-// portable::HalfToFloat per lane (the half in the low 16 bits). A subnormal half m * 2^-24
-// converts exactly through float arithmetic.
-HWY_INLINE hn::Vec<DF> HalfToFloat(hn::Vec<DU> h) {
-  const DF df;
-  const DI di;
-  const DU du;
-  const hn::Vec<DU> sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
-  const hn::Vec<DU> exponent = hn::And(hn::ShiftRight<10>(h), hn::Set(du, 0x1fu));
-  const hn::Vec<DU> mantissa = hn::And(h, hn::Set(du, 0x3ffu));
-  const hn::Vec<DU> normal =
-      hn::Or(hn::ShiftLeft<23>(hn::Add(exponent, hn::Set(du, 112u))), hn::ShiftLeft<13>(mantissa));
-  const hn::Vec<DU> special = hn::Or(hn::Set(du, 0x7f800000u), hn::ShiftLeft<13>(mantissa));
-  const hn::Vec<DU> subnormal = hn::BitCast(
-      du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, mantissa)), hn::Set(df, 1.0f / 16777216.0f)));
-  const hn::Vec<DU> bits = hn::IfThenElse(
-      hn::Eq(exponent, hn::Zero(du)), subnormal,
-      hn::IfThenElse(hn::Eq(exponent, hn::Set(du, 0x1fu)), special, normal));
-  return hn::BitCast(df, hn::Or(sign, bits));
-}
 
 void CastEncodeWordsVector(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
                            uint64_t end, uint32_t* words, CastTotals* totals) {
@@ -439,7 +438,7 @@ void CastEncodeWordsVector(const float* input, uint64_t numel, bool to_bf16, uin
       const hn::Mask<DF> valid = hn::FirstN(df, i < last ? last - i : 0);
       const hn::Vec<DF> v = hn::MaskedLoad(valid, df, input + i);
       const hn::Vec<DU> u = hn::BitCast(du, v);
-      const hn::Vec<DU> h = to_bf16 ? FloatToBf16(u) : FloatToHalf(u);
+      const hn::Vec<DU> h = to_bf16 ? FloatToBf16(du, u) : FloatToHalf(du, u);
       overflow += hn::CountTrue(
           df, hn::And(IsFiniteLanes(df, v),
                       hn::RebindMask(df, hn::Eq(hn::And(h, exponent_mask), exponent_mask))));
@@ -467,48 +466,105 @@ void CastDecodeElementsVector(const uint16_t* halves, bool from_bf16, uint64_t b
     const bool whole = i + lanes <= end;
     if (!whole) std::memcpy(tail, halves + i, 2 * (end - i));
     const hn::Vec<DU> h = hn::PromoteTo(du, hn::LoadU(d16, whole ? halves + i : tail));
-    const hn::Vec<DF> v = from_bf16 ? hn::BitCast(df, hn::ShiftLeft<16>(h)) : HalfToFloat(h);
-    hn::BlendedStore(v, hn::FirstN(df, end - i), df, out + i);
+    const hn::Vec<DF> v = from_bf16 ? hn::BitCast(df, hn::ShiftLeft<16>(h)) : HalfToFloat(du, h);
+    if (whole) {
+      hn::StoreU(v, df, out + i);
+    } else {
+      hn::BlendedStore(v, hn::FirstN(df, end - i), df, out + i);
+    }
   }
 }
 
 // ---- mask ----
 
-void MaskEncodeWordsVector(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
-                           uint32_t* words, MaskTotals* totals) {
-  const DU du;
-  const hn::Rebind<uint8_t, DU> d8;
-  const size_t lanes = hn::Lanes(du);
-  hn::Vec<DU> max = hn::Zero(du);
-  hn::Vec<DU> min = hn::Set(du, 0xffffffffu);
+// Elements [i, i + count) of `input` (count <= Lanes(d); 0 past it) without reading past them.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadFirst(D d, const hn::TFromD<D>* input, size_t count) {
+  if (count == hn::Lanes(d)) return hn::LoadU(d, input);
+  alignas(HWY_MAX_BYTES) hn::TFromD<D> part[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)] = {};
+  std::memcpy(part, input, count * sizeof(hn::TFromD<D>));
+  return hn::Load(d, part);
+}
+
+// Stores the first count <= Lanes(d) lanes of v (a masked store is slow on some CPUs).
+template <class D>
+HWY_INLINE void StoreFirst(D d, hn::Vec<D> v, hn::TFromD<D>* out, size_t count) {
+  if (count == hn::Lanes(d)) return hn::StoreU(v, d, out);
+  alignas(HWY_MAX_BYTES) hn::TFromD<D> part[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
+  hn::Store(v, d, part);
+  std::memcpy(out, part, count * sizeof(hn::TFromD<D>));
+}
+
+// mask.cc's EncodeWords<sizeof(T)>: lanes of the element width.
+template <typename T>
+void MaskEncodeWordsKind(const T* input, uint64_t numel, uint64_t begin, uint64_t end,
+                         uint32_t* words, MaskTotals* totals) {
+  const hn::ScalableTag<T> d;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const T all_ones = static_cast<T>(~T{0});
+  auto max = hn::Zero(d);
+  auto min = hn::Set(d, all_ones);
   alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
   for (uint64_t block = begin; block < end; block += kBlockElements / 32) {
     const uint64_t block_end = std::min(end, block + kBlockElements / 32);
     const uint64_t last = std::min(numel, 32 * block_end);
     for (uint64_t i = 32 * block; i < 32 * block_end; i += lanes) {
-      const hn::Mask<DU> valid = hn::FirstN(du, i < last ? last - i : 0);
-      const hn::Vec<DU> v = hn::MaskedLoad(valid, du, input + i);
-      const hn::Mask<DU> set = hn::Ne(v, hn::Zero(du));
+      const auto v = LoadFirst(d, input + i, i < last ? std::min<uint64_t>(lanes, last - i) : 0);
+      const auto set = hn::Ne(v, hn::Zero(d));
       max = hn::Max(max, v);
-      min = hn::Min(min, hn::IfThenElse(set, v, hn::Set(du, 0xffffffffu)));
-      hn::StoreU(hn::TruncateTo(d8, hn::IfThenElseZero(set, hn::Set(du, 1u))), d8,
-                 bits + (i - 32 * block));
+      min = hn::Min(min, hn::IfThenElse(set, v, hn::Set(d, all_ones)));
+      const auto one = hn::IfThenElseZero(set, hn::Set(d, T{1}));
+      if constexpr (sizeof(T) == 1) {
+        hn::StoreU(one, d8, bits + (i - 32 * block));
+      } else {
+        hn::StoreU(hn::TruncateTo(d8, one), d8, bits + (i - 32 * block));
+      }
     }
     const uint32_t count = static_cast<uint32_t>(32 * (block_end - block));
     std::memset(bits + count, 0, PaddingOf(count));
     PackCodes(bits, count, 1, words + block);
     totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
   }
-  totals->max_bits = std::max(totals->max_bits, hn::GetLane(hn::MaxOfLanes(du, max)));
-  totals->min_bits = std::min(totals->min_bits, hn::GetLane(hn::MinOfLanes(du, min)));
+  // Zero-extended (mask.cc compares element bits as uint32).
+  // Lane by lane: this Highway has no 8-bit MinOfLanes / MaxOfLanes.
+  alignas(HWY_MAX_BYTES) T lane_max[HWY_MAX_BYTES / sizeof(T)];
+  alignas(HWY_MAX_BYTES) T lane_min[HWY_MAX_BYTES / sizeof(T)];
+  hn::Store(max, d, lane_max);
+  hn::Store(min, d, lane_min);
+  uint32_t max_bits = 0;
+  T min_lane = all_ones;
+  for (size_t j = 0; j < lanes; ++j) {
+    max_bits = std::max<uint32_t>(max_bits, lane_max[j]);
+    min_lane = std::min(min_lane, lane_min[j]);
+  }
+  const uint32_t min_bits = min_lane == all_ones && max_bits != all_ones ? 0xffffffffu : min_lane;
+  totals->max_bits = std::max(totals->max_bits, max_bits);
+  totals->min_bits = std::min(totals->min_bits, min_bits);
 }
 
-void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value,
-                           uint64_t begin_word, uint64_t end_word, uint32_t* out) {
-  const DU du;
-  const hn::Rebind<uint8_t, DU> d8;
-  const size_t lanes = hn::Lanes(du);
-  const hn::Vec<DU> v = hn::Set(du, value);
+void MaskEncodeWordsVector(int width, const void* input, uint64_t numel, uint64_t begin,
+                           uint64_t end, uint32_t* words, MaskTotals* totals) {
+  switch (width) {
+    case 1:
+      return MaskEncodeWordsKind(static_cast<const uint8_t*>(input), numel, begin, end, words,
+                                 totals);
+    case 2:
+      return MaskEncodeWordsKind(static_cast<const uint16_t*>(input), numel, begin, end, words,
+                                 totals);
+    default:
+      return MaskEncodeWordsKind(static_cast<const uint32_t*>(input), numel, begin, end, words,
+                                 totals);
+  }
+}
+
+template <typename T>
+void MaskDecodeWordsKind(const uint32_t* words, uint64_t numel, uint32_t value,
+                         uint64_t begin_word, uint64_t end_word, T* out) {
+  const hn::ScalableTag<T> d;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const auto v = hn::Set(d, static_cast<T>(value));
   alignas(HWY_MAX_BYTES) uint32_t block_words[kBlockElements / 32 + kCodePadding / 4];
   alignas(HWY_MAX_BYTES) uint8_t bits[kBlockElements + kCodePadding];
   for (uint64_t block = begin_word; block < end_word; block += kBlockElements / 32) {
@@ -518,80 +574,162 @@ void MaskDecodeWordsVector(const uint32_t* words, uint64_t numel, uint32_t value
     UnpackCodes(block_words, count, 1, bits);
     const uint64_t last = std::min(numel, 32 * block_end);
     for (uint64_t i = 32 * block; i < last; i += lanes) {
-      const hn::Vec<DU> set = hn::PromoteTo(du, hn::LoadU(d8, bits + (i - 32 * block)));
-      hn::BlendedStore(hn::IfThenElseZero(hn::Ne(set, hn::Zero(du)), v), hn::FirstN(du, last - i),
-                       du, out + i);
+      hn::Vec<decltype(d)> set;
+      if constexpr (sizeof(T) == 1) {
+        set = hn::LoadU(d8, bits + (i - 32 * block));
+      } else {
+        set = hn::PromoteTo(d, hn::LoadU(d8, bits + (i - 32 * block)));
+      }
+      StoreFirst(d, hn::IfThenElseZero(hn::Ne(set, hn::Zero(d)), v), out + i,
+                 std::min<uint64_t>(lanes, last - i));
     }
+  }
+}
+
+void MaskDecodeWordsVector(int width, const uint32_t* words, uint64_t numel, uint32_t value,
+                           uint64_t begin_word, uint64_t end_word, void* out) {
+  switch (width) {
+    case 1:
+      return MaskDecodeWordsKind(words, numel, value, begin_word, end_word,
+                                 static_cast<uint8_t*>(out));
+    case 2:
+      return MaskDecodeWordsKind(words, numel, value, begin_word, end_word,
+                                 static_cast<uint16_t*>(out));
+    default:
+      return MaskDecodeWordsKind(words, numel, value, begin_word, end_word,
+                                 static_cast<uint32_t*>(out));
   }
 }
 
 // ---- pool ----
 
-// The window means of `lanes` consecutive windows at x, summed left to right from +0 and
-// divided by the window, as pool_math::WindowMean.
-HWY_INLINE hn::Vec<DF> WindowMeans(const float* x, uint32_t window) {
+// The `window` (2, 3 or 4) interleaved vectors at x (elements of kind K) as float lanes.
+template <int K, size_t kWindow>
+HWY_INLINE void LoadWindows(const void* x, hn::Vec<DF>* v) {
   const DF df;
-  hn::Vec<DF> v0, v1, v2, v3;
-  hn::Vec<DF> sum = hn::Zero(df);
-  if (window == 2) {
-    hn::LoadInterleaved2(df, x, v0, v1);
-    sum = hn::Add(hn::Add(sum, v0), v1);
-  } else if (window == 3) {
-    hn::LoadInterleaved3(df, x, v0, v1, v2);
-    sum = hn::Add(hn::Add(hn::Add(sum, v0), v1), v2);
+  if constexpr (K == elements::kF32) {
+    const float* f = static_cast<const float*>(x);
+    if constexpr (kWindow == 2) hn::LoadInterleaved2(df, f, v[0], v[1]);
+    if constexpr (kWindow == 3) hn::LoadInterleaved3(df, f, v[0], v[1], v[2]);
+    if constexpr (kWindow == 4) hn::LoadInterleaved4(df, f, v[0], v[1], v[2], v[3]);
   } else {
-    hn::LoadInterleaved4(df, x, v0, v1, v2, v3);
-    sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, v0), v1), v2), v3);
+    const DU du;
+    const hn::Rebind<uint16_t, DF> d16;
+    const uint16_t* h = static_cast<const uint16_t*>(x);
+    hn::Vec<decltype(d16)> u[4];
+    if constexpr (kWindow == 2) hn::LoadInterleaved2(d16, h, u[0], u[1]);
+    if constexpr (kWindow == 3) hn::LoadInterleaved3(d16, h, u[0], u[1], u[2]);
+    if constexpr (kWindow == 4) hn::LoadInterleaved4(d16, h, u[0], u[1], u[2], u[3]);
+    for (size_t j = 0; j < kWindow; ++j) v[j] = FromHalfBits<K>(du, hn::PromoteTo(du, u[j]));
   }
-  return hn::Div(sum, hn::Set(df, static_cast<float>(window)));
 }
 
-void PoolEncodeWordsVector(const float* input, uint32_t window, uint64_t begin, uint64_t end,
-                           uint32_t* words, PoolTotals* totals) {
+// The window means of `lanes` consecutive windows at x (elements of kind K), summed left to
+// right from +0 and divided by the window, as pool_math::WindowMean.
+template <int K, size_t kWindow>
+HWY_INLINE hn::Vec<DF> WindowMeans(const void* x) {
   const DF df;
+  hn::Vec<DF> v[kWindow];
+  LoadWindows<K, kWindow>(x, v);
+  hn::Vec<DF> sum = hn::Zero(df);
+  for (size_t j = 0; j < kWindow; ++j) sum = hn::Add(sum, v[j]);
+  return hn::Div(sum, hn::Set(df, static_cast<float>(kWindow)));
+}
+
+template <int K>
+HWY_INLINE hn::Vec<DF> WindowMeans(const void* x, uint32_t window) {
+  if (window == 2) return WindowMeans<K, 2>(x);
+  if (window == 3) return WindowMeans<K, 3>(x);
+  return WindowMeans<K, 4>(x);
+}
+
+// pool_math::EncodeWord<K> for words [begin, end) of a payload whose windows tile the tensor:
+// one float32 mean a word, or two 16-bit means (low half first; a missing last one is 0).
+template <int K>
+void PoolEncodeWordsKind(const void* input, uint64_t means, uint32_t window, uint64_t begin,
+                         uint64_t end, uint32_t* words, PoolTotals* totals) {
+  constexpr uint64_t kPerWord = K == elements::kF32 ? 1 : 2;
+  constexpr size_t kBytes = K == elements::kF32 ? 4 : 2;
+  const DF df;
+  const DU du;
   const size_t lanes = hn::Lanes(df);
-  alignas(HWY_MAX_BYTES) float tail[4 * (HWY_MAX_BYTES / 4)] = {};
-  alignas(HWY_MAX_BYTES) float means[(HWY_MAX_BYTES / 4)];
+  const uint8_t* in = static_cast<const uint8_t*>(input);
+  uint8_t* out = reinterpret_cast<uint8_t*>(words);
+  alignas(HWY_MAX_BYTES) uint8_t tail[4 * HWY_MAX_BYTES] = {};
+  alignas(HWY_MAX_BYTES) uint8_t tail_means[HWY_MAX_BYTES];
   uint64_t nonfinite = 0;
+  const hn::Vec<DU> exponent = hn::Set(du, K == elements::kF16 ? 0x7c00u : 0x7f80u);
   for (uint64_t block = begin; block < end; block += kBlockElements) {
     const uint64_t block_end = std::min(end, block + kBlockElements);
-    for (uint64_t m = block; m < block_end; m += lanes) {
-      float* dst = reinterpret_cast<float*>(words + m);
-      if (m + lanes <= block_end) {
-        const hn::Vec<DF> mean = WindowMeans(input + m * window, window);
-        nonfinite += hn::CountTrue(df, hn::Not(IsFiniteLanes(df, mean)));
-        hn::StoreU(mean, df, dst);
-        continue;
+    const uint64_t last = std::min(means, kPerWord * block_end);  // means [kPerWord * block, last)
+    for (uint64_t m = kPerWord * block; m < kPerWord * block_end; m += lanes) {
+      const size_t rest = m < last ? std::min<uint64_t>(lanes, last - m) : 0;
+      const void* x = in + kBytes * m * window;
+      if (rest < lanes) {
+        std::memcpy(tail, x, kBytes * rest * window);
+        std::memset(tail + kBytes * rest * window, 0, sizeof(tail) - kBytes * rest * window);
+        x = tail;
       }
-      const size_t rest = block_end - m;
-      std::memcpy(tail, input + m * window, sizeof(float) * rest * window);
-      const hn::Vec<DF> mean = WindowMeans(tail, window);
-      nonfinite += hn::CountTrue(df, hn::AndNot(IsFiniteLanes(df, mean), hn::FirstN(df, rest)));
-      hn::StoreU(mean, df, means);
-      std::memcpy(dst, means, sizeof(float) * rest);
+      const hn::Vec<DF> mean = WindowMeans<K>(x, window);
+      const hn::Mask<DF> valid = hn::FirstN(df, rest);
+      uint8_t* dst = rest < lanes ? tail_means : out + kBytes * m;
+      if constexpr (K == elements::kF32) {
+        nonfinite += hn::CountTrue(df, hn::AndNot(IsFiniteLanes(df, mean), valid));
+        hn::StoreU(mean, df, reinterpret_cast<float*>(dst));
+      } else {
+        const hn::Rebind<uint16_t, DF> d16;
+        const hn::Vec<DU> h = ToHalfBits<K>(df, mean);
+        nonfinite += hn::CountTrue(
+            df, hn::And(valid, hn::RebindMask(df, hn::Eq(hn::And(h, exponent), exponent))));
+        // Means past `last` are 0 and give 0: the zero high half the format asks for.
+        hn::StoreU(hn::TruncateTo(d16, h), d16, reinterpret_cast<uint16_t*>(dst));
+      }
+      if (rest < lanes) {
+        const uint64_t stop = std::min<uint64_t>(m + lanes, kPerWord * block_end);
+        std::memcpy(out + kBytes * m, tail_means, kBytes * (stop - m));
+      }
     }
     totals->checksum += ChecksumWordsVector(words + block, block_end - block, block);
   }
   totals->nonfinite += nonfinite;
 }
 
-void PoolDecodeMeansVector(const float* means, uint32_t window, uint64_t begin, uint64_t end,
-                           float* out) {
-  const DF df;
-  const size_t lanes = hn::Lanes(df);
-  alignas(HWY_MAX_BYTES) float tail[4 * (HWY_MAX_BYTES / 4)];
+void PoolEncodeWordsVector(int kind, const void* input, uint64_t means, uint32_t window,
+                           uint64_t begin, uint64_t end, uint32_t* words, PoolTotals* totals) {
+  return WithKind(kind, [&](auto k) {
+    PoolEncodeWordsKind<decltype(k)::value>(input, means, window, begin, end, words, totals);
+  });
+}
+
+// The inverse, a bit copy: out[m * window + j] = means[m] for m in [begin, end), j < window.
+template <typename T>
+void PoolDecodeMeansKind(const T* means, uint32_t window, uint64_t begin, uint64_t end, T* out) {
+  const hn::ScalableTag<T> d;
+  const size_t lanes = hn::Lanes(d);
+  alignas(HWY_MAX_BYTES) T tail[4 * HWY_MAX_BYTES / sizeof(T)];
   for (uint64_t m = begin; m < end; m += lanes) {
     const bool whole = m + lanes <= end;
-    const hn::Vec<DF> v = hn::MaskedLoad(hn::FirstN(df, end - m), df, means + m);
-    float* dst = whole ? out + m * window : tail;
+    const auto v = LoadFirst(d, means + m, whole ? lanes : end - m);
+    T* dst = whole ? out + m * window : tail;
     if (window == 2) {
-      hn::StoreInterleaved2(v, v, df, dst);
+      hn::StoreInterleaved2(v, v, d, dst);
     } else if (window == 3) {
-      hn::StoreInterleaved3(v, v, v, df, dst);
+      hn::StoreInterleaved3(v, v, v, d, dst);
     } else {
-      hn::StoreInterleaved4(v, v, v, v, df, dst);
+      hn::StoreInterleaved4(v, v, v, v, d, dst);
     }
-    if (!whole) std::memcpy(out + m * window, tail, sizeof(float) * (end - m) * window);
+    if (!whole) std::memcpy(out + m * window, tail, sizeof(T) * (end - m) * window);
+  }
+}
+
+void PoolDecodeMeansVector(int width, const void* means, uint32_t window, uint64_t begin,
+                           uint64_t end, void* out) {
+  if (width == 2) {
+    PoolDecodeMeansKind(static_cast<const uint16_t*>(means), window, begin, end,
+                        static_cast<uint16_t*>(out));
+  } else {
+    PoolDecodeMeansKind(static_cast<const uint32_t*>(means), window, begin, end,
+                        static_cast<uint32_t*>(out));
   }
 }
 
@@ -655,8 +793,8 @@ Target ActiveTarget() {
 bool Vectorized() { return ActiveTarget() != Target::kScalar; }
 
 HWY_EXPORT(ChecksumWordsVector);
-HWY_EXPORT(QuantizeGroupF32Vector);
-HWY_EXPORT(DequantizeGroupF32Vector);
+HWY_EXPORT(QuantizeGroupsVector);
+HWY_EXPORT(DequantizeGroupVector);
 HWY_EXPORT(CastEncodeWordsVector);
 HWY_EXPORT(CastDecodeElementsVector);
 HWY_EXPORT(MaskEncodeWordsVector);
@@ -671,16 +809,18 @@ uint64_t ChecksumWords(const uint32_t* words, uint64_t count, uint64_t first_ind
   return sum;
 }
 
-void QuantizeGroupF32(const float* x, const float* approx, uint32_t n, uint32_t padded,
-                      uint32_t bits, uint64_t seed, uint64_t first, uint32_t* words,
-                      uint64_t param_word, uint64_t first_code_word, QuantTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(QuantizeGroupF32Vector)(x, approx, n, padded, bits, seed, first, words,
-                                               param_word, first_code_word, totals);
+void QuantizeGroups(int kind, const void* x, const float* approx, uint64_t n, uint32_t length,
+                    uint32_t padded_last, uint32_t bits, uint64_t seed, uint64_t first,
+                    uint32_t* words, uint64_t first_param_word, uint64_t first_code_word,
+                    QuantTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(QuantizeGroupsVector)(kind, x, approx, n, length, padded_last, bits, seed,
+                                             first, words, first_param_word, first_code_word,
+                                             totals);
 }
 
-void DequantizeGroupF32(const uint32_t* code_words, uint32_t param_word, uint32_t n,
-                        uint32_t bits, const float* approx, float* out) {
-  HWY_DYNAMIC_DISPATCH(DequantizeGroupF32Vector)(code_words, param_word, n, bits, approx, out);
+void DequantizeGroup(int kind, const uint32_t* code_words, uint32_t param_word, uint32_t n,
+                     uint32_t bits, const float* approx, void* out) {
+  HWY_DYNAMIC_DISPATCH(DequantizeGroupVector)(kind, code_words, param_word, n, bits, approx, out);
 }
 
 void CastEncodeWords(const float* input, uint64_t numel, bool to_bf16, uint64_t begin,
@@ -693,24 +833,26 @@ void CastDecodeElements(const uint16_t* halves, bool from_bf16, uint64_t begin, 
   HWY_DYNAMIC_DISPATCH(CastDecodeElementsVector)(halves, from_bf16, begin, end, out);
 }
 
-void MaskEncodeWords(const uint32_t* input, uint64_t numel, uint64_t begin, uint64_t end,
+void MaskEncodeWords(int width, const void* input, uint64_t numel, uint64_t begin, uint64_t end,
                      uint32_t* words, MaskTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(MaskEncodeWordsVector)(input, numel, begin, end, words, totals);
+  HWY_DYNAMIC_DISPATCH(MaskEncodeWordsVector)(width, input, numel, begin, end, words, totals);
 }
 
-void MaskDecodeWords(const uint32_t* words, uint64_t numel, uint32_t value, uint64_t begin_word,
-                     uint64_t end_word, uint32_t* out) {
-  HWY_DYNAMIC_DISPATCH(MaskDecodeWordsVector)(words, numel, value, begin_word, end_word, out);
+void MaskDecodeWords(int width, const uint32_t* words, uint64_t numel, uint32_t value,
+                     uint64_t begin_word, uint64_t end_word, void* out) {
+  HWY_DYNAMIC_DISPATCH(MaskDecodeWordsVector)(width, words, numel, value, begin_word, end_word,
+                                              out);
 }
 
-void PoolEncodeWords(const float* input, uint32_t window, uint64_t begin, uint64_t end,
-                     uint32_t* words, PoolTotals* totals) {
-  HWY_DYNAMIC_DISPATCH(PoolEncodeWordsVector)(input, window, begin, end, words, totals);
+void PoolEncodeWords(int kind, const void* input, uint64_t means, uint32_t window, uint64_t begin,
+                     uint64_t end, uint32_t* words, PoolTotals* totals) {
+  HWY_DYNAMIC_DISPATCH(PoolEncodeWordsVector)(kind, input, means, window, begin, end, words,
+                                              totals);
 }
 
-void PoolDecodeMeans(const float* means, uint32_t window, uint64_t begin, uint64_t end,
-                     float* out) {
-  HWY_DYNAMIC_DISPATCH(PoolDecodeMeansVector)(means, window, begin, end, out);
+void PoolDecodeMeans(int width, const void* means, uint32_t window, uint64_t begin, uint64_t end,
+                     void* out) {
+  HWY_DYNAMIC_DISPATCH(PoolDecodeMeansVector)(width, means, window, begin, end, out);
 }
 
 }  // namespace actpack::codecs::simd

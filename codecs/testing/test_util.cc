@@ -16,7 +16,8 @@ absl::StatusOr<std::vector<uint8_t>> EncodeToVector(const void* data, DType dtyp
   const TensorView input{data, dtype, std::move(shape), Device::kCpu};
   absl::StatusOr<size_t> max_size = MaxEncodedSize(input.Spec(), params);
   if (!max_size.ok()) return max_size.status();
-  std::vector<uint8_t> buffer(*max_size);
+  // Not zeroed: an encoder must write every byte it returns (callers reuse buffers).
+  std::vector<uint8_t> buffer(*max_size, 0xa5);
   absl::StatusOr<size_t> used = Encode(input, params, buffer.data(), buffer.size(), {});
   if (!used.ok()) return used.status();
   buffer.resize(*used);
