@@ -62,9 +62,10 @@ METHODS = {
 # Per size: the budget per model, the steps of the loss run (the last two and those after are
 # timed), the largest batch searched and the precision of the search.
 SETTINGS = {
-    "smoke": {"budget": {"resnet50": "24MiB", "vit-b16": "16MiB", "gpt2-small": "16MiB",
-                         "unet": "24MiB"},
-              "loss_steps": 4, "time_steps": 1, "max_batch": 256, "precision": 0.1},
+    # Budgets that hold batches of tens, a coarse search: the machinery in a few minutes.
+    "smoke": {"budget": {"resnet50": "10MiB", "vit-b16": "3MiB", "gpt2-small": "8MiB",
+                         "unet": "10MiB"},
+              "loss_steps": 4, "time_steps": 1, "max_batch": 96, "precision": 0.25},
     "cpu": {"budget": {"resnet50": "320MiB", "vit-b16": "192MiB", "gpt2-small": "192MiB",
                        "unet": "160MiB"},
             "loss_steps": 8, "time_steps": 3, "max_batch": 4096, "precision": 0.04},

@@ -37,10 +37,15 @@ struct PolicyItem {
   double weight = 1.0;                      // sensitivity: how much this tensor's error counts
 };
 
+// The share of a budget a plan leaves free for what its model misses (fragmentation beyond the
+// measured, memory outside the allocator): the default of actpack.budget, the planner and
+// actpack::BudgetOptions.
+inline constexpr double kDefaultHeadroom = 0.15;
+
 struct PolicyInput {
   uint64_t budget_bytes = 0;
   uint64_t other_bytes = 0;  // the step's peak besides the saved tensors
-  double headroom = 0.05;    // share of the budget kept free for what the model misses
+  double headroom = kDefaultHeadroom;
   std::vector<PolicyItem> items;
 };
 

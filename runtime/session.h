@@ -58,8 +58,8 @@ using BufferFactory = std::function<absl::StatusOr<std::unique_ptr<Buffer>>(
     size_t bytes, const codecs::ExecContext& context)>;
 
 // Defaults of the session's options, the one place both languages take them from (actpack.budget,
-// actpack::BudgetOptions and the planner read them through the bindings).
-inline constexpr double kDefaultHeadroom = 0.15;  // fragmentation and what the model misses
+// actpack::BudgetOptions and the planner read them through the bindings); the headroom's is
+// policy.h's kDefaultHeadroom.
 inline constexpr int kDefaultProfileEvery = 50;
 inline constexpr uint64_t kDefaultMinBytes = 64 * 1024;
 
