@@ -81,7 +81,7 @@ bash tools/wheel_check.sh || failed+=("wheel")
 
 stage "pytest"
 pytest_log=$(mktemp)
-(cd tests && python3 -m pytest -q -p no:cacheprovider . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
+(cd tests && python3 -m pytest -q -p no:cacheprovider --durations=12 . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
   failed+=("pytest")
 stage ""
 
