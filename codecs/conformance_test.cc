@@ -563,6 +563,26 @@ TEST_P(CodecConformanceTest, EveryTruncationIsDataLoss) {
   }
 }
 
+TEST_P(CodecConformanceTest, ByteFlipsAreRefused) {
+  const Case& c = GetParam();
+  const std::vector<uint8_t> input =
+      ToBytes(Activations(Numel(c.shape), 3, c.spec.zero_or_value), c.dtype);
+  absl::StatusOr<std::vector<uint8_t>> buffer = Encode(input);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<uint8_t> output;
+  // Every byte of small buffers (every header field), a spread of the payload of larger ones.
+  const size_t step = std::max<size_t>(1, (buffer->size() - kHeaderSize) / 97);
+  for (size_t i = 0; i < buffer->size(); i += i < kHeaderSize ? 1 : step) {
+    for (uint8_t flip : {0x01, 0x80, 0xff}) {
+      (*buffer)[i] ^= flip;
+      const absl::Status status = Decode(*buffer, buffer->size(), output);
+      ASSERT_FALSE(status.ok()) << "byte " << i << " flip " << int{flip};
+      (*buffer)[i] ^= flip;
+    }
+  }
+  ASSERT_TRUE(Decode(*buffer, buffer->size(), output).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecConformanceTest, ::testing::ValuesIn(AllCases()),
                          CaseName);
 
