@@ -440,6 +440,12 @@ class CodecConformanceTest : public ::testing::TestWithParam<Case> {
     return runner_->Encode(input, c.dtype, c.shape, params_);
   }
 
+  // The case's activations, encoded: the buffer the corruption tests damage.
+  absl::StatusOr<std::vector<uint8_t>> EncodeActivations() {
+    const Case& c = GetParam();
+    return Encode(ToBytes(Activations(Numel(c.shape), 3, c.spec.zero_or_value), c.dtype));
+  }
+
   // Decodes the first `size` bytes of `buffer` on the case's device; unwritten output shows.
   absl::Status Decode(const std::vector<uint8_t>& buffer, size_t size,
                       std::vector<uint8_t>& output) {
@@ -548,10 +554,7 @@ TEST_P(CodecConformanceTest, NonFiniteValuesAreRefusedOrKeptExactly) {
 }
 
 TEST_P(CodecConformanceTest, EveryTruncationIsDataLoss) {
-  const Case& c = GetParam();
-  const std::vector<uint8_t> input =
-      ToBytes(Activations(Numel(c.shape), 3, c.spec.zero_or_value), c.dtype);
-  absl::StatusOr<std::vector<uint8_t>> buffer = Encode(input);
+  absl::StatusOr<std::vector<uint8_t>> buffer = EncodeActivations();
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::vector<uint8_t> output;
   // Every prefix of small buffers; a spread of prefixes of larger ones.
@@ -564,10 +567,7 @@ TEST_P(CodecConformanceTest, EveryTruncationIsDataLoss) {
 }
 
 TEST_P(CodecConformanceTest, ByteFlipsAreRefused) {
-  const Case& c = GetParam();
-  const std::vector<uint8_t> input =
-      ToBytes(Activations(Numel(c.shape), 3, c.spec.zero_or_value), c.dtype);
-  absl::StatusOr<std::vector<uint8_t>> buffer = Encode(input);
+  absl::StatusOr<std::vector<uint8_t>> buffer = EncodeActivations();
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::vector<uint8_t> output;
   // Every byte of small buffers (every header field), a spread of the payload of larger ones.

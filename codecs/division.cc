@@ -259,25 +259,6 @@ void DecodeGroup(const uint32_t* words, const Layout& l, uint64_t p, uint64_t q,
   }
 }
 
-// Calls fn.template operator()<K, kBits>() for the dtype's element kind and the bit width.
-template <typename Fn>
-void DispatchKindAndBits(DType dtype, uint32_t bits, Fn&& fn) {
-  auto with_kind = [&](auto kind) {
-    constexpr int K = decltype(kind)::value;
-    switch (bits) {
-      case 1: fn.template operator()<K, 1>(); break;
-      case 2: fn.template operator()<K, 2>(); break;
-      case 4: fn.template operator()<K, 4>(); break;
-      default: fn.template operator()<K, 8>(); break;
-    }
-  };
-  switch (dtype) {
-    case DType::kFloat16: with_kind(std::integral_constant<int, elements::kF16>()); break;
-    case DType::kBFloat16: with_kind(std::integral_constant<int, elements::kBF16>()); break;
-    default: with_kind(std::integral_constant<int, elements::kF32>()); break;
-  }
-}
-
 // ---- division: the pooled LFC ----
 
 // The means of bands [begin, end) of windows: band b is (plane b / blocks_h, window row
@@ -435,7 +416,7 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
       return;
     }
     GroupScratch s(l.group_length);
-    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+    elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t p = g / l.groups_per_plane;
         const uint64_t q = g % l.groups_per_plane;
@@ -453,7 +434,7 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
     std::vector<float> approx(l.group_length + 8);
-    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+    elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t p = g / l.groups_per_plane;
         const uint64_t q = g % l.groups_per_plane;
@@ -686,7 +667,7 @@ Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t k
     PlaneDft dft(l, shape, twiddles);
     GroupScratch s(l.group_length);
     Partial& partial = partials[chunk];
-    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+    elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t p = begin; p < end; ++p) {
         dft.Forward<K>(input, p, words, &partial);
         const float* approx = dft.Inverse(words, p);
@@ -709,7 +690,7 @@ void FftDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, uint32_t
   const DftTwiddles twiddles(l, shape, keep);
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int, int64_t begin, int64_t end) {
     PlaneDft dft(l, shape, twiddles);
-    DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
+    elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t p = begin; p < end; ++p) {
         const float* approx = dft.Inverse(words, p);
         for (uint64_t q = 0; q < l.groups_per_plane; ++q) {

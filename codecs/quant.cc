@@ -156,25 +156,6 @@ void DecodeGroups(const uint32_t* words, const Layout& l, void* output, uint64_t
   }
 }
 
-// Calls fn.template operator()<K, kBits>() for the dtype's element kind and the bit width.
-template <typename Fn>
-void DispatchKindAndBits(DType dtype, uint32_t bits, Fn&& fn) {
-  auto with_kind = [&](auto kind) {
-    constexpr int K = decltype(kind)::value;
-    switch (bits) {
-      case 1: fn.template operator()<K, 1>(); break;
-      case 2: fn.template operator()<K, 2>(); break;
-      case 4: fn.template operator()<K, 4>(); break;
-      default: fn.template operator()<K, 8>(); break;
-    }
-  };
-  switch (dtype) {
-    case DType::kFloat16: with_kind(std::integral_constant<int, elements::kF16>()); break;
-    case DType::kBFloat16: with_kind(std::integral_constant<int, elements::kBF16>()); break;
-    default: with_kind(std::integral_constant<int, elements::kF32>()); break;
-  }
-}
-
 // Groups per parallel chunk: about 64 Ki values, enough to amortise a thread start.
 int64_t GroupGrain(const Layout& l) { return std::max<int64_t>(1, 65536 / l.group_size); }
 
@@ -227,7 +208,7 @@ class Quant final : public Codec {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
-        DispatchKindAndBits(input.dtype, l.bits, [&]<int K, int kBits>() {
+        elements::DispatchKindAndBits(input.dtype, l.bits, [&]<int K, int kBits>() {
           partials[chunk] = EncodeGroups<K, kBits>(input.data, l, words, begin, end);
         });
       });
@@ -275,7 +256,7 @@ class Quant final : public Codec {
     }
     const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
     internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
-      DispatchKindAndBits(header.dtype, l.bits, [&]<int K, int kBits>() {
+      elements::DispatchKindAndBits(header.dtype, l.bits, [&]<int K, int kBits>() {
         DecodeGroups<K, kBits>(words, l, output.data, begin, end);
       });
     });
