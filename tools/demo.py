@@ -93,6 +93,19 @@ def batches(corpus, batch, context, seed, device):
         yield window[:, :-1].to(device), window[:, 1:].to(device)
 
 
+def training_step(model, optimizer, data):
+    """One step of the demo's training: next batch, cross-entropy, backward, optimizer step;
+    returns the loss."""
+    def step():
+        x, y = next(data)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+    return step
+
+
 def train(corpus, steps, batch, context, device, seed, budget=None, codec="quant2",
           report=None, model_name="cnn", allowed_loss_increase=None):
     """Trains from a fixed seed; returns (losses, wall seconds, run report or None, model)."""
@@ -102,13 +115,7 @@ def train(corpus, steps, batch, context, device, seed, budget=None, codec="quant
     data = batches(corpus, batch, context, seed, device)
     losses = []
 
-    def step():
-        x, y = next(data)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+    step = training_step(model, optimizer, data)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -17,7 +17,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import actpack
 from actpack import _C
@@ -68,13 +67,7 @@ def record(model_name, steps, warmup, batch, context, seed):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     data = demo.batches(demo.load_corpus(), batch, context, seed, torch.device("cpu"))
 
-    def step():  # tools/demo.py's training step
-        x, y = next(data)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+    step = demo.training_step(model, optimizer, data)
 
     for _ in range(warmup):
         step()
