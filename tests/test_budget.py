@@ -218,3 +218,24 @@ def test_min_bytes_zero_packs_everything():
     with actpack.budget("1GiB", codec="identity", min_bytes=0) as run:
         (x.sigmoid() * 2).sum().backward()
     assert run.report["activations"]["totals"]["packs"] == 1
+
+
+def test_session_hooks_are_plain_functions_over_packed_handles():
+    session = actpack._C.Session(codec="identity", min_bytes=0)
+    pack, unpack = session.hooks()
+    x = torch.randn(4, 5)
+    handle = pack(x, "layer")
+    assert isinstance(handle, actpack._C.PackedTensor)
+    assert handle.raw_bytes == 4 * 5 * 4 < handle.stored_bytes  # identity adds a header
+    assert torch.equal(unpack(handle), x) and torch.equal(unpack(handle), x)
+    assert session.totals()["unpacks"] == 2
+    weight = nn.Parameter(torch.randn(3))
+    kept = pack(weight, "")  # a parameter is kept, as a tensor: unpack gives it back
+    assert isinstance(kept, torch.Tensor) and unpack(kept) is kept
+    assert session.hook_seconds() > 0
+    with pytest.raises(TypeError):
+        unpack(object())
+    with pytest.raises(TypeError):
+        pack(x, None)
+    with pytest.raises(TypeError):
+        actpack._C.PackedTensor()
