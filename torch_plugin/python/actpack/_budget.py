@@ -391,6 +391,7 @@ class _ModuleTracker:
         self._stack = []
         self.name = ""  # the module running now, as current() gives it
         self._names = {}  # (id(parent), id(module)) -> module's name under parent
+        self._walks = {}  # id(parent) -> {id(descendant): its name}, from one named_modules()
         self._handles = []
         self.modules = {}  # name -> module, as seen running
         self.compiled = False  # torch.compile'd code ran: modules inside it are not seen
@@ -456,15 +457,27 @@ class _ModuleTracker:
             key = (id(parent), id(module))
             child = self._names.get(key)
             if child is None:
-                # A descendant, not only a child: containers such as ModuleList are iterated,
-                # never called, so "blocks.0" runs straight under the model.
-                child = next((n for n, m in parent.named_modules() if m is module and n), None)
-                child = child if child is not None else type(module).__name__
-                self._names[key] = child
+                child = self._names[key] = self._descendant_name(parent, module)
             name = f"{parent_name}.{child}" if parent_name else child
         self._stack.append((module, name))
         self.modules[name] = module
         self.name = name
+
+    def _descendant_name(self, parent, module):
+        """module's name under parent. A descendant, not only a child: containers such as
+        ModuleList are iterated, never called, so "blocks.0" runs straight under the model. One
+        walk of parent names all its descendants (a walk per module would take time quadratic
+        in the modules on a model's first step); it is walked again when it changed since."""
+        walk = self._walks.get(id(parent))
+        name = walk.get(id(module)) if walk is not None else None
+        if name is None or _submodule(parent, name) is not module:
+            walk = {}
+            for n, m in parent.named_modules():
+                if n:
+                    walk.setdefault(id(m), n)
+            self._walks[id(parent)] = walk
+            name = walk.get(id(module))
+        return name if name is not None else type(module).__name__
 
     def _leave(self, module, args, output):
         if torch.compiler.is_compiling() or _is_compiled(module):
@@ -485,6 +498,16 @@ class _ModuleTracker:
                 self._output_norms.append((name, torch.linalg.vector_norm(grad.detach(),
                                                                           dtype=torch.float32)))
             output.register_hook(record)
+
+
+def _submodule(parent, name):
+    """parent's descendant at the dotted path `name`, None when there is none."""
+    module = parent
+    for part in name.split("."):
+        module = module._modules.get(part) if isinstance(module, torch.nn.Module) else None
+        if module is None:
+            return None
+    return module
 
 
 def _fan(module):
