@@ -6,7 +6,12 @@
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,16 +40,37 @@ namespace {
 namespace py = pybind11;
 
 // The CPU codecs' parallel loops on torch's intra-op pool (at::parallel_for, as many threads as
-// torch.set_num_threads), so that a step never runs more threads than torch itself would.
+// torch.set_num_threads), so that a step never runs more threads than torch itself would. With
+// torch's OpenMP backend at::parallel_for is parallel only where this file is compiled with
+// OpenMP (setup.py's -fopenmp); without it, it runs every task on the calling thread.
 class TorchExecutor final : public codecs::CpuExecutor {
  public:
   int Threads() const override { return at::get_num_threads(); }
+  // Tasks are claimed as threads come free, as in the built-in pool, not split evenly up
+  // front: a thread whose core another process slows down then runs fewer of them.
   void Run(int tasks, const std::function<void(int)>& body) const override {
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) body(static_cast<int>(t));
+    std::atomic<int> next{0};
+    at::parallel_for(0, std::min(tasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+      for (int t = next.fetch_add(1); t < tasks; t = next.fetch_add(1)) body(t);
     });
   }
 };
+
+const TorchExecutor torch_executor;
+
+// How many threads torch's pool runs the codecs' tasks on (the OpenMP team's size; 1 when the
+// tasks run on the calling thread alone): the tests check that the codecs use the pool.
+int ExecutorTeamSize() {
+  std::atomic<int> team{1};
+  torch_executor.Run(torch_executor.Threads(), [&](int) {
+#ifdef _OPENMP
+    int size = omp_get_num_threads();
+    for (int seen = team.load(); size > seen && !team.compare_exchange_weak(seen, size);) {
+    }
+#endif
+  });
+  return team.load();
+}
 
 // ---- torch ops: one schema, one implementation for every device (the codecs dispatch) ----
 
@@ -137,8 +163,8 @@ TORCH_LIBRARY_IMPL(actpack, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "actpack's C++ runtime: codecs, the saved-tensor session and the report";
-  static const actpack::torch_plugin::TorchExecutor torch_executor;
-  actpack::codecs::SetCpuExecutor(&torch_executor);
+  actpack::codecs::SetCpuExecutor(&actpack::torch_plugin::torch_executor);
+  m.def("_executor_team_size", &actpack::torch_plugin::ExecutorTeamSize);
   actpack::torch_plugin::BindCli(m);
 #ifdef ACTPACK_WITH_CUDA
   m.attr("with_cuda") = true;
