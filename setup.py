@@ -72,13 +72,17 @@ extension = extension_type(
     include_dirs=[ROOT, os.path.join(absl_prefix, "include")],
     define_macros=defines,
     extra_compile_args={
-        "cxx": ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter"],
+        # -fopenmp: torch's at::parallel_for (OpenMP backend) is inline; without OpenMP where
+        # it is compiled, it runs on the calling thread alone. Linked as libgomp.so.1, the one
+        # torch loads (its wheel's copy), so the process keeps a single OpenMP pool.
+        "cxx": ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter",
+                "-fopenmp"],
         "nvcc": ["-O3", "--fmad=false", "-Xcompiler=-ffp-contract=off",
                  "-gencode=arch=compute_80,code=sm_80",
                  "-gencode=arch=compute_90,code=sm_90",
                  "-gencode=arch=compute_90,code=compute_90"],
     },
-    extra_link_args=system_link_args(absl_prefix),
+    extra_link_args=system_link_args(absl_prefix) + ["-fopenmp"],
 )
 
 class BuildPyWithPth(build_py):

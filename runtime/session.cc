@@ -100,9 +100,14 @@ Session::~Session() {
 }
 
 int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
-  auto key = std::make_tuple(ordinal, info.producer, info.shape);
-  auto it = record_index_.find(key);
-  if (it != record_index_.end()) return it->second;
+  if (static_cast<size_t>(ordinal) >= ordinal_records_.size()) {
+    ordinal_records_.resize(static_cast<size_t>(ordinal) + 1);
+  }
+  std::vector<int>& candidates = ordinal_records_[static_cast<size_t>(ordinal)];
+  for (int index : candidates) {
+    const SavedRecord& known = records_[index];
+    if (known.producer == info.producer && known.shape == info.shape) return index;
+  }
   SavedRecord record;
   record.ordinal = ordinal;
   record.producer = info.producer;
@@ -111,7 +116,7 @@ int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
   record.dtype = info.dtype;
   record.assigned = ChoiceFor(options_.rules, options_.codec, info.module);
   records_.push_back(std::move(record));
-  record_index_.emplace(std::move(key), static_cast<int>(records_.size() - 1));
+  candidates.push_back(static_cast<int>(records_.size() - 1));
   return static_cast<int>(records_.size() - 1);
 }
 
@@ -153,18 +158,22 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     return plan;
   }
 
-  const DedupKey key{info.storage, info.storage_offset, info.shape, info.strides, info.version,
-                     info.dtype};
-  auto it = dedup_.find(key);
+  auto it = dedup_.find(DedupKey{info.storage, info.storage_offset, info.version, info.dtype});
   if (it != dedup_.end()) {
-    if (std::shared_ptr<PackedTensor> earlier = it->second.lock()) {
-      plan.action = PackAction::kReuse;
-      plan.duplicate = std::move(earlier);
-      ++record.reused;
-      totals_.reused_bytes += bytes;
-      return plan;
+    std::vector<DedupEntry>& entries = it->second;
+    for (auto entry = entries.begin(); entry != entries.end(); ++entry) {
+      if (entry->shape != info.shape || entry->strides != info.strides) continue;
+      if (std::shared_ptr<PackedTensor> earlier = entry->packed.lock()) {
+        plan.action = PackAction::kReuse;
+        plan.duplicate = std::move(earlier);
+        ++record.reused;
+        totals_.reused_bytes += bytes;
+        return plan;
+      }
+      entries.erase(entry);
+      break;
     }
-    dedup_.erase(it);
+    if (entries.empty()) dedup_.erase(it);
   }
   // Measured on profile steps and when never measured (or its error bound changed while this
   // tensor was planned), once per step. A call: planning may reset measured_step.
@@ -404,9 +413,16 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     current_step_.peak_live_stored = totals_.live_stored;
     current_step_.peak_live_raw = totals_.live_raw;
   }
-  const DedupKey key{info.storage, info.storage_offset, info.shape, info.strides, info.version,
-                     info.dtype};
-  dedup_[key] = packed;
+  std::vector<DedupEntry>& entries =
+      dedup_[DedupKey{info.storage, info.storage_offset, info.version, info.dtype}];
+  auto entry = std::find_if(entries.begin(), entries.end(), [&](const DedupEntry& e) {
+    return e.shape == info.shape && e.strides == info.strides;
+  });
+  if (entry == entries.end()) {
+    entries.push_back({info.shape, info.strides, packed});
+  } else {
+    entry->packed = packed;
+  }
   return packed;
 }
 
@@ -585,9 +601,13 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   step_records_.clear();
   ordinal_ = 0;
   ++step_index_;
-  for (auto it = dedup_.begin(); it != dedup_.end();) {
-    it = it->second.expired() ? dedup_.erase(it) : std::next(it);
-  }
+  absl::erase_if(dedup_, [](auto& key_entries) {
+    std::vector<DedupEntry>& entries = key_entries.second;
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const DedupEntry& e) { return e.packed.expired(); }),
+                  entries.end());
+    return entries.empty();
+  });
   return status;
 }
 

@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "codecs/codec.h"
@@ -345,8 +346,15 @@ class Session {
   SessionState State() const;
 
  private:
-  using DedupKey = std::tuple<uintptr_t, int64_t, std::vector<int64_t>, std::vector<int64_t>,
-                              uint32_t, codecs::DType>;
+  // Dedup: this step's packed copies by where their data lies (storage, offset, version,
+  // dtype), then by shape and strides (one entry, unless views of the same bytes differ): a
+  // lookup copies nothing.
+  using DedupKey = std::tuple<uintptr_t, int64_t, uint32_t, codecs::DType>;
+  struct DedupEntry {
+    std::vector<int64_t> shape;
+    std::vector<int64_t> strides;
+    std::weak_ptr<PackedTensor> packed;
+  };
   int RecordFor(const SavedTensorInfo& info, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -366,9 +374,10 @@ class Session {
   mutable absl::Mutex mu_;
   uint64_t pack_counter_ ABSL_GUARDED_BY(mu_) = 0;
   int ordinal_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<DedupKey, std::weak_ptr<PackedTensor>> dedup_ ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<int, std::string, std::vector<int64_t>>, int> record_index_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DedupKey, std::vector<DedupEntry>> dedup_ ABSL_GUARDED_BY(mu_);
+  // The records of each ordinal (one, unless the step's tensors change from step to step): a
+  // record is the same ordinal, producer and shape.
+  std::vector<std::vector<int>> ordinal_records_ ABSL_GUARDED_BY(mu_);
   std::vector<SavedRecord> records_ ABSL_GUARDED_BY(mu_);
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   StepRecord current_step_ ABSL_GUARDED_BY(mu_);

@@ -218,3 +218,47 @@ def test_min_bytes_zero_packs_everything():
     with actpack.budget("1GiB", codec="identity", min_bytes=0) as run:
         (x.sigmoid() * 2).sum().backward()
     assert run.report["activations"]["totals"]["packs"] == 1
+
+
+def test_module_names_take_one_walk_of_the_model_and_follow_a_change():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(20)])
+    walks = []
+    named_modules = model.named_modules
+
+    def counted(*args, **kwargs):
+        walks.append(1)
+        return named_modules(*args, **kwargs)
+
+    model.named_modules = counted
+    x = torch.randn(2, 8)
+    with actpack.budget("1GiB", codec="identity", min_bytes=0) as run:
+        model(x).sum().backward()
+        # Every block is named from the one walk; its children are named by walking it.
+        assert len(walks) == 1
+        model[3] = nn.Sequential(nn.Linear(8, 8), nn.Tanh())  # a new module at a known name
+        model(x).sum().backward()
+        assert len(walks) == 2
+    modules = {s["module"] for s in run.report["activations"]["saved_tensors"]}
+    assert {f"{i}.0" for i in range(20)} <= modules and {f"{i}.1" for i in range(20)} <= modules
+
+
+def test_session_hooks_are_plain_functions_over_packed_handles():
+    session = actpack._C.Session(codec="identity", min_bytes=0)
+    pack, unpack = session.hooks()
+    x = torch.randn(4, 5)
+    handle = pack(x, "layer")
+    assert isinstance(handle, actpack._C.PackedTensor)
+    assert handle.raw_bytes == 4 * 5 * 4 < handle.stored_bytes  # identity adds a header
+    assert torch.equal(unpack(handle), x) and torch.equal(unpack(handle), x)
+    assert session.totals()["unpacks"] == 2
+    weight = nn.Parameter(torch.randn(3))
+    kept = pack(weight, "")  # a parameter is kept, as a tensor: unpack gives it back
+    assert isinstance(kept, torch.Tensor) and unpack(kept) is kept
+    assert session.hook_seconds() > 0
+    with pytest.raises(TypeError):
+        unpack(object())
+    with pytest.raises(TypeError):
+        pack(x, None)
+    with pytest.raises(TypeError):
+        actpack._C.PackedTensor()

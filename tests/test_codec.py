@@ -65,6 +65,23 @@ def test_same_seed_same_bytes():
     assert not torch.equal(actpack.encode(x, "quant2", seed=5), actpack.encode(x, "quant2", seed=6))
 
 
+def test_codecs_run_on_torchs_threads_and_write_the_same_bytes_on_any_number():
+    threads = torch.get_num_threads()
+    x = torch.randn(4 << 20).clamp_(min=0)  # large enough for the codecs' parallel loops
+    encoded = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert actpack._C._executor_team_size() == n
+            encoded[n] = {codec: actpack.encode(x, codec, seed=3)
+                          for codec in ("quant2", "cast:bf16", "identity", "eb:rel=1e-2")}
+            assert all(torch.equal(actpack.decode(encoded[n][c]), actpack.decode(encoded[1][c]))
+                       for c in encoded[n])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(encoded[1][c], encoded[2][c]) for c in encoded[1])
+
+
 @pytest.mark.parametrize("codec, words", [("quant3", "bits must be 1, 2, 4 or 8, not 3"),
                                            ("zstd", "unknown codec 'zstd'"),
                                            ("quant:group=100", "group size"),

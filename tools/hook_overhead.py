@@ -3,9 +3,12 @@
 A model of several hundred small layers (Linear + Tanh, batch 8, width 64: 2 KiB activations,
 where the hooks' fixed cost dominates) trains for a few steps under actpack.budget with
 `quant8` on every saved tensor (min_bytes=0). Each call of the pack and unpack hooks is timed
-from Python (what autograd calls: the Python hook, the module tracker, the C++ session); the
-session's own clock of its codec calls (totals "codec_seconds") is subtracted. Also printed:
-a plain step and a step under the budget, for scale.
+from Python (what autograd calls: the Python hook, the module tracker's name, the C++ session);
+the session's own clock of its codec calls (totals "codec_seconds") is subtracted. The split:
+the C++ session's clock of its pack and unpack (Session.hook_seconds(), the binding included)
+less the codecs, and the rest, Python's. Each number is the median over the steps (a step that
+another process preempted does not set it). Also printed: a plain step and a step under the
+budget, for scale.
 
     python3 tools/hook_overhead.py [--layers 300] [--steps 20] [--threads 2]
 """
@@ -48,7 +51,7 @@ def main():
     plain = statistics.median(plain_step_seconds() for _ in range(args.steps))
 
     context = actpack.budget("90%", codec="quant8", min_bytes=0)
-    pack, unpack = context._pack, context._unpack
+    pack, unpack = context._make_hooks(*context._session.hooks())
     hook_seconds = [0.0]
     calls = [0]
 
@@ -62,31 +65,38 @@ def main():
         return run
 
     context._hooks = torch.autograd.graph.saved_tensors_hooks(timed(pack), timed(unpack))
-    step_seconds = []
+    session = context._session
+    # Per step: (wall, hooks, codecs, C++ session, hook calls, packs). Medians over steps, so
+    # that a step another process preempted does not set the number.
+    steps = []
     with context:
         step()  # the first step under a budget sets the session up
-        hook_seconds[0], calls[0] = 0.0, 0
-        codec_before = context._session.totals()["codec_seconds"]
-        packs_before = context._session.totals()["packs"]
         for _ in range(args.steps):
+            hook_seconds[0], calls[0] = 0.0, 0
+            before = session.totals(), session.hook_seconds()
             start = time.perf_counter()
             step()
-            step_seconds.append(time.perf_counter() - start)
-        totals = context._session.totals()
-    codec = totals["codec_seconds"] - codec_before
-    saved = calls[0] / 2  # a pack and an unpack per saved tensor
-    per_tensor = (hook_seconds[0] - codec) / saved
+            wall = time.perf_counter() - start
+            after = session.totals(), session.hook_seconds()
+            steps.append((wall, hook_seconds[0],
+                          after[0]["codec_seconds"] - before[0]["codec_seconds"],
+                          after[1] - before[1], calls[0],
+                          after[0]["packs"] - before[0]["packs"]))
+    median = statistics.median
+    saved = median(s[4] for s in steps) / 2  # a pack and an unpack per saved tensor
+    per_tensor = median((s[1] - s[2]) / (s[4] / 2) for s in steps)
+    cpp = median((s[3] - s[2]) / (s[4] / 2) for s in steps)
     print(f"model: {args.layers} x (Linear({args.width}, {args.width}) + Tanh), batch "
           f"{args.batch}, torch threads {torch.get_num_threads()}")
-    print(f"saved tensors per step: {saved / args.steps:.0f} "
-          f"({(totals['packs'] - packs_before) / args.steps:.0f} packed with quant8)")
+    print(f"saved tensors per step: {saved:.0f} ({median(s[5] for s in steps):.0f} packed "
+          f"with quant8); medians of {args.steps} steps")
     print(f"step: plain {plain * 1e3:.2f} ms, under actpack.budget "
-          f"{statistics.median(step_seconds) * 1e3:.2f} ms")
-    print(f"hooks: {hook_seconds[0] / args.steps * 1e3:.2f} ms a step, of which codecs "
-          f"{codec / args.steps * 1e3:.2f} ms")
+          f"{median(s[0] for s in steps) * 1e3:.2f} ms")
+    print(f"hooks: {median(s[1] for s in steps) * 1e3:.2f} ms a step, of which codecs "
+          f"{median(s[2] for s in steps) * 1e3:.2f} ms")
     print(f"hook overhead per saved tensor (pack + unpack, codec time excluded): "
-          f"{per_tensor * 1e6:.1f} us")
-
+          f"{per_tensor * 1e6:.1f} us: C++ session {cpp * 1e6:.1f} us, Python hook "
+          f"{(per_tensor - cpp) * 1e6:.1f} us")
 
 if __name__ == "__main__":
     main()

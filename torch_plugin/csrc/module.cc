@@ -1,20 +1,23 @@
 // The Python module actpack._C and the torch ops actpack::encode / actpack::decode.
 //
-// Session is saved_tensors.h's SavedTensorSession for Python's saved_tensors_hooks: pack()
-// returns the tensor itself when it is kept, or an opaque PackedTensor; unpack() turns either
-// back into a tensor.
+// Session (py_session.h) is saved_tensors.h's SavedTensorSession for Python's
+// saved_tensors_hooks.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <optional>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +32,7 @@
 #include "torch_plugin/csrc/allocator_bindings.h"
 #include "torch_plugin/csrc/cli_bindings.h"
 #include "torch_plugin/csrc/py_json.h"
-#include "torch_plugin/csrc/saved_tensors.h"
+#include "torch_plugin/csrc/py_session.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -37,71 +40,38 @@ namespace {
 
 namespace py = pybind11;
 
-// actpack._C.Session: SavedTensorSession for saved_tensors_hooks. pack() returns the tensor
-// itself when it is kept, or an opaque PackedTensor; unpack() turns either back into a tensor.
-class PySession {
- public:
-  explicit PySession(const SessionSettings& settings) : session_(settings) {}
-
-  py::object Pack(const at::Tensor& tensor, const std::string& module) {
-    SavedTensor saved = session_.Pack(tensor, module);
-    if (at::Tensor* kept = std::get_if<at::Tensor>(&saved)) return py::cast(*kept);
-    return py::cast(std::get<PackedHandle>(std::move(saved)));
-  }
-
-  at::Tensor Unpack(const py::object& handle) {
-    if (THPVariable_Check(handle.ptr())) return THPVariable_Unpack(handle.ptr());
-    return session_.Unpack(handle.cast<const PackedHandle&>());
-  }
-
-  py::dict Policy() const {
-    const runtime::PolicyState p = session_.Policy();
-    py::dict d;
-    d["plans"] = p.plans;
-    d["other_bytes"] = p.other_bytes;
-    d["projected_peak_bytes"] = p.projected_peak;
-    d["feasible"] = p.feasible;
-    d["smallest_feasible_budget"] = p.smallest_feasible_budget;
-    d["outside_pool_bytes"] = p.outside_pool_bytes;
-    return d;
-  }
-
-  py::dict Totals() const {
-    const runtime::SessionTotals t = session_.Totals();
-    py::dict d;
-    d["packed_raw_bytes"] = t.packed_raw_bytes;
-    d["packed_stored_bytes"] = t.packed_stored_bytes;
-    d["kept_bytes"] = t.kept_bytes;
-    d["reused_bytes"] = t.reused_bytes;
-    d["packs"] = t.packs;
-    d["unpacks"] = t.unpacks;
-    d["exact_fallbacks"] = t.exact_fallbacks;
-    d["live_stored_bytes"] = t.live_stored;
-    d["peak_live_stored_bytes"] = t.peak_live_stored;
-    d["live_raw_bytes"] = t.live_raw;
-    d["peak_live_raw_bytes"] = t.peak_live_raw;
-    d["codec_seconds"] = static_cast<double>(t.codec_nanoseconds) * 1e-9;
-    return d;
-  }
-
-  SavedTensorSession& session() { return session_; }
-  const SavedTensorSession& session() const { return session_; }
-
- private:
-  SavedTensorSession session_;
-};
-
 // The CPU codecs' parallel loops on torch's intra-op pool (at::parallel_for, as many threads as
-// torch.set_num_threads), so that a step never runs more threads than torch itself would.
+// torch.set_num_threads), so that a step never runs more threads than torch itself would. With
+// torch's OpenMP backend at::parallel_for is parallel only where this file is compiled with
+// OpenMP (setup.py's -fopenmp); without it, it runs every task on the calling thread.
 class TorchExecutor final : public codecs::CpuExecutor {
  public:
   int Threads() const override { return at::get_num_threads(); }
+  // Tasks are claimed as threads come free, as in the built-in pool, not split evenly up
+  // front: a thread whose core another process slows down then runs fewer of them.
   void Run(int tasks, const std::function<void(int)>& body) const override {
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) body(static_cast<int>(t));
+    std::atomic<int> next{0};
+    at::parallel_for(0, std::min(tasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+      for (int t = next.fetch_add(1); t < tasks; t = next.fetch_add(1)) body(t);
     });
   }
 };
+
+const TorchExecutor torch_executor;
+
+// How many threads torch's pool runs the codecs' tasks on (the OpenMP team's size; 1 when the
+// tasks run on the calling thread alone): the tests check that the codecs use the pool.
+int ExecutorTeamSize() {
+  std::atomic<int> team{1};
+  torch_executor.Run(torch_executor.Threads(), [&](int) {
+#ifdef _OPENMP
+    int size = omp_get_num_threads();
+    for (int seen = team.load(); size > seen && !team.compare_exchange_weak(seen, size);) {
+    }
+#endif
+  });
+  return team.load();
+}
 
 // ---- torch ops: one schema, one implementation for every device (the codecs dispatch) ----
 
@@ -157,12 +127,6 @@ py::dict ParseBudgetToDict(const std::string& text) {
   return parsed;
 }
 
-// The run report (without its allocator section) under the caller's run metadata.
-py::object BuildReport(py::handle run, const PySession& session) {
-  return ToPython(report::MakeRunReport(FromPython(run),
-                                        report::ActivationsSection(session.session().State())));
-}
-
 // Validates a run report and writes it to `path` (ValueError naming the problem otherwise).
 void WriteReport(py::handle document, const std::string& path) {
   const json::Value value = FromPython(document);
@@ -179,8 +143,6 @@ void WriteReport(py::handle document, const std::string& path) {
 
 using actpack::torch_plugin::DecodeOp;
 using actpack::torch_plugin::EncodeOp;
-using actpack::torch_plugin::PackedHandle;
-using actpack::torch_plugin::PySession;
 namespace py = pybind11;
 
 TORCH_LIBRARY(actpack, m) {
@@ -202,8 +164,8 @@ TORCH_LIBRARY_IMPL(actpack, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "actpack's C++ runtime: codecs, the saved-tensor session and the report";
-  static const actpack::torch_plugin::TorchExecutor torch_executor;
-  actpack::codecs::SetCpuExecutor(&torch_executor);
+  actpack::codecs::SetCpuExecutor(&actpack::torch_plugin::torch_executor);
+  m.def("_executor_team_size", &actpack::torch_plugin::ExecutorTeamSize);
   actpack::torch_plugin::BindCli(m);
 #ifdef ACTPACK_WITH_CUDA
   m.attr("with_cuda") = true;
@@ -216,48 +178,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("DEFAULT_MIN_BYTES") = actpack::runtime::kDefaultMinBytes;
   m.def("is_profile_step", &actpack::runtime::IsProfileStep, py::arg("step"),
         py::arg("profile_every"));
-  py::class_<PackedHandle>(m, "PackedTensor")
-      .def_property_readonly("raw_bytes", &PackedHandle::RawBytes)
-      .def_property_readonly("stored_bytes", &PackedHandle::StoredBytes);
-  py::class_<PySession>(m, "Session")
-      .def(py::init([](const std::string& codec,
-                       const std::vector<std::pair<std::string, std::string>>& rules,
-                       int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes,
-                       double headroom, int64_t profile_every,
-                       const std::vector<std::string>& ladder, double allowed_loss_increase,
-                       int64_t outside_allowance_bytes) {
-             return std::make_unique<PySession>(actpack::torch_plugin::SessionSettings{
-                 codec, rules, min_bytes, seed, enabled, budget_bytes, headroom, profile_every,
-                 ladder, allowed_loss_increase, outside_allowance_bytes});
-           }),
-           py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
-           py::arg("min_bytes") = actpack::runtime::kDefaultMinBytes, py::arg("seed") = 0,
-           py::arg("enabled") = true, py::arg("budget_bytes") = 0,
-           py::arg("headroom") = actpack::runtime::kDefaultHeadroom,
-           py::arg("profile_every") = actpack::runtime::kDefaultProfileEvery,
-           py::arg("ladder") = std::vector<std::string>{},
-           py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0)
-      .def("pack", &PySession::Pack, py::arg("tensor"), py::arg("module") = "")
-      .def("unpack", &PySession::Unpack)
-      .def("relieve", [](PySession& s, size_t needed) { return s.session().Relieve(needed); },
-           py::arg("needed"))
-      .def("set_module_gradients",
-           [](PySession& s, const std::map<std::string, std::tuple<double, double, double, double>>&
-                                gradients) { s.session().SetModuleGradients(gradients); },
-           py::arg("gradients"))
-      .def("end_step",
-           [](PySession& s, uint64_t peak, uint64_t reserved, uint64_t system) {
-             s.session().EndStep(peak, reserved, system);
-           },
-           py::arg("peak_bytes") = 0, py::arg("reserved_bytes") = 0, py::arg("system_bytes") = 0)
-
-      .def("policy", &PySession::Policy)
-      .def("totals", &PySession::Totals)
-      .def("activation_report", [](const PySession& s) {
-        return actpack::torch_plugin::ToPython(
-            actpack::report::ActivationsSection(s.session().State()));
-      });
-  m.def("build_report", &actpack::torch_plugin::BuildReport, py::arg("run"), py::arg("session"));
+  actpack::torch_plugin::BindSession(m);
   m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
   m.def(
       "allocator_section",

@@ -69,37 +69,59 @@ class TensorBuffer final : public runtime::Buffer {
 runtime::BufferFactory TorchBufferFactory() {
   return [](size_t bytes, const codecs::ExecContext& context)
              -> absl::StatusOr<std::unique_ptr<runtime::Buffer>> {
-    at::Tensor storage = at::empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
+    at::Tensor storage = Empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
     return std::unique_ptr<runtime::Buffer>(new TensorBuffer(std::move(storage)));
   };
 }
 
-// `tensor` as stored: broadcast dims narrowed to one element, then permuted to memory order.
-// The result is a view; it is contiguous unless `tensor` skips memory (a slice).
-at::Tensor Stored(const at::Tensor& tensor, Layout& layout) {
-  if (tensor.is_contiguous()) return tensor;
-  at::Tensor stored = tensor;
-  for (int64_t d = 0; d < tensor.dim(); ++d) {
-    if (tensor.stride(d) == 0 && tensor.size(d) > 1) {
-      stored = stored.narrow(d, 0, 1);
-      layout.sizes = tensor.sizes().vec();
+// How `tensor` lies in memory (`layout`) and the sizes and strides of its stored view (see
+// Stored), computed from its own sizes and strides: describing a saved tensor makes no view.
+// Broadcast dims are narrowed to one element, then the dims are permuted to memory order.
+void StoredLayout(const at::Tensor& tensor, Layout& layout, std::vector<int64_t>& sizes,
+                  std::vector<int64_t>& strides) {
+  const at::IntArrayRef tensor_sizes = tensor.sizes();
+  const at::IntArrayRef tensor_strides = tensor.strides();
+  sizes.assign(tensor_sizes.begin(), tensor_sizes.end());
+  strides.assign(tensor_strides.begin(), tensor_strides.end());
+  if (tensor.is_contiguous()) return;
+  const size_t dims = sizes.size();
+  for (size_t d = 0; d < dims; ++d) {
+    if (strides[d] == 0 && sizes[d] > 1) {
+      sizes[d] = 1;
+      layout.sizes = tensor_sizes.vec();
     }
   }
   // Dims of size 1 have no place in memory: they keep theirs, the others are sorted by stride.
-  std::vector<int64_t> order(static_cast<size_t>(tensor.dim()));
+  std::vector<int64_t> order(dims);
   std::iota(order.begin(), order.end(), 0);
   std::vector<int64_t> spread;
   for (int64_t d : order) {
-    if (stored.size(d) > 1) spread.push_back(d);
+    if (sizes[d] > 1) spread.push_back(d);
   }
   std::vector<int64_t> sorted = spread;
   std::stable_sort(sorted.begin(), sorted.end(),
-                   [&](int64_t a, int64_t b) { return stored.stride(a) > stored.stride(b); });
+                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
   for (size_t i = 0; i < spread.size(); ++i) order[spread[i]] = sorted[i];
   if (!std::is_sorted(order.begin(), order.end())) {
-    stored = stored.permute(order);
+    const std::vector<int64_t> unordered_sizes = sizes, unordered_strides = strides;
+    for (size_t i = 0; i < dims; ++i) {
+      sizes[i] = unordered_sizes[order[i]];
+      strides[i] = unordered_strides[order[i]];
+    }
     layout.order = std::move(order);
   }
+}
+
+// `tensor` as stored, as StoredLayout described it: a view, contiguous unless `tensor` skips
+// memory (a slice).
+at::Tensor Stored(const at::Tensor& tensor, const Layout& layout) {
+  at::Tensor stored = tensor;
+  if (!layout.sizes.empty()) {
+    for (int64_t d = 0; d < tensor.dim(); ++d) {
+      if (tensor.stride(d) == 0 && tensor.size(d) > 1) stored = stored.narrow(d, 0, 1);
+    }
+  }
+  if (!layout.order.empty()) stored = stored.permute(layout.order);
   return stored;
 }
 
@@ -161,15 +183,15 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
   return m;
 }
 
-// `tensor` as autograd saved it, described by `stored` (its Stored view): shape, strides and
-// bytes are those of what is kept.
-runtime::SavedTensorInfo Describe(const at::Tensor& tensor, const at::Tensor& stored) {
+// `tensor` as autograd saved it, described as stored (StoredLayout fills `layout`): shape,
+// strides and bytes are those of what is kept. The storage guard is left to GuardStorage: only
+// what is packed needs one.
+runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
   runtime::SavedTensorInfo info;
   const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
   info.supported_dtype = dtype.has_value() && (tensor.is_cpu() || tensor.is_cuda());
   info.dtype = dtype.value_or(codecs::DType::kUInt8);
-  info.shape = stored.sizes().vec();
-  info.strides = stored.strides().vec();
+  StoredLayout(tensor, layout, info.shape, info.strides);
   info.device = tensor.is_cuda() ? codecs::Device::kCuda : codecs::Device::kCpu;
   info.device_index = tensor.is_cuda() ? tensor.get_device() : 0;
   // A parameter lives anyway, and so does a view of one (linear layers save weight.t()):
@@ -179,12 +201,9 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor, const at::Tensor& st
   info.is_parameter =
       is_parameter(tensor) || (tensor.is_view() && is_parameter(tensor._base()));
   if (tensor.has_storage()) {
-    // The storage object, held weakly: its address cannot be reused while the guard lives,
-    // unlike the data pointer, which the allocator hands out again once the data is freed.
-    c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-    info.storage = reinterpret_cast<uintptr_t>(storage);
-    info.storage_guard = std::make_shared<c10::weak_intrusive_ptr<c10::StorageImpl>>(
-        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+    // The storage object, not the data pointer, which the allocator hands out again once the
+    // data is freed (see GuardStorage).
+    info.storage = reinterpret_cast<uintptr_t>(tensor.storage().unsafeGetStorageImpl());
     info.storage_offset = tensor.storage_offset();
   }
   info.version = static_cast<uint32_t>(tensor._version());
@@ -195,6 +214,21 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor, const at::Tensor& st
     info.producer = tensor.is_leaf() ? "leaf" : "";
   }
   return info;
+}
+
+// Holds `tensor`'s storage object weakly in `info`: its address (info.storage, the dedup key)
+// cannot be reused while the guard lives, that is while a packed copy of it exists.
+void GuardStorage(const at::Tensor& tensor, runtime::SavedTensorInfo& info) {
+  if (info.storage_guard != nullptr || !tensor.has_storage()) return;
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  info.storage_guard = std::make_shared<c10::weak_intrusive_ptr<c10::StorageImpl>>(
+      c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+}
+
+// A device guard for CUDA tensors; host tensors need none.
+std::optional<c10::Device> GuardedDevice(const at::Device& device) {
+  if (device.is_cpu()) return std::nullopt;
+  return device;
 }
 
 runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
@@ -253,13 +287,12 @@ SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
   session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
 }
 
-SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, const std::string& module) {
-  const c10::OptionalDeviceGuard device_guard(tensor.device());
+SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string module) {
+  const c10::OptionalDeviceGuard device_guard(GuardedDevice(tensor.device()));
   PackedHandle handle;
   handle.options = tensor.options();
-  const at::Tensor stored = Stored(tensor.detach(), handle.layout);
-  runtime::SavedTensorInfo info = Describe(tensor, stored);
-  info.module = module;
+  runtime::SavedTensorInfo info = Describe(tensor, handle.layout);
+  info.module = std::move(module);
   runtime::PackPlan plan = session_->Plan(info);
   if (plan.action == runtime::PackAction::kReuse) {
     handle.packed = std::move(plan.duplicate);
@@ -268,14 +301,20 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, const std::string
   if (plan.action == runtime::PackAction::kKeep && plan.measure.empty()) {
     return Keep(tensor, info, plan, std::move(handle));
   }
-  // A copy only for a tensor that skips memory (a slice); it dies once encoded.
-  const at::Tensor contiguous = stored.contiguous();
+  // The data as stored, contiguous: the tensor itself when it is (the codecs only read its
+  // memory; measuring runs torch ops on it, so they get it detached), a copy only for a
+  // tensor that skips memory (a slice), which dies once encoded.
+  const at::Tensor contiguous =
+      tensor.is_contiguous()
+          ? (plan.measure.empty() ? tensor : tensor.detach())
+          : Stored(tensor.detach(), handle.layout).contiguous();
   for (size_t i = 0; i < plan.measure.size(); ++i) {
     session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
   }
   if (plan.action == runtime::PackAction::kKeep) {
     return Keep(tensor, info, plan, std::move(handle));
   }
+  GuardStorage(tensor, info);
   absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
       session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
   ThrowIfError(packed.status());
@@ -295,6 +334,7 @@ SavedTensor SavedTensorSession::Keep(const at::Tensor& tensor,
   if (plan.reason != runtime::KeepReason::kPolicyExact) return detached;
   handle.kept =
       std::make_shared<KeptTensor>(KeptTensor{std::move(detached), nullptr, info, plan.record});
+  GuardStorage(tensor, handle.kept->info);  // Relieve may pack it
   kept_.push_back(handle.kept);
   return handle;
 }
@@ -304,8 +344,8 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
   const PackedHandle& h = std::get<PackedHandle>(saved);
   if (h.kept && h.kept->tensor.defined()) return h.kept->tensor;
   const runtime::PackedTensor& packed = *h.Packed();
-  const c10::OptionalDeviceGuard device_guard(h.options.device());
-  at::Tensor output = at::empty(packed.shape(), h.options);
+  const c10::OptionalDeviceGuard device_guard(GuardedDevice(h.options.device()));
+  at::Tensor output = Empty(packed.shape(), h.options);
   ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
   return Restore(output, h.layout);
 }

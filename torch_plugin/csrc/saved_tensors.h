@@ -74,7 +74,7 @@ class SavedTensorSession {
   explicit SavedTensorSession(const SessionSettings& settings);
 
   // `tensor` is being saved for backward inside module `module` ("" when unknown).
-  SavedTensor Pack(const at::Tensor& tensor, const std::string& module);
+  SavedTensor Pack(const at::Tensor& tensor, std::string module);
   at::Tensor Unpack(const SavedTensor& saved);
 
   // {module: (Σ‖g‖² of its parameters, ‖g_W‖² of its weight, ‖g_y‖² of its output, fan)}.

@@ -1,5 +1,9 @@
 #include "torch_plugin/csrc/tensor_adapter.h"
 
+#include <ATen/ops/empty_native.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include <string>
 
 #ifdef ACTPACK_WITH_CUDA
@@ -105,6 +109,17 @@ codecs::ExecContext ContextFor(const at::Tensor& tensor) {
 #endif
   }
   return context;
+}
+
+at::Tensor Empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().is_cpu() && options.layout() == at::kStrided &&
+      c10::impl::tls_local_dispatch_key_set().included_ == c10::default_included_set &&
+      !at::hasCallbacks()) {
+    // What at::empty's CPU kernel runs (it fills the memory when deterministic algorithms ask).
+    return at::native::empty_cpu(sizes, c10::typeMetaToScalarType(options.dtype()),
+                                 options.layout(), options.device(), options.pinned_memory());
+  }
+  return at::empty(sizes, options);
 }
 
 at::TensorOptions BufferOptions(const codecs::ExecContext& context) {

@@ -24,6 +24,12 @@ codecs::MutableTensorView ToMutableView(at::Tensor& contiguous);
 // Options of a uint8 buffer on the device `context` runs on (encoded bytes live there).
 at::TensorOptions BufferOptions(const codecs::ExecContext& context);
 
+// at::empty(sizes, options). A host tensor is made without the dispatcher's round trip when
+// nothing could see the difference (no dispatch key included on this thread beyond the default
+// ones, such as a Python mode's, and no profiler or other RecordFunction callback): the hooks
+// allocate for every saved tensor, and that round trip costs more than a small codec.
+at::Tensor Empty(at::IntArrayRef sizes, const at::TensorOptions& options);
+
 // The device and current stream of `tensor`, and on CUDA the scratch allocator (torch's CUDA
 // allocator) its codecs take their counters from.
 codecs::ExecContext ContextFor(const at::Tensor& tensor);

@@ -126,8 +126,9 @@ class budget:
         self._headroom = float(headroom)
         self._snapshot = bool(snapshot)
         self._report_path = os.fspath(report) if report is not None else None
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._modules = _ModuleTracker()
+        self._pack, self._unpack = self._make_hooks(*self._session.hooks())
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._end_of_backward_queued = False
         self._steps = 0
         self._planned = False  # the policy has made its first plan
@@ -137,28 +138,39 @@ class budget:
         self.run = Run(self._budget, self._session)
         self._started = None
 
-    def _pack(self, tensor):
-        if torch.compiler.is_compiling():
-            # torch.compile is tracing this hook into a graph, where the session cannot run:
-            # that graph keeps the tensor as it is.
-            self._hooks_traced = True
-            return tensor
-        if torch._C._current_graph_task_id() == -1:
-            # No backward is running: one that raised never ran its queued end of step.
-            self._end_of_backward_queued = False
-        return self._session.pack(tensor, self._modules.current())
+    def _make_hooks(self, session_pack, session_unpack):
+        """The saved-tensor hooks, over the session's pack and unpack (Session.hooks()). They
+        run for every saved tensor: what they call is looked up here, once."""
+        is_compiling = torch.compiler.is_compiling
+        graph_task_id = torch._C._current_graph_task_id
+        is_grad_enabled = torch.is_grad_enabled
+        queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+        modules = self._modules
 
-    def _unpack(self, handle):
-        # The first unpack of a backward pass queues the end of the step for when that pass
-        # finishes (the engine runs queued callbacks once all of its work is done). A backward
-        # with create_graph=True runs with grad mode on and builds a graph that a later
-        # backward differentiates: the step goes on until that one. A backward after the
-        # context exited still unpacks, but its steps are no longer the run's.
-        if (self._started is not None and not self._end_of_backward_queued
-                and not torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1):
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
-            self._end_of_backward_queued = True
-        return self._session.unpack(handle)
+        def pack(tensor):
+            if is_compiling():
+                # torch.compile is tracing this hook into a graph, where the session cannot
+                # run: that graph keeps the tensor as it is.
+                self._hooks_traced = True
+                return tensor
+            if self._end_of_backward_queued and graph_task_id() == -1:
+                # No backward is running: one that raised never ran its queued end of step.
+                self._end_of_backward_queued = False
+            return session_pack(tensor, modules.name)
+
+        def unpack(handle):
+            # The first unpack of a backward pass queues the end of the step for when that pass
+            # finishes (the engine runs queued callbacks once all of its work is done). A
+            # backward with create_graph=True runs with grad mode on and builds a graph that a
+            # later backward differentiates: the step goes on until that one. A backward after
+            # the context exited still unpacks, but its steps are no longer the run's.
+            if (not self._end_of_backward_queued and self._started is not None
+                    and not is_grad_enabled() and graph_task_id() != -1):
+                queue_callback(self._end_step)
+                self._end_of_backward_queued = True
+            return session_unpack(handle)
+
+        return pack, unpack
 
     def _end_step(self):
         self._end_of_backward_queued = False
@@ -377,7 +389,9 @@ class _ModuleTracker:
 
     def __init__(self):
         self._stack = []
-        self._names = {}
+        self.name = ""  # the module running now, as current() gives it
+        self._names = {}  # (id(parent), id(module)) -> module's name under parent
+        self._walks = {}  # id(parent) -> {id(descendant): its name}, from one named_modules()
         self._handles = []
         self.modules = {}  # name -> module, as seen running
         self.compiled = False  # torch.compile'd code ran: modules inside it are not seen
@@ -424,11 +438,12 @@ class _ModuleTracker:
             handle.remove()
         self._handles = []
         self._stack.clear()
+        self.name = ""
         self.modules.clear()
         self._output_norms.clear()
 
     def current(self):
-        return self._stack[-1][1] if self._stack else ""
+        return self.name
 
     def _enter(self, module, args):
         # Under torch.compile the hooks are traced into the graph: keep them out of it (the
@@ -442,14 +457,27 @@ class _ModuleTracker:
             key = (id(parent), id(module))
             child = self._names.get(key)
             if child is None:
-                # A descendant, not only a child: containers such as ModuleList are iterated,
-                # never called, so "blocks.0" runs straight under the model.
-                child = next((n for n, m in parent.named_modules() if m is module and n), None)
-                child = child if child is not None else type(module).__name__
-                self._names[key] = child
+                child = self._names[key] = self._descendant_name(parent, module)
             name = f"{parent_name}.{child}" if parent_name else child
         self._stack.append((module, name))
         self.modules[name] = module
+        self.name = name
+
+    def _descendant_name(self, parent, module):
+        """module's name under parent. A descendant, not only a child: containers such as
+        ModuleList are iterated, never called, so "blocks.0" runs straight under the model. One
+        walk of parent names all its descendants (a walk per module would take time quadratic
+        in the modules on a model's first step); it is walked again when it changed since."""
+        walk = self._walks.get(id(parent))
+        name = walk.get(id(module)) if walk is not None else None
+        if name is None or _submodule(parent, name) is not module:
+            walk = {}
+            for n, m in parent.named_modules():
+                if n:
+                    walk.setdefault(id(m), n)
+            self._walks[id(parent)] = walk
+            name = walk.get(id(module))
+        return name if name is not None else type(module).__name__
 
     def _leave(self, module, args, output):
         if torch.compiler.is_compiling() or _is_compiled(module):
@@ -461,6 +489,7 @@ class _ModuleTracker:
                 if self.watch_outputs and _fan(module) > 0:
                     self._watch_output(name, output)
                 break
+        self.name = self._stack[-1][1] if self._stack else ""
 
     def _watch_output(self, name, output):
         if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
@@ -469,6 +498,16 @@ class _ModuleTracker:
                 self._output_norms.append((name, torch.linalg.vector_norm(grad.detach(),
                                                                           dtype=torch.float32)))
             output.register_hook(record)
+
+
+def _submodule(parent, name):
+    """parent's descendant at the dotted path `name`, None when there is none."""
+    module = parent
+    for part in name.split("."):
+        module = module._modules.get(part) if isinstance(module, torch.nn.Module) else None
+        if module is None:
+            return None
+    return module
 
 
 def _fan(module):

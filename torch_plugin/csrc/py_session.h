@@ -1,0 +1,21 @@
+// actpack._C.Session: SavedTensorSession (saved_tensors.h) for Python's saved_tensors_hooks.
+//
+// Its pack and unpack run once per saved tensor, so they are plain CPython functions
+// (Session.hooks()), not pybind11 methods: pybind11's dispatch and its instance registry cost
+// more than the rest of a small tensor's hook. pack(tensor, module) returns the tensor itself
+// when it is kept, or an opaque actpack._C.PackedTensor; unpack(handle) turns either back into
+// a tensor.
+#ifndef ACTPACK_TORCH_PLUGIN_CSRC_PY_SESSION_H_
+#define ACTPACK_TORCH_PLUGIN_CSRC_PY_SESSION_H_
+
+#include <torch/extension.h>
+
+namespace actpack::torch_plugin {
+
+// Binds actpack._C.Session, actpack._C.PackedTensor and actpack._C.build_report(run,
+// session), the run report (without its allocator section) under the caller's run metadata.
+void BindSession(pybind11::module_& m);
+
+}  // namespace actpack::torch_plugin
+
+#endif  // ACTPACK_TORCH_PLUGIN_CSRC_PY_SESSION_H_
