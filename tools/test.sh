@@ -3,12 +3,12 @@
 #   1. bazel test //...                          (C++ tests, CPU build; LibTorch C++ training)
 #   2. bazel build --config=cuda //...           (nvcc compiles the kernels; nothing runs)
 #      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel)
-#   3. bazel test --config=cudaemu //...         (the CUDA code paths on the CUDA emulator)
-#      ... the emulated tests again under the reverse and a random schedule,
-#      bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //testing/...
-#                                                (AddressSanitizer + UBSan, CPU and CUDA paths)
+#   3. bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //report/...
+#                 //testing/...                   (the CUDA code paths on the CUDA emulator, and
+#                                                 the CPU paths, under AddressSanitizer + UBSan)
 #      python3 tools/cudaemu_coverage.py         (the emulated tests with the race checker, and
 #                                                 kernel line coverage >= 95%, mode branches)
+#      ... the emulated tests with the race checker again, under the reverse schedule
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
 #   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
@@ -46,26 +46,27 @@ else
 fi
 
 # The emulated configs leave out //torch_plugin: it builds against the wheel's CPU LibTorch,
-# and its CUDA paths are the codecs' and the allocator's, emulated below.
-stage "bazel test --config=cudaemu //... (CUDA emulator, forward schedule)"
-bazel test --config=cudaemu -- //... -//torch_plugin/... || failed+=("cudaemu")
-# Every test that links the emulator: the codec, allocator and session tests with CUDA cases.
-emulated=$(bazel cquery --config=cudaemu 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))' \
+# and its CUDA paths are the codecs' and the allocator's, emulated below. Each emulated build
+# is one that checks something more: the forward schedule runs under the sanitizers (the
+# CUDA-enabled build runs the CPU paths too; only the "CUDA is not compiled in" branches are
+# left to the plain build above) and under the race checker; the other schedules reuse the
+# race checker's build.
+stage "emulated CUDA and CPU paths under AddressSanitizer + UBSan (forward schedule)"
+bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //report/... //testing/... ||
+  failed+=("asan")
+stage "emulated tests with the race checker, and the kernels' coverage"
+python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
+# Every test that links the emulator: the codec, allocator, session and report tests.
+emulated=$(bazel cquery --config=cudaemu_race 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))' \
            2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
 schedules="reverse"
 [ "$FULL" = 1 ] && schedules="reverse random:7 random:11"
 for schedule in $schedules; do
-  stage "emulated tests, schedule $schedule"
-  bazel test --config=cudaemu --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
+  stage "emulated tests with the race checker, schedule $schedule"
+  # shellcheck disable=SC2086
+  bazel test --config=cudaemu_race --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
     failed+=("cudaemu $schedule")
 done
-# One sanitizer build: the CUDA-enabled one runs the CPU paths too (only the "CUDA is not
-# compiled in" branches are left to the plain build above).
-stage "codec, runtime, allocator and emulator tests under AddressSanitizer + UBSan"
-bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //testing/... ||
-  failed+=("asan")
-stage "emulated tests with the race checker, and the kernels' coverage"
-python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "kernel mutation tests"
 if [ "$FULL" = 1 ]; then
   python3 tools/mutate_kernels.py || failed+=("kernel mutations")
