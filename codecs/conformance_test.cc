@@ -570,10 +570,14 @@ TEST_P(CodecConformanceTest, ByteFlipsAreRefused) {
   absl::StatusOr<std::vector<uint8_t>> buffer = EncodeActivations();
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   std::vector<uint8_t> output;
-  // Every byte of small buffers (every header field), a spread of the payload of larger ones.
+  // Every header byte with three flips (a field's low bit, its high bit, all of it); a spread of
+  // the payload's bytes with one flip each, in turn (the checksum sees any change alike).
+  const std::vector<uint8_t> flips = {0x01, 0x80, 0xff};
   const size_t step = std::max<size_t>(1, (buffer->size() - kHeaderSize) / 97);
-  for (size_t i = 0; i < buffer->size(); i += i < kHeaderSize ? 1 : step) {
-    for (uint8_t flip : {0x01, 0x80, 0xff}) {
+  for (size_t i = 0, turn = 0; i < buffer->size(); i += i < kHeaderSize ? 1 : step) {
+    const std::vector<uint8_t> these =
+        i < kHeaderSize ? flips : std::vector<uint8_t>{flips[turn++ % flips.size()]};
+    for (uint8_t flip : these) {
       (*buffer)[i] ^= flip;
       const absl::Status status = Decode(*buffer, buffer->size(), output);
       ASSERT_FALSE(status.ok()) << "byte " << i << " flip " << int{flip};
@@ -592,6 +596,44 @@ TEST(CodecConformanceCoverageTest, EveryRegisteredCodecHasCases) {
   for (const SpecCase& spec : Specs()) covered.insert(ParseCodecSpec(spec.spec)->codec);
   for (const Codec* codec : AllCodecs()) {
     EXPECT_EQ(covered.count(codec->id()), 1u) << codec->name() << " has no conformance cases";
+  }
+}
+
+// A CUDA tensor in a build without CUDA (encode and decode), and a CPU-only codec given one in
+// any build, is a clear kUnimplemented error that says why, for every codec of the registry.
+TEST(CodecConformanceCoverageTest, CudaTensorsWhereCudaCannotServeThemAreAClearError) {
+  std::vector<float> x(64, 1.0f);
+  const std::vector<int64_t> shape = {1, 1, 8, 8};
+  ExecContext cuda;
+  cuda.device = Device::kCuda;
+  for (const SpecCase& spec : Specs()) {
+    SCOPED_TRACE(spec.spec);
+    const CodecParams params = *ParseCodecSpec(spec.spec);
+    const bool cpu_only = params.codec == CodecId::kDivisionFft;
+#ifdef ACTPACK_WITH_CUDA
+    if (!cpu_only) continue;
+#endif
+    const char* why = cpu_only ? "CPU only" : "not compiled";
+    std::vector<uint8_t> buffer(*MaxEncodedSize({DType::kFloat32, shape}, params));
+    const absl::StatusOr<size_t> encoded =
+        Encode(TensorView{x.data(), DType::kFloat32, shape, Device::kCuda}, params,
+               buffer.data(), buffer.size(), cuda);
+    EXPECT_EQ(encoded.status().code(), absl::StatusCode::kUnimplemented) << encoded.status();
+    EXPECT_NE(encoded.status().message().find(why), absl::string_view::npos) << encoded.status();
+
+#ifndef ACTPACK_WITH_CUDA
+    // Decoding reads the header from the device first: without CUDA that step says why.
+    const absl::StatusOr<size_t> on_host = Encode(
+        TensorView{x.data(), DType::kFloat32, shape, Device::kCpu}, params, buffer.data(),
+        buffer.size(), {});
+    ASSERT_TRUE(on_host.ok()) << on_host.status();
+    std::vector<float> out(x.size());
+    const absl::Status decoded =
+        Decode(buffer.data(), *on_host,
+               MutableTensorView{out.data(), DType::kFloat32, shape, Device::kCuda}, cuda);
+    EXPECT_EQ(decoded.code(), absl::StatusCode::kUnimplemented) << decoded;
+    EXPECT_NE(decoded.message().find("not compiled"), absl::string_view::npos) << decoded;
+#endif
   }
 }
 

@@ -466,22 +466,6 @@ TEST(DivisionTest, SameSeedSameBytesOtherSeedOtherBytes) {
   }
 }
 
-TEST(DivisionTest, CudaInputWithoutCudaIsAClearError) {
-  std::vector<float> x(64, 1.0f);
-  TensorView input{x.data(), DType::kFloat32, {1, 1, 8, 8}, Device::kCuda};
-  std::vector<uint8_t> buffer(4096);
-  ExecContext cuda;
-  cuda.device = Device::kCuda;
-  const absl::StatusOr<size_t> fft = Encode(input, Spec("division_fft"), buffer.data(), buffer.size(), cuda);
-  EXPECT_EQ(fft.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(fft.status().message().find("CPU only"), absl::string_view::npos) << fft.status();
-#ifndef ACTPACK_WITH_CUDA
-  const absl::StatusOr<size_t> used = Encode(input, Spec("division"), buffer.data(), buffer.size(), cuda);
-  EXPECT_EQ(used.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(used.status().message().find("not compiled"), absl::string_view::npos);
-#endif
-}
-
 // ---- division_fft ----
 
 TEST(DftMathTest, TwiddlesMatchTheLibraryCosineAndSine) {

@@ -763,20 +763,5 @@ TEST(EbTest, RejectsUnsupportedDtypesAndBounds) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(EbTest, CudaInputWithoutCudaIsAClearError) {
-#ifndef ACTPACK_WITH_CUDA
-  std::vector<float> x(64, 1.0f);
-  TensorView input{x.data(), DType::kFloat32, {64}, Device::kCuda};
-  std::vector<uint8_t> buffer(4096);
-  ExecContext cuda;
-  cuda.device = Device::kCuda;
-  const absl::StatusOr<size_t> used =
-      codecs::Encode(input, *ParseCodecSpec("eb"), buffer.data(), buffer.size(), cuda);
-  EXPECT_EQ(used.status().code(), absl::StatusCode::kUnimplemented);
-#else
-  GTEST_SKIP() << "built with CUDA";
-#endif
-}
-
 }  // namespace
 }  // namespace actpack::codecs

@@ -41,7 +41,7 @@ absl::StatusOr<Layout> ReadParams(const Header& header) {
   if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
     return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: bits ", bits));
   }
-  for (const auto [first, last] : {std::pair<size_t, size_t>{1, 4}, {16, kParamBytes}}) {
+  for (const auto& [first, last] : {std::pair<size_t, size_t>{1, 4}, {16, kParamBytes}}) {
     absl::Status unused = CheckParamBytesZero(header, first, last, "quant");
     if (!unused.ok()) return unused;
   }

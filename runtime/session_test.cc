@@ -85,9 +85,9 @@ TEST(SessionTest, PacksDecodesAndCountsBytes) {
   EXPECT_EQ(totals.live_stored, 0u);
   EXPECT_EQ(totals.peak_live_raw, 64u * 256 * 4);
   EXPECT_TRUE(session.Steps().empty());
-  session.EndStep();
+  ASSERT_TRUE(session.EndStep().ok());
   ASSERT_EQ(session.Steps().size(), 1u);
-  session.EndStep();  // nothing saved since: no empty step
+  ASSERT_TRUE(session.EndStep().ok());  // nothing saved since: no empty step
   EXPECT_EQ(session.Steps().size(), 1u);
 }
 
@@ -121,7 +121,7 @@ TEST(SessionTest, DisabledSessionKeepsEverythingAndRecordsStayBounded) {
   for (int step = 0; step < 10; ++step) {
     Saved saved = MakeSaved(64, 256, 1);
     EXPECT_EQ(session.Plan(saved.info).reason, KeepReason::kDisabled);
-    session.EndStep();
+    ASSERT_TRUE(session.EndStep().ok());
   }
   EXPECT_EQ(session.Records().size(), 1u);
   EXPECT_EQ(session.Steps().size(), 10u);
@@ -178,7 +178,7 @@ TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
       live.push_back(*session.Pack(saved.info, plan, saved.view(), {}));
     }
     live.clear();  // backward consumed everything
-    session.EndStep();
+    ASSERT_TRUE(session.EndStep().ok());
   }
   EXPECT_EQ(session.Steps().size(), 3u);
   ASSERT_EQ(session.Records().size(), 4u);
