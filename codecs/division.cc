@@ -383,37 +383,62 @@ void VectorEncodeGroups(const void* input, DType dtype, const Layout& l, const u
   }
 }
 
+// Bands [begin, end)'s means with the vector kernels.
+void VectorPoolBands(const void* input, DType dtype, const Layout& l, uint16_t* means,
+                     uint64_t begin, uint64_t end, Partial* partial) {
+  std::vector<float> scratch(l.blocks_w * l.inner + l.width + 16);
+  for (uint64_t b = begin; b < end; ++b) {
+    simd::DivisionPoolBand(elements::KindOf(dtype), input, l, b, scratch.data(), means,
+                           &partial->nonfinite_lfc);
+  }
+}
+
+// Planes of at most this many values are encoded one at a time by the vector path: the plane's
+// means, then its groups, while it is still in cache (the input is read from memory once).
+constexpr uint64_t kFusedPlaneValues = uint64_t{1} << 18;
+
 Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* payload) {
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   uint16_t* means = reinterpret_cast<uint16_t*>(payload);  // little-endian: low half first
   std::vector<Partial> partials(internal::MaxParallelChunks());
-  const uint64_t bands = l.planes * l.blocks_h;
-  const int64_t band_values = static_cast<int64_t>(l.block_h * l.width * l.inner);
-  internal::ParallelFor(bands, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, band_values)),
-                        [&](int chunk, int64_t begin, int64_t end) {
-    if (simd::Vectorized()) {
-      std::vector<float> scratch(l.blocks_w * l.inner + l.width + 16);
-      for (int64_t b = begin; b < end; ++b) {
-        simd::DivisionPoolBand(elements::KindOf(dtype), input, l, b, scratch.data(), means,
-                               &partials[chunk].nonfinite_lfc);
+  const bool fused = simd::Vectorized() && l.plane <= kFusedPlaneValues &&
+                     l.planes >= 2 * static_cast<uint64_t>(internal::MaxParallelChunks());
+  if (fused) {
+    const int64_t plane_grain = std::max<int64_t>(1, 65536 / static_cast<int64_t>(l.plane));
+    internal::ParallelFor(l.planes, plane_grain, [&](int chunk, int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        VectorPoolBands(input, dtype, l, means, p * l.blocks_h, (p + 1) * l.blocks_h,
+                        &partials[chunk]);
+        VectorEncodeGroups(input, dtype, l, means, words, p * l.groups_per_plane,
+                           (p + 1) * l.groups_per_plane, &partials[chunk]);
       }
-      return;
-    }
-    switch (dtype) {
-      case DType::kFloat16:
-        PoolBands<elements::kF16>(input, l, means, begin, end, &partials[chunk]);
-        break;
-      case DType::kBFloat16:
-        PoolBands<elements::kBF16>(input, l, means, begin, end, &partials[chunk]);
-        break;
-      default:
-        PoolBands<elements::kF32>(input, l, means, begin, end, &partials[chunk]);
-    }
-  });
+    });
+  } else {
+    const uint64_t bands = l.planes * l.blocks_h;
+    const int64_t band_values = static_cast<int64_t>(l.block_h * l.width * l.inner);
+    internal::ParallelFor(bands, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, band_values)),
+                          [&](int chunk, int64_t begin, int64_t end) {
+      if (simd::Vectorized()) {
+        VectorPoolBands(input, dtype, l, means, begin, end, &partials[chunk]);
+        return;
+      }
+      switch (dtype) {
+        case DType::kFloat16:
+          PoolBands<elements::kF16>(input, l, means, begin, end, &partials[chunk]);
+          break;
+        case DType::kBFloat16:
+          PoolBands<elements::kBF16>(input, l, means, begin, end, &partials[chunk]);
+          break;
+        default:
+          PoolBands<elements::kF32>(input, l, means, begin, end, &partials[chunk]);
+      }
+    });
+  }
   if (l.means % 2 != 0) means[l.means] = 0;  // the unused high half of the last LFC word
   internal::ParallelFor(l.lfc_words, 65536, [&](int chunk, int64_t begin, int64_t end) {
     partials[chunk].checksum += simd::ChecksumWords(words + begin, end - begin, begin);
   });
+  if (fused) return Sum(partials);  // the groups are encoded
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
     if (simd::Vectorized()) {
       VectorEncodeGroups(input, dtype, l, means, words, begin, end, &partials[chunk]);

@@ -163,11 +163,13 @@ TEST(SimdTest, EveryCodecWritesTheReferenceBytesOnEveryTarget) {
 }
 
 // Tensors large enough that the codecs split them over several parallel tasks (eb's tasks
-// write their data in place and move it down afterwards).
+// write their data in place and move it down afterwards; division encodes tensors of many small
+// planes a plane at a time, the others in two passes).
 TEST(SimdTest, LargeTensorsSplitAcrossTasks) {
-  const std::vector<std::string> specs = {"eb:rel=1e-2", "eb:rel=1e-5", "division", "quant2",
-                                          "mask", "pool4"};
-  const std::vector<std::vector<int64_t>> shapes = {{3, 301, 203}, {270001}, {2, 3, 130, 270}};
+  const std::vector<std::string> specs = {"eb:rel=1e-2", "eb:rel=1e-5", "division",
+                                          "division:block=5,bits=4", "quant2", "mask", "pool4"};
+  const std::vector<std::vector<int64_t>> shapes = {{3, 301, 203}, {270001}, {2, 3, 130, 270},
+                                                    {4, 40, 12, 13}, {160, 16, 24}};
   const std::vector<Data> kinds = {Data::kGaussian, Data::kSmooth, Data::kNonFinite,
                                    Data::kBitPatterns};
   std::printf("compared %d encodes and decodes\n", CompareTargets(specs, shapes, kinds));
