@@ -350,12 +350,13 @@ int64_t GroupGrain(const Layout& l) {
 // Groups [begin, end) (over all planes) with the vector kernels: a call per plane's run of
 // groups, whose values, approximations and words are consecutive.
 constexpr uint64_t kRunValues = 8192;
+// `approx` is the task's scratch, kept across calls.
 void VectorEncodeGroups(const void* input, DType dtype, const Layout& l, const uint16_t* means,
-                        uint32_t* words, int64_t begin, int64_t end, Partial* partial) {
+                        uint32_t* words, int64_t begin, int64_t end, std::vector<float>& approx,
+                        Partial* partial) {
   const int kind = elements::KindOf(dtype);
   const uint64_t per_word = 32 / l.bits;
   const size_t element_bytes = ElementSize(dtype);
-  std::vector<float> approx;
   for (int64_t g = begin; g < end;) {
     const uint64_t p = g / l.groups_per_plane;
     const uint64_t q0 = g % l.groups_per_plane;
@@ -383,10 +384,10 @@ void VectorEncodeGroups(const void* input, DType dtype, const Layout& l, const u
   }
 }
 
-// Bands [begin, end)'s means with the vector kernels.
+// Bands [begin, end)'s means with the vector kernels; `scratch` is the task's, kept across calls.
 void VectorPoolBands(const void* input, DType dtype, const Layout& l, uint16_t* means,
-                     uint64_t begin, uint64_t end, Partial* partial) {
-  std::vector<float> scratch(l.blocks_w * l.inner + l.width + 16);
+                     uint64_t begin, uint64_t end, std::vector<float>& scratch, Partial* partial) {
+  scratch.resize(std::max<size_t>(scratch.size(), l.blocks_w * l.inner + l.width + 16));
   for (uint64_t b = begin; b < end; ++b) {
     simd::DivisionPoolBand(elements::KindOf(dtype), input, l, b, scratch.data(), means,
                            &partial->nonfinite_lfc);
@@ -406,11 +407,12 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
   if (fused) {
     const int64_t plane_grain = std::max<int64_t>(1, 65536 / static_cast<int64_t>(l.plane));
     internal::ParallelFor(l.planes, plane_grain, [&](int chunk, int64_t begin, int64_t end) {
+      std::vector<float> scratch, approx;
       for (int64_t p = begin; p < end; ++p) {
-        VectorPoolBands(input, dtype, l, means, p * l.blocks_h, (p + 1) * l.blocks_h,
+        VectorPoolBands(input, dtype, l, means, p * l.blocks_h, (p + 1) * l.blocks_h, scratch,
                         &partials[chunk]);
         VectorEncodeGroups(input, dtype, l, means, words, p * l.groups_per_plane,
-                           (p + 1) * l.groups_per_plane, &partials[chunk]);
+                           (p + 1) * l.groups_per_plane, approx, &partials[chunk]);
       }
     });
   } else {
@@ -419,7 +421,8 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
     internal::ParallelFor(bands, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, band_values)),
                           [&](int chunk, int64_t begin, int64_t end) {
       if (simd::Vectorized()) {
-        VectorPoolBands(input, dtype, l, means, begin, end, &partials[chunk]);
+        std::vector<float> scratch;
+        VectorPoolBands(input, dtype, l, means, begin, end, scratch, &partials[chunk]);
         return;
       }
       switch (dtype) {
@@ -441,7 +444,8 @@ Partial PoolEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* 
   if (fused) return Sum(partials);  // the groups are encoded
   internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
     if (simd::Vectorized()) {
-      VectorEncodeGroups(input, dtype, l, means, words, begin, end, &partials[chunk]);
+      std::vector<float> approx;
+      VectorEncodeGroups(input, dtype, l, means, words, begin, end, approx, &partials[chunk]);
       return;
     }
     GroupScratch s(l.group_length);
