@@ -41,7 +41,7 @@ stage "bazel build --config=cuda (libraries and binaries: compile check) and ptx
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   # Against the real CUDA headers and runtime with nvcc's kernels: every library and binary
   # (the plugin among them). The tests' CUDA branches compile and run in the emulated builds.
-  cuda_targets=$(bazel query 'kind("cc_library|cc_binary|genrule", //...)')
+  cuda_targets=$(bazel query 'kind("cc_library|cc_binary|genrule", //...) except attr(tags, manual, //...)')
   # shellcheck disable=SC2086
   [ -n "$cuda_targets" ] && bazel build --config=cuda $cuda_targets ||
     failed+=("bazel build --config=cuda")
