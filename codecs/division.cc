@@ -347,22 +347,23 @@ int64_t GroupGrain(const Layout& l) {
   return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.group_length)));
 }
 
-// Groups [begin, end) (over all planes) with the vector kernels: a call per plane's run of
-// groups, whose values, approximations and words are consecutive.
+// At most this many values a call of the vector quantizer, so that the approximations stay in
+// cache between being written and being read (a whole plane's would go to memory).
 constexpr uint64_t kRunValues = 8192;
-// `approx` is the task's scratch, kept across calls.
+
+// Groups [begin, end) (over all planes) with the vector kernels: a call per plane's run of
+// groups, whose values, approximations and words are consecutive. `approx` is the task's
+// scratch, kept across calls.
 void VectorEncodeGroups(const void* input, DType dtype, const Layout& l, const uint16_t* means,
                         uint32_t* words, int64_t begin, int64_t end, std::vector<float>& approx,
                         Partial* partial) {
   const int kind = elements::KindOf(dtype);
   const uint64_t per_word = 32 / l.bits;
   const size_t element_bytes = ElementSize(dtype);
+  const uint64_t run_groups = std::max<uint64_t>(1, kRunValues / l.group_length);
   for (int64_t g = begin; g < end;) {
     const uint64_t p = g / l.groups_per_plane;
     const uint64_t q0 = g % l.groups_per_plane;
-    // At most kRunValues values a call, so that the approximations stay in cache between
-    // being written and being read by the quantizer (a whole plane's would go to memory).
-    const uint64_t run_groups = std::max<uint64_t>(1, kRunValues / l.group_length);
     const uint64_t q1 = std::min<uint64_t>({l.groups_per_plane, q0 + (end - g), q0 + run_groups});
     const uint64_t j0 = q0 * l.group_length;
     const uint64_t n = std::min<uint64_t>(q1 * l.group_length, l.plane) - j0;

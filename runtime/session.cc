@@ -161,8 +161,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   auto it = dedup_.find(DedupKey{info.storage, info.storage_offset, info.version, info.dtype});
   if (it != dedup_.end()) {
     std::vector<DedupEntry>& entries = it->second;
-    for (auto entry = entries.begin(); entry != entries.end(); ++entry) {
-      if (entry->shape != info.shape || entry->strides != info.strides) continue;
+    const auto entry = DedupEntry::Find(entries, info);
+    if (entry != entries.end()) {
       if (std::shared_ptr<PackedTensor> earlier = entry->packed.lock()) {
         plan.action = PackAction::kReuse;
         plan.duplicate = std::move(earlier);
@@ -171,7 +171,6 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
         return plan;
       }
       entries.erase(entry);
-      break;
     }
     if (entries.empty()) dedup_.erase(it);
   }
@@ -415,9 +414,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   }
   std::vector<DedupEntry>& entries =
       dedup_[DedupKey{info.storage, info.storage_offset, info.version, info.dtype}];
-  auto entry = std::find_if(entries.begin(), entries.end(), [&](const DedupEntry& e) {
-    return e.shape == info.shape && e.strides == info.strides;
-  });
+  const auto entry = DedupEntry::Find(entries, info);
   if (entry == entries.end()) {
     entries.push_back({info.shape, info.strides, packed});
   } else {

@@ -19,6 +19,7 @@
 #ifndef ACTPACK_RUNTIME_SESSION_H_
 #define ACTPACK_RUNTIME_SESSION_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -354,6 +355,13 @@ class Session {
     std::vector<int64_t> shape;
     std::vector<int64_t> strides;
     std::weak_ptr<PackedTensor> packed;
+    // The entry of `info`'s view of the bytes, in `entries`; end() when there is none.
+    static std::vector<DedupEntry>::iterator Find(std::vector<DedupEntry>& entries,
+                                                  const SavedTensorInfo& info) {
+      return std::find_if(entries.begin(), entries.end(), [&](const DedupEntry& e) {
+        return e.shape == info.shape && e.strides == info.strides;
+      });
+    }
   };
   int RecordFor(const SavedTensorInfo& info, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)

@@ -155,12 +155,7 @@ def plan_step(corpus, context, device, seed, model_name):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
 
     def step(batch):
-        x, y = next(batches(corpus, batch, context, seed, device))
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return training_step(model, optimizer, batches(corpus, batch, context, seed, device))()
 
     return step
 

@@ -98,5 +98,6 @@ def main():
           f"{per_tensor * 1e6:.1f} us: C++ session {cpp * 1e6:.1f} us, Python hook "
           f"{(per_tensor - cpp) * 1e6:.1f} us")
 
+
 if __name__ == "__main__":
     main()

@@ -141,10 +141,11 @@ at::Tensor Restore(const at::Tensor& stored, const Layout& layout) {
 // (slices along dim 0) up to this many elements, at least one sample.
 constexpr int64_t kMeasureElements = 1 << 18;
 
-// Measures `params` on a sample of `contiguous`, in host memory outside torch's allocator
-// (runtime::MeasureOnHost), so profiling does not raise the peak it profiles. A device tensor's
-// sample is measured on a host copy: the codecs write the same bytes on the CPU and on CUDA
-// (the emulated CUDA tests check it), so ratio and error are the device's.
+// Measures `params` on a sample of `contiguous` with runtime::MeasureOnHost, whose buffers are
+// host memory outside torch's allocator, so profiling does not raise the peak it profiles. A
+// device tensor's sample is measured on a host copy (torch's CPU memory, outside the device's
+// budget): the codecs write the same bytes on the CPU and on CUDA (the emulated CUDA tests
+// check it), so ratio and error are the device's.
 runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::CodecParams& params) {
   at::Tensor sample = contiguous;
   if (contiguous.dim() > 0 && contiguous.numel() > kMeasureElements && contiguous.size(0) > 1) {

@@ -502,12 +502,10 @@ class _ModuleTracker:
 
 def _submodule(parent, name):
     """parent's descendant at the dotted path `name`, None when there is none."""
-    module = parent
-    for part in name.split("."):
-        module = module._modules.get(part) if isinstance(module, torch.nn.Module) else None
-        if module is None:
-            return None
-    return module
+    try:
+        return parent.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _fan(module):
