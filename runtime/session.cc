@@ -399,6 +399,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, packed->raw_bytes_);
     policy_.relieved_bytes += packed->raw_bytes_;
   }
+  packed->codec_ = params.codec;
   ++totals_.packs;
   totals_.packed_raw_bytes += packed->raw_bytes_;
   totals_.packed_stored_bytes += packed->stored_bytes_;

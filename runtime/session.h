@@ -167,6 +167,7 @@ class PackedTensor {
   uint64_t stored_bytes() const { return stored_bytes_; }
   const uint8_t* data() const { return buffer_->data(); }
   size_t encoded_size() const { return encoded_size_; }
+  codecs::CodecId codec() const { return codec_; }  // identity for an exact fallback
 
  private:
   friend class Session;
@@ -182,6 +183,7 @@ class PackedTensor {
   uint64_t stored_bytes_ = 0;
   size_t encoded_size_ = 0;
   void* stream_ = nullptr;  // the stream it was packed on (its buffer's allocation stream)
+  codecs::CodecId codec_ = codecs::CodecId::kIdentity;
 };
 
 // Per saved-tensor record: the same position of the step across steps folds into one record.
