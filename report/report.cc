@@ -263,6 +263,16 @@ class FieldChecker {
     }
     return value->get<double>();
   }
+  // A share in [0, 1), or nullopt when absent or null.
+  std::optional<double> FractionOrNull(const json::Value& object, absl::string_view key,
+                                       absl::string_view parent) {
+    const std::optional<double> value = MagnitudeOrNull(object, key, parent);
+    if (value.has_value() && *value >= 1) {
+      Fail(MemberPath(parent, key), json::Find(object, key), "a fraction below 1");
+      return std::nullopt;
+    }
+    return value;
+  }
   std::string String(const json::Value& object, absl::string_view key, absl::string_view parent) {
     const json::Value* value = json::Find(object, key);
     if (value == nullptr || !value->is_string()) {
@@ -313,13 +323,7 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
   if (section == nullptr) return std::nullopt;
   PlannerProfile planner;
   planner.budget_bytes = check.Count(*section, "budget_bytes", "planner");
-  if (std::optional<double> headroom = check.MagnitudeOrNull(*section, "headroom", "planner")) {
-    if (*headroom >= 1) {
-      check.Fail("planner.headroom", json::Find(*section, "headroom"), "a fraction below 1");
-    } else {
-      planner.headroom = *headroom;
-    }
-  }
+  planner.headroom = check.FractionOrNull(*section, "headroom", "planner").value_or(0);
   if (const json::Value* sizes = check.Array(*section, "batch_sizes", "planner")) {
     for (size_t i = 0; i < sizes->size(); ++i) {
       planner.batch_sizes.push_back(
@@ -339,6 +343,7 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
       choice.fixed_bytes = check.Count(member.value(), "fixed_bytes", path);
       choice.per_sample_bytes = check.Count(member.value(), "per_sample_bytes", path);
       choice.max_batch_size = check.Count(member.value(), "max_batch_size", path);
+      choice.headroom = check.FractionOrNull(member.value(), "headroom", path);
       planner.choices.push_back(std::move(choice));
     }
   }
@@ -1645,7 +1650,7 @@ const PlannerChoice* BestChoice(const PlannerProfile& planner, uint64_t budget_b
   std::optional<uint64_t> best_batch;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+        MaxBatchSize(planner.Usable(choice, budget_bytes), choice.fixed_bytes,
                      choice.per_sample_bytes);
     const bool better = best == nullptr || (best_batch.has_value() &&
                                             (!batch.has_value() || *batch > *best_batch));
@@ -1675,19 +1680,22 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   std::string text = absl::StrCat("actpack plan: ", report.FileName(), " at a budget of ",
                                   budget, "\n", "planner profile: budget ", recorded,
                                   ", profiled batch sizes: ", JoinCounts(planner.batch_sizes),
-                                  ", headroom ", std::lround(planner.headroom * 100), "%\n\n");
-  TextTable table({1, 2, 3, 4});
-  table.AddRow({"choice", "fixed", "per sample", absl::StrCat("max batch at ", budget),
+                                  "\n\n");
+  TextTable table({1, 2, 3, 4, 5});
+  table.AddRow({"choice", "fixed", "per sample", "headroom", absl::StrCat("max batch at ", budget),
                 absl::StrCat("recorded at ", recorded)});
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+        MaxBatchSize(planner.Usable(choice, budget_bytes), choice.fixed_bytes,
                      choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
+    // A share measured by real steps under the cap, or the section's default (marked *).
     table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
-                  FormatBytes(choice.per_sample_bytes), BatchText(batch),
-                  absl::StrCat(choice.max_batch_size)});
+                  FormatBytes(choice.per_sample_bytes),
+                  absl::StrFormat("%.1f%%%s", 100 * choice.headroom.value_or(planner.headroom),
+                                  choice.headroom.has_value() ? "" : "*"),
+                  BatchText(batch), absl::StrCat(choice.max_batch_size)});
   }
   if (planner.choices.empty()) {
     absl::StrAppend(&text, "  the planner profile records no choices\n");
@@ -1696,7 +1704,7 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   absl::StrAppend(&text, table.Render(), "\n");
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   const std::optional<uint64_t> best_batch =
-      MaxBatchSize(planner.Usable(budget_bytes), best->fixed_bytes, best->per_sample_bytes);
+      MaxBatchSize(planner.Usable(*best, budget_bytes), best->fixed_bytes, best->per_sample_bytes);
   if (best_batch.has_value() && *best_batch == 0) {
     absl::StrAppend(&text, "  no choice fits one sample in ", budget, "\n");
   } else {
@@ -1704,6 +1712,10 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
                     BatchText(best_batch), ")\n");
   }
   absl::StrAppend(&text, "  verified at ", recorded, ": ", VerifiedText(planner), "\n");
+  if (std::any_of(planner.choices.begin(), planner.choices.end(),
+                  [](const PlannerChoice& c) { return !c.headroom.has_value(); })) {
+    absl::StrAppend(&text, "  * not measured by steps under the cap: the profile's default\n");
+  }
   if (extrapolated) {
     absl::StrAppend(&text, "  note: outside the profiled batch sizes (",
                     JoinCounts(planner.batch_sizes),
@@ -1726,12 +1738,13 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
-        MaxBatchSize(planner.Usable(budget_bytes), choice.fixed_bytes,
+        MaxBatchSize(planner.Usable(choice, budget_bytes), choice.fixed_bytes,
                      choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
     json::Value entry = json::Value::object();
     entry["fixed_bytes"] = choice.fixed_bytes;
     entry["per_sample_bytes"] = choice.per_sample_bytes;
+    entry["headroom"] = choice.headroom.value_or(planner.headroom);
     entry["max_batch_size"] = OptionalJson(batch);  // null: unbounded
     (entry["unbounded"] = !batch.has_value());
     entry["recorded_max_batch_size"] = choice.max_batch_size;
@@ -1741,7 +1754,7 @@ json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes) {
   // The choice with the largest batch, null when none fits one sample.
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   if (best != nullptr &&
-      MaxBatchSize(planner.Usable(budget_bytes), best->fixed_bytes, best->per_sample_bytes) ==
+      MaxBatchSize(planner.Usable(*best, budget_bytes), best->fixed_bytes, best->per_sample_bytes) ==
           uint64_t{0}) {
     best = nullptr;
   }

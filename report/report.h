@@ -115,6 +115,9 @@ struct PlannerChoice {
   uint64_t fixed_bytes = 0;
   uint64_t per_sample_bytes = 0;
   uint64_t max_batch_size = 0;  // as recorded, at PlannerProfile::budget_bytes
+  // The share of the budget its answer left free, as real steps under the cap measured it;
+  // nullopt where the report does not say (PlannerProfile::headroom then).
+  std::optional<double> headroom;
 };
 
 // PlannerVerified
@@ -132,12 +135,14 @@ struct PlannerVerified {
 // PlannerChoice per choice (in the report's order), and the verification step if it ran one.
 struct PlannerProfile {
   uint64_t budget_bytes = 0;
-  // The fraction of a budget kept free for fragmentation (the runtime's policy keeps the
-  // same); a batch must fit budget * (1 - headroom). 0 when the report does not say.
+  // The fraction of a budget kept free for fragmentation and memory outside the pool where a
+  // choice does not say its own; a batch must fit budget * (1 - headroom). 0 when the report
+  // does not say.
   double headroom = 0;
-  // The bytes a batch may use at `budget`.
-  uint64_t Usable(uint64_t budget) const {
-    return static_cast<uint64_t>(static_cast<double>(budget) * (1.0 - headroom));
+  // The bytes a batch of `choice` may use at `budget`.
+  uint64_t Usable(const PlannerChoice& choice, uint64_t budget) const {
+    return static_cast<uint64_t>(static_cast<double>(budget) *
+                                 (1.0 - choice.headroom.value_or(headroom)));
   }
   std::vector<uint64_t> batch_sizes;
   std::vector<PlannerChoice> choices;

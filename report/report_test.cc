@@ -675,6 +675,36 @@ TEST(PlanTest, AtTheRecordedBudgetReproducesTheRecordedBatchSizes) {
             "auto");
 }
 
+TEST(PlanTest, AChoicesMeasuredHeadroomReplacesTheSections) {
+  // What real steps under the cap measured for quant2 (its "headroom"); none says nothing
+  // (as reports before the planner measured it), so it keeps the section's 15%.
+  json::Value document = ParseJsonFile(kFullReport);
+  json::Value* quant2 = Member(document, {"planner", "choices", "quant2"});
+  ASSERT_NE(quant2, nullptr);
+  (*quant2)["headroom"] = 0.04;
+  const std::string path = WriteJsonTemp("measured_headroom.json", document);
+  const CliResult result = RunActpack({"plan", path, "--budget", "30MiB", "--json"});
+  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
+  absl::StatusOr<json::Value> plan = json::Parse(result.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const auto& [name, headroom] : {std::pair<std::string, double>{"quant2", 0.04},
+                                       std::pair<std::string, double>{"none", 0.15}}) {
+    const json::Value* recorded = Member(document, {"planner", "choices", name});
+    const auto usable = static_cast<int64_t>((int64_t{30} << 20) * (1 - headroom));
+    EXPECT_EQ(Member(*plan, {"choices", name, "max_batch_size"})->get<int64_t>(),
+              (usable - json::Find(*recorded, "fixed_bytes")->get<int64_t>()) /
+                  json::Find(*recorded, "per_sample_bytes")->get<int64_t>())
+        << name;
+  }
+
+  (*quant2)["headroom"] = 1.5;
+  const CliResult bad =
+      RunActpack({"plan", WriteJsonTemp("bad_headroom.json", document), "--budget", "30MiB"});
+  EXPECT_EQ(bad.exit_code, kExitBadInput) << bad.out;
+  EXPECT_TRUE(absl::StrContains(bad.err, "planner.choices.quant2.headroom")) << bad.err;
+  EXPECT_TRUE(absl::StrContains(bad.err, "a fraction below 1")) << bad.err;
+}
+
 TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {
   // 30 MiB: 9 to 26 samples per choice, inside the profiled 8..32.
   const CliResult json_result = RunActpack({"plan", kFullReport, "--budget", "30MiB", "--json"});

@@ -32,9 +32,10 @@ void BindCli(pybind11::module& m) {
       "_max_batch_size",
       [](uint64_t budget_bytes, uint64_t fixed_bytes, uint64_t per_sample_bytes,
          double headroom) -> std::optional<uint64_t> {
-        report::PlannerProfile planner;
-        planner.headroom = headroom;
-        return report::MaxBatchSize(planner.Usable(budget_bytes), fixed_bytes, per_sample_bytes);
+        report::PlannerChoice choice;
+        choice.headroom = headroom;
+        return report::MaxBatchSize(report::PlannerProfile().Usable(choice, budget_bytes),
+                                    fixed_bytes, per_sample_bytes);
       },
       pybind11::arg("budget_bytes"), pybind11::arg("fixed_bytes"),
       pybind11::arg("per_sample_bytes"), pybind11::arg("headroom"),

@@ -542,6 +542,12 @@ LIFTED_CAP_EXTRA = 1 << 30
 LIFT_GRANULE = 2 << 20  # a small segment: what a lift adds beyond the bytes a request lacks
 
 
+def outside_allowance():
+    """What the system may count outside the allocator before it takes from the budget: on the
+    host, torch's one-time initialization of its CPU kernels; on CUDA nothing."""
+    return 0 if torch.cuda.is_available() else _C._HOST_OUTSIDE_ALLOWANCE_BYTES
+
+
 class _PeakMeter:
     """The memory side of a budget: installs and reads the allocator, enforces the cap."""
 
@@ -552,8 +558,7 @@ class _PeakMeter:
         self.run_peak = None  # reserved
         self.run_allocated_peak = None
         self._cuda = torch.cuda.is_available()
-        # What the system may count outside the allocator before it takes from the budget.
-        self.outside_allowance = 0 if self._cuda else _C._HOST_OUTSIDE_ALLOWANCE_BYTES
+        self.outside_allowance = outside_allowance()
         if self._cuda:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             self.device_name = torch.cuda.get_device_name()

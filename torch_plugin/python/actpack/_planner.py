@@ -7,15 +7,19 @@
 `step(batch_size)` runs one full training step (forward, backward, optimizer step). The planner
 runs it once to warm up (optimizer state), then once per codec choice and profiled batch size
 inside a budget context, measuring the allocator's peak. Memory is modelled per choice as
-fixed + per_sample * batch in allocated bytes, which grow smoothly with the batch; the largest
-batch whose modelled peak fits the budget less the headroom the policy also keeps (15%) is the
-answer. An answer more than 4x the largest profiled batch is profiled again nearer to it (the
-peak of a small batch can sit in the optimizer step, where the batch does not matter).
-Reserved bytes (what the cap counts) are lumpy — whole segments — so they are reported
-as the fragmentation seen at the larger profiled batch, not modelled. verify=True searches
-with real steps under the budget's cap from the estimate (down 5% at a time until one fits,
-then bisecting up to where allocated bytes alone fill the budget), answers 1% below the largest
-that ran (a fresh process's pool can fragment differently), and reports the measured peak.
+fixed + per_sample * batch in allocated bytes, which grow smoothly with the batch. An answer
+more than 4x the largest profiled batch is profiled again nearer to it (the peak of a small
+batch can sit in the optimizer step, where the batch does not matter).
+What the cap counts beyond those allocated bytes (the pool's segments, lumpy under a cap, and
+what the system holds outside the pool) is measured, not assumed: a pool caches whatever its
+cap allows, so its reserved bytes do not say what it needs, and whether a step fits does. Per
+choice, real steps run under the budget's cap at the batch whose modelled bytes leave 4% of the
+budget free, then 6%, 8%, ... until one fits (a capped step needed 3-6% beyond the line on a
+CNN, a transformer and an MLP-Mixer); the answer is that batch less 1% (a fresh process's pool
+can fragment differently), and the share of the budget its line leaves free is the choice's
+measured headroom (what `actpack plan` keeps free at another budget). verify=True then searches
+up from there with real steps under the cap, bisecting up to where allocated bytes alone fill
+the budget, answers 1% below the largest that ran, and reports the measured peak.
 """
 import math
 import re
@@ -23,7 +27,7 @@ import os
 import sys
 
 from actpack import _C
-from actpack._budget import budget as _budget_context
+from actpack._budget import budget as _budget_context, outside_allowance
 from actpack._units import format_bytes, parse_budget
 
 # "none" packs nothing; "auto" is the policy at its harshest (its largest batch).
@@ -56,11 +60,15 @@ class Plan:
         lines = [f"budget {format_bytes(self.budget_bytes)}; profiled at batch sizes "
                  f"{', '.join(map(str, self.batch_sizes))}",
                  f"{'codec':<10} {'fixed':>12} {'per sample':>12} {'fragmentation':>14} "
-                 f"{'max batch':>10}"]
+                 f"{'headroom':>9} {'max batch':>10}"]
         for name, c in self.choices.items():
+            # The headroom measured by a capped step (see _calibrate), or the default's, marked.
+            headroom = f"{c['headroom']:.1%}" + ("" if c["calibration"] else "*")
             lines.append(f"{name:<10} {format_bytes(c['fixed_bytes']):>12} "
                          f"{format_bytes(c['per_sample_bytes']):>12} "
-                         f"{c['fragmentation']:>14.3f} {c['max_batch_size']:>10}")
+                         f"{c['fragmentation']:>14.3f} {headroom:>9} {c['max_batch_size']:>10}")
+        if any(not c["calibration"] for c in self.choices.values()):
+            lines.append("* no batch tried fitted under the cap: the default headroom")
         if self.verified and self.verified["peak_bytes"] is not None:
             v = self.verified
             lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (estimated "
@@ -79,7 +87,14 @@ class Plan:
         return f"Plan(max_batch_size={self.max_batch_size})"
 
 
-HEADROOM = _C.DEFAULT_HEADROOM  # as budget(): fragmentation and what the model misses
+HEADROOM = _C.DEFAULT_HEADROOM  # where no capped step measured it (as budget()'s policy)
+
+# The capped steps that find a choice's batch start where the line leaves this share of the
+# budget free (what a capped step needs beyond the line measured 3-6% of the budget on a CNN,
+# a transformer and an MLP-Mixer) and leave this much more free after each that runs out.
+CALIBRATION_START = 0.04
+CALIBRATION_STEP = 0.02
+CALIBRATION_TRIES = 5
 
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
@@ -138,8 +153,8 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         step: a function running one full training step at the batch size it is given.
         budget: the memory budget ("6GiB", bytes, or "80%" of the device / physical memory).
         batch_sizes: two (or more) batch sizes to profile at; small ones are fine.
-        verify: run one more step at the predicted largest batch of the best choice and report
-            its measured peak.
+        verify: search for the largest batch of the best choice with real steps under the cap
+            (a few more runs of `step`; the answer for that choice is what they found).
         codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
             built in).
         report: a path; the run report with the planner section is written there (read it
@@ -160,7 +175,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
                              f"{', '.join(CHOICES)}")
     parsed = parse_budget(budget)
 
-    total = 1 + len(codecs) * len(sizes) + (1 if verify else 0)
+    total = 1 + len(codecs) * (len(sizes) + 1) + (1 if verify else 0)
     done = 0
     _progress(done, total, "warm-up step", progress)
     _, _, last_report = _run_step(step, sizes[0], "none")  # optimizer state, caches
@@ -194,11 +209,17 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             done += 1
             fixed, per_sample = _fit(peaks[-2:])
         fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
+        _progress(done, total, f"{choice}: steps under the cap", progress)
+        calibration = _calibrate(step, budget_bytes, choice, fixed, per_sample)
+        done += 1
         choices[choice] = {
             "fixed_bytes": fixed,
             "per_sample_bytes": per_sample,
             "fragmentation": fragmentation,
-            "max_batch_size": max_batch(budget_bytes, fixed, per_sample),
+            "headroom": calibration["headroom"] if calibration else HEADROOM,
+            "calibration": calibration,
+            "max_batch_size": calibration["answer"] if calibration else
+            max_batch(budget_bytes, fixed, per_sample),
             "measured": [{"batch_size": b, "allocated_bytes": a, "reserved_bytes": r}
                          for b, a, r in peaks],
         }
@@ -206,11 +227,13 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     verified = None
     if verify:
         best = "auto" if "auto" in choices else max(choices, key=lambda c: choices[c]["max_batch_size"])
+        calibration = choices[best]["calibration"]
         verified, verify_report = _verify(
             step, budget_bytes, best, choices[best]["max_batch_size"],
             max_batch(budget_bytes, choices[best]["fixed_bytes"],
                       choices[best]["per_sample_bytes"], headroom=0.0),
-            lambda what: _progress(done, total, what, progress))
+            lambda what: _progress(done, total, what, progress),
+            ran=calibration["batch_size"] if calibration else None)
         last_report = verify_report or last_report
         done += 1
         _progress(done, total, "done", progress)
@@ -253,16 +276,59 @@ def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS):
     return None
 
 
-def _verify(step, budget_bytes, choice, predicted, upper, say):
+def _capped_from(choice):
+    """The first step a run of `choice` is held to the cap in: auto's policy plans at the end of
+    its second step, a fixed codec (or none) has nothing to plan and may lift it on its first."""
+    return CAPPED_FROM if choice == "auto" else 1
+
+
+def _calibrate(step, budget_bytes, choice, fixed, per_sample):
+    """The choice's largest batch as far as real steps under the cap show without a search: the
+    batch the line puts at the budget less CALIBRATION_START, or, when that runs out, less
+    CALIBRATION_STEP more each time. What the cap counts beyond the line (the pool's segments,
+    what the system holds outside it) cannot be read off a pool that caches whatever its cap
+    allows, so it is measured by whether the step fits. Returns {"batch_size": the batch that
+    ran, "tries", "peak_bytes": its capped steps' reserved peak, "answer": that batch less the
+    fresh-process margin, "headroom": the share of the budget the answer's line leaves free},
+    or None when no batch worth trying fits."""
+    tried = set()
+    for i in range(CALIBRATION_TRIES):
+        batch = max_batch(budget_bytes, fixed, per_sample,
+                          headroom=CALIBRATION_START + i * CALIBRATION_STEP)
+        if batch < 1 or batch == sys.maxsize:
+            return None
+        if batch in tried:
+            continue
+        tried.add(batch)
+        # As many steps as verify's: a pool's layout can drift over the first capped steps.
+        report = trains_under_cap(step, budget_bytes, choice, batch)
+        if report is None:
+            continue
+        answer = _fresh_process_margin(batch)
+        # Half a sample more than the answer's line: the line at the budget less this headroom
+        # gives back the answer (`actpack plan` at another budget keeps the same share free).
+        used = fixed + per_sample * (answer + 0.5)
+        return {"batch_size": batch, "tries": len(tried),
+                "peak_bytes": max(s["peak_reserved_bytes"]
+                                  for s in report["activations"]["steps"][_capped_from(choice):]),
+                "answer": answer, "headroom": min(0.5, max(0.0, 1.0 - used / budget_bytes))}
+    return None
+
+
+def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
     """The largest batch that trains under the cap, by real steps: down 5% at a time from the
-    estimate `predicted` until one fits, then a binary search up to `upper` (where the
-    allocated bytes alone fill the budget, so nothing larger can fit)."""
+    estimate `predicted` until one fits (or from `ran`, a batch that already ran under the cap),
+    then a binary search up to `upper` (where the allocated bytes alone fill the budget, so
+    nothing larger can fit)."""
     def fits(batch):
         say(f"verify {choice} at batch {batch}")
         return trains_under_cap(step, budget_bytes, choice, batch)
 
     batch, report, tries = predicted, None, 0
-    while batch >= 1 and tries < 8:
+    if ran is not None:
+        report = fits(ran)  # for its report: it fitted before, and in all likelihood again
+        batch, upper = (ran, upper) if report is not None else (int(ran * 0.95), ran - 1)
+    while batch >= 1 and tries < 8 and report is None:
         report, tries = fits(batch), tries + 1
         if report is not None:
             break
