@@ -12,11 +12,15 @@
 // decodes (all zeros, one element off) for every case. Codec-specific properties (unbiasedness,
 // byte formats, CPU/CUDA identity) live in each codec's own test. Inputs here are contiguous:
 // non-contiguous saved tensors are laid out by the plugin (tests/test_integrations.py).
+// Integer tensors (what `bitpack`, `identity` and `mask` take) have a suite of their own
+// (IntegerConformanceTest): exact round trips over each dtype's range, truncation and byte
+// flips refused.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -80,6 +84,7 @@ const std::vector<SpecCase>& Specs() {
       {"division:block=3,bits=1,group=32", Fidelity::kDivision},
       {"division_fft", Fidelity::kDivisionFft},
       {"division_fft:keep=4,bits=8", Fidelity::kDivisionFft},
+      {"bitpack", Fidelity::kExact},  // integer dtypes only: IntegerConformanceTest below
   };
   return *specs;
 }
@@ -609,14 +614,16 @@ TEST(CodecConformanceCoverageTest, CudaTensorsWhereCudaCannotServeThemAreAClearE
   for (const SpecCase& spec : Specs()) {
     SCOPED_TRACE(spec.spec);
     const CodecParams params = *ParseCodecSpec(spec.spec);
+    // A dtype the codec takes, 4 bytes per element as `x`: int32 for bitpack.
+    const DType dtype = params.codec == CodecId::kBitpack ? DType::kInt32 : DType::kFloat32;
     const bool cpu_only = params.codec == CodecId::kDivisionFft;
 #ifdef ACTPACK_WITH_CUDA
     if (!cpu_only) continue;
 #endif
     const char* why = cpu_only ? "CPU only" : "not compiled";
-    std::vector<uint8_t> buffer(*MaxEncodedSize({DType::kFloat32, shape}, params));
+    std::vector<uint8_t> buffer(*MaxEncodedSize({dtype, shape}, params));
     const absl::StatusOr<size_t> encoded =
-        Encode(TensorView{x.data(), DType::kFloat32, shape, Device::kCuda}, params,
+        Encode(TensorView{x.data(), dtype, shape, Device::kCuda}, params,
                buffer.data(), buffer.size(), cuda);
     EXPECT_EQ(encoded.status().code(), absl::StatusCode::kUnimplemented) << encoded.status();
     EXPECT_NE(encoded.status().message().find(why), absl::string_view::npos) << encoded.status();
@@ -624,16 +631,168 @@ TEST(CodecConformanceCoverageTest, CudaTensorsWhereCudaCannotServeThemAreAClearE
 #ifndef ACTPACK_WITH_CUDA
     // Decoding reads the header from the device first: without CUDA that step says why.
     const absl::StatusOr<size_t> on_host = Encode(
-        TensorView{x.data(), DType::kFloat32, shape, Device::kCpu}, params, buffer.data(),
+        TensorView{x.data(), dtype, shape, Device::kCpu}, params, buffer.data(),
         buffer.size(), {});
     ASSERT_TRUE(on_host.ok()) << on_host.status();
     std::vector<float> out(x.size());
     const absl::Status decoded =
         Decode(buffer.data(), *on_host,
-               MutableTensorView{out.data(), DType::kFloat32, shape, Device::kCuda}, cuda);
+               MutableTensorView{out.data(), dtype, shape, Device::kCuda}, cuda);
     EXPECT_EQ(decoded.code(), absl::StatusCode::kUnimplemented) << decoded;
     EXPECT_NE(decoded.message().find("not compiled"), absl::string_view::npos) << decoded;
 #endif
+  }
+}
+
+// Integer tensors: every spec of the registry over each integer dtype (codecs that refuse one
+// say so, naming it, as above), on the CPU and on CUDA. The lossless codecs that take them must
+// give back every byte.
+const std::vector<DType> kIntegerDTypes = {DType::kUInt8, DType::kInt8, DType::kInt16,
+                                           DType::kInt32, DType::kInt64};
+
+// The bytes of a `dtype` tensor of `n` pseudo-random integers. Seeds cycle through a narrow
+// range of small nonnegative values (max_pool indices), a range across zero, the top of the
+// dtype and its whole range with both extremes; `zero_or_value` (mask): zeros and 7.
+std::vector<uint8_t> IntegerBytes(DType dtype, uint64_t n, uint32_t seed, bool zero_or_value) {
+  const size_t width = ElementSize(dtype);
+  const bool is_signed = dtype != DType::kUInt8;
+  const int64_t highest = static_cast<int64_t>((uint64_t{1} << (8 * width - is_signed)) - 1);
+  const int64_t lowest = is_signed ? -highest - 1 : 0;
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> bytes(n * width);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t r = rng();
+    int64_t v;
+    if (zero_or_value) {
+      v = r % 3 == 0 ? 0 : 7;
+    } else {
+      switch (seed % 4) {
+        case 0: {
+          const uint64_t values = std::min<uint64_t>(1024, static_cast<uint64_t>(highest) + 1);
+          v = static_cast<int64_t>(r % values);
+          break;
+        }
+        case 1: v = static_cast<int64_t>(r % 200) - (is_signed ? 100 : 0); break;
+        case 2: v = highest - static_cast<int64_t>(r % 50); break;
+        default:
+          v = static_cast<int64_t>(r);
+          if (width < 8) {
+            v = lowest + static_cast<int64_t>(r % (static_cast<uint64_t>(highest - lowest) + 1));
+          }
+          if (i == 0) v = lowest;
+          if (i == n - 1) v = highest;
+      }
+    }
+    std::memcpy(bytes.data() + i * width, &v, width);  // little-endian: the low bytes
+  }
+  return bytes;
+}
+
+std::vector<Case> AllIntegerCases() {
+  std::vector<Case> cases;
+  for (Device device : {Device::kCpu, Device::kCuda}) {
+    for (const SpecCase& spec : Specs()) {
+      if (device == Device::kCuda && ParseCodecSpec(spec.spec)->codec == CodecId::kDivisionFft) {
+        continue;
+      }
+      for (DType dtype : kIntegerDTypes) {
+        for (const auto& shape : kShapes) cases.push_back({spec, dtype, shape, device});
+      }
+    }
+  }
+  return cases;
+}
+
+class IntegerConformanceTest : public CodecConformanceTest {
+ protected:
+  void SetUp() override {
+    CodecConformanceTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    ASSERT_EQ(GetParam().spec.fidelity, Fidelity::kExact)
+        << "only lossless codecs take integer tensors";
+  }
+
+  std::vector<uint8_t> Input(uint32_t seed) const {
+    const Case& c = GetParam();
+    return IntegerBytes(c.dtype, Numel(c.shape), seed, c.spec.zero_or_value);
+  }
+};
+
+TEST_P(IntegerConformanceTest, RoundTripIsExact) {
+  const Case& c = GetParam();
+  for (uint32_t seed : {0u, 1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    const std::vector<uint8_t> input = Input(seed);
+    std::vector<uint8_t> buffer, output;
+    ASSERT_NO_FATAL_FAILURE(RoundTrip(input, &buffer, &output));
+    absl::StatusOr<Header> header = runner_->Verify(buffer, buffer.size());
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->dtype, c.dtype);
+    EXPECT_EQ(header->Shape(), c.shape);
+    ASSERT_EQ(output.size(), input.size());
+    EXPECT_TRUE(output == input);
+    // The check can fail: a decoder that wrote zeros would not pass it.
+    if (std::any_of(input.begin(), input.end(), [](uint8_t b) { return b != 0; })) {
+      EXPECT_FALSE(std::vector<uint8_t>(input.size(), 0) == input);
+    }
+  }
+}
+
+TEST_P(IntegerConformanceTest, AllEqualValues) {
+  const Case& c = GetParam();
+  const size_t width = ElementSize(c.dtype);
+  for (uint8_t fill : {uint8_t{0}, uint8_t{0x7f}, uint8_t{0xff}}) {  // 0, near the top, -1
+    if (c.spec.zero_or_value && fill != 0) continue;
+    std::vector<uint8_t> input(Numel(c.shape) * width, fill);
+    std::vector<uint8_t> buffer, output;
+    ASSERT_NO_FATAL_FAILURE(RoundTrip(input, &buffer, &output)) << int{fill};
+    EXPECT_TRUE(output == input) << int{fill};
+  }
+}
+
+TEST_P(IntegerConformanceTest, EveryTruncationIsDataLoss) {
+  absl::StatusOr<std::vector<uint8_t>> buffer = Encode(Input(3));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<uint8_t> output;
+  const size_t step = std::max<size_t>(1, buffer->size() / 97);
+  for (size_t size = 0; size < buffer->size(); size += step) {
+    const absl::Status status = Decode(*buffer, size, output);
+    ASSERT_EQ(status.code(), absl::StatusCode::kDataLoss) << "prefix of " << size << ": "
+                                                          << status;
+  }
+}
+
+TEST_P(IntegerConformanceTest, ByteFlipsAreRefused) {
+  absl::StatusOr<std::vector<uint8_t>> buffer = Encode(Input(1));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<uint8_t> output;
+  const std::vector<uint8_t> flips = {0x01, 0x80, 0xff};
+  const size_t step = std::max<size_t>(1, (buffer->size() - kHeaderSize) / 97);
+  for (size_t i = 0, turn = 0; i < buffer->size(); i += i < kHeaderSize ? 1 : step) {
+    const std::vector<uint8_t> these =
+        i < kHeaderSize ? flips : std::vector<uint8_t>{flips[turn++ % flips.size()]};
+    for (uint8_t flip : these) {
+      (*buffer)[i] ^= flip;
+      const absl::Status status = Decode(*buffer, buffer->size(), output);
+      ASSERT_FALSE(status.ok()) << "byte " << i << " flip " << int{flip};
+      (*buffer)[i] ^= flip;
+    }
+  }
+  ASSERT_TRUE(Decode(*buffer, buffer->size(), output).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, IntegerConformanceTest,
+                         ::testing::ValuesIn(AllIntegerCases()), CaseName);
+
+// bitpack and identity, the lossless codecs for any integer tensor, have integer cases that
+// run (not only refusals).
+TEST(CodecConformanceCoverageTest, IntegerCasesRunForTheLosslessIntegerCodecs) {
+  for (const char* name : {"identity", "bitpack"}) {
+    const CodecParams params = *ParseCodecSpec(name);
+    for (DType dtype : kIntegerDTypes) {
+      EXPECT_TRUE(FindCodec(params.codec)->CheckEncodable({dtype, {4}}, params).ok())
+          << name << " " << DTypeName(dtype);
+    }
   }
 }
 

@@ -56,6 +56,7 @@ const char* const kSpecs[] = {
     "division:block=4,bits=4",
     "division:block=2,bits=1",
     "division:block=16,bits=8",
+    "bitpack",
 };
 
 const DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
@@ -121,11 +122,51 @@ struct Case {
   Data data;
 };
 
-// The bytes of a case's tensor: floats rounded to the dtype, or for the integer and bool dtypes
-// (which only `mask` and `identity` take) zeros and one other value.
+const DType kIntegerDTypes[] = {DType::kUInt8, DType::kInt8, DType::kInt16, DType::kInt32,
+                                DType::kInt64};
+
+// Integers for `bitpack`, from the same draws: Gaussian values scaled by 2^(w - 5) for a w-bit
+// dtype (about 5 to 62 bits wide: past 32 for int64), max_pool-like indices (smooth:
+// 0 .. 999 where the dtype holds them), the dtype's extremes among small values (outliers: the
+// full width, 64 bits for int64) and one value (constant: no payload).
+std::vector<uint8_t> MakeIntegers(const Case& c, const std::vector<float>& values) {
+  const size_t width = ElementSize(c.dtype);
+  const bool is_signed = c.dtype != DType::kUInt8;
+  const int64_t highest = static_cast<int64_t>((uint64_t{1} << (8 * width - is_signed)) - 1);
+  const int64_t lowest = is_signed ? -highest - 1 : 0;
+  const double scale = std::ldexp(1.0, 8 * static_cast<int>(width) - 5);
+  std::vector<uint8_t> bytes(values.size() * width);
+  for (size_t i = 0; i < values.size(); ++i) {
+    int64_t v = 0;
+    switch (c.data) {
+      case Data::kGaussian: {
+        const double x = std::abs(static_cast<double>(values[i])) * scale;
+        v = static_cast<int64_t>(std::min(x, std::ldexp(1.0, 8 * static_cast<int>(width) - 2)));
+        if (is_signed && values[i] < 0) v = -v;
+        break;
+      }
+      case Data::kSmooth: {
+        const uint64_t values = std::min<uint64_t>(1000, static_cast<uint64_t>(highest) + 1);
+        v = static_cast<int64_t>((i * 37 + i / 7) % values);
+        break;
+      }
+      case Data::kOutliers:
+        v = i % 97 == 5 ? highest : i % 89 == 3 ? lowest : static_cast<int64_t>(i % 13);
+        break;
+      default:  // kConstant
+        v = highest - 3;
+    }
+    std::memcpy(bytes.data() + i * width, &v, width);  // little-endian: the low bytes
+  }
+  return bytes;
+}
+
+// The bytes of a case's tensor: floats rounded to the dtype; integers for bitpack; or for the
+// integer and bool dtypes `mask` takes, zeros and one other value.
 std::vector<uint8_t> MakeInput(const Case& c, uint32_t seed) {
   const std::vector<float> values = MakeValues(c.data, c.shape, seed);
   if (IsLossyFloat(c.dtype)) return testing::ToBytes(values, c.dtype);
+  if (c.spec == "bitpack") return MakeIntegers(c, values);
   const size_t width = ElementSize(c.dtype);
   std::vector<uint8_t> bytes(values.size() * width, 0);
   for (size_t i = 0; i < values.size(); ++i) {
@@ -150,6 +191,16 @@ std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (const char* spec : kSpecs) {
     const bool mask = std::string(spec) == "mask";
+    if (std::string(spec) == "bitpack") {  // integers only (floats: refused, as conformance shows)
+      for (DType dtype : kIntegerDTypes) {
+        for (const auto& shape : kShapes) {
+          for (Data data : {Data::kGaussian, Data::kSmooth, Data::kOutliers, Data::kConstant}) {
+            cases.push_back({spec, dtype, shape, data});
+          }
+        }
+      }
+      continue;
+    }
     std::vector<DType> dtypes(std::begin(kDTypes), std::end(kDTypes));
     if (mask) {
       for (DType d : {DType::kBool, DType::kUInt8, DType::kInt8, DType::kInt16, DType::kInt32}) {
@@ -318,15 +369,20 @@ TEST(CudaScratchTest, EncodeAndDecodeTakeNoDeviceMemoryOfTheirOwn) {
       testing::ToBytes(MakeValues(Data::kGaussian, shape, 1), DType::kFloat32);
   const std::vector<uint8_t> zero_or_value =
       testing::ToBytes(MakeValues(Data::kZeroOrValue, shape, 1), DType::kFloat32);
+  const std::vector<uint8_t> integers =
+      MakeInput({"bitpack", DType::kInt32, shape, Data::kGaussian}, 1);
   for (const char* spec : kSpecs) {
     absl::StatusOr<CodecParams> params = ParseCodecSpec(spec);
     ASSERT_TRUE(params.ok());
-    const std::vector<uint8_t>& input =
-        std::string(spec) == "mask" ? zero_or_value : gaussian;
+    const std::vector<uint8_t>& input = std::string(spec) == "mask"      ? zero_or_value
+                                        : std::string(spec) == "bitpack" ? integers
+                                                                         : gaussian;
+    // A dtype the codec takes, 4 bytes per element: int32 for bitpack.
+    const DType dtype = std::string(spec) == "bitpack" ? DType::kInt32 : DType::kFloat32;
     const int64_t scratch_before = cuda.scratch_allocations();
     std::thread fresh([&] {  // per-thread state would show on a thread's first call
       void *in = nullptr, *buffer = nullptr, *out = nullptr;
-      const size_t capacity = *MaxEncodedSize({DType::kFloat32, shape}, *params);
+      const size_t capacity = *MaxEncodedSize({dtype, shape}, *params);
       ASSERT_EQ(cudaMalloc(&in, input.size()), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&buffer, capacity), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&out, input.size()), cudaSuccess);
@@ -335,11 +391,11 @@ TEST(CudaScratchTest, EncodeAndDecodeTakeNoDeviceMemoryOfTheirOwn) {
       ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
       const ExecContext& context = cuda.context();
       absl::StatusOr<size_t> used =
-          Encode({in, DType::kFloat32, shape, Device::kCuda}, *params,
+          Encode({in, dtype, shape, Device::kCuda}, *params,
                  static_cast<uint8_t*>(buffer), capacity, context);
       ASSERT_TRUE(used.ok()) << spec << ": " << used.status();
       ASSERT_TRUE(Decode(static_cast<uint8_t*>(buffer), *used,
-                         {out, DType::kFloat32, shape, Device::kCuda}, context)
+                         {out, dtype, shape, Device::kCuda}, context)
                       .ok())
           << spec;
       ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);

@@ -51,6 +51,7 @@ enum class CodecId : uint16_t {
   kEb = 6,
   kDivision = 7,
   kDivisionFft = 8,
+  kBitpack = 9,
 };
 
 struct Header {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "codecs/bitpack.h"
 #include "codecs/cast.h"
 #include "codecs/division.h"
 #include "codecs/eb.h"
@@ -117,7 +118,7 @@ const std::vector<const Codec*>& AllCodecs() {
   static const std::vector<const Codec*>* const codecs =
       new std::vector<const Codec*>{IdentityCodec(), QuantCodec(),    CastCodec(),
                                     MaskCodec(),     PoolCodec(),     EbCodec(),
-                                    DivisionCodec(), DivisionFftCodec()};
+                                    DivisionCodec(), DivisionFftCodec(), BitpackCodec()};
   return *codecs;
 }
 
@@ -182,6 +183,10 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
                                                      " takes no number suffix"));
     }
   }
+  if (params.codec == CodecId::kBitpack && !name_and_options.second.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("actpack: codec spec '", spec, "': bitpack takes no options"));
+  }
   if (!name_and_options.second.empty()) {
     int bounds = 0;
     for (absl::string_view option : absl::StrSplit(name_and_options.second, ',')) {
@@ -196,8 +201,10 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
       }
     }
   }
-  // Validate the numbers now, against a float32 tensor, so a bad spec fails where it is given.
-  absl::Status encodable = (*codec)->CheckEncodable(TensorSpec{DType::kFloat32, {}}, params);
+  // Validate the numbers now, against a tensor of a dtype the codec takes (float32; int64 for
+  // bitpack, which packs integers only), so a bad spec fails where it is given.
+  const DType probe = params.codec == CodecId::kBitpack ? DType::kInt64 : DType::kFloat32;
+  absl::Status encodable = (*codec)->CheckEncodable(TensorSpec{probe, {}}, params);
   if (!encodable.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("actpack: codec spec '", spec, "': ", absl::StripPrefix(encodable.message(), "actpack: ")));

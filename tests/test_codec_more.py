@@ -1,7 +1,8 @@
-"""actpack.encode / actpack.decode for the cast, mask and pool codecs (and division in the shared
-cases; tests/test_division.py has the rest)."""
+"""actpack.encode / actpack.decode for the cast, mask, pool and bitpack codecs (and division in
+the shared cases; tests/test_division.py has the rest)."""
 import pytest
 import torch
+import torch.nn as nn
 
 import actpack
 
@@ -47,6 +48,61 @@ def test_mask_relu_output_and_refusals():
         actpack.encode(torch.tensor([0.0, 1.0, 2.0]), "mask")
     with pytest.raises(RuntimeError, match="NaN"):
         actpack.encode(torch.tensor([0.0, float("nan")]), "mask")
+
+
+INTEGERS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+
+
+def bitpacked_size(x):
+    """FORMAT.md: the header and ceil(numel * b / 32) words, b the bits of max - min."""
+    bits = int(x.max()) - int(x.min()) if x.numel() else 0
+    return 128 + 4 * ((x.numel() * bits.bit_length() + 31) // 32)
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_bitpack_is_lossless_at_the_bits_of_the_range(dtype):
+    info = torch.iinfo(dtype)
+    torch.manual_seed(3)
+    for n in [0, 1, 31, 32, 33, 1000]:
+        for low, high in [(0, 9), (max(info.min, -300), min(info.max, 300)),
+                          (info.max - 20, info.max)]:
+            x = (torch.randint(0, high - low + 1, (n,)) + low).to(dtype)
+            buffer = actpack.encode(x, "bitpack")
+            assert buffer.dtype == torch.uint8 and buffer.numel() == bitpacked_size(x)
+            y = actpack.decode(buffer)
+            assert y.dtype == dtype and torch.equal(y, x), (n, low, high)
+    # Both extremes: every bit of the dtype (64 for int64).
+    x = torch.tensor([info.min, 0, info.max, -1 if info.min < 0 else 1], dtype=dtype)
+    buffer = actpack.encode(x, "bitpack")
+    assert buffer.numel() == 128 + 4 * ((4 * info.bits + 31) // 32)
+    assert torch.equal(actpack.decode(buffer), x)
+    # All equal: no payload at all.
+    x = torch.full((5, 7), info.max, dtype=dtype)
+    assert actpack.encode(x, "bitpack").numel() == 128
+    assert torch.equal(actpack.decode(actpack.encode(x, "bitpack")), x)
+
+
+def test_bitpack_packs_max_pool_indices_in_ten_bits():
+    torch.manual_seed(0)
+    _, indices = nn.functional.max_pool2d(torch.randn(64, 32, 32), 3, 2, 1, return_indices=True)
+    assert indices.dtype == torch.int64 and indices.shape == (64, 16, 16)
+    assert 0 <= int(indices.min()) and 512 <= int(indices.max()) < 1024
+    buffer = actpack.encode(indices, "bitpack")
+    raw = indices.numel() * 8
+    assert buffer.numel() == 128 + raw * 10 // 64  # 20608 bytes for 131072: 6.4x less
+    assert torch.equal(actpack.decode(buffer), indices)
+
+
+def test_bitpack_shapes_views_and_refusals():
+    x = torch.arange(-50, 70, dtype=torch.int32).reshape(8, 15)
+    for view in [x.t(), x[:, 3:9], x.reshape(2, 4, 15), x[0, 0]]:
+        y = actpack.decode(actpack.encode(view, "bitpack"))
+        assert y.shape == view.shape and torch.equal(y, view)
+    for tensor in [torch.randn(4), torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.float64)]:
+        with pytest.raises(ValueError, match=str(tensor.dtype).replace("torch.", "")):
+            actpack.encode(tensor, "bitpack")
+    with pytest.raises(ValueError, match="no options"):
+        actpack.encode(x, "bitpack:bits=4")
 
 
 @pytest.mark.parametrize("spec, k", [("pool4", 4), ("pool:k=8", 8), ("pool2", 2), ("pool64", 64)])

@@ -24,6 +24,7 @@ SPECS = {
     "division": FLOATS, "division:block=4,bits=4": FLOATS,
     "division:block=3,bits=1,group=32": FLOATS, "division:block=64,bits=8,group=64": FLOATS,
     "division_fft": FLOATS, "division_fft:keep=4,bits=8": FLOATS,
+    "bitpack": [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8],
 }
 CPU_ONLY = {"division_fft"}
 SHAPES = [(), (1,), (255,), (1000, 37), (64, 4097), (3, 40, 70), (4, 128, 96), (2, 3, 13, 21),
@@ -46,8 +47,17 @@ def smooth(shape):
 
 def inputs(spec, dtype, shape, seed=3):
     """The data each codec is checked on: Gaussian values with zeros, smooth maps, and where
-    the codec takes them (eb, identity) non-finite values and an outlier; {0, v} for mask."""
+    the codec takes them (eb, identity) non-finite values and an outlier; {0, v} for mask;
+    integers for bitpack."""
     torch.manual_seed(seed)
+    if codec_of(spec) == "bitpack":
+        # max_pool-like indices, and values across the dtype's range with both extremes.
+        info = torch.iinfo(dtype)
+        indices = torch.randint(0, min(1024, info.max + 1), shape).to(dtype)
+        wide = torch.randint(max(info.min, -2**62), min(info.max, 2**62), shape).to(dtype)
+        if wide.numel() >= 2:
+            wide.view(-1)[0], wide.view(-1)[-1] = info.min, info.max
+        return [indices, wide]
     if codec_of(spec) == "mask":
         keep = torch.rand(shape) > 0.4
         return [keep.to(dtype) if dtype in (torch.uint8, torch.bool) else keep.to(dtype) * 2]

@@ -61,6 +61,22 @@ absl::Status MaskEncode(const void* input, uint64_t numel, int width, uint8_t* p
 absl::Status MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value,
                         void* output, void* stream);
 
+// `bitpack`: the smallest and largest element of an integer tensor of `kind`
+// (bitpack_math::Kind) as signed 64-bit values; numel must not be 0.
+absl::Status BitpackRange(const void* input, uint64_t numel, int kind,
+                          unsigned long long* counters, void* stream, int64_t* min,
+                          int64_t* max);
+
+// `bitpack`: each element's offset from `base` in `bits` bits, the payload of bitpack.cc;
+// reports the checksum. Every element must lie in [base, base + 2^bits - 1].
+absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, int64_t base,
+                           uint32_t bits, uint8_t* payload, unsigned long long* counters,
+                           void* stream, uint64_t* payload_checksum);
+
+// Writes base + each stored offset.
+absl::Status BitpackDecode(const uint8_t* payload, uint64_t numel, int kind, int64_t base,
+                           uint32_t bits, void* output, void* stream);
+
 struct PoolLayout {
   uint64_t rows;
   uint64_t row_length;
