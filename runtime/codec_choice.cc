@@ -21,6 +21,13 @@ absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text) {
     return absl::InvalidArgumentError(
         absl::StrCat(params.status().message(), " (or 'auto': the policy chooses per tensor)"));
   }
+  if (params->codec == codecs::CodecId::kBitpack) {
+    // It takes integers only: as a session's codec every float tensor would fail to pack.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "actpack: codec '", text, "': bitpack packs integer tensors only, and a session packs "
+        "every integer tensor with it already; choose a codec for the floating-point tensors "
+        "(or 'auto': the policy chooses per tensor)"));
+  }
   choice.params = *params;
   return choice;
 }

@@ -43,6 +43,20 @@ bool IsLossInput(const std::string& producer) { return producer == "LogSoftmaxBa
 
 constexpr char kExact[] = "keep";
 
+// The integer dtypes `bitpack` packs.
+bool IsBitpackedInteger(codecs::DType dtype) {
+  switch (dtype) {
+    case codecs::DType::kUInt8:
+    case codecs::DType::kInt8:
+    case codecs::DType::kInt16:
+    case codecs::DType::kInt32:
+    case codecs::DType::kInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
@@ -131,18 +145,23 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   record.raw_bytes = bytes;
   ++record.occurrences;
 
-  // A bool tensor (a dropout or comparison mask) is packed losslessly at 1 bit per value when
-  // the policy chooses.
+  // Codecs the dtype decides, lossless: a bool tensor (a dropout or comparison mask) is packed
+  // at 1 bit per value when the policy chooses; an integer tensor (max_pool2d's indices, in
+  // [0, H * W) of the input plane) at the bits its range needs, with `bitpack`, whenever
+  // packing is on: under a fixed codec too, since it costs no accuracy.
   const bool mask = record.assigned.automatic && info.supported_dtype &&
                     info.dtype == codecs::DType::kBool &&
                     codecs::FindCodec(codecs::CodecId::kMask) != nullptr;
+  const bool bitpack = info.supported_dtype && IsBitpackedInteger(info.dtype) &&
+                       codecs::FindCodec(codecs::CodecId::kBitpack) != nullptr;
+  record.lossless_by_dtype = mask || bitpack;
   if (!options_.enabled) {
     plan.reason = KeepReason::kDisabled;
   } else if (info.is_parameter) {
     plan.reason = KeepReason::kParameter;
   } else if (info.in_backward) {
     plan.reason = KeepReason::kSavedInBackward;
-  } else if (!mask && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
+  } else if (!mask && !bitpack && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {
     plan.reason = KeepReason::kTooSmall;
@@ -184,6 +203,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   plan.action = PackAction::kPack;
   if (mask) {
     plan.params.codec = codecs::CodecId::kMask;
+  } else if (bitpack) {
+    plan.params.codec = codecs::CodecId::kBitpack;
   } else if (record.assigned.automatic) {
     PlanAutomatic(info, record, plan);
     if (profile()) {
@@ -408,7 +429,10 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   totals_.peak_live_stored = std::max(totals_.peak_live_stored, totals_.live_stored);
   totals_.peak_live_raw = std::max(totals_.peak_live_raw, totals_.live_raw);
   current_step_.stored_bytes += packed->stored_bytes_;
-  if (record.assigned.automatic) current_step_.automatic_bytes += packed->stored_bytes_;
+  // What the dtype's codec stores is no choice of the policy: the rest of the step, to it.
+  if (record.assigned.automatic && !record.lossless_by_dtype) {
+    current_step_.automatic_bytes += packed->stored_bytes_;
+  }
   if (totals_.live_stored > current_step_.peak_live_stored) {
     current_step_.peak_live_stored = totals_.live_stored;
     current_step_.peak_live_raw = totals_.live_raw;

@@ -204,6 +204,9 @@ struct SavedRecord {
   // (index 0 is exact, then `codecs`: the ladder, and in the error-bounded mode eb at the
   // record's bound; bytes and error as last measured).
   CodecChoice assigned;
+  // Packed with the lossless codec its dtype takes (`mask` for bool under auto, `bitpack` for
+  // integers), whatever `assigned` says: no item of the policy.
+  bool lossless_by_dtype = false;
   std::vector<PolicyCandidate> candidates;
   std::vector<codecs::CodecParams> codecs;  // candidates[i + 1]'s codec
   int choice = -1;  // -1: not planned yet (the safe default: the harshest candidate)

@@ -91,14 +91,17 @@ TEST(SessionTest, PacksDecodesAndCountsBytes) {
   EXPECT_EQ(session.Steps().size(), 1u);
 }
 
-TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
+TEST(SessionTest, KeepsParametersOtherTypesAndSmallTensors) {
   Session session(Options("quant2", 4096), HostFactory());
   Saved param = MakeSaved(64, 64, 1);
   param.info.is_parameter = true;
   EXPECT_EQ(session.Plan(param.info).reason, KeepReason::kParameter);
-  Saved ints = MakeSaved(64, 64, 2);
-  ints.info.dtype = codecs::DType::kInt64;
-  EXPECT_EQ(session.Plan(ints.info).reason, KeepReason::kNotFloatingPoint);
+  Saved doubles = MakeSaved(64, 64, 2);
+  doubles.info.dtype = codecs::DType::kFloat64;
+  EXPECT_EQ(session.Plan(doubles.info).reason, KeepReason::kNotFloatingPoint);
+  Saved bools = MakeSaved(64, 64, 7);  // mask packs bools under auto only
+  bools.info.dtype = codecs::DType::kBool;
+  EXPECT_EQ(session.Plan(bools.info).reason, KeepReason::kNotFloatingPoint);
   Saved small = MakeSaved(2, 2, 3);
   EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kTooSmall);
   Saved log_probs = MakeSaved(64, 64, 5);
@@ -112,6 +115,83 @@ TEST(SessionTest, KeepsParametersIntegersAndSmallTensors) {
   const std::vector<SavedRecord> records = session.Records();
   EXPECT_EQ(records.back().codec, "kept");
   EXPECT_EQ(records.back().note, "saved during backward (create_graph or recomputation)");
+}
+
+// max_pool2d's int64 indices, values in [0, 1024): what bitpack stores in 10 bits each.
+struct SavedIndices {
+  std::vector<int64_t> values;
+  SavedTensorInfo info;
+  codecs::TensorView view() const {
+    return {values.data(), codecs::DType::kInt64, info.shape, codecs::Device::kCpu};
+  }
+};
+
+SavedIndices MakeIndices(uintptr_t storage) {
+  SavedIndices s;
+  s.info.shape = {64, 16, 16};
+  s.info.strides = {256, 16, 1};
+  s.info.dtype = codecs::DType::kInt64;
+  s.info.storage = storage;
+  s.info.producer = "MaxPool2DWithIndicesBackward0";
+  s.values.resize(64 * 16 * 16);
+  for (size_t i = 0; i < s.values.size(); ++i) s.values[i] = (i * 37 + i / 5) % 1024;
+  return s;
+}
+
+// Integer tensors are packed losslessly with bitpack whenever packing is on, under a fixed
+// codec and under auto alike, and unpack to the same values.
+TEST(SessionTest, IntegerTensorsArePackedWithBitpackAndUnpackExactly) {
+  for (const char* codec : {"quant2", "identity", "auto"}) {
+    SCOPED_TRACE(codec);
+    SessionOptions options = Options(codec);
+    if (std::string(codec) == "auto") options.budget_bytes = 1 << 30;
+    Session session(options, HostFactory());
+    const SavedIndices indices = MakeIndices(11);
+    const PackPlan plan = session.Plan(indices.info);
+    ASSERT_EQ(plan.action, PackAction::kPack);
+    EXPECT_EQ(plan.params.codec, codecs::CodecId::kBitpack);
+    EXPECT_TRUE(plan.measure.empty());  // lossless: nothing to measure
+    absl::StatusOr<std::shared_ptr<PackedTensor>> packed =
+        session.Pack(indices.info, plan, indices.view(), {});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    const uint64_t raw = 64 * 16 * 16 * 8;
+    EXPECT_EQ((*packed)->raw_bytes(), raw);
+    EXPECT_EQ((*packed)->stored_bytes(), codecs::kHeaderSize + raw * 10 / 64);
+    std::vector<int64_t> out(indices.values.size(), -1);
+    ASSERT_TRUE(session
+                    .Unpack(**packed, {out.data(), codecs::DType::kInt64, {64, 16, 16},
+                                       codecs::Device::kCpu},
+                            {})
+                    .ok());
+    EXPECT_EQ(out, indices.values);
+    const std::vector<SavedRecord> records = session.Records();
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0].codec, "bitpack");
+    EXPECT_EQ(records[0].stored_bytes, (*packed)->stored_bytes());
+    EXPECT_TRUE(records[0].candidates.empty());
+    ASSERT_TRUE(session.EndStep(4 << 20).ok());
+    // The dtype chose its codec, not the policy: no bytes of the policy's tensors.
+    EXPECT_EQ(session.Steps()[0].automatic_bytes, 0u);
+  }
+}
+
+// Where any tensor stays as it is, an integer one does too.
+TEST(SessionTest, IntegerTensorsAreKeptWhereEveryTensorIs) {
+  Session session(Options("quant2", 1 << 20), HostFactory());
+  const SavedIndices small = MakeIndices(12);  // 128 KiB, below min_bytes
+  EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kTooSmall);
+  SavedIndices parameter = MakeIndices(13);
+  parameter.info.shape = {1024, 16, 16};
+  parameter.info.is_parameter = true;
+  EXPECT_EQ(session.Plan(parameter.info).reason, KeepReason::kParameter);
+  SavedIndices in_backward = MakeIndices(14);
+  in_backward.info.shape = {1024, 16, 16};
+  in_backward.info.in_backward = true;
+  EXPECT_EQ(session.Plan(in_backward.info).reason, KeepReason::kSavedInBackward);
+  SessionOptions disabled = Options("quant2");
+  disabled.enabled = false;
+  Session off(disabled, HostFactory());
+  EXPECT_EQ(off.Plan(MakeIndices(15).info).reason, KeepReason::kDisabled);
 }
 
 TEST(SessionTest, DisabledSessionKeepsEverythingAndRecordsStayBounded) {
@@ -612,6 +692,10 @@ TEST(SessionPolicyTest, GlobMatch) {
   EXPECT_FALSE(GlobMatch("head", "heads"));
   EXPECT_EQ(ParseCodecChoice("quant9").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ParseCodecChoice(" auto ")->automatic);
+  // bitpack takes integers only: a session packs them with it already, whatever the codec.
+  const absl::StatusOr<CodecChoice> bitpack = ParseCodecChoice("bitpack");
+  EXPECT_EQ(bitpack.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bitpack.status().message().find("integer"), absl::string_view::npos);
 }
 
 }  // namespace

@@ -117,6 +117,31 @@ def test_non_finite_activations_are_kept_exact():
     assert torch.equal(w.grad[finite], (2 * x)[finite])
 
 
+@pytest.mark.parametrize("codec", ["identity", "quant2", "auto"])
+def test_max_pool_indices_are_bitpacked_and_the_input_gradient_stays_exact(codec):
+    """max_pool2d's int64 indices are packed losslessly whatever the codec. The input gradient
+    of conv -> max_pool -> sum needs only the conv's weight (a parameter, kept) and the indices
+    (max_pool's backward reads its input for the shape only), so it equals plain PyTorch's bit
+    for bit under any codec, and only while the indices decode exactly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.MaxPool2d(3, 2, 1))
+    x = torch.randn(2, 3, 32, 32, requires_grad=True)
+    model(x).sum().backward()
+    plain = x.grad.clone()
+    x.grad = None
+    with actpack.budget(1 << 40, codec=codec) as run:
+        model(x).sum().backward()
+    assert torch.equal(x.grad, plain)
+    saved = [s for s in run.report["activations"]["saved_tensors"] if s["dtype"] == "int64"]
+    assert len(saved) == 1, run.report["activations"]["saved_tensors"]
+    indices = saved[0]
+    # [2, 64, 16, 16] indices into 32 x 32 planes: 10 bits each, 6.4x less than int64.
+    assert indices["shape"] == [2, 64, 16, 16] and indices["codec"] == "bitpack"
+    assert indices["raw_bytes"] == 2 * 64 * 16 * 16 * 8
+    assert indices["stored_bytes"] == 128 + 2 * 64 * 16 * 16 * 10 // 8
+    assert "error" not in indices  # lossless: nothing measured
+
+
 def test_hooks_are_removed_and_report_written_after_an_exception(tmp_path):
     model = small_cnn()
     x = torch.randn(4, 3, 16, 16)
