@@ -217,10 +217,10 @@ std::optional<c10::Device> GuardedDevice(const at::Device& device) {
 // the activations read beside them must be as well: torch's kernels for mixed layouts copy or
 // take slow paths (batch norm's backward: 6x slower). The decoded tensor is fresh memory
 // either way. Measured on a ResNet-50 step (quant2, batch 64, 64x64): the peak's bytes beyond
-// parameters, gradients and optimizer state 1.76 -> 1.27 MiB a sample, the step no slower
-// (1.05 s against 1.11 s). Only with oneDNN on (torch's own convolution would
-// copy back), while a backward node runs (get_current_node names it), and for lossy codecs:
-// `identity` stays what parity runs need, plain training bit for bit.
+// parameters, gradients and optimizer state 1.76 -> 1.38 MiB a sample, the step no slower
+// (1.05 s against 1.11 s). Only with oneDNN on (torch's own convolution would copy back),
+// while a backward node runs (get_current_node names it), and for lossy codecs: `identity`
+// stays what parity runs need, plain training bit for bit.
 bool WantsChannelsLast(const runtime::PackedTensor& packed, const at::Tensor& decoded) {
   if (packed.codec() == codecs::CodecId::kIdentity || !decoded.is_cpu() || decoded.dim() != 4 ||
       !decoded.is_contiguous() || decoded.is_contiguous(at::MemoryFormat::ChannelsLast) ||
