@@ -169,17 +169,12 @@ def check_planner_against_binary_search(corpus, tmp_path, device):
             fits = actpack._planner.trains_under_cap(step, budget, choice, mid) is not None
             lo, hi = (mid, hi) if fits else (lo, mid - 1)
         print(f"planner at {budget >> 20} MiB, {choice}: predicted {predicted}, truth {lo}")
-        if choice == plan.verified["codec"]:
-            # The verified search is a search for the truth, answered 1% below it (at least
-            # one sample from 20 on): at the edge, whether a batch fits can differ by one
-            # between runs (the pool's segments as earlier runs left them). Within 5%.
-            assert 0.95 * lo - 1 <= predicted <= lo + (1 if lo < 20 else 0), (choice, predicted, lo)
-        else:
-            # The model's line with the headroom real steps under the cap measured: within 5%
-            # of the truth, never above it.
-            assert 0.95 * lo - 1 <= predicted <= lo, (choice, predicted, lo)
-            calibration = plan.choices[choice]["calibration"]
-            assert calibration["answer"] == predicted and calibration["batch_size"] >= predicted
+        # Both answers come from real steps under the budget less 2% (what a fresh process may
+        # need beyond this one's): the verified one from a search, the other from the line held
+        # to such steps. Within 5% of the truth (and a sample: 5% of 18 is one), never above.
+        assert 0.95 * lo - 1 <= predicted <= lo, (choice, predicted, lo)
+        if choice != plan.verified["codec"]:
+            assert plan.choices[choice]["calibration"]["batch_size"] == predicted
 
     import json
     saved = json.loads((tmp_path / "plan.json").read_text())

@@ -120,7 +120,7 @@ def test_plan_batch_size_with_verify_takes_the_batch_that_ran_under_the_cap(tmp_
     def fake_plan(step, budget, verify, **kwargs):
         step(2)  # the step function trains on collated dataset batches
         choice = {"fixed_bytes": 0, "per_sample_bytes": 1 << 20, "fragmentation": 1.0,
-                  "max_batch_size": 52}
+                  "headroom": 0.05, "calibration": None, "max_batch_size": 52}
         return actpack.Plan(32 << 20, [8, 16], {"auto": choice},
                             {"codec": "auto", "batch_size": verified, "predicted_batch_size": 52,
                              "smallest_tried": 36, "peak_bytes": None} if verify else None, {})

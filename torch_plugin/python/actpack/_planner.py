@@ -13,18 +13,20 @@ batch can sit in the optimizer step, where the batch does not matter).
 What the cap counts beyond those allocated bytes (the pool's segments, lumpy under a cap, and
 what the system holds outside the pool) is measured, not assumed: a pool caches whatever its
 cap allows, so its reserved bytes do not say what it needs, and whether a step fits does. Per
-choice, real steps run under the budget's cap at the batch whose modelled bytes leave 4% of the
-budget free, then 6%, 8%, ... until one fits (a capped step needed 3-6% beyond the line on a
-CNN, a transformer and an MLP-Mixer); the answer is that batch less 1% (a fresh process's pool
-can fragment differently), and the share of the budget its line leaves free is the choice's
-measured headroom (what `actpack plan` keeps free at another budget). verify=True then searches
-up from there with real steps under the cap, bisecting up to where allocated bytes alone fill
-the budget, answers 1% below the largest that ran, and reports the measured peak.
+choice, real steps run under the cap at the batch whose modelled bytes leave 5% of the budget
+free, then 6.5%, 8%, ... until one fits (a capped step needed 3-6% beyond the line on a CNN, a
+transformer and an MLP-Mixer); that batch is the answer, and the share of the budget its line
+leaves free is the choice's measured headroom (what `actpack plan` keeps free at another
+budget). The planner's steps run under the budget less 2%: a fresh process can need that much
+more than this one, which has run the step's shapes before. verify=True then bisects upward
+from there with real steps under the same cap, up to where allocated bytes alone fill the
+budget, and reports the measured peak.
 """
 import math
 import re
 import os
 import sys
+import warnings
 
 from actpack import _C
 from actpack._budget import budget as _budget_context, outside_allowance
@@ -73,9 +75,9 @@ class Plan:
             v = self.verified
             lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (estimated "
                          f"{v['predicted_batch_size']}, at most {v['upper_bound']}): "
-                         f"{v['largest_run']} was the largest that ran under the cap, peak "
-                         f"{format_bytes(v['peak_bytes'])} reserved, less 1% for a fresh "
-                         f"process's fragmentation")
+                         f"the largest that ran under the budget less "
+                         f"{FRESH_PROCESS_SHARE:.0%} (what a fresh process may need beyond this "
+                         f"one's), peak {format_bytes(v['peak_bytes'])} reserved")
         elif self.verified:
             v = self.verified
             lines.append(f"verified: {v['codec']} did not fit the cap at batch "
@@ -91,10 +93,17 @@ HEADROOM = _C.DEFAULT_HEADROOM  # where no capped step measured it (as budget()'
 
 # The capped steps that find a choice's batch start where the line leaves this share of the
 # budget free (what a capped step needs beyond the line measured 3-6% of the budget on a CNN,
-# a transformer and an MLP-Mixer) and leave this much more free after each that runs out.
-CALIBRATION_START = 0.04
-CALIBRATION_STEP = 0.02
-CALIBRATION_TRIES = 5
+# a transformer and an MLP-Mixer, and the planner's cap holds back FRESH_PROCESS_SHARE more)
+# and leave this much more free after each that runs out.
+CALIBRATION_START = 0.05
+CALIBRATION_STEP = 0.015
+CALIBRATION_TRIES = 6
+# The planner's process has run the step's shapes before; a fresh process's pool lays its
+# segments out anew and the system counts its first touches (measured: a transformer ran 105
+# samples in the planner's process and failed at 105 in a fresh one, a 26 MiB request with
+# 22 MiB free in partly used segments; the benchmark's ResNet-50 ran 92 under 320 MiB there
+# and at most 90 fresh). The planner's capped steps therefore run under the budget less this.
+FRESH_PROCESS_SHARE = 0.02
 
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
@@ -142,6 +151,14 @@ def _run_step(step, batch, choice):
     limit = 1 if choice == "auto" else 1 << 50
     with _budget_context(limit, codec=spec, min_bytes="64KiB") as run:
         step(batch)
+    if run.report["activations"]["totals"]["exact_fallbacks"] and spec != "none":
+        # Non-finite activations are packed exactly: the profile would count them raw and
+        # plan from a step unlike training's.
+        warnings.warn(
+            f"actpack.plan: step({batch}) saved non-finite activations under {choice!r}, so "
+            "they were kept exactly and the profile is off; if step() updates the weights, "
+            "they may have diverged over the planner's steps: plan with a learning rate of 0 "
+            "(the memory is the same) or a copy of the model", RuntimeWarning, stacklevel=3)
     return run.report["run"]["peak_reserved_bytes"], run.report["run"]["peak_allocated_bytes"], run.report
 
 
@@ -218,7 +235,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             "fragmentation": fragmentation,
             "headroom": calibration["headroom"] if calibration else HEADROOM,
             "calibration": calibration,
-            "max_batch_size": calibration["answer"] if calibration else
+            "max_batch_size": calibration["batch_size"] if calibration else
             max_batch(budget_bytes, fixed, per_sample),
             "measured": [{"batch_size": b, "allocated_bytes": a, "reserved_bytes": r}
                          for b, a, r in peaks],
@@ -287,10 +304,10 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
     batch the line puts at the budget less CALIBRATION_START, or, when that runs out, less
     CALIBRATION_STEP more each time. What the cap counts beyond the line (the pool's segments,
     what the system holds outside it) cannot be read off a pool that caches whatever its cap
-    allows, so it is measured by whether the step fits. Returns {"batch_size": the batch that
-    ran, "tries", "peak_bytes": its capped steps' reserved peak, "answer": that batch less the
-    fresh-process margin, "headroom": the share of the budget the answer's line leaves free},
-    or None when no batch worth trying fits."""
+    allows, so it is measured by whether the step fits (under the planning cap). Returns
+    {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped steps'
+    reserved peak, "headroom": the share of the budget its line leaves free}, or None when no
+    batch worth trying fits."""
     tried = set()
     for i in range(CALIBRATION_TRIES):
         batch = max_batch(budget_bytes, fixed, per_sample,
@@ -301,17 +318,16 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
             continue
         tried.add(batch)
         # As many steps as verify's: a pool's layout can drift over the first capped steps.
-        report = trains_under_cap(step, budget_bytes, choice, batch)
+        report = trains_under_cap(step, _planning_cap(budget_bytes), choice, batch)
         if report is None:
             continue
-        answer = _fresh_process_margin(batch)
         # Half a sample more than the answer's line: the line at the budget less this headroom
         # gives back the answer (`actpack plan` at another budget keeps the same share free).
-        used = fixed + per_sample * (answer + 0.5)
+        used = fixed + per_sample * (batch + 0.5)
         return {"batch_size": batch, "tries": len(tried),
                 "peak_bytes": max(s["peak_reserved_bytes"]
                                   for s in report["activations"]["steps"][_capped_from(choice):]),
-                "answer": answer, "headroom": min(0.5, max(0.0, 1.0 - used / budget_bytes))}
+                "headroom": min(0.5, max(0.0, 1.0 - used / budget_bytes))}
     return None
 
 
@@ -322,7 +338,7 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
     nothing larger can fit)."""
     def fits(batch):
         say(f"verify {choice} at batch {batch}")
-        return trains_under_cap(step, budget_bytes, choice, batch)
+        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch)
 
     batch, report, tries = predicted, None, 0
     if ran is not None:
@@ -347,20 +363,15 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
         else:
             hi = mid - 1
     steps = report["activations"]["steps"]
-    return ({"codec": choice, "batch_size": _fresh_process_margin(lo),
-             "largest_run": lo, "predicted_batch_size": predicted, "upper_bound": upper,
+    return ({"codec": choice, "batch_size": lo, "largest_run": lo, "predicted_batch_size": predicted, "upper_bound": upper,
              "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[CAPPED_FROM:])
              if len(steps) > CAPPED_FROM else None,
              "peak_allocated_bytes": report["run"]["peak_allocated_bytes"]}, report)
 
 
-def _fresh_process_margin(batch):
-    """The search runs in this process, whose pool has laid out segments for the batches tried
-    before; a fresh process lays them out anew and can fragment differently (measured: a
-    transformer ran at 105 here and failed at 105, though not at 104, in a fresh process: a
-    26 MiB request with 22 MiB free in partly used segments). So the answer is 1% below what
-    the search found; below 20 a sample is more than 5%, and the search's answer stands."""
-    return batch - batch // 100 - (1 if 20 <= batch < 100 else 0)
+def _planning_cap(budget_bytes):
+    """The cap the planner's own steps run under: the budget less FRESH_PROCESS_SHARE."""
+    return int(budget_bytes * (1.0 - FRESH_PROCESS_SHARE))
 
 
 def _device_total(report):
