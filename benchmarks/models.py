@@ -84,15 +84,17 @@ class TransformerBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads) \
-            .permute(2, 0, 3, 1, 4)
-        a = self.attention(q, k, v)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.attend(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
-    def attention(self, q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+    def attend(self, h):
+        """Self-attention with its projection, in a function of its own as nanoGPT's and
+        Hugging Face's GPT-2 have it: q, k, v and the heads' output die when it returns,
+        instead of staying alive (as locals of forward) through the MLP."""
+        b, t, d = h.shape
+        q, k, v = self.qkv(h).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(a.transpose(1, 2).reshape(b, t, d))
 
 
 class ViT(Blocks):

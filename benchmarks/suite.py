@@ -190,26 +190,59 @@ class Bench:
     # ---- the limit ----
 
     def limit(self, plan, batch):
-        """What the budget could hold at best: (budget - fixed) / (packed bytes per sample at
-        the harshest codecs + the working set per sample of the block that needs most), with
-        `fixed` the planner's batch-independent bytes of plain training."""
+        """What the budget could hold at best: (budget - fixed) / the most a sample needs at
+        any block, with `fixed` the planner's batch-independent bytes of plain training. While
+        block i runs forward a step holds the packed bytes of everything before it and block
+        i's raw forward working set; while it runs backward, the packed bytes up to and with
+        it and its backward working set (its output's gradient, decoded inputs, its input's
+        gradient, workspaces). Packed bytes are at the harshest codecs; working sets are
+        measured running each block alone, per sample (the slope between `batch` and twice
+        it: its weights' gradients do not grow with the batch)."""
         model, optimizer = self.fresh(False)
         step = self.step_fn(model, optimizer)
         warm_up(step, batch)
-        # As the planner profiles auto: its harshest codecs, under a budget it cannot meet.
-        report = _planner._run_step(step, batch, "auto")[2]
-        packed = max(s["peak_live_stored_bytes"] for s in report["activations"]["steps"]) / batch
-        working = self.largest_block_working_set(model, batch) / batch
+        packed_before, packed_after = self.packed_through_blocks(model, step, batch)
+        low, high = self.block_working_sets(model, batch), self.block_working_sets(model, 2 * batch)
+        per_sample, worst = 0.0, None
+        for i, ((fwd_low, bwd_low), (fwd_high, bwd_high)) in enumerate(zip(low, high)):
+            forward = packed_before[i] + (fwd_high - fwd_low) / batch
+            backward = packed_after[i] + (bwd_high - bwd_low) / batch
+            if max(forward, backward) > per_sample:
+                per_sample = max(forward, backward)
+                worst = {"block": i, "pass": "forward" if forward >= backward else "backward",
+                         "packed_per_sample_bytes": packed_before[i] if forward >= backward
+                         else packed_after[i],
+                         "working_set_per_sample_bytes": max(forward, backward) -
+                         (packed_before[i] if forward >= backward else packed_after[i])}
         fixed = plan["fixed_bytes"]["none"]
-        return {"packed_per_sample_bytes": packed, "block_working_set_per_sample_bytes": working,
-                "fixed_bytes": fixed,
-                "batch": int((self.budget_bytes - fixed) / (packed + working))}
+        return {"per_sample_bytes": per_sample, "worst": worst, "fixed_bytes": fixed,
+                "batch": int((self.budget_bytes - fixed) / per_sample) if per_sample else None}
 
-    def largest_block_working_set(self, model, batch):
-        """The most any one block allocates running forward and backward alone at `batch`,
-        its saved tensors packed at the harshest codecs as in the limit's numerator: what a
-        step holds raw while that block runs (its output and gradients, decoded inputs,
-        workspaces). Its input is given; its parameters' gradients are fixed bytes."""
+    def packed_through_blocks(self, model, step, batch):
+        """Per block, the packed bytes a sample has when it starts and when it ends its
+        forward, at the harshest codecs (auto under a budget it cannot meet, as the planner
+        profiles it)."""
+        before, after, run_ref = [], [], []
+        live = lambda: run_ref[0].totals()["live_stored_bytes"] / batch  # noqa: E731
+        hooks = []
+        for block in _blocks(model):
+            hooks.append(block.register_forward_pre_hook(lambda m, a: before.append(live())))
+            hooks.append(block.register_forward_hook(lambda m, a, o: after.append(live())))
+        try:
+            with actpack.budget(1, codec="auto", min_bytes="64KiB") as run:
+                run_ref.append(run)
+                step(batch)
+        finally:
+            for h in hooks:
+                h.remove()
+        return before, after
+
+    def block_working_sets(self, model, batch):
+        """Each block's (forward, backward) working set at `batch`, run alone with its saved
+        tensors packed at the harshest codecs: forward, its input and the most it allocates;
+        backward, its output's gradient and the most it allocates beyond what the forward left
+        (its packed tensors, which the limit counts apart). Its input is what the model hands
+        it."""
         inputs = {}
         hooks = [block.register_forward_pre_hook(
             lambda m, args: inputs.setdefault(m, tuple(a.detach() for a in args)))
@@ -218,18 +251,35 @@ class Bench:
             model(self.task.batch(batch, 0, self.device)[0])
         for h in hooks:
             h.remove()
-        peaks = []
+        memory = actpack.memory
+        sets = []
         for block, args in inputs.items():
             args = tuple(a.clone().requires_grad_(a.is_floating_point()) for a in args)
-            # A one-byte budget keeps auto on its harshest codecs (as _planner._run_step).
-            with actpack.budget(1, codec="auto", min_bytes="64KiB") as run:
-                before = actpack.memory.memory_allocated(self.device)  # the optimizer's state
-                block(*args).float().square().mean().backward()
-            grads = sum(p.numel() * p.element_size() for p in block.parameters())
+            backward_peak = []
+            # Read before the end of the pass, where the budget restarts the peak counter.
+            args[0].register_hook(
+                lambda g: backward_peak.append(memory.max_memory_allocated(self.device)))
+            with actpack.budget(1, codec="auto", min_bytes="64KiB"):
+                memory.reset_peak_memory_stats(self.device)
+                start = memory.memory_allocated(self.device)
+                out = block(*args)
+                forward = memory.max_memory_allocated(self.device) - start + \
+                    sum(a.nbytes for a in args)
+                # The gradient in the layout the block's successor hands it inside the model:
+                # channels_last for a conv net's maps on the CPU, where actpack decodes them so.
+                layout = (torch.channels_last if out.dim() == 4 and out.device.type == "cpu"
+                          else torch.preserve_format)
+                grad = torch.randn_like(out, memory_format=layout)
+                memory.reset_peak_memory_stats(self.device)
+                # What is allocated now less the output (dead inside the model) and its
+                # gradient (alive there: part of the working set).
+                begin = memory.memory_allocated(self.device) - out.nbytes - grad.nbytes
+                out.backward(grad)
+                del out, grad
             block.zero_grad(set_to_none=True)
-            peaks.append((run.report["run"]["peak_allocated_bytes"] or 0) - before - grads)
+            sets.append((forward, backward_peak[0] - begin))
             del args
-        return max(peaks)
+        return sets
 
     # ---- time, gradients, loss ----
 
@@ -409,9 +459,11 @@ def table(results):
             f"\n{name}: {entry['parameters'] / 1e6:.1f}M parameters, budget "
             f"{format_bytes(entry['budget_bytes'])}; planner (auto) estimate "
             f"{plan['estimate'].get('auto')}, verified {plan['verified_auto']}; limit "
-            f"{limit['batch']} (fixed {format_bytes(limit['fixed_bytes'])}, packed "
-            f"{format_bytes(limit['packed_per_sample_bytes'])}/sample + largest block "
-            f"{format_bytes(limit['block_working_set_per_sample_bytes'])}/sample)"
+            f"{limit['batch']} (fixed {format_bytes(limit['fixed_bytes'])}, at most "
+            f"{format_bytes(limit['per_sample_bytes'])}/sample: block {limit['worst']['block']}"
+            f"'s {limit['worst']['pass']}, packed "
+            f"{format_bytes(limit['worst']['packed_per_sample_bytes'])} + working set "
+            f"{format_bytes(limit['worst']['working_set_per_sample_bytes'])})"
             + (f"; auto reaches {auto / limit['batch']:.0%} of it" if auto and limit["batch"]
                else ""))
         lines.append(f"  {'method':<24}{'max batch':>10}{'x plain':>9}{'x ckpt':>8}"

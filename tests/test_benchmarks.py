@@ -72,5 +72,9 @@ def test_losses_and_limit(results):
             if "losses" in m:
                 assert len(m["losses"]) == 4 and all(l == l for l in m["losses"]), (name, method)
         limit = entry["limit"]
-        assert limit["batch"] > 0 and limit["packed_per_sample_bytes"] > 0
-        assert limit["block_working_set_per_sample_bytes"] > 0
+        worst = limit["worst"]
+        assert limit["batch"] > 0 and worst["packed_per_sample_bytes"] > 0, (name, limit)
+        assert worst["working_set_per_sample_bytes"] > 0 and worst["pass"] in ("forward",
+                                                                               "backward")
+        assert limit["per_sample_bytes"] == pytest.approx(
+            worst["packed_per_sample_bytes"] + worst["working_set_per_sample_bytes"])
