@@ -393,7 +393,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return name;
 }
 
-std::vector<Case> AllCases() {
+// Every spec x `dtypes` x shape, on the CPU and the (emulated) GPU.
+std::vector<Case> CasesOver(const std::vector<DType>& dtypes) {
   std::vector<Case> cases;
   for (Device device : {Device::kCpu, Device::kCuda}) {
     for (const SpecCase& spec : Specs()) {
@@ -401,13 +402,15 @@ std::vector<Case> AllCases() {
       if (device == Device::kCuda && ParseCodecSpec(spec.spec)->codec == CodecId::kDivisionFft) {
         continue;
       }
-      for (DType dtype : kDTypes) {
+      for (DType dtype : dtypes) {
         for (const auto& shape : kShapes) cases.push_back({spec, dtype, shape, device});
       }
     }
   }
   return cases;
 }
+
+std::vector<Case> AllCases() { return CasesOver(kDTypes); }
 
 class CodecConformanceTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -688,20 +691,7 @@ std::vector<uint8_t> IntegerBytes(DType dtype, uint64_t n, uint32_t seed, bool z
   return bytes;
 }
 
-std::vector<Case> AllIntegerCases() {
-  std::vector<Case> cases;
-  for (Device device : {Device::kCpu, Device::kCuda}) {
-    for (const SpecCase& spec : Specs()) {
-      if (device == Device::kCuda && ParseCodecSpec(spec.spec)->codec == CodecId::kDivisionFft) {
-        continue;
-      }
-      for (DType dtype : kIntegerDTypes) {
-        for (const auto& shape : kShapes) cases.push_back({spec, dtype, shape, device});
-      }
-    }
-  }
-  return cases;
-}
+std::vector<Case> AllIntegerCases() { return CasesOver(kIntegerDTypes); }
 
 class IntegerConformanceTest : public CodecConformanceTest {
  protected:
