@@ -14,8 +14,9 @@ What the cap counts beyond those allocated bytes (the pool's segments, lumpy und
 what the system holds outside the pool) is measured, not assumed: a pool caches whatever its
 cap allows, so its reserved bytes do not say what it needs, and whether a step fits does. Per
 choice, real steps run under the cap at the batch whose modelled bytes leave 5% of the budget
-free, then 6.5%, 8%, ... until one fits (a capped step needed 3-6% beyond the line on a CNN, a
-transformer and an MLP-Mixer); that batch is the answer, and the share of the budget its line
+free, then 6.5%, then 8% until one fits (a capped step needed 3-6% beyond the line on a CNN, a
+transformer and an MLP-Mixer), then a tenth fewer samples at a time (the line is off); that
+batch is the answer, and the share of the budget its line
 leaves free is the choice's measured headroom (what `actpack plan` keeps free at another
 budget). The planner's steps run under the budget less 2%: a fresh process can need that much
 more than this one, which has run the step's shapes before. verify=True then bisects upward
@@ -94,10 +95,13 @@ HEADROOM = _C.DEFAULT_HEADROOM  # where no capped step measured it (as budget()'
 # The capped steps that find a choice's batch start where the line leaves this share of the
 # budget free (what a capped step needs beyond the line measured 3-6% of the budget on a CNN,
 # a transformer and an MLP-Mixer, and the planner's cap holds back FRESH_PROCESS_SHARE more)
-# and leave this much more free after each that runs out.
+# and leave this much more free after each that runs out, up to 8%; past that the line is off
+# (budgets of a few segments, or a peak that moves with the batch) and the tries step down by a
+# tenth of the batch, this many times more, before the default headroom is all there is.
 CALIBRATION_START = 0.05
 CALIBRATION_STEP = 0.015
-CALIBRATION_TRIES = 6
+CALIBRATION_TRIES = 3
+CALIBRATION_FALLBACK_TRIES = 4
 # The planner's process has run the step's shapes before; a fresh process's pool lays its
 # segments out anew and the system counts its first touches (measured: a transformer ran 105
 # samples in the planner's process and failed at 105 in a fresh one, a 26 MiB request with
@@ -299,21 +303,34 @@ def _capped_from(choice):
     return CAPPED_FROM if choice == "auto" else 1
 
 
-def _calibrate(step, budget_bytes, choice, fixed, per_sample):
-    """The choice's largest batch as far as real steps under the cap show without a search: the
-    batch the line puts at the budget less CALIBRATION_START, or, when that runs out, less
-    CALIBRATION_STEP more each time. What the cap counts beyond the line (the pool's segments,
-    what the system holds outside it) cannot be read off a pool that caches whatever its cap
-    allows, so it is measured by whether the step fits (under the planning cap). Returns
-    {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped steps'
-    reserved peak, "headroom": the share of the budget its line leaves free}, or None when no
-    batch worth trying fits."""
-    tried = set()
+def _calibration_batches(budget_bytes, fixed, per_sample):
+    """The batches _calibrate tries, largest first: where the line leaves CALIBRATION_START of
+    the budget free, then CALIBRATION_STEP more each time; then, the line being off (a peak
+    that moves as the batch grows), a tenth fewer samples each time."""
+    batch = None
     for i in range(CALIBRATION_TRIES):
         batch = max_batch(budget_bytes, fixed, per_sample,
                           headroom=CALIBRATION_START + i * CALIBRATION_STEP)
         if batch < 1 or batch == sys.maxsize:
-            return None
+            return
+        yield batch
+    for _ in range(CALIBRATION_FALLBACK_TRIES):
+        batch = batch * 9 // 10
+        if batch < 1:
+            return
+        yield batch
+
+
+def _calibrate(step, budget_bytes, choice, fixed, per_sample):
+    """The choice's largest batch as far as real steps under the cap show without a search,
+    trying _calibration_batches until one fits. What the cap counts beyond the line (the pool's
+    segments, what the system holds outside it) cannot be read off a pool that caches whatever
+    its cap allows, so it is measured by whether the step fits (under the planning cap).
+    Returns {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped
+    steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
+    when no batch worth trying fits."""
+    tried = set()
+    for batch in _calibration_batches(budget_bytes, fixed, per_sample):
         if batch in tried:
             continue
         tried.add(batch)
