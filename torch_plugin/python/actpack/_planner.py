@@ -102,6 +102,11 @@ CALIBRATION_START = 0.05
 CALIBRATION_STEP = 0.015
 CALIBRATION_TRIES = 3
 CALIBRATION_FALLBACK_TRIES = 4
+# Between a try that fits and the smallest that ran out (or above a first try that fits: a line
+# that overestimates, at small budgets where a sample is several percent of the budget) there
+# may be samples to spare: the tries climb a twentieth of the batch (at least one sample) at a
+# time, this many times at most, and the answer is the last that fitted.
+CALIBRATION_CLIMB_TRIES = 2
 # The planner's process has run the step's shapes before; a fresh process's pool lays its
 # segments out anew and the system counts its first touches (measured: a transformer ran 105
 # samples in the planner's process and failed at 105 in a fresh one, a 26 MiB request with
@@ -323,21 +328,35 @@ def _calibration_batches(budget_bytes, fixed, per_sample):
 
 def _calibrate(step, budget_bytes, choice, fixed, per_sample):
     """The choice's largest batch as far as real steps under the cap show without a search,
-    trying _calibration_batches until one fits. What the cap counts beyond the line (the pool's
-    segments, what the system holds outside it) cannot be read off a pool that caches whatever
-    its cap allows, so it is measured by whether the step fits (under the planning cap).
+    trying _calibration_batches until one fits (climbing from a first try that fits). What the
+    cap counts beyond the line (the pool's segments, what the system holds outside it) cannot be
+    read off a pool that caches whatever its cap allows, so it is measured by whether the step
+    fits (under the planning cap).
     Returns {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped
     steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
     when no batch worth trying fits."""
-    tried = set()
+    def fits(batch):
+        # As many steps as verify's: a pool's layout can drift over the first capped steps.
+        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch)
+
+    tried, ran_out = set(), sys.maxsize
     for batch in _calibration_batches(budget_bytes, fixed, per_sample):
         if batch in tried:
             continue
         tried.add(batch)
-        # As many steps as verify's: a pool's layout can drift over the first capped steps.
-        report = trains_under_cap(step, _planning_cap(budget_bytes), choice, batch)
+        report = fits(batch)
         if report is None:
+            ran_out = min(ran_out, batch)
             continue
+        for _ in range(CALIBRATION_CLIMB_TRIES):
+            larger = batch + max(1, batch // 20)
+            if larger >= ran_out:
+                break
+            tried.add(larger)
+            found = fits(larger)
+            if found is None:
+                break
+            batch, report = larger, found
         # Half a sample more than the answer's line: the line at the budget less this headroom
         # gives back the answer (`actpack plan` at another budget keeps the same share free).
         used = fixed + per_sample * (batch + 0.5)
