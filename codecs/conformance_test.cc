@@ -461,6 +461,38 @@ class CodecConformanceTest : public ::testing::TestWithParam<Case> {
     return runner_->Decode(buffer, size, c.dtype, c.shape, &output);
   }
 
+  // Every prefix of `buffer` shorter than it decodes to kDataLoss (every prefix of small
+  // buffers; a spread of prefixes of larger ones).
+  void ExpectEveryTruncationIsDataLoss(const std::vector<uint8_t>& buffer) {
+    std::vector<uint8_t> output;
+    const size_t step = std::max<size_t>(1, buffer.size() / 97);
+    for (size_t size = 0; size < buffer.size(); size += step) {
+      const absl::Status status = Decode(buffer, size, output);
+      ASSERT_EQ(status.code(), absl::StatusCode::kDataLoss) << "prefix of " << size << ": "
+                                                            << status;
+    }
+  }
+
+  // Every header byte of `buffer` with three flips (a field's low bit, its high bit, all of
+  // it) and a spread of the payload's bytes with one flip each, in turn (the checksum sees any
+  // change alike), are refused; the buffer, restored, still decodes.
+  void ExpectByteFlipsRefused(std::vector<uint8_t>& buffer) {
+    std::vector<uint8_t> output;
+    const std::vector<uint8_t> flips = {0x01, 0x80, 0xff};
+    const size_t step = std::max<size_t>(1, (buffer.size() - kHeaderSize) / 97);
+    for (size_t i = 0, turn = 0; i < buffer.size(); i += i < kHeaderSize ? 1 : step) {
+      const std::vector<uint8_t> these =
+          i < kHeaderSize ? flips : std::vector<uint8_t>{flips[turn++ % flips.size()]};
+      for (uint8_t flip : these) {
+        buffer[i] ^= flip;
+        const absl::Status status = Decode(buffer, buffer.size(), output);
+        ASSERT_FALSE(status.ok()) << "byte " << i << " flip " << int{flip};
+        buffer[i] ^= flip;
+      }
+    }
+    ASSERT_TRUE(Decode(buffer, buffer.size(), output).ok());
+  }
+
   // Encodes `input` and decodes the buffer on the case's device.
   void RoundTrip(const std::vector<uint8_t>& input, std::vector<uint8_t>* buffer,
                  std::vector<uint8_t>* output) {
@@ -564,35 +596,13 @@ TEST_P(CodecConformanceTest, NonFiniteValuesAreRefusedOrKeptExactly) {
 TEST_P(CodecConformanceTest, EveryTruncationIsDataLoss) {
   absl::StatusOr<std::vector<uint8_t>> buffer = EncodeActivations();
   ASSERT_TRUE(buffer.ok()) << buffer.status();
-  std::vector<uint8_t> output;
-  // Every prefix of small buffers; a spread of prefixes of larger ones.
-  const size_t step = std::max<size_t>(1, buffer->size() / 97);
-  for (size_t size = 0; size < buffer->size(); size += step) {
-    const absl::Status status = Decode(*buffer, size, output);
-    ASSERT_EQ(status.code(), absl::StatusCode::kDataLoss) << "prefix of " << size << ": "
-                                                          << status;
-  }
+  ExpectEveryTruncationIsDataLoss(*buffer);
 }
 
 TEST_P(CodecConformanceTest, ByteFlipsAreRefused) {
   absl::StatusOr<std::vector<uint8_t>> buffer = EncodeActivations();
   ASSERT_TRUE(buffer.ok()) << buffer.status();
-  std::vector<uint8_t> output;
-  // Every header byte with three flips (a field's low bit, its high bit, all of it); a spread of
-  // the payload's bytes with one flip each, in turn (the checksum sees any change alike).
-  const std::vector<uint8_t> flips = {0x01, 0x80, 0xff};
-  const size_t step = std::max<size_t>(1, (buffer->size() - kHeaderSize) / 97);
-  for (size_t i = 0, turn = 0; i < buffer->size(); i += i < kHeaderSize ? 1 : step) {
-    const std::vector<uint8_t> these =
-        i < kHeaderSize ? flips : std::vector<uint8_t>{flips[turn++ % flips.size()]};
-    for (uint8_t flip : these) {
-      (*buffer)[i] ^= flip;
-      const absl::Status status = Decode(*buffer, buffer->size(), output);
-      ASSERT_FALSE(status.ok()) << "byte " << i << " flip " << int{flip};
-      (*buffer)[i] ^= flip;
-    }
-  }
-  ASSERT_TRUE(Decode(*buffer, buffer->size(), output).ok());
+  ExpectByteFlipsRefused(*buffer);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecConformanceTest, ::testing::ValuesIn(AllCases()),
@@ -743,32 +753,13 @@ TEST_P(IntegerConformanceTest, AllEqualValues) {
 TEST_P(IntegerConformanceTest, EveryTruncationIsDataLoss) {
   absl::StatusOr<std::vector<uint8_t>> buffer = Encode(Input(3));
   ASSERT_TRUE(buffer.ok()) << buffer.status();
-  std::vector<uint8_t> output;
-  const size_t step = std::max<size_t>(1, buffer->size() / 97);
-  for (size_t size = 0; size < buffer->size(); size += step) {
-    const absl::Status status = Decode(*buffer, size, output);
-    ASSERT_EQ(status.code(), absl::StatusCode::kDataLoss) << "prefix of " << size << ": "
-                                                          << status;
-  }
+  ExpectEveryTruncationIsDataLoss(*buffer);
 }
 
 TEST_P(IntegerConformanceTest, ByteFlipsAreRefused) {
   absl::StatusOr<std::vector<uint8_t>> buffer = Encode(Input(1));
   ASSERT_TRUE(buffer.ok()) << buffer.status();
-  std::vector<uint8_t> output;
-  const std::vector<uint8_t> flips = {0x01, 0x80, 0xff};
-  const size_t step = std::max<size_t>(1, (buffer->size() - kHeaderSize) / 97);
-  for (size_t i = 0, turn = 0; i < buffer->size(); i += i < kHeaderSize ? 1 : step) {
-    const std::vector<uint8_t> these =
-        i < kHeaderSize ? flips : std::vector<uint8_t>{flips[turn++ % flips.size()]};
-    for (uint8_t flip : these) {
-      (*buffer)[i] ^= flip;
-      const absl::Status status = Decode(*buffer, buffer->size(), output);
-      ASSERT_FALSE(status.ok()) << "byte " << i << " flip " << int{flip};
-      (*buffer)[i] ^= flip;
-    }
-  }
-  ASSERT_TRUE(Decode(*buffer, buffer->size(), output).ok());
+  ExpectByteFlipsRefused(*buffer);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCodecs, IntegerConformanceTest,
