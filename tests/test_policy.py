@@ -181,6 +181,26 @@ def check_planner_against_binary_search(corpus, tmp_path, device):
     assert saved["planner"]["choices"]["none"]["max_batch_size"] == plan.max_batch_size["none"]
 
 
+def test_a_try_that_runs_out_leaves_no_gradients_behind():
+    """A step that runs out of memory after its backward never reaches its zero_grad: the
+    planner drops the gradients it left, or they would sit in the next try's budget. Those
+    that were there before the try stay."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    kept = torch.nn.Parameter(torch.ones(3))
+    kept.grad = torch.full((3,), 2.0)
+    budget = 8 << 20
+
+    def step(batch):
+        model(torch.randn(batch, 64)).sum().backward()
+        torch.empty(2 * budget, dtype=torch.uint8)  # runs out after the backward
+        model.zero_grad(set_to_none=True)
+
+    assert actpack._planner.trains_under_cap(step, budget, "none", 4) is None
+    assert [p.grad for p in model.parameters()] == [None] * 4
+    assert torch.equal(kept.grad, torch.full((3,), 2.0))
+
+
 def test_pressure_mid_step_repacks_instead_of_failing(corpus):
     """The plan keeps everything exact under a generous budget; then the cap drops below what
     that plan needs (another pool took memory, say). The allocator's pressure callback re-packs
