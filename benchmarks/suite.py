@@ -8,9 +8,10 @@ auto, and actpack auto together with per-block checkpointing — in one run:
 
   max batch   the largest batch that trains under the budget's cap (real steps, each try in a
               fresh process: the truth), and actpack.plan's estimate and verified answer
-  limit       what the budget could hold at best: (budget - fixed bytes) / (bytes per sample
-              packed at the harshest codecs + the working set per sample of the block that
-              needs most, run alone with its tensors packed), and how close auto comes to it
+  limit       what the budget could hold at best with packing alone: (budget - fixed bytes) /
+              the most a sample needs while any block runs forward or backward in the model at
+              the harshest codecs (its packed bytes + the block's working set), and how close
+              auto comes to it
   step time   at one batch (the per-block checkpointing's largest), relative to plain
   gradients   per parameter group, cosine and relative norm of the difference against the
               exact gradient at the same weights and batch
@@ -58,7 +59,6 @@ METHODS = {
     "actpack:auto+checkpoint": ("auto", True, False),
 }
 
-# Per size: the budget per model, the steps of the loss run, the largest batch searched.
 # Per size: the budget per model, the steps of the loss run (the last two and those after are
 # timed), the largest batch searched and the precision of the search.
 SETTINGS = {
@@ -190,30 +190,27 @@ class Bench:
     # ---- the limit ----
 
     def limit(self, plan, batch):
-        """What the budget could hold at best: (budget - fixed) / the most a sample needs at
-        any block, with `fixed` the planner's batch-independent bytes of plain training. While
-        block i runs forward a step holds the packed bytes of everything before it and block
-        i's raw forward working set; while it runs backward, the packed bytes up to and with
-        it and its backward working set (its output's gradient, decoded inputs, its input's
-        gradient, workspaces). Packed bytes are at the harshest codecs; working sets are
-        measured running each block alone, per sample (the slope between `batch` and twice
-        it: its weights' gradients do not grow with the batch)."""
+        """What the budget could hold at best with packing alone: (budget - fixed) / the most a
+        sample needs while any block runs, with `fixed` the planner's batch-independent bytes
+        of plain training. Measured in the model at the harshest codecs: per block, the
+        allocated peak from its forward's start to its end, and from its output's gradient to
+        its input's (its backward), per sample (the slope between `batch` and twice it: the
+        weights, their gradients and the optimizer's state do not grow with the batch). Of
+        that, the packed bytes alive then (everything before the block in forward; up to and
+        with it in backward) are reported apart from the rest, the block's working set."""
         model, optimizer = self.fresh(False)
         step = self.step_fn(model, optimizer)
         warm_up(step, batch)
         packed_before, packed_after = self.packed_through_blocks(model, step, batch)
-        low, high = self.block_working_sets(model, batch), self.block_working_sets(model, 2 * batch)
+        low, high = self.block_peaks(model, step, batch), self.block_peaks(model, step, 2 * batch)
         per_sample, worst = 0.0, None
-        for i, ((fwd_low, bwd_low), (fwd_high, bwd_high)) in enumerate(zip(low, high)):
-            forward = packed_before[i] + (fwd_high - fwd_low) / batch
-            backward = packed_after[i] + (bwd_high - bwd_low) / batch
-            if max(forward, backward) > per_sample:
-                per_sample = max(forward, backward)
-                worst = {"block": i, "pass": "forward" if forward >= backward else "backward",
-                         "packed_per_sample_bytes": packed_before[i] if forward >= backward
-                         else packed_after[i],
-                         "working_set_per_sample_bytes": max(forward, backward) -
-                         (packed_before[i] if forward >= backward else packed_after[i])}
+        for (where, i), peak in sorted(high.items()):
+            need = (peak - low[(where, i)]) / batch
+            if need > per_sample:
+                packed = packed_before[i] if where == "forward" else packed_after[i]
+                per_sample = need
+                worst = {"block": i, "pass": where, "packed_per_sample_bytes": packed,
+                         "working_set_per_sample_bytes": need - packed}
         fixed = plan["fixed_bytes"]["none"]
         return {"per_sample_bytes": per_sample, "worst": worst, "fixed_bytes": fixed,
                 "batch": int((self.budget_bytes - fixed) / per_sample) if per_sample else None}
@@ -237,49 +234,43 @@ class Bench:
                 h.remove()
         return before, after
 
-    def block_working_sets(self, model, batch):
-        """Each block's (forward, backward) working set at `batch`, run alone with its saved
-        tensors packed at the harshest codecs: forward, its input and the most it allocates;
-        backward, its output's gradient and the most it allocates beyond what the forward left
-        (its packed tensors, which the limit counts apart). Its input is what the model hands
-        it."""
-        inputs = {}
-        hooks = [block.register_forward_pre_hook(
-            lambda m, args: inputs.setdefault(m, tuple(a.detach() for a in args)))
-            for block in _blocks(model)]
-        with torch.no_grad():
-            model(self.task.batch(batch, 0, self.device)[0])
-        for h in hooks:
-            h.remove()
+    def block_peaks(self, model, step, batch):
+        """{("forward" | "backward", block index): the allocated peak while that block runs}
+        in one step at `batch` under the harshest codecs. A block's backward runs from its
+        output's gradient to its input's, which is the gradient of the block before's output;
+        the first block's ends at its input's gradient."""
         memory = actpack.memory
-        sets = []
-        for block, args in inputs.items():
-            args = tuple(a.clone().requires_grad_(a.is_floating_point()) for a in args)
-            backward_peak = []
-            # Read before the end of the pass, where the budget restarts the peak counter.
-            args[0].register_hook(
-                lambda g: backward_peak.append(memory.max_memory_allocated(self.device)))
+        peaks, running = {}, [None]
+
+        def mark(what):
+            # The peak since the last mark belongs to what ran since it.
+            if running[0] is not None:
+                peaks[running[0]] = max(peaks.get(running[0], 0),
+                                        memory.max_memory_allocated(self.device))
+            running[0] = what
+            memory.reset_peak_memory_stats(self.device)
+
+        def forward_hook(i):
+            def hook(module, args, out):
+                mark(None)
+                if out.requires_grad:
+                    out.register_hook(lambda g: mark(("backward", i)))
+                if i == 0 and args[0].requires_grad:
+                    args[0].register_hook(lambda g: mark(None))
+            return hook
+
+        hooks = []
+        for i, block in enumerate(_blocks(model)):
+            hooks.append(block.register_forward_pre_hook(
+                lambda m, a, i=i: mark(("forward", i))))
+            hooks.append(block.register_forward_hook(forward_hook(i)))
+        try:
             with actpack.budget(1, codec="auto", min_bytes="64KiB"):
-                memory.reset_peak_memory_stats(self.device)
-                start = memory.memory_allocated(self.device)
-                out = block(*args)
-                forward = memory.max_memory_allocated(self.device) - start + \
-                    sum(a.nbytes for a in args)
-                # The gradient in the layout the block's successor hands it inside the model:
-                # channels_last for a conv net's maps on the CPU, where actpack decodes them so.
-                layout = (torch.channels_last if out.dim() == 4 and out.device.type == "cpu"
-                          else torch.preserve_format)
-                grad = torch.randn_like(out, memory_format=layout)
-                memory.reset_peak_memory_stats(self.device)
-                # What is allocated now less the output (dead inside the model) and its
-                # gradient (alive there: part of the working set).
-                begin = memory.memory_allocated(self.device) - out.nbytes - grad.nbytes
-                out.backward(grad)
-                del out, grad
-            block.zero_grad(set_to_none=True)
-            sets.append((forward, backward_peak[0] - begin))
-            del args
-        return sets
+                step(batch)
+        finally:
+            for h in hooks:
+                h.remove()
+        return peaks
 
     # ---- time, gradients, loss ----
 
