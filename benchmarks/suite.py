@@ -8,10 +8,11 @@ auto, and actpack auto together with per-block checkpointing — in one run:
 
   max batch   the largest batch that trains under the budget's cap (real steps, each try in a
               fresh process: the truth), and actpack.plan's estimate and verified answer
-  limit       what the budget could hold at best with packing alone: (budget - fixed bytes) /
-              the most a sample needs while any block runs forward or backward in the model at
-              the harshest codecs (its packed bytes + the block's working set), and how close
-              auto comes to it
+  limit       what the budget could hold at best with packing alone: the batch whose allocated
+              peak at the harshest codecs fills the budget, from the line through two batches
+              near the answer of the part of the model (a block, the stem, the head; forward or
+              backward) that allows the fewest (its packed bytes + its working set per sample),
+              and how close auto comes to it
   step time   at one batch (the per-block checkpointing's largest), relative to plain
   gradients   per parameter group, cosine and relative norm of the difference against the
               exact gradient at the same weights and batch
@@ -19,7 +20,7 @@ auto, and actpack auto together with per-block checkpointing — in one run:
 
 Writes <out>/benchmark.json, <out>/benchmark.svg and prints a table.
 
-  python3 benchmarks/suite.py                    CPU sizes (ResNet-50 and GPT: 45 min, 2 cores)
+  python3 benchmarks/suite.py                    CPU sizes (ResNet-50 and GPT: 21 min, 2 cores)
   python3 benchmarks/suite.py --size smoke       tiny, for the test command
   python3 benchmarks/suite.py --size full --device cuda
 """
@@ -190,30 +191,42 @@ class Bench:
     # ---- the limit ----
 
     def limit(self, plan, batch):
-        """What the budget could hold at best with packing alone: (budget - fixed) / the most a
-        sample needs while any block runs, with `fixed` the planner's batch-independent bytes
-        of plain training. Measured in the model at the harshest codecs: per block, the
-        allocated peak from its forward's start to its end, and from its output's gradient to
-        its input's (its backward), per sample (the slope between `batch` and twice it: the
-        weights, their gradients and the optimizer's state do not grow with the batch). Of
-        that, the packed bytes alive then (everything before the block in forward; up to and
-        with it in backward) are reported apart from the rest, the block's working set."""
+        """What the budget could hold at best with packing alone: the largest batch whose
+        allocated bytes fit the budget at the harshest codecs, with nothing for fragmentation
+        or memory outside the pool. Measured in the model: per block, and for what runs before
+        the blocks (a stem, an embedding) and after them (the head and the loss), the allocated
+        peak while it runs forward and while it runs backward at `batch` and twice it; the line
+        through the two (per sample: the slope; fixed: the weights, their gradients and the
+        optimizer's state) gives the batch that fills the budget, and the part that allows the
+        smallest is the limit. Of a sample's bytes there, the packed bytes alive (everything
+        before the part in forward; up to and with it in backward) are reported apart from
+        the rest, the part's working set."""
+        # Between half the planner's batch and the planner's batch: a sample costs what it does
+        # near the answer there (the ResNet-50's peak grew 1.02 MiB a sample from 8 to 16 and
+        # 1.23-1.33 from 16 up: oneDNN's buffers and batch norm's temporaries grow faster).
+        batch = max(batch, (plan["estimate"].get("auto") or 0) // 2)
         model, optimizer = self.fresh(False)
         step = self.step_fn(model, optimizer)
         warm_up(step, batch)
         packed_before, packed_after = self.packed_through_blocks(model, step, batch)
-        low, high = self.block_peaks(model, step, batch), self.block_peaks(model, step, 2 * batch)
-        per_sample, worst = 0.0, None
-        for (where, i), peak in sorted(high.items()):
-            need = (peak - low[(where, i)]) / batch
-            if need > per_sample:
-                packed = packed_before[i] if where == "forward" else packed_after[i]
-                per_sample = need
-                worst = {"block": i, "pass": where, "packed_per_sample_bytes": packed,
-                         "working_set_per_sample_bytes": need - packed}
-        fixed = plan["fixed_bytes"]["none"]
-        return {"per_sample_bytes": per_sample, "worst": worst, "fixed_bytes": fixed,
-                "batch": int((self.budget_bytes - fixed) / per_sample) if per_sample else None}
+        packed = {("forward", BEFORE): 0.0, ("backward", BEFORE): packed_before[0],
+                  ("forward", AFTER): packed_after[-1], ("backward", AFTER): packed_after[-1]}
+        for i in range(len(packed_before)):
+            packed[("forward", i)], packed[("backward", i)] = packed_before[i], packed_after[i]
+        low, high = self.part_peaks(model, step, batch), self.part_peaks(model, step, 2 * batch)
+        best = None
+        for (where, part), peak in high.items():
+            need = (peak - low[(where, part)]) / batch
+            if need <= 0:
+                continue
+            fixed = peak - need * 2 * batch  # the line's batch-independent bytes
+            fits = int((self.budget_bytes - fixed) / need)
+            if best is None or fits < best["batch"]:
+                best = {"per_sample_bytes": need, "fixed_bytes": fixed, "batch": fits,
+                        "worst": {"block": part, "pass": where,
+                                  "packed_per_sample_bytes": packed[(where, part)],
+                                  "working_set_per_sample_bytes": need - packed[(where, part)]}}
+        return best
 
     def packed_through_blocks(self, model, step, batch):
         """Per block, the packed bytes a sample has when it starts and when it ends its
@@ -234,39 +247,52 @@ class Bench:
                 h.remove()
         return before, after
 
-    def block_peaks(self, model, step, batch):
-        """{("forward" | "backward", block index): the allocated peak while that block runs}
-        in one step at `batch` under the harshest codecs. A block's backward runs from its
-        output's gradient to its input's, which is the gradient of the block before's output;
-        the first block's ends at its input's gradient."""
+    def part_peaks(self, model, step, batch):
+        """{("forward" | "backward", block index, BEFORE or AFTER): the allocated peak while
+        that part runs} in one step at `batch` under the harshest codecs. A block's backward
+        runs from its output's gradient to its input's, which is the gradient of the block
+        before's output; what runs after the blocks, from the last one's end through the loss
+        and back to the last one's output gradient; what runs before them, to the end of the
+        step (the optimizer's step adds nothing per sample)."""
         memory = actpack.memory
         peaks, running = {}, [None]
 
-        def mark(what):
-            # The peak since the last mark belongs to what ran since it.
+        def observe():
+            # The peak so far belongs to what is running.
             if running[0] is not None:
                 peaks[running[0]] = max(peaks.get(running[0], 0),
                                         memory.max_memory_allocated(self.device))
+
+        def mark(what):
+            observe()
             running[0] = what
             memory.reset_peak_memory_stats(self.device)
 
+        blocks = _blocks(model)
+        # The budget restarts the peak counter when the backward pass ends, before the step
+        # returns: what runs before the blocks is read as each of its weights gets its gradient.
+        in_blocks = {id(p) for block in blocks for p in block.parameters()}
+        outside = [p for p in model.parameters() if id(p) not in in_blocks]
+
         def forward_hook(i):
             def hook(module, args, out):
-                mark(None)
+                mark(("forward", AFTER) if i == len(blocks) - 1 else None)
                 if out.requires_grad:
                     out.register_hook(lambda g: mark(("backward", i)))
                 if i == 0 and args[0].requires_grad:
-                    args[0].register_hook(lambda g: mark(None))
+                    args[0].register_hook(lambda g: mark(("backward", BEFORE)))
             return hook
 
-        hooks = []
-        for i, block in enumerate(_blocks(model)):
+        hooks = [p.register_post_accumulate_grad_hook(lambda p: observe()) for p in outside]
+        for i, block in enumerate(blocks):
             hooks.append(block.register_forward_pre_hook(
                 lambda m, a, i=i: mark(("forward", i))))
             hooks.append(block.register_forward_hook(forward_hook(i)))
         try:
             with actpack.budget(1, codec="auto", min_bytes="64KiB"):
+                mark(("forward", BEFORE))
                 step(batch)
+                mark(None)
         finally:
             for h in hooks:
                 h.remove()
@@ -303,10 +329,18 @@ class Bench:
                 "gradients": gradient_error(grads, exact, models.parameter_groups(model))}
 
 
+# The parts of a model the limit measures besides its blocks.
+BEFORE, AFTER = "before the blocks", "after the blocks"
+
+
 def _blocks(model):
     if hasattr(model, "blocks"):
         return list(model.blocks)
     return list(model.down) + list(model.up)
+
+
+def _part(block):
+    return f"block {block}" if isinstance(block, int) else block
 
 
 def warm_up(step, batch=2):
@@ -451,8 +485,8 @@ def table(results):
             f"{format_bytes(entry['budget_bytes'])}; planner (auto) estimate "
             f"{plan['estimate'].get('auto')}, verified {plan['verified_auto']}; limit "
             f"{limit['batch']} (fixed {format_bytes(limit['fixed_bytes'])}, at most "
-            f"{format_bytes(limit['per_sample_bytes'])}/sample: block {limit['worst']['block']}"
-            f"'s {limit['worst']['pass']}, packed "
+            f"{format_bytes(limit['per_sample_bytes'])}/sample: {_part(limit['worst']['block'])}"
+            f", {limit['worst']['pass']}, packed "
             f"{format_bytes(limit['worst']['packed_per_sample_bytes'])} + working set "
             f"{format_bytes(limit['worst']['working_set_per_sample_bytes'])})"
             + (f"; auto reaches {auto / limit['batch']:.0%} of it" if auto and limit["batch"]
