@@ -461,6 +461,14 @@ class CodecConformanceTest : public ::testing::TestWithParam<Case> {
     return runner_->Decode(buffer, size, c.dtype, c.shape, &output);
   }
 
+  // `buffer` verifies, and its header names the case's dtype and shape.
+  void ExpectHeaderNamesTheCase(const std::vector<uint8_t>& buffer) {
+    absl::StatusOr<Header> header = runner_->Verify(buffer, buffer.size());
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->dtype, GetParam().dtype);
+    EXPECT_EQ(header->Shape(), GetParam().shape);
+  }
+
   // Every prefix of `buffer` shorter than it decodes to kDataLoss (every prefix of small
   // buffers; a spread of prefixes of larger ones).
   void ExpectEveryTruncationIsDataLoss(const std::vector<uint8_t>& buffer) {
@@ -524,10 +532,7 @@ TEST_P(CodecConformanceTest, RoundTripKeepsShapeAndTheCodecsBound) {
       ToBytes(Activations(Numel(c.shape), 1, c.spec.zero_or_value), c.dtype);
   std::vector<uint8_t> buffer, output;
   ASSERT_NO_FATAL_FAILURE(RoundTrip(input, &buffer, &output));
-  absl::StatusOr<Header> header = runner_->Verify(buffer, buffer.size());
-  ASSERT_TRUE(header.ok()) << header.status();
-  EXPECT_EQ(header->dtype, c.dtype);
-  EXPECT_EQ(header->Shape(), c.shape);
+  ASSERT_NO_FATAL_FAILURE(ExpectHeaderNamesTheCase(buffer));
   EXPECT_TRUE(ReferenceFor(input, buffer).Accepts(output));
 }
 
@@ -719,16 +724,12 @@ class IntegerConformanceTest : public CodecConformanceTest {
 };
 
 TEST_P(IntegerConformanceTest, RoundTripIsExact) {
-  const Case& c = GetParam();
   for (uint32_t seed : {0u, 1u, 2u, 3u}) {
     SCOPED_TRACE(seed);
     const std::vector<uint8_t> input = Input(seed);
     std::vector<uint8_t> buffer, output;
     ASSERT_NO_FATAL_FAILURE(RoundTrip(input, &buffer, &output));
-    absl::StatusOr<Header> header = runner_->Verify(buffer, buffer.size());
-    ASSERT_TRUE(header.ok()) << header.status();
-    EXPECT_EQ(header->dtype, c.dtype);
-    EXPECT_EQ(header->Shape(), c.shape);
+    ASSERT_NO_FATAL_FAILURE(ExpectHeaderNamesTheCase(buffer));
     ASSERT_EQ(output.size(), input.size());
     EXPECT_TRUE(output == input);
     // The check can fail: a decoder that wrote zeros would not pass it.
