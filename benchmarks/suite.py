@@ -208,12 +208,8 @@ class Bench:
         model, optimizer = self.fresh(False)
         step = self.step_fn(model, optimizer)
         warm_up(step, batch)
-        packed_before, packed_after = self.packed_through_blocks(model, step, batch)
-        packed = {("forward", BEFORE): 0.0, ("backward", BEFORE): packed_before[0],
-                  ("forward", AFTER): packed_after[-1], ("backward", AFTER): packed_after[-1]}
-        for i in range(len(packed_before)):
-            packed[("forward", i)], packed[("backward", i)] = packed_before[i], packed_after[i]
-        low, high = self.part_peaks(model, step, batch), self.part_peaks(model, step, 2 * batch)
+        (low, packed), (high, _) = (self.part_peaks(model, step, batch),
+                                    self.part_peaks(model, step, 2 * batch))
         best = None
         for (where, part), peak in high.items():
             need = (peak - low[(where, part)]) / batch
@@ -228,34 +224,19 @@ class Bench:
                                   "working_set_per_sample_bytes": need - packed[(where, part)]}}
         return best
 
-    def packed_through_blocks(self, model, step, batch):
-        """Per block, the packed bytes a sample has when it starts and when it ends its
-        forward, at the harshest codecs (auto under a budget it cannot meet, as the planner
-        profiles it)."""
-        before, after, run_ref = [], [], []
-        live = lambda: run_ref[0].totals()["live_stored_bytes"] / batch  # noqa: E731
-        hooks = []
-        for block in _blocks(model):
-            hooks.append(block.register_forward_pre_hook(lambda m, a: before.append(live())))
-            hooks.append(block.register_forward_hook(lambda m, a, o: after.append(live())))
-        try:
-            with actpack.budget(1, codec="auto", min_bytes="64KiB") as run:
-                run_ref.append(run)
-                step(batch)
-        finally:
-            for h in hooks:
-                h.remove()
-        return before, after
-
     def part_peaks(self, model, step, batch):
-        """{("forward" | "backward", block index, BEFORE or AFTER): the allocated peak while
-        that part runs} in one step at `batch` under the harshest codecs. A block's backward
-        runs from its output's gradient to its input's, which is the gradient of the block
-        before's output; what runs after the blocks, from the last one's end through the loss
-        and back to the last one's output gradient; what runs before them, to the end of the
-        step (the optimizer's step adds nothing per sample)."""
+        """In one step at `batch` under the harshest codecs (auto under a budget it cannot
+        meet, as the planner profiles it), per part ("forward" | "backward", block index,
+        BEFORE or AFTER): the allocated peak while it runs, and the packed bytes per sample
+        alive then (everything before it in forward; up to and with it in backward). A
+        block's backward runs from its output's gradient to its input's, which is the gradient
+        of the block before's output; what runs after the blocks, from the last one's end
+        through the loss and back to the last one's output gradient; what runs before them,
+        to the end of the step (the optimizer's step adds nothing per sample)."""
         memory = actpack.memory
-        peaks, running = {}, [None]
+        peaks, running, run_ref = {}, [None], []
+        packed = {("forward", BEFORE): 0.0}
+        live = lambda: run_ref[0].totals()["live_stored_bytes"] / batch  # noqa: E731
 
         def observe():
             # The peak so far belongs to what is running.
@@ -274,9 +255,20 @@ class Bench:
         in_blocks = {id(p) for block in blocks for p in block.parameters()}
         outside = [p for p in model.parameters() if id(p) not in in_blocks]
 
+        def forward_pre_hook(i):
+            def hook(module, args):
+                mark(("forward", i))
+                packed[("forward", i)] = live()
+                if i == 0:
+                    packed[("backward", BEFORE)] = packed[("forward", i)]
+            return hook
+
         def forward_hook(i):
             def hook(module, args, out):
                 mark(("forward", AFTER) if i == len(blocks) - 1 else None)
+                packed[("backward", i)] = live()
+                if i == len(blocks) - 1:
+                    packed[("forward", AFTER)] = packed[("backward", AFTER)] = live()
                 if out.requires_grad:
                     out.register_hook(lambda g: mark(("backward", i)))
                 if i == 0 and args[0].requires_grad:
@@ -285,18 +277,18 @@ class Bench:
 
         hooks = [p.register_post_accumulate_grad_hook(lambda p: observe()) for p in outside]
         for i, block in enumerate(blocks):
-            hooks.append(block.register_forward_pre_hook(
-                lambda m, a, i=i: mark(("forward", i))))
+            hooks.append(block.register_forward_pre_hook(forward_pre_hook(i)))
             hooks.append(block.register_forward_hook(forward_hook(i)))
         try:
-            with actpack.budget(1, codec="auto", min_bytes="64KiB"):
+            with actpack.budget(1, codec="auto", min_bytes="64KiB") as run:
+                run_ref.append(run)
                 mark(("forward", BEFORE))
                 step(batch)
                 mark(None)
         finally:
             for h in hooks:
                 h.remove()
-        return peaks
+        return peaks, packed
 
     # ---- time, gradients, loss ----
 

@@ -15,13 +15,13 @@ what the system holds outside the pool) is measured, not assumed: a pool caches 
 cap allows, so its reserved bytes do not say what it needs, and whether a step fits does. Per
 choice, real steps run under the cap at the batch whose modelled bytes leave 5% of the budget
 free, then 6.5%, then 8% until one fits (a capped step needed 3-6% beyond the line on a CNN, a
-transformer and an MLP-Mixer), then a tenth fewer samples at a time (the line is off); that
-batch is the answer, and the share of the budget its line
-leaves free is the choice's measured headroom (what `actpack plan` keeps free at another
-budget). The planner's steps run under the budget less 2%: a fresh process can need that much
-more than this one, which has run the step's shapes before. verify=True then bisects upward
-from there with real steps under the same cap, up to where allocated bytes alone fill the
-budget, and reports the measured peak.
+transformer and an MLP-Mixer), then a tenth fewer samples at a time (the line is off); from the
+first that fits they climb a twentieth at a time while they fit. The last batch that fitted is
+the answer, and the share of the budget its line leaves free is the choice's measured headroom
+(what `actpack plan` keeps free at another budget). The planner's steps run under the budget
+less 2%: a fresh process can need that much more than this one, which has run the step's
+shapes before. verify=True then bisects upward from there with real steps under the same cap,
+up to where allocated bytes alone fill the budget, and reports the measured peak.
 """
 import math
 import re
@@ -421,7 +421,8 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
         else:
             hi = mid - 1
     steps = report["activations"]["steps"]
-    return ({"codec": choice, "batch_size": lo, "largest_run": lo, "predicted_batch_size": predicted, "upper_bound": upper,
+    return ({"codec": choice, "batch_size": lo, "largest_run": lo,
+             "predicted_batch_size": predicted, "upper_bound": upper,
              "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[CAPPED_FROM:])
              if len(steps) > CAPPED_FROM else None,
              "peak_allocated_bytes": report["run"]["peak_allocated_bytes"]}, report)
