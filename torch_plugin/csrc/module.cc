@@ -31,6 +31,7 @@
 #include "runtime/session.h"
 #include "torch_plugin/csrc/allocator_bindings.h"
 #include "torch_plugin/csrc/cli_bindings.h"
+#include "torch_plugin/csrc/lean_backward.h"
 #include "torch_plugin/csrc/py_json.h"
 #include "torch_plugin/csrc/py_session.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
@@ -166,6 +167,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "actpack's C++ runtime: codecs, the saved-tensor session and the report";
   actpack::codecs::SetCpuExecutor(&actpack::torch_plugin::torch_executor);
   m.def("_executor_team_size", &actpack::torch_plugin::ExecutorTeamSize);
+  m.def("_set_lean_backward", &actpack::torch_plugin::SetLeanBackward, py::arg("enabled"));
+  m.def("_lean_backward_taken", &actpack::torch_plugin::LeanBackwardTaken);
   actpack::torch_plugin::BindCli(m);
 #ifdef ACTPACK_WITH_CUDA
   m.attr("with_cuda") = true;

@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
+#include "torch_plugin/csrc/lean_backward.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -237,6 +238,23 @@ bool WantsChannelsLast(const runtime::PackedTensor& packed, const at::Tensor& de
   return kConvNetBackward->contains(node->name());
 }
 
+// `t` (contiguous NCHW) rewritten channels_last in its own memory. Each sample's elements lie
+// in the same bytes in both layouts, so a one-sample buffer transposes them in place, where a
+// second tensor of the whole batch would raise the step's peak by the decoded tensor's bytes.
+at::Tensor ToChannelsLastInPlace(const at::Tensor& t) {
+  if (t.storage_offset() != 0 ||
+      t.storage().nbytes() != static_cast<size_t>(t.numel() * t.element_size())) {
+    return t.contiguous(at::MemoryFormat::ChannelsLast);  // not alone on its storage
+  }
+  at::Tensor channels_last = t.as_strided(t.sizes(), c10::get_channels_last_strides_2d(t.sizes()));
+  at::Tensor sample = at::empty(t.sizes().slice(1), t.options());
+  for (int64_t n = 0; n < t.size(0); ++n) {
+    sample.copy_(t[n]);
+    channels_last[n].copy_(sample);
+  }
+  return channels_last;
+}
+
 runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
   absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
   ThrowIfError(choice.status());
@@ -291,6 +309,7 @@ SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
     }
   }
   session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
+  RegisterLeanBackwardKernels();
 }
 
 SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string module) {
@@ -354,8 +373,11 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
   at::Tensor output = Empty(packed.shape(), h.options);
   ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
   at::Tensor restored = Restore(output, h.layout);
-  return WantsChannelsLast(packed, restored) ? restored.contiguous(at::MemoryFormat::ChannelsLast)
-                                             : restored;
+  if (WantsChannelsLast(packed, restored)) restored = ToChannelsLastInPlace(restored);
+  // Fresh memory only this node reads: its op may write its result there (lean_backward.h).
+  // Not for `identity`, whose decoded tensors must give plain training's gradients bit for bit.
+  if (packed.codec() != codecs::CodecId::kIdentity) OfferAsScratch(restored);
+  return restored;
 }
 
 void SavedTensorSession::SetModuleGradients(
