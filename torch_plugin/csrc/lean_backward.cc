@@ -4,6 +4,8 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/convolution_backward_native.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/silu_backward.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/native_batch_norm_backward_native.h>
 #include <ATen/ops/threshold_backward.h>
@@ -63,22 +65,42 @@ bool TakeOffer(const at::Tensor& tensor, std::string_view node_name) {
   return false;
 }
 
-// ---- ReLU (threshold_backward) ----
+// ---- elementwise activations: ReLU, GELU, SiLU ----
+
+// An activation's backward, grad_input = f(grad, self), through ATen's out= kernel (which
+// these registrations leave alone): over `self` when the node offered it (elementwise, so
+// exact aliasing is safe), else into a new tensor, which gets the functional form's strides.
+template <typename OutKernel>
+at::Tensor ActivationBackward(const at::Tensor& grad, const at::Tensor& self,
+                              std::string_view node_name, const OutKernel& out_kernel) {
+  if (grad.sizes() == self.sizes() && grad.strides() == self.strides() &&
+      grad.scalar_type() == self.scalar_type() && TakeOffer(self, node_name)) {
+    at::Tensor out = self.variable_data();
+    out_kernel(out);
+    return out;
+  }
+  at::Tensor out = at::empty({0}, grad.options());
+  out_kernel(out);
+  return out;
+}
 
 at::Tensor ThresholdBackward(const at::Tensor& grad, const at::Tensor& self,
                              const at::Scalar& threshold) {
-  if (grad.sizes() == self.sizes() && grad.strides() == self.strides() &&
-      grad.scalar_type() == self.scalar_type() && TakeOffer(self, "ReluBackward0")) {
-    // ATen's own kernel, its output over its input: elementwise, so exact aliasing is safe.
-    at::Tensor out = self.variable_data();
-    at::threshold_backward_out(out, grad, out, threshold);
-    return out;
-  }
-  // ATen's CPU kernel through its out= form (which this registration leaves alone): the same
-  // values and, for an empty `out`, the same strides as the functional form.
-  at::Tensor out = at::empty({0}, grad.options());
-  at::threshold_backward_out(out, grad, self, threshold);
-  return out;
+  return ActivationBackward(grad, self, "ReluBackward0", [&](at::Tensor& out) {
+    at::threshold_backward_out(out, grad, self, threshold);
+  });
+}
+
+at::Tensor GeluBackward(const at::Tensor& grad, const at::Tensor& self,
+                        c10::string_view approximate) {
+  return ActivationBackward(grad, self, "GeluBackward0", [&](at::Tensor& out) {
+    at::gelu_backward_out(out, grad, self, approximate);
+  });
+}
+
+at::Tensor SiluBackward(const at::Tensor& grad, const at::Tensor& self) {
+  return ActivationBackward(grad, self, "SiluBackward0",
+                            [&](at::Tensor& out) { at::silu_backward_out(out, grad, self); });
 }
 
 // ---- batch norm ----
@@ -366,6 +388,8 @@ void RegisterLeanBackwardKernels() {
                                        __FILE__, __LINE__);
     library->impl("native_batch_norm_backward", TORCH_FN(BatchNormBackward));
     library->impl("threshold_backward", TORCH_FN(ThresholdBackward));
+    library->impl("gelu_backward", TORCH_FN(GeluBackward));
+    library->impl("silu_backward", TORCH_FN(SiluBackward));
     library->impl("convolution_backward", TORCH_FN(ConvolutionBackward));
     return true;
   }();
