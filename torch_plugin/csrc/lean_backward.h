@@ -1,18 +1,25 @@
 // Backward kernels that write a gradient into the decoded activation they consume.
 //
 // A tensor actpack decodes in backward is fresh memory that only the autograd node which
-// unpacked it reads, once. Batch norm's and ReLU's backward read their saved activation
-// elementwise and return a gradient of the same shape and layout, so that memory can hold the
-// gradient: the op allocates nothing of the activation's size. ATen's CPU batch norm backward
-// allocates its input gradient twice (an empty_like before its fast path, again inside it), so
-// for it the saving is two activations' bytes at the step's peak; for ReLU one.
+// unpacked it reads, once. Several ops of conv nets and transformers read their saved
+// activation and return a gradient of its shape and layout, so that memory can hold the
+// gradient and the op allocates nothing of the activation's size at the step's peak:
+//   - batch norm (its own kernel: ATen's CPU one allocates its input gradient twice, an
+//     empty_like before its fast path and again inside it);
+//   - ReLU, GELU, SiLU (ATen's own out= kernels, the output over the input: bit for bit);
+//   - a 1x1 convolution over a channels_last input, the widest activations of a ResNet
+//     bottleneck (the weight gradient first, then the input gradient as one matrix product
+//     into the input's memory).
 //
 //   OfferAsScratch(decoded);        // Unpack, for a tensor it just decoded in backward
 //   ... the node's op runs: a lean kernel takes the offer and writes into `decoded`
 //
-// The kernels are registered for ATen's CPU dispatch key once per process (by the first
-// session) and fall back to ATen's own kernels for every tensor not offered, so everything else
-// (user code, plain training, the `identity` codec) computes bit for bit what it did.
+// An offer is taken only by the op of the autograd formula it was made for (a custom
+// Function's backward may read its saved tensors again after an op) and only with grad mode
+// off (a create_graph backward may save the tensor). The kernels are registered for ATen's CPU
+// dispatch key once per process, by the first session, and send every call that brings no
+// offer to ATen's kernel, so user code, plain training and the `identity` codec compute what
+// they did.
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_LEAN_BACKWARD_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_LEAN_BACKWARD_H_
 
