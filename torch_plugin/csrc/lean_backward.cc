@@ -367,7 +367,11 @@ class Silent : public c10::WarningHandler {
 }  // namespace
 
 void OfferAsScratch(const at::Tensor& decoded) {
-  if (!lean_enabled.load() || at::GradMode::is_enabled() || !decoded.has_storage()) return;
+  // The kernels are the CPU's: a device tensor's offer could never be taken.
+  if (!lean_enabled.load() || at::GradMode::is_enabled() || !decoded.is_cpu() ||
+      !decoded.has_storage()) {
+    return;
+  }
   const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
   if (!node) return;
   const std::lock_guard<std::mutex> lock(offers_mutex);

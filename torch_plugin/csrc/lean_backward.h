@@ -28,8 +28,9 @@
 namespace actpack::torch_plugin {
 
 // Lets the running backward node's op overwrite `decoded`, which Unpack has just decoded for
-// it. Does nothing when no node runs or grad mode is on: a backward with create_graph=True may
-// save the tensor for the next backward.
+// it. Does nothing when no node runs, when grad mode is on (a backward with create_graph=True
+// may save the tensor for the next backward) or for a tensor off the CPU (the kernels are the
+// CPU's; on CUDA decoded tensors go to ATen's and cuDNN's kernels as before).
 void OfferAsScratch(const at::Tensor& decoded);
 
 // Registers the lean kernels for ATen's CPU key; later calls do nothing.
