@@ -266,9 +266,9 @@ class Bench:
         def forward_hook(i):
             def hook(module, args, out):
                 mark(("forward", AFTER) if i == len(blocks) - 1 else None)
-                packed[("backward", i)] = live()
+                packed[("backward", i)] = after = live()
                 if i == len(blocks) - 1:
-                    packed[("forward", AFTER)] = packed[("backward", AFTER)] = live()
+                    packed[("forward", AFTER)] = packed[("backward", AFTER)] = after
                 if out.requires_grad:
                     out.register_hook(lambda g: mark(("backward", i)))
                 if i == 0 and args[0].requires_grad:

@@ -1,6 +1,7 @@
 """Backward kernels that write their gradient into the activation actpack decoded for them
 (torch_plugin/csrc/lean_backward.h): ATen's gradients, less memory at the step's peak, and no
 tensor touched that actpack did not decode for that very op."""
+import contextlib
 import os
 import sys
 
@@ -28,21 +29,30 @@ def bottleneck_net():
         nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
+@contextlib.contextmanager
+def lean_budget(lean, codec="quant8"):
+    """A budget packing every saved tensor with `codec`, the lean kernels on or off; the dict
+    it yields holds, after the block, how many decoded tensors the kernels wrote over."""
+    _C._set_lean_backward(lean)
+    counts, before = {}, _C._lean_backward_taken()
+    try:
+        with actpack.budget(1 << 40, codec=codec, min_bytes=1):
+            yield counts
+    finally:
+        _C._set_lean_backward(True)
+        counts["taken"] = _C._lean_backward_taken() - before
+
+
 def gradients(model, lean, codec="quant8", train=True):
     """One backward under `codec`, with or without the lean kernels: the parameters'
     gradients and how many decoded tensors the kernels overwrote."""
-    _C._set_lean_backward(lean)
-    try:
-        model.train(train)
-        torch.manual_seed(1)
-        x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
-        model.zero_grad(set_to_none=True)
-        taken = _C._lean_backward_taken()
-        with actpack.budget(1 << 40, codec=codec, min_bytes=1):
-            F.cross_entropy(model(x), y).backward()
-        return [p.grad.clone() for p in model.parameters()], _C._lean_backward_taken() - taken
-    finally:
-        _C._set_lean_backward(True)
+    model.train(train)
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    model.zero_grad(set_to_none=True)
+    with lean_budget(lean, codec) as counts:
+        F.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()], counts["taken"]
 
 
 @pytest.mark.parametrize("mkldnn", [True, False], ids=["channels_last", "nchw"])
@@ -77,15 +87,10 @@ def test_lean_activations_are_atens_bit_for_bit():
     x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
 
     def grads(lean):
-        _C._set_lean_backward(lean)
-        try:
-            model.zero_grad(set_to_none=True)
-            taken = _C._lean_backward_taken()
-            with actpack.budget(1 << 40, codec="quant8", min_bytes=1):
-                F.cross_entropy(model(x), y).backward()
-            return [p.grad.clone() for p in model.parameters()], _C._lean_backward_taken() - taken
-        finally:
-            _C._set_lean_backward(True)
+        model.zero_grad(set_to_none=True)
+        with lean_budget(lean) as counts:
+            F.cross_entropy(model(x), y).backward()
+        return [p.grad.clone() for p in model.parameters()], counts["taken"]
 
     (aten, none_taken), (lean, taken) = grads(False), grads(True)
     assert (none_taken, taken) == (0, 4)
@@ -120,10 +125,9 @@ def test_ops_in_custom_backward_leave_saved_tensors_alone():
     torch.manual_seed(0)
     x = torch.randn(4, 8, 8, 8, requires_grad=True)
     w = torch.randn_like(x)  # a dense gradient, strided as y: the op could take y
-    taken = _C._lean_backward_taken()
-    with actpack.budget(1 << 40, codec="quant8", min_bytes=1):
+    with lean_budget(True) as counts:
         got = torch.autograd.grad((ReluThenSaved.apply(x) * w).sum(), x)[0]
-    assert _C._lean_backward_taken() == taken
+    assert counts["taken"] == 0
     # y as quant8 decoded it: within a 255th of its group's range of the ReLU's output. Had
     # the op written its result over y, this would be the mask times w.
     assert (got - x.detach().clamp_min(0)).abs().max() <= x.abs().max() / 100
@@ -164,17 +168,13 @@ def bottleneck_backward_peak(lean):
     memory, peak = actpack.memory, []
     # Read when the input's gradient arrives: the budget restarts the peak when backward ends.
     x.register_hook(lambda g: peak.append(memory.max_memory_allocated("cpu")))
-    _C._set_lean_backward(lean)
-    try:
-        with actpack.budget(1 << 40, codec="quant2", min_bytes=1):
-            y = block(x * 1.0)
-            g = torch.randn_like(y).contiguous(memory_format=torch.channels_last)
-            start = memory.memory_allocated("cpu")
-            memory.reset_peak_memory_stats("cpu")
-            y.backward(g)
-        return (peak[0] - start) / unit
-    finally:
-        _C._set_lean_backward(True)
+    with lean_budget(lean, "quant2"):
+        y = block(x * 1.0)
+        g = torch.randn_like(y).contiguous(memory_format=torch.channels_last)
+        start = memory.memory_allocated("cpu")
+        memory.reset_peak_memory_stats("cpu")
+        y.backward(g)
+    return (peak[0] - start) / unit
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")

@@ -51,18 +51,18 @@ bool TakeOffer(const at::Tensor& tensor, std::string_view node_name) {
     return false;
   }
   const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
-  if (!node || node->name() != node_name) return false;
+  if (!node) return false;
   const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   const std::lock_guard<std::mutex> lock(offers_mutex);
   std::vector<Offer>& offers = Offers();
-  for (auto it = offers.begin(); it != offers.end(); ++it) {
-    if (it->node == node.get() && it->storage._unsafe_get_target() == storage) {
-      offers.erase(it);
-      ++offers_taken;
-      return true;
-    }
-  }
-  return false;
+  const auto it = std::find_if(offers.begin(), offers.end(), [&](const Offer& o) {
+    return o.node == node.get() && o.storage._unsafe_get_target() == storage;
+  });
+  // The node's name only for a match: most calls (plain training, ops with no offer) end above.
+  if (it == offers.end() || node->name() != node_name) return false;
+  offers.erase(it);
+  ++offers_taken;
+  return true;
 }
 
 // ---- elementwise activations: ReLU, GELU, SiLU ----
@@ -105,9 +105,8 @@ at::Tensor SiluBackward(const at::Tensor& grad, const at::Tensor& self) {
 
 // ---- batch norm ----
 
-// Where channel c's elements of a dense NCHW-like tensor lie: for a contiguous one, `outer`
-// runs of `inner` elements (one per sample) at stride C*inner; channels_last, `inner` is 1 and
-// every row of C elements holds one of each channel.
+// Where channel c's elements of a dense NCHW-like tensor lie: contiguous, one run of `spatial`
+// elements per sample, at stride C*spatial; channels_last, one element in every row of C.
 struct ChannelLayout {
   int64_t samples;   // N
   int64_t channels;  // C
