@@ -8,6 +8,7 @@ default) and the GPU-sized one (`--full`); `Task` pairs a model with its data an
 import glob
 import os
 
+import actpack
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,13 +17,17 @@ from torch.utils.checkpoint import checkpoint
 
 
 class Blocks(nn.Module):
-    """Base: `run_block` checkpoints a block when `checkpointed` is set."""
+    """Base: `run_block` checkpoints a block when `checkpointed` is set, and marks it as a
+    region actpack may recompute (`actpack.recompute`, which runs it plainly unless the budget
+    says recompute=True). `micro_batch`: the samples a recomputed block runs at a time, for
+    models whose blocks treat samples independently (no batch norm)."""
     checkpointed = False
+    micro_batch = None
 
     def run_block(self, block, *args):
         if self.checkpointed and torch.is_grad_enabled():
             return checkpoint(block, *args, use_reentrant=False)
-        return block(*args)
+        return actpack.recompute(block, *args, micro_batch=self.micro_batch)
 
 
 # ---- ResNet-50 (torchvision's layout: bottlenecks [3, 4, 6, 3], stride on the 3x3) ----
@@ -98,6 +103,7 @@ class TransformerBlock(nn.Module):
 
 
 class ViT(Blocks):
+    micro_batch = 8
     def __init__(self, image=224, patch=16, dim=768, depth=12, heads=12, classes=1000):
         super().__init__()
         self.patch = nn.Conv2d(3, dim, patch, patch)
@@ -118,6 +124,7 @@ class ViT(Blocks):
 
 class GPT(Blocks):
     """Byte-level (vocabulary 256), so it trains on real text without a tokenizer."""
+    micro_batch = 8
 
     def __init__(self, context=1024, dim=768, depth=12, heads=12, vocab=256):
         super().__init__()

@@ -4,7 +4,8 @@
 For each model (ResNet-50, a ViT-B/16-like encoder, a GPT-2-small-like decoder on real text,
 a UNet) and each method — plain PyTorch, per-block `torch.utils.checkpoint`,
 `torch.autograd.graph.save_on_cpu` (CUDA only), actpack with none / quant2 / division / eb /
-auto, and actpack auto together with per-block checkpointing — in one run:
+auto, actpack auto with torch's per-block checkpointing, and actpack auto with its own
+recomputation of the blocks (`recompute=True`) — in one run:
 
   max batch   the largest batch that trains under the budget's cap (real steps, each try in a
               fresh process: the truth), and actpack.plan's estimate and verified answer
@@ -47,17 +48,22 @@ from actpack._units import format_bytes, parse_budget  # noqa: E402
 
 MiB = 1 << 20
 
-# method -> (actpack codec or None for no actpack, per-block checkpointing, save_on_cpu)
+# method -> (actpack codec or None for no actpack, per-block checkpointing, save_on_cpu,
+# actpack's recomputation of the blocks: budget(recompute=True))
 METHODS = {
-    "plain": (None, False, False),
-    "checkpoint": (None, True, False),
-    "save_on_cpu": (None, False, True),
-    "actpack:none": ("none", False, False),
-    "actpack:quant2": ("quant2", False, False),
-    "actpack:division": ("division", False, False),
-    "actpack:eb": ("eb", False, False),
-    "actpack:auto": ("auto", False, False),
-    "actpack:auto+checkpoint": ("auto", True, False),
+    "plain": (None, False, False, False),
+    "checkpoint": (None, True, False, False),
+    "save_on_cpu": (None, False, True, False),
+    "actpack:none": ("none", False, False, False),
+    "actpack:quant2": ("quant2", False, False, False),
+    "actpack:division": ("division", False, False, False),
+    "actpack:eb": ("eb", False, False, False),
+    "actpack:auto": ("auto", False, False, False),
+    # torch's checkpointing inside a budget: its own hooks shadow actpack's in the blocks.
+    "actpack:auto+checkpoint": ("auto", True, False, False),
+    # actpack's own: the blocks' inputs packed by the policy, the blocks recomputed (the
+    # transformers' in micro-batches of 8 samples).
+    "actpack:auto+recompute": ("auto", False, False, True),
 }
 
 # Per size: the budget per model, the steps of the loss run (the last two and those after are
@@ -104,12 +110,13 @@ class Bench:
             return loss.item()
         return step
 
-    def context(self, codec):
+    def context(self, codec, recompute=False):
         """auto under the budget (what it picks depends on it); a fixed codec packs the same
         under any budget, so it runs uncapped and fits whatever batch plain PyTorch does."""
         if codec is None:
             return contextlib.nullcontext()
-        return actpack.budget(self.budget_bytes if codec == "auto" else 1 << 50, codec=codec)
+        return actpack.budget(self.budget_bytes if codec == "auto" else 1 << 50, codec=codec,
+                              recompute=recompute)
 
     # ---- max batch under the cap ----
 
@@ -135,13 +142,13 @@ class Bench:
         step runs inside the budget, and as the planner warms up), then real steps under the
         cap, up to one capped step after those that may lift it before the policy's first
         plan."""
-        codec, checkpointed, _ = METHODS[method]
+        codec, checkpointed, _, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         step = self.step_fn(model, optimizer)
         warm_up(step)
         steps = 3 if codec == "auto" else 2
         return _planner.trains_under_cap(step, self.budget_bytes, codec or "none", batch,
-                                         steps=steps) is not None
+                                         steps=steps, recompute=recompute) is not None
 
     def largest_batch(self, method, guess, ceiling, precision):
         """The largest batch in [2, ceiling] that trains under the cap (0 if none), to within
@@ -296,13 +303,13 @@ class Bench:
         """`steps` steps from the initial weights on batches 0..steps-1 (the first a warm-up
         creating the optimizer's state); the gradients of the last against the exact ones at
         the same weights; the median time of the `time_steps` steps before the last."""
-        codec, checkpointed, offload = METHODS[method]
+        codec, checkpointed, offload, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         step = self.step_fn(model, optimizer, offload)
         # The first step (batch 0) warms up as the max-batch search does (the optimizer's state in
         # actpack's allocator), in every method alike.
         losses, times = [warm_up(step, batch)], []
-        with self.context(codec):
+        with self.context(codec, recompute):
             for i in range(1, steps - 1):
                 start = time.perf_counter()
                 losses.append(step(batch, i))

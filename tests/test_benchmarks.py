@@ -30,7 +30,8 @@ def test_every_model_and_method_is_measured(results):
     for name, entry in data["models"].items():
         assert set(entry["methods"]) == {"plain", "checkpoint", "actpack:none", "actpack:quant2",
                                          "actpack:division", "actpack:eb", "actpack:auto",
-                                         "actpack:auto+checkpoint"}, name
+                                         "actpack:auto+checkpoint",
+                                         "actpack:auto+recompute"}, name
         assert name in stdout
         for method, m in entry["methods"].items():
             assert m["max_batch"] >= 2, (name, method)

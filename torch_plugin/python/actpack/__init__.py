@@ -15,6 +15,7 @@ from actpack import _C
 from actpack._budget import Run, budget
 from actpack._codec import codec_names, decode, encode
 from actpack._planner import Plan, plan
+from actpack._recompute import recompute
 from actpack._units import format_bytes, parse_budget, parse_size
 from actpack.memory import (
     cpu_allocator_installed,
@@ -66,6 +67,7 @@ __all__ = [
     "parse_budget",
     "parse_size",
     "plan",
+    "recompute",
     "reset_peak_memory_stats",
     "set_cpu_budget",
     "uninstall_cpu_allocator",

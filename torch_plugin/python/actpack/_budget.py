@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from actpack import _C
+from actpack import _C, _recompute
 from actpack._units import format_bytes, parse_budget, parse_size
 
 _HOST = _C._HOST_DEVICE
@@ -81,6 +81,9 @@ class budget:
             while the bounds are measured); with "auto" the policy never picks a codec whose
             measured error is over the cap and adds eb at the bound to its candidates. When no
             plan within the caps fits the budget, the error says so.
+        recompute: True makes the regions the model marks with actpack.recompute(fn, ...)
+            recompute in backward: each keeps only its inputs, packed by the policy, and may
+            run in micro-batches (see actpack.recompute). False runs them as plain calls.
 
     The step's peak is measured by actpack's allocator: on CPU the context installs it (when
     it is not installed yet) and enforces the budget from the first step on, counting against
@@ -106,8 +109,12 @@ class budget:
     def __init__(self, limit, codec="auto", report=None, min_bytes=_C.DEFAULT_MIN_BYTES, seed=0,
                  enabled=True, headroom=_C.DEFAULT_HEADROOM,
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
-                 allowed_loss_increase=None):
+                 allowed_loss_increase=None, recompute=False):
         self._budget = parse_budget(limit)
+        if not isinstance(recompute, bool):
+            raise ValueError(f"actpack.budget: recompute must be True or False, got "
+                             f"{recompute!r}")
+        self.recompute = recompute
         default, rules = _codec_rules(codec)
         if codec == NONE:
             enabled = False  # what the planner's "none" measures: plain training
@@ -240,12 +247,15 @@ class budget:
         self._modules.start()
         self._modules.watch_outputs = self._loss_bound > 0
         self._hooks.__enter__()
+        _recompute._active.append(self)
         return self.run
 
     @_eager
     def __exit__(self, exc_type, exc, tb):
         # What the context changed is put back even when a step of the way out fails.
         try:
+            if self in _recompute._active:
+                _recompute._active.remove(self)
             self._hooks.__exit__(exc_type, exc, tb)
         finally:
             try:

@@ -280,18 +280,18 @@ VERIFY_STEPS = 4
 CAPPED_FROM = 2
 
 
-def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS):
+def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, recompute=False):
     """The run report of `steps` real steps at `batch` under the budget's cap, or None when
     they ran out of it: the truth the planner's answer is checked against. A step before the
     policy's first plan may lift the cap (two for "auto", one for a fixed codec), so `steps`
-    needs one more than that to have run one capped step."""
+    needs one more than that to have run one capped step. `recompute`: the budget's."""
     import gc
 
     import torch
 
     had_gradients = _parameters_with_gradients()
     try:
-        with _budget_context(budget_bytes, codec=_SPECS[choice]) as run:
+        with _budget_context(budget_bytes, codec=_SPECS[choice], recompute=recompute) as run:
             for _ in range(steps):
                 step(batch)
         return run.report
