@@ -49,7 +49,7 @@ from actpack._units import format_bytes, parse_budget  # noqa: E402
 MiB = 1 << 20
 
 # method -> (actpack codec or None for no actpack, per-block checkpointing, save_on_cpu,
-# actpack's recomputation of the blocks: budget(recompute=True))
+# actpack's recomputation of the blocks: budget(recompute=...))
 METHODS = {
     "plain": (None, False, False, False),
     "checkpoint": (None, True, False, False),
@@ -61,9 +61,9 @@ METHODS = {
     "actpack:auto": ("auto", False, False, False),
     # torch's checkpointing inside a budget: its own hooks shadow actpack's in the blocks.
     "actpack:auto+checkpoint": ("auto", True, False, False),
-    # actpack's own: the blocks' inputs packed by the policy, the blocks recomputed (the
-    # transformers' in micro-batches of 8 samples).
-    "actpack:auto+recompute": ("auto", False, False, True),
+    # actpack's own: the blocks recomputed once the codecs alone cannot hold the step, their
+    # inputs packed by the policy (the transformers' blocks in micro-batches of 8 samples).
+    "actpack:auto+recompute": ("auto", False, False, "auto"),
 }
 
 # Per size: the budget per model, the steps of the loss run (the last two and those after are
@@ -147,6 +147,8 @@ class Bench:
         step = self.step_fn(model, optimizer)
         warm_up(step)
         steps = 3 if codec == "auto" else 2
+        if recompute == "auto":
+            steps += 2  # the step that switches recomputation on plans afresh
         return _planner.trains_under_cap(step, self.budget_bytes, codec or "none", batch,
                                          steps=steps, recompute=recompute) is not None
 

@@ -160,7 +160,8 @@ def test_bad_arguments_name_what_was_expected():
     x = torch.randn(4, 3, requires_grad=True)
     with pytest.raises(ValueError, match=r"micro_batch must be a positive int or None, got 0"):
         actpack.recompute(torch.relu, x, micro_batch=0)
-    with pytest.raises(ValueError, match=r"recompute must be True or False, got 'yes'"):
+    with pytest.raises(ValueError,
+                       match=r"recompute must be True, False or \"auto\", got 'yes'"):
         actpack.budget("1GiB", recompute="yes")
     bn = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     with actpack.budget(1 << 40, codec="quant2", recompute=True):
@@ -172,3 +173,42 @@ def test_bad_arguments_name_what_was_expected():
             actpack.recompute(lambda t: [t], x)
         bn.eval()  # running statistics: samples are independent
         actpack.recompute(bn, x, micro_batch=2).sum().backward()
+
+
+def train(budget, recompute, steps=6):
+    """`steps` SGD steps of a 4-block net (64 samples) under `budget`: the run's report."""
+    model = Net(dim=64, depth=4, micro_batch=4)
+    x = torch.randn(64, 64, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with actpack.budget(budget, codec="auto", recompute=recompute) as run:
+        for _ in range(steps):
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return run.report
+
+
+@pytest.mark.filterwarnings("ignore:actpack.budget. the budget does not hold")
+def test_auto_recomputes_once_codecs_alone_cannot_fit():
+    """10 MiB: even 2-bit codecs leave a step over the budget (the policy's error names 22 MiB),
+    so recompute=False fails, while "auto" switches the regions to recomputation at the end
+    of the second step, says so, and the steps from the fourth (the third lifts the cap to
+    measure the new step) stay under the budget."""
+    with pytest.raises(torch.OutOfMemoryError, match="cannot hold this training step"):
+        train("10MiB", False)
+    report = train("10MiB", "auto")
+    assert any("recompute from step 3 on" in w for w in report["run"]["warnings"])
+    steps = report["activations"]["steps"]
+    assert len(steps) == 6
+    assert all(s["peak_reserved_bytes"] <= 10 << 20 for s in steps[3:]), steps
+    # Before: every block's activations packed; after: the blocks' inputs.
+    assert steps[5]["peak_live_raw_bytes"] < steps[0]["peak_live_raw_bytes"] / 4
+
+
+def test_auto_does_not_recompute_while_codecs_fit():
+    """80 MiB holds the step with codecs alone: "auto" runs the regions as plain calls, saving
+    what recompute=False saves (recomputation would cost a forward for nothing)."""
+    auto, plain = train("80MiB", "auto", steps=4), train("80MiB", False, steps=4)
+    assert not any("recompute" in w for w in auto["run"]["warnings"])
+    assert auto["activations"]["totals"]["packed_raw_bytes"] == \
+        plain["activations"]["totals"]["packed_raw_bytes"]

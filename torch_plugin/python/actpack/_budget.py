@@ -84,6 +84,11 @@ class budget:
         recompute: True makes the regions the model marks with actpack.recompute(fn, ...)
             recompute in backward: each keeps only its inputs, packed by the policy, and may
             run in micro-batches (see actpack.recompute). False runs them as plain calls.
+            "auto" runs them as plain calls while the codecs fit the budget and recomputes
+            them from the first step they do not (a plan over the budget less its headroom,
+            or a step that could not finish under the cap): recomputation costs a forward, so
+            it is taken only when packing alone cannot hold the step. That step's end
+            re-plans, and the steps after it may again lift the cap to measure.
 
     The step's peak is measured by actpack's allocator: on CPU the context installs it (when
     it is not installed yet) and enforces the budget from the first step on, counting against
@@ -111,10 +116,14 @@ class budget:
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
                  allowed_loss_increase=None, recompute=False):
         self._budget = parse_budget(limit)
-        if not isinstance(recompute, bool):
-            raise ValueError(f"actpack.budget: recompute must be True or False, got "
-                             f"{recompute!r}")
-        self.recompute = recompute
+        if not (isinstance(recompute, bool) or recompute == "auto"):
+            raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
+                             f"got {recompute!r}")
+        self._recompute_mode = recompute
+        self.recomputing = recompute is True  # "auto": from the first step codecs cannot fit
+        self._regions_seen = False
+        self._recompute_from_step = 0
+        self._plans_before_recompute = 0
         default, rules = _codec_rules(codec)
         if codec == NONE:
             enabled = False  # what the planner's "none" measures: plain training
@@ -192,11 +201,33 @@ class budget:
         plans = self._session.policy()["plans"]
         peaks = self._memory.step_peaks()
         overflowed = self._memory.restore_cap()  # after the peaks: it releases the cache
-        # Raises when no plan fits the budget.
-        self._session.end_step(*peaks)
-        now = self._session.policy()["plans"]
-        replanned = now != plans
-        self._planned = now > 0
+        can_switch = self._regions_seen and self._recompute_mode == "auto" and \
+            not self.recomputing
+        try:
+            self._session.end_step(*peaks)  # raises when no plan fits the budget
+            no_plan_fits = False
+        except torch.OutOfMemoryError:
+            if not can_switch:
+                raise
+            no_plan_fits = True
+        policy = self._session.policy()
+        replanned = policy["plans"] != plans
+        self._planned = policy["plans"] > self._plans_before_recompute
+        unfit = (no_plan_fits or (replanned and not policy["feasible"]) or
+                 (overflowed and not self._planned and self._steps >= self._unplanned_steps()))
+        if unfit and can_switch:
+            # Codecs alone do not fit: the regions recompute from the next step on, which
+            # plans afresh (its first steps may lift the cap again to measure).
+            self.recomputing = True
+            self._recompute_from_step = self._steps
+            self._plans_before_recompute = policy["plans"]
+            self._planned = False
+            self._warn(f"the budget does not hold step {self._steps} with codecs alone: the "
+                       f"regions marked with actpack.recompute recompute from step "
+                       f"{self._steps + 1} on")
+            self._memory.release_cache()
+            return
+        self._regions_seen = False
         if overflowed and not self._planned and self._steps >= self._unplanned_steps():
             # Nothing (more) to plan: the same step will not fit the next time either.
             allocator, system = peaks[1], peaks[2] - self._memory.outside_allowance
@@ -219,8 +250,15 @@ class budget:
             self._memory.enforce()
 
     def _unplanned_steps(self):
-        # The policy plans at the end of the second step; a fixed codec has nothing to plan.
-        return 2 if _automatic(self._codec) and self._enabled else 1
+        # The policy plans at the end of the second step (of the run, or since the regions
+        # began to recompute); a fixed codec has nothing to plan.
+        return self._recompute_from_step + (2 if _automatic(self._codec) and self._enabled
+                                            else 1)
+
+    def _recomputes(self):
+        """Whether a region (actpack.recompute) recomputes now; notes that one ran."""
+        self._regions_seen = True
+        return self.recomputing
 
     def _relieve(self, needed):
         """The allocator's pressure callback: bytes freed (or made room for) toward `needed`."""

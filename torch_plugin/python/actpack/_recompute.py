@@ -1,10 +1,14 @@
 """Recompute regions: packing and recomputation under one budget.
 
-    with actpack.budget("192MiB", recompute=True):
-        for block in model.blocks:
-            h = actpack.recompute(block, h, micro_batch=8)
+    # in the model's forward:
+    for block in self.blocks:
+        h = actpack.recompute(block, h, micro_batch=8)
+    # in the training loop:
+    with actpack.budget("192MiB", recompute="auto"):
+        ...
 
-Inside a budget with `recompute=True`, a region keeps only its inputs, and those go through the
+Inside a budget that recomputes (recompute=True; "auto" from the first step the codecs alone
+cannot hold), a region keeps only its inputs, and those go through the
 budget's saved-tensor hooks like any saved tensor: the policy packs them. Its forward runs
 without saving anything; its backward runs it again with the same random state and autocast
 settings, then backpropagates through it. With `micro_batch=n` (for a region whose samples
@@ -26,7 +30,8 @@ _active = []  # the budgets entered, innermost last: the innermost decides
 
 
 def recompute(fn, *args, micro_batch=None):
-    """fn(*args), recomputed in backward inside a budget with recompute=True.
+    """fn(*args), recomputed in backward inside a budget that recomputes (recompute=True, or
+    "auto" once codecs alone cannot hold the step).
 
     Args:
         fn: a function or module of tensors returning a tensor or a tuple of tensors.
@@ -35,11 +40,11 @@ def recompute(fn, *args, micro_batch=None):
             output share it), for regions whose samples are independent; None runs the whole
             batch at once.
     """
-    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
-                                    or micro_batch < 1):
+    if micro_batch is not None and (isinstance(micro_batch, bool) or
+                                    not isinstance(micro_batch, int) or micro_batch < 1):
         raise ValueError(f"actpack.recompute: micro_batch must be a positive int or None, got "
                          f"{micro_batch!r}")
-    if not (_active and _active[-1].recompute and torch.is_grad_enabled()):
+    if not (_active and torch.is_grad_enabled() and _active[-1]._recomputes()):
         return fn(*args)
     if micro_batch is not None:
         _check_independent(fn)
