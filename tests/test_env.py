@@ -66,6 +66,24 @@ def test_budget_is_enforced_by_the_installed_allocator(tmp_path):
     assert "the smallest budget that would work is" in result.stderr
 
 
+def test_recompute_key_reaches_the_regions(tmp_path):
+    """recompute=true makes actpack.recompute's regions recompute; auto, under a budget the
+    codecs hold, leaves them plain calls."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, actpack
+        x = torch.randn(64, 256, requires_grad=True)
+        out = actpack.recompute(torch.nn.Linear(256, 256), x, micro_batch=16)
+        out.sum().backward()
+        print(type(out.grad_fn).__name__)
+    """))
+    for conf, node in (("recompute=true", "_RegionBackward"), ("recompute=auto", "AddmmBackward0"),
+                       ("recompute=false", "AddmmBackward0")):
+        result = run(script, f"budget=512MiB,{conf}")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [node], (conf, result.stdout)
+
+
 @pytest.mark.parametrize("conf, words", [
     ("budget=512MiB,codek=quant4", "unknown key 'codek'"),
     ("budget=6 gigs", "invalid memory size '6 gigs'"),
@@ -76,6 +94,7 @@ def test_budget_is_enforced_by_the_installed_allocator(tmp_path):
     ("budget", "'budget' is not key=value"),
     ("budget=1GiB,codec=eb,allowed_loss_increase=lots", "key 'allowed_loss_increase' is 'lots'"),
     ("budget=1GiB,codec=quant2,allowed_loss_increase=0.01", "does not apply to codec 'quant2'"),
+    ("budget=1GiB,recompute=maybe", "key 'recompute' is 'maybe'; expected true, false or auto"),
 ])
 def test_malformed_values_stop_at_start_naming_the_key(tmp_path, conf, words):
     script = tmp_path / "train.py"

@@ -2,6 +2,7 @@
 
     ACTPACK_CONF="budget=6GiB,codec=quant2,report=run.json" python train.py
     ACTPACK_CONF="budget=6GiB,codec=eb,allowed_loss_increase=0.01" python train.py
+    ACTPACK_CONF="budget=6GiB,recompute=auto" python train.py   # regions: actpack.recompute
 
 The file actpack-env.pth, installed beside the package, calls activate_from_env() at
 interpreter start only when ACTPACK_CONF is set (otherwise it imports nothing). Activation
@@ -15,7 +16,8 @@ import os
 import sys
 
 KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator",
-        "allowed_loss_increase"]
+        "allowed_loss_increase", "recompute"]
+_RECOMPUTE = {"true": True, "1": True, "false": False, "0": False, "auto": "auto"}
 _ALLOCATORS = ("auto", "cpu", "cuda", "none")
 _active = None
 
@@ -44,6 +46,12 @@ def _parse(text):
                 except ValueError:
                     raise ValueError(f"actpack: ACTPACK_CONF: key 'seed' is '{value}'; expected "
                                      "an integer") from None
+    if "recompute" in options:
+        value = options["recompute"]
+        if value not in _RECOMPUTE:
+            raise ValueError(f"actpack: ACTPACK_CONF: key 'recompute' is '{value}'; expected "
+                             "true, false or auto")
+        options["recompute"] = _RECOMPUTE[value]
     if "allowed_loss_increase" in options:
         value = options["allowed_loss_increase"]
         try:
