@@ -85,10 +85,10 @@ class budget:
             recompute in backward: each keeps only its inputs, packed by the policy, and may
             run in micro-batches (see actpack.recompute). False runs them as plain calls.
             "auto" runs them as plain calls while the codecs fit the budget and recomputes
-            them from the first step they do not (a plan over the budget less its headroom,
-            or a step that could not finish under the cap): recomputation costs a forward, so
-            it is taken only when packing alone cannot hold the step. That step's end
-            re-plans, and the steps after it may again lift the cap to measure.
+            them from the first step they do not (no plan fits the budget, or a step before
+            the first plan could not finish under the cap): recomputation costs a forward, so
+            it is taken only when packing alone cannot hold the step. The step after the
+            switch plans afresh and, like a run's first steps, may lift the cap to measure.
 
     The step's peak is measured by actpack's allocator: on CPU the context installs it (when
     it is not installed yet) and enforces the budget from the first step on, counting against
@@ -213,8 +213,10 @@ class budget:
         policy = self._session.policy()
         replanned = policy["plans"] != plans
         self._planned = policy["plans"] > self._plans_before_recompute
-        unfit = (no_plan_fits or (replanned and not policy["feasible"]) or
-                 (overflowed and not self._planned and self._steps >= self._unplanned_steps()))
+        # Not a plan that only eats into the headroom: that runs, and a region that cannot
+        # micro-batch (a convolutional block) can need more memory recomputed than packed.
+        unfit = no_plan_fits or (overflowed and not self._planned and
+                                 self._steps >= self._unplanned_steps())
         if unfit and can_switch:
             # Codecs alone do not fit: the regions recompute from the next step on, which
             # plans afresh (its first steps may lift the cap again to measure).
