@@ -481,6 +481,7 @@ def table(results):
     for name, entry in results["models"].items():
         plan, limit = entry["plan"], entry["limit"]
         auto = entry["methods"].get("actpack:auto", {}).get("max_batch")
+        recomputed = entry["methods"].get("actpack:auto+recompute", {}).get("max_batch")
         lines.append(
             f"\n{name}: {entry['parameters'] / 1e6:.1f}M parameters, budget "
             f"{format_bytes(entry['budget_bytes'])}; planner (auto) estimate "
@@ -491,7 +492,9 @@ def table(results):
             f"{format_bytes(limit['worst']['packed_per_sample_bytes'])} + working set "
             f"{format_bytes(limit['worst']['working_set_per_sample_bytes'])})"
             + (f"; auto reaches {auto / limit['batch']:.0%} of it" if auto and limit["batch"]
-               else ""))
+               else "")
+            + (f", auto+recompute (past packing alone) {recomputed / limit['batch']:.0%}"
+               if recomputed and limit["batch"] else ""))
         lines.append(f"  {'method':<24}{'max batch':>10}{'x plain':>9}{'x ckpt':>8}"
                      f"{'time @' + str(entry.get('time_batch', '-')):>10}{'grad cos':>10}"
                      f"{'grad err':>10}{'loss':>8}{'vs plain':>10}")
