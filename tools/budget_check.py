@@ -191,7 +191,8 @@ def probe(args):
     if args.codec != "plain":
         import actpack
         context = actpack.budget(args.budget, codec="auto" if args.codec == "none" else args.codec,
-                                 enabled=args.codec != "none")
+                                 enabled=args.codec != "none",
+                                 recompute=RECOMPUTE[args.recompute])
     try:
         with context as run:
             for _ in range(args.steps):
@@ -210,9 +211,13 @@ def probe(args):
     print(json.dumps(result))
 
 
-def run_probe(model, codec, budget, batch, steps):
+RECOMPUTE = {"false": False, "true": True, "auto": "auto"}
+
+
+def run_probe(model, codec, budget, batch, steps, recompute="false"):
     argv = [sys.executable, os.path.abspath(__file__), "probe", "--model", model, "--codec", codec,
-            "--budget", budget, "--batch", str(batch), "--steps", str(steps)]
+            "--budget", budget, "--batch", str(batch), "--steps", str(steps),
+            "--recompute", recompute]
     out = subprocess.run(argv, text=True, capture_output=True)
     if out.returncode != 0:
         raise SystemExit(f"probe failed:\n{out.stderr[-3000:]}")
@@ -257,6 +262,8 @@ def main():
                         help="a codec spec, 'auto', 'none' (the budget with nothing packed) or "
                              "'plain' (no actpack)")
     parser.add_argument("--batch", type=int, default=80)
+    parser.add_argument("--recompute", choices=sorted(RECOMPUTE), default="false",
+                        help="the budget's recompute= (the benchmark models mark their blocks)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--plan-batches", default="8,16")
     parser.add_argument("--verify", action="store_true",
@@ -267,7 +274,7 @@ def main():
         return
     if args.command == "rss":
         for codec in ["plain", args.codec]:
-            r = run_probe(args.model, codec, args.budget, args.batch, args.steps)
+            r = run_probe(args.model, codec, args.budget, args.batch, args.steps, args.recompute)
             line = (f"{codec:8} peak {r['peak'] / MiB:7.1f} MiB above the start; after each "
                     f"step {min((s['after'] for s in r['steps']), default=0) / MiB:.1f}.."
                     f"{max((s['after'] for s in r['steps']), default=0) / MiB:.1f} MiB")
