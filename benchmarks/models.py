@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 class Blocks(nn.Module):
     """Base: `run_block` checkpoints a block when `checkpointed` is set, and marks it as a
     region actpack may recompute (`actpack.recompute`, which runs it plainly unless the budget
-    says recompute=True). `micro_batch`: the samples a recomputed block runs at a time, for
+    recomputes: recompute=True, or "auto" once codecs alone cannot hold the step). `micro_batch`: the samples a recomputed block runs at a time, for
     models whose blocks treat samples independently (no batch norm)."""
     checkpointed = False
     micro_batch = None

@@ -5,7 +5,7 @@ For each model (ResNet-50, a ViT-B/16-like encoder, a GPT-2-small-like decoder o
 a UNet) and each method — plain PyTorch, per-block `torch.utils.checkpoint`,
 `torch.autograd.graph.save_on_cpu` (CUDA only), actpack with none / quant2 / division / eb /
 auto, actpack auto with torch's per-block checkpointing, and actpack auto with its own
-recomputation of the blocks (`recompute=True`) — in one run:
+recomputation of the blocks (`recompute="auto"`) — in one run:
 
   max batch   the largest batch that trains under the budget's cap (real steps, each try in a
               fresh process: the truth), and actpack.plan's estimate and verified answer

@@ -213,11 +213,12 @@ class budget:
         policy = self._session.policy()
         replanned = policy["plans"] != plans
         self._planned = policy["plans"] > self._plans_before_recompute
+        # Over the cap with nothing (more) to plan: the same step will not fit the next time.
+        overflowed_unplanned = (overflowed and not self._planned and
+                                self._steps >= self._unplanned_steps())
         # Not a plan that only eats into the headroom: that runs, and a region that cannot
         # micro-batch (a convolutional block) can need more memory recomputed than packed.
-        unfit = no_plan_fits or (overflowed and not self._planned and
-                                 self._steps >= self._unplanned_steps())
-        if unfit and can_switch:
+        if can_switch and (no_plan_fits or overflowed_unplanned):
             # Codecs alone do not fit: the regions recompute from the next step on, which
             # plans afresh (its first steps may lift the cap again to measure).
             self.recomputing = True
@@ -230,8 +231,7 @@ class budget:
             self._memory.release_cache()
             return
         self._regions_seen = False
-        if overflowed and not self._planned and self._steps >= self._unplanned_steps():
-            # Nothing (more) to plan: the same step will not fit the next time either.
+        if overflowed_unplanned:
             allocator, system = peaks[1], peaks[2] - self._memory.outside_allowance
             measured = max(allocator, system)
             # As the policy sizes a budget: the peak is what it may use, less the headroom.
