@@ -29,7 +29,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C
+from actpack import _C, _snapshot
 from actpack._budget import budget as _budget_context, outside_allowance
 from actpack._units import format_bytes, parse_budget
 
@@ -42,12 +42,13 @@ _SPECS = {"none": "none", "quant2": "quant2", "division": "division", "eb": "eb"
 class Plan:
     """The planner's answer: per codec choice, the memory model and the largest batch."""
 
-    def __init__(self, budget_bytes, batch_sizes, choices, verified, report):
+    def __init__(self, budget_bytes, batch_sizes, choices, verified, report, steps_run):
         self.budget_bytes = budget_bytes
         self.batch_sizes = list(batch_sizes)
         self.choices = choices  # name -> {"fixed_bytes", "per_sample_bytes", ...}
         self.verified = verified
         self.report = report
+        self.steps_run = steps_run  # calls of the user's step() the plan made
 
     @property
     def max_batch_size(self):
@@ -61,7 +62,7 @@ class Plan:
     def table(self):
         """The batch-size table as text."""
         lines = [f"budget {format_bytes(self.budget_bytes)}; profiled at batch sizes "
-                 f"{', '.join(map(str, self.batch_sizes))}",
+                 f"{', '.join(map(str, self.batch_sizes))}; {self.steps_run} steps run",
                  f"{'codec':<10} {'fixed':>12} {'per sample':>12} {'fragmentation':>14} "
                  f"{'headroom':>9} {'max batch':>10}"]
         for name, c in self.choices.items():
@@ -87,7 +88,7 @@ class Plan:
         return "\n".join(lines)
 
     def __repr__(self):
-        return f"Plan(max_batch_size={self.max_batch_size})"
+        return f"Plan(max_batch_size={self.max_batch_size}, steps_run={self.steps_run})"
 
 
 HEADROOM = _C.DEFAULT_HEADROOM  # where no capped step measured it (as budget()'s policy)
@@ -140,13 +141,13 @@ def _fit(peaks):
     return int(round(fixed)), int(math.ceil(per_sample))
 
 
-def _progress(done, total, what, enabled):
+def _progress(done, total, what, enabled, steps):
     if not enabled:
         return
     width = 24
     filled = width * done // total
     sys.stderr.write(f"\ractpack.plan [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                     f"{what:<40}")
+                     f"{steps:>4} steps  {what:<40}")
     if done == total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -172,20 +173,41 @@ def _run_step(step, batch, choice):
 
 
 def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=None,
-         progress=True):
-    """The largest batch size `budget` supports, for no packing and each codec choice.
+         progress=True, restore=True):
+    """The largest batch size `budget` supports, for no packing and each codec choice, found by
+    real training steps: profiled, then tried under the cap.
+
+    Per choice the planner runs `step` at each profiled batch size (and up to MAX_REFINEMENTS
+    more when the line through them extrapolates far), then tries batches near the line's
+    answer under the budget's cap, each try VERIFY_STEPS steps (a try that runs out of memory
+    is caught, not raised). Besides one warm-up step, a default plan (five choices, no verify)
+    ran 40-70 steps on the test models; verify=True adds VERIFY_STEPS steps per batch its search
+    tries. `plan.steps_run` says how many a plan ran.
+
+    Those steps train: they move the weights, the optimizer's state, batch norm's statistics and
+    the random streams. With restore=True (the default) the planner puts all of it back when it
+    returns, raises or is interrupted: it snapshots to host memory (numpy's, outside actpack's
+    budgeted allocator) the value and gradient of every parameter that requires grad, every
+    module's buffers and training flag, every optimizer's state and param_groups, every LR
+    scheduler's and GradScaler's state, and the CPU, CUDA, Python and numpy random states,
+    found through the garbage collector (see actpack._snapshot); restoring writes them back bit
+    for bit. The cost is host memory of that size, and no device memory (steps on copies would
+    hold a second model inside the budget being measured). Not restored: Python state the step
+    keeps elsewhere (a data iterator it advances).
 
     Args:
         step: a function running one full training step at the batch size it is given.
         budget: the memory budget ("6GiB", bytes, or "80%" of the device / physical memory).
         batch_sizes: two (or more) batch sizes to profile at; small ones are fine.
         verify: search for the largest batch of the best choice with real steps under the cap
-            (a few more runs of `step`; the answer for that choice is what they found).
+            (more runs of `step`; the answer for that choice is what they found).
         codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
             built in).
         report: a path; the run report with the planner section is written there (read it
             with `actpack plan run.json --budget ...`).
-        progress: print a progress bar to stderr.
+        progress: print a progress bar to stderr, with the steps run so far.
+        restore: put the training state back afterwards (above); False leaves it as the
+            planner's steps left it and saves the host memory of the snapshot.
     """
     sizes = sorted(set(int(b) for b in batch_sizes))
     if len(sizes) < 2 or sizes[0] < 1:
@@ -201,9 +223,35 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
                              f"{', '.join(CHOICES)}")
     parsed = parse_budget(budget)
 
+    saved = _snapshot.TrainingState() if restore else None
+    try:
+        return _plan(_CountedStep(step), parsed, sizes, verify, codecs, report, progress)
+    finally:
+        # Also after an exception or a KeyboardInterrupt in a step.
+        if saved is not None:
+            saved.restore()
+
+
+class _CountedStep:
+    """The user's step, counting its calls (what a plan costs)."""
+
+    def __init__(self, step):
+        self.step = step
+        self.calls = 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        return self.step(batch)
+
+
+def _plan(step, parsed, sizes, verify, codecs, report, progress):
     total = 1 + len(codecs) * (len(sizes) + 1) + (1 if verify else 0)
     done = 0
-    _progress(done, total, "warm-up step", progress)
+
+    def say(what):
+        _progress(done, total, what, progress, step.calls)
+
+    say("warm-up step")
     _, _, last_report = _run_step(step, sizes[0], "none")  # optimizer state, caches
     budget_bytes = parsed["bytes"] or int(parsed["fraction"] * _device_total(last_report))
     done += 1
@@ -212,7 +260,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     for choice in codecs:
         peaks = []
         for b in sizes:
-            _progress(done, total, f"{choice} at batch {b}", progress)
+            say(f"{choice} at batch {b}")
             reserved, allocated, last_report = _run_step(step, b, choice)
             peaks.append((b, allocated, reserved))
             done += 1
@@ -229,13 +277,13 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
                 break
             b = min(estimate // 2, REFINE_SPAN * largest)
             total += 1
-            _progress(done, total, f"{choice} at batch {b}", progress)
+            say(f"{choice} at batch {b}")
             reserved, allocated, last_report = _run_step(step, b, choice)
             peaks.append((b, allocated, reserved))
             done += 1
             fixed, per_sample = _fit(peaks[-2:])
         fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
-        _progress(done, total, f"{choice}: steps under the cap", progress)
+        say(f"{choice}: steps under the cap")
         calibration = _calibrate(step, budget_bytes, choice, fixed, per_sample)
         done += 1
         choices[choice] = {
@@ -258,20 +306,19 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             step, budget_bytes, best, choices[best]["max_batch_size"],
             max_batch(budget_bytes, choices[best]["fixed_bytes"],
                       choices[best]["per_sample_bytes"], headroom=0.0),
-            lambda what: _progress(done, total, what, progress),
-            ran=calibration["batch_size"] if calibration else None)
+            say, ran=calibration["batch_size"] if calibration else None)
         last_report = verify_report or last_report
         done += 1
-        _progress(done, total, "done", progress)
+    say("done")
 
     section = {"budget_bytes": budget_bytes, "headroom": HEADROOM, "batch_sizes": sizes,
                "choices": {name: {k: v for k, v in c.items()} for name, c in choices.items()},
-               "verified": verified}
+               "verified": verified, "steps_run": step.calls}
     document = dict(last_report)
     document["planner"] = section
     if report is not None:
         _C.write_report(document, os.fspath(report))
-    return Plan(budget_bytes, sizes, choices, verified, document)
+    return Plan(budget_bytes, sizes, choices, verified, document, step.calls)
 
 
 # auto plans at the end of its second step; the steps before may go over the cap to measure
