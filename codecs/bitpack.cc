@@ -10,7 +10,6 @@
 #include "absl/strings/str_format.h"
 #include "codecs/internal/bitpack_math.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/parallel.h"
 
 #ifdef ACTPACK_WITH_CUDA
@@ -35,24 +34,8 @@ int KindOf(DType dtype) {
 }
 
 // The dtype's smallest and largest value.
-int64_t Lowest(DType dtype) {
-  switch (dtype) {
-    case DType::kUInt8: return 0;
-    case DType::kInt8: return std::numeric_limits<int8_t>::min();
-    case DType::kInt16: return std::numeric_limits<int16_t>::min();
-    case DType::kInt32: return std::numeric_limits<int32_t>::min();
-    default: return std::numeric_limits<int64_t>::min();
-  }
-}
-int64_t Highest(DType dtype) {
-  switch (dtype) {
-    case DType::kUInt8: return std::numeric_limits<uint8_t>::max();
-    case DType::kInt8: return std::numeric_limits<int8_t>::max();
-    case DType::kInt16: return std::numeric_limits<int16_t>::max();
-    case DType::kInt32: return std::numeric_limits<int32_t>::max();
-    default: return std::numeric_limits<int64_t>::max();
-  }
-}
+int64_t Lowest(DType dtype) { return bm::Lowest(KindOf(dtype)); }
+int64_t Highest(DType dtype) { return bm::Highest(KindOf(dtype)); }
 
 // Calls fn(std::integral_constant<int, K>) for the kind K.
 template <typename Fn>
@@ -106,13 +89,10 @@ struct Layout {
 
 // b and base (bitpack.h) from the tensor's range, written into the header's parameters.
 Layout WriteParams(const Range& range, DType dtype, Header* header) {
+  const bm::Params p = bm::MakeParams(range.lo, range.hi, KindOf(dtype));
   Layout layout;
-  layout.bits = bm::Width(static_cast<uint64_t>(range.hi) - static_cast<uint64_t>(range.lo));
-  // Lowered where lo + 2^b - 1 would pass the dtype's largest value. b is no wider than the
-  // dtype, so the difference is a value of it.
-  const int64_t top =
-      static_cast<int64_t>(static_cast<uint64_t>(Highest(dtype)) - bm::Span(layout.bits));
-  layout.base = std::min(range.lo, top);
+  layout.bits = p.bits;
+  layout.base = p.base;
   header->params.fill(0);
   std::memcpy(header->params.data(), &layout.base, 8);
   header->params[8] = static_cast<uint8_t>(layout.bits);
@@ -137,30 +117,22 @@ class Bitpack final : public Codec {
     return PayloadBytes(spec.numel(), static_cast<uint32_t>(8 * ElementSize(spec.dtype)));
   }
 
-  absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams&,
+  absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const uint64_t numel = header->numel;
     const int kind = KindOf(input.dtype);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      Range range{0, 0};  // an empty tensor: base 0, b = 0, no payload
-      if (numel > 0) {
-        absl::Status status = cuda::BitpackRange(input.data, numel, kind, counters->get(),
-                                                 context.stream, &range.lo, &range.hi);
-        if (!status.ok()) return status;
-      }
-      const Layout layout = WriteParams(range, input.dtype, header);
-      uint64_t checksum = 0;
-      if (numel > 0 && layout.bits > 0) {
-        absl::Status status = cuda::BitpackEncode(input.data, numel, kind, layout.base,
-                                                  layout.bits, payload, counters->get(),
-                                                  context.stream, &checksum);
-        if (!status.ok()) return status;
-      }
-      return PayloadInfo{PayloadBytes(numel, layout.bits), checksum};
+      header->params.fill(0);  // base and b come from the device
+      absl::Status queued =
+          cuda::BitpackEncode(input.data, numel, kind, payload, status, context.stream);
+      if (!queued.ok()) return queued;
+      PayloadInfo info{MaxPayloadSize(input.Spec(), params), 0};
+      info.params_on_device = true;
+      info.size_on_device = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("bitpack encode");
 #endif
@@ -189,9 +161,11 @@ class Bitpack final : public Codec {
     return PayloadInfo{PayloadBytes(numel, layout.bits), checksum};
   }
 
+  bool ReadsDeviceParams() const override { return true; }
+
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus* status) const override {
     const int kind = KindOf(header.dtype);
     if (kind == 0) {
       return absl::DataLossError(
@@ -223,7 +197,10 @@ class Bitpack final : public Codec {
     const uint64_t numel = header.numel;
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      return cuda::BitpackDecode(payload, numel, kind, base, bits, output.data, context.stream);
+      // Base and b are read (and checked again) on the device, from the buffer's header: a
+      // deferred decode's host header does not know them (0, which passes the checks above).
+      return cuda::BitpackDecode(payload - kHeaderSize, numel, kind, status, output.data,
+                                 context.stream);
 #else
       return internal::CudaNotCompiledIn("bitpack decode");
 #endif

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cast_math.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
 #include "codecs/internal/simd.h"
@@ -47,25 +46,25 @@ class Cast final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const uint64_t numel = header->numel;
     const bool to_bf16 = params.cast_to == DType::kBFloat16;
     header->params.fill(0);
     header->params[0] = static_cast<uint8_t>(params.cast_to);
     const float* values = static_cast<const float*>(input.data);
-    Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status =
-          cuda::CastEncode(values, numel, to_bf16 ? 1 : 0, payload, counters->get(),
-                           context.stream, &total.checksum, &total.overflow);
-      if (!status.ok()) return status;
+      absl::Status queued =
+          cuda::CastEncode(values, numel, to_bf16 ? 1 : 0, payload, status, context.stream);
+      if (!queued.ok()) return queued;
+      return PayloadInfo{4 * PayloadWords(numel), 0};
 #else
       return internal::CudaNotCompiledIn("cast encode");
 #endif
-    } else {
+    }
+    Partial total;
+    {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       internal::ParallelFor(PayloadWords(numel), kWordGrain,
@@ -89,17 +88,23 @@ class Cast final : public Codec {
         total.overflow += p.overflow;
       }
     }
-    if (total.overflow > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "actpack: cast to ", DTypeName(params.cast_to), " would turn ", total.overflow,
-          " finite values into infinity; keep exact"));
-    }
+    DeviceStatus counts{};
+    counts.unrepresentable = total.overflow;
+    absl::Status refused = Refusal(counts, *header);
+    if (!refused.ok()) return refused;
     return PayloadInfo{4 * PayloadWords(numel), total.checksum};
   }
 
+  absl::Status Refusal(const DeviceStatus& counts, const Header& header) const override {
+    if (counts.unrepresentable == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "actpack: cast to ", DTypeName(static_cast<DType>(header.params[0])), " would turn ",
+        counts.unrepresentable, " finite values into infinity; keep exact"));
+  }
+
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus*) const override {
     const DType stored = static_cast<DType>(header.params[0]);
     if (stored != DType::kFloat16 && stored != DType::kBFloat16) {
       return absl::DataLossError(absl::StrCat("actpack: corrupt cast buffer: storage dtype code ",

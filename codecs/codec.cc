@@ -1,9 +1,11 @@
 #include "codecs/codec.h"
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "codecs/deferred.h"
 #include "codecs/internal/cuda_status.h"
 #include "codecs/internal/device_counters.h"
 #include "codecs/registry.h"
@@ -28,7 +30,8 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Copies between host memory and memory on the context's device.
+// Reads device memory into host memory, waiting for the context's stream: the synchronous
+// API's reads only.
 absl::Status CopyToHost(void* dst, const void* src, size_t bytes, const ExecContext& context) {
   if (context.device == Device::kCpu) {
     std::memcpy(dst, src, bytes);
@@ -38,34 +41,6 @@ absl::Status CopyToHost(void* dst, const void* src, size_t bytes, const ExecCont
   return cuda::CopyToHost(dst, src, bytes, context.stream);
 #else
   return internal::CudaNotCompiledIn("reading a buffer");
-#endif
-}
-
-absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, const ExecContext& context) {
-  if (context.device == Device::kCpu) {
-    std::memcpy(dst, src, bytes);
-    return absl::OkStatus();
-  }
-#ifdef ACTPACK_WITH_CUDA
-  return cuda::CopyToDevice(dst, src, bytes, context.stream);
-#else
-  return internal::CudaNotCompiledIn("writing a buffer");
-#endif
-}
-
-absl::StatusOr<uint64_t> ChecksumOf(const uint8_t* payload, size_t bytes,
-                                    const ExecContext& context) {
-  if (context.device == Device::kCpu) return PayloadChecksum(payload, bytes);
-#ifdef ACTPACK_WITH_CUDA
-  absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-  if (!counters.ok()) return counters.status();
-  uint64_t sum = 0;
-  absl::Status status =
-      cuda::PayloadChecksum(payload, bytes, counters->get(), context.stream, &sum);
-  if (!status.ok()) return status;
-  return sum;
-#else
-  return internal::CudaNotCompiledIn("verifying a buffer");
 #endif
 }
 
@@ -100,16 +75,59 @@ absl::Status CheckOutput(const Header& header, const MutableTensorView& output,
   return absl::OkStatus();
 }
 
-// kDataLoss unless the payload's checksum matches the header's.
-absl::Status VerifyPayload(const Header& header, const uint8_t* buffer,
-                           const ExecContext& context) {
-  absl::StatusOr<uint64_t> payload_sum =
-      ChecksumOf(buffer + kHeaderSize, header.payload_size, context);
-  if (!payload_sum.ok()) return payload_sum.status();
-  return VerifyChecksum(header, *payload_sum);
+// What a decode writes in place of a tensor it must not give back (FORMAT.md's flag, or a
+// failed check on a GPU): a quiet NaN for floating-point dtypes, zero for the others.
+uint64_t PoisonPattern(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 0x7fc00000u;
+    case DType::kFloat16: return 0x7e00u;
+    case DType::kBFloat16: return 0x7fc0u;
+    case DType::kFloat64: return 0x7ff8000000000000ull;
+    default: return 0;
+  }
+}
+
+void PoisonOnHost(const Header& header, void* output) {
+  const size_t width = ElementSize(header.dtype);
+  const uint64_t pattern = PoisonPattern(header.dtype);
+  uint8_t* out = static_cast<uint8_t*>(output);
+  for (uint64_t i = 0; i < header.numel; ++i) std::memcpy(out + i * width, &pattern, width);
+}
+
+HeaderWords WordsOf(const Header& header) {
+  uint8_t bytes[kHeaderSize];
+  WriteHeader(header, bytes);
+  HeaderWords words;
+  std::memcpy(words.w, bytes, kHeaderSize);
+  return words;
+}
+
+// The header words the host knows of a deferred encoding (CheckBuffer's `known`).
+uint32_t KnownWords(const DeferredEncoding& encoding) {
+  uint32_t known = (1u << kChecksumWord) - 1;
+  if (encoding.device_decided) {
+    for (int j = 0; j < 6; ++j) known &= ~(1u << (kParamsWord + j));
+    if (encoding.header.payload_size == 0) known &= ~(3u << kPayloadSizeWord);
+  }
+  return known;
+}
+
+absl::Status NeedsCuda(const char* what) {
+#ifdef ACTPACK_WITH_CUDA
+  return absl::OkStatus();
+#else
+  return internal::CudaNotCompiledIn(what);
+#endif
 }
 
 }  // namespace
+
+absl::Status Codec::Refusal(const DeviceStatus& counts, const Header&) const {
+  if (counts.nonfinite == 0 && counts.unrepresentable == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "actpack: ", name(), " cannot encode a tensor with ", counts.nonfinite,
+      " non-finite values and ", counts.unrepresentable, " values out of its range; keep it exact"));
+}
 
 uint64_t TensorSpec::numel() const {
   uint64_t n = 1;
@@ -125,6 +143,126 @@ absl::StatusOr<size_t> MaxEncodedSize(const TensorSpec& spec, const CodecParams&
   return kHeaderSize + (*codec)->MaxPayloadSize(spec, params);
 }
 
+absl::StatusOr<DeferredEncoding> EncodeDeferred(const TensorView& input, const CodecParams& params,
+                                                uint8_t* out, size_t capacity,
+                                                const ExecContext& context, DeviceStatus* status) {
+  if (input.device != context.device) {
+    return absl::InvalidArgumentError("actpack: encode: the input is not on the context's device");
+  }
+  if (context.device != Device::kCuda || status == nullptr) {
+    return absl::InvalidArgumentError(
+        "actpack: a deferred encode takes a CUDA tensor and a DeviceStatus");
+  }
+  absl::Status cuda = NeedsCuda("deferred encode");
+  if (!cuda.ok()) return cuda;
+  absl::StatusOr<const Codec*> codec = CodecFor(params.codec);
+  if (!codec.ok()) return codec.status();
+  cuda = (*codec)->CheckDevice(Device::kCuda);
+  if (!cuda.ok()) return cuda;
+  absl::StatusOr<size_t> max_size = MaxEncodedSize(input.Spec(), params);
+  if (!max_size.ok()) return max_size.status();
+  if (capacity < *max_size) {
+    return absl::InvalidArgumentError(absl::StrCat("actpack: encode needs ", *max_size,
+                                                   " bytes of output, got ", capacity));
+  }
+  if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
+    return absl::InvalidArgumentError("actpack: encode: the output is not 8-byte aligned");
+  }
+  absl::StatusOr<Header> header = MakeHeader(params.codec, input.dtype, input.shape);
+  if (!header.ok()) return header.status();
+  DeferredEncoding encoding;
+#ifdef ACTPACK_WITH_CUDA
+  absl::Status zeroed = cuda::ZeroStatus(status, context.stream);
+  if (!zeroed.ok()) return zeroed;
+  absl::StatusOr<PayloadInfo> payload =
+      (*codec)->EncodePayload(input, params, &*header, out + kHeaderSize, context, status);
+  if (!payload.ok()) return payload.status();
+  // What the device decides is 0 in the host's header; FinalizeHeader ORs it in.
+  header->payload_size = payload->size_on_device ? 0 : payload->payload_size;
+  absl::Status written = cuda::FinalizeHeader(WordsOf(*header), payload->size_on_device, status,
+                                              out, context.stream);
+  if (!written.ok()) return written;
+  encoding.header = *header;
+  encoding.device_decided = payload->params_on_device;
+  encoding.bytes = kHeaderSize + payload->payload_size;
+#endif
+  return encoding;
+}
+
+DeferredEncoding Resolve(const DeferredEncoding& encoding, const DeviceStatus& read_back) {
+  DeferredEncoding resolved = encoding;
+  Header& h = resolved.header;
+  if (encoding.device_decided) {
+    for (int j = 0; j < 6; ++j) {
+      uint32_t word;
+      std::memcpy(&word, h.params.data() + 4 * j, 4);
+      word |= read_back.params[j];
+      std::memcpy(h.params.data() + 4 * j, &word, 4);
+    }
+    if (h.payload_size == 0) h.payload_size = read_back.payload_bytes;
+    resolved.device_decided = false;
+    resolved.bytes = kHeaderSize + h.payload_size;
+  }
+  if (read_back.nonfinite != 0 || read_back.unrepresentable != 0) h.flags |= kFlagUnrepresentable;
+  h.checksum = CombineChecksum(HeaderChecksum(h), read_back.payload_sum);
+  return resolved;
+}
+
+absl::Status CheckEncode(const Header& header, const DeviceStatus& read_back) {
+  absl::StatusOr<const Codec*> codec = CodecFor(header.codec);
+  if (!codec.ok()) return codec.status();
+  return (*codec)->Refusal(read_back, header);
+}
+
+absl::Status DecodeDeferred(const DeferredEncoding& encoding, const uint8_t* buffer,
+                            const MutableTensorView& output, const ExecContext& context,
+                            DeviceStatus* status) {
+  if (context.device != Device::kCuda || status == nullptr) {
+    return absl::InvalidArgumentError(
+        "actpack: a deferred decode takes a CUDA output and a DeviceStatus");
+  }
+  absl::Status cuda = NeedsCuda("deferred decode");
+  if (!cuda.ok()) return cuda;
+  const Header& header = encoding.header;
+  absl::StatusOr<const Codec*> codec = DecoderFor(header);
+  if (!codec.ok()) return codec.status();
+  absl::Status status_ok = CheckOutput(header, output, context);
+  if (status_ok.ok()) status_ok = (*codec)->CheckDevice(Device::kCuda);
+  if (!status_ok.ok()) return status_ok;
+  if (encoding.device_decided && !(*codec)->ReadsDeviceParams()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "actpack: decode: ", (*codec)->name(),
+        " needs the parameters its encode decided on the device; Resolve the encoding first"));
+  }
+#ifdef ACTPACK_WITH_CUDA
+  status_ok = cuda::CheckBuffer(buffer, encoding.bytes, WordsOf(header), KnownWords(encoding),
+                                status, context.stream);
+  if (!status_ok.ok()) return status_ok;
+  status_ok =
+      (*codec)->DecodePayload(header, buffer + kHeaderSize, output, context, status);
+  if (!status_ok.ok()) return status_ok;
+  return cuda::Poison(status, output.data, header.numel,
+                      static_cast<int>(ElementSize(header.dtype)), PoisonPattern(header.dtype),
+                      context.stream);
+#else
+  return absl::OkStatus();
+#endif
+}
+
+std::string DescribeFailures(uint64_t failures) {
+  std::vector<std::string> reasons;
+  if (failures & kFailHeader) reasons.push_back("its header is not the one written");
+  if (failures & kFailChecksum) reasons.push_back("its checksum does not match");
+  if (failures & kFailUnrepresentable) {
+    reasons.push_back("the encoder met values its codec cannot hold");
+  }
+  if (failures & kFailParams) reasons.push_back("a parameter in its header is invalid");
+  if (failures & kFailEbBlockHeader) reasons.push_back("an eb block header is invalid");
+  if (failures & kFailEbChunkIndex) reasons.push_back("the eb chunk index does not match");
+  if (failures & kFailEbOutlier) reasons.push_back("an eb outlier slot or value is invalid");
+  return absl::StrJoin(reasons, "; ");
+}
+
 absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params, uint8_t* out,
                               size_t capacity, const ExecContext& context) {
   if (input.device != context.device) {
@@ -138,17 +276,31 @@ absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params
     return absl::InvalidArgumentError(absl::StrCat("actpack: encode needs ", *max_size,
                                                    " bytes of output, got ", capacity));
   }
+  if (context.device == Device::kCuda) {
+    // The deferred encode, then one wait for its status.
+    absl::Status runs = (*codec)->CheckDevice(Device::kCuda);
+    if (runs.ok()) runs = NeedsCuda("encode");
+    if (!runs.ok()) return runs;
+    absl::StatusOr<internal::DeviceCounters> status = internal::DeviceCounters::Make(context);
+    if (!status.ok()) return status.status();
+    absl::StatusOr<DeferredEncoding> encoding =
+        EncodeDeferred(input, params, out, capacity, context, status->get());
+    if (!encoding.ok()) return encoding.status();
+    DeviceStatus read;
+    absl::Status copied = CopyToHost(&read, status->get(), sizeof(read), context);
+    if (!copied.ok()) return copied;
+    absl::Status refused = (*codec)->Refusal(read, encoding->header);
+    if (!refused.ok()) return refused;
+    return Resolve(*encoding, read).bytes;
+  }
   absl::StatusOr<Header> header = MakeHeader(params.codec, input.dtype, input.shape);
   if (!header.ok()) return header.status();
   absl::StatusOr<PayloadInfo> payload =
-      (*codec)->EncodePayload(input, params, &*header, out + kHeaderSize, context);
+      (*codec)->EncodePayload(input, params, &*header, out + kHeaderSize, context, nullptr);
   if (!payload.ok()) return payload.status();
   header->payload_size = payload->payload_size;
   header->checksum = CombineChecksum(HeaderChecksum(*header), payload->payload_checksum);
-  uint8_t bytes[kHeaderSize];
-  WriteHeader(*header, bytes);
-  absl::Status written = CopyFromHost(out, bytes, kHeaderSize, context);
-  if (!written.ok()) return written;
+  WriteHeader(*header, out);
   return kHeaderSize + payload->payload_size;
 }
 
@@ -167,14 +319,98 @@ absl::StatusOr<Header> ReadHeader(const uint8_t* buffer, size_t size, const Exec
   return ParseHeader(bytes, size);
 }
 
+namespace {
+
+// On a GPU: the payload's checksum summed on the device and read back (a wait), checked on
+// the host with the CPU's message.
+absl::Status VerifyOnDevice(const Header& header, const uint8_t* buffer,
+                            const ExecContext& context, DeviceStatus* status) {
+#ifdef ACTPACK_WITH_CUDA
+  absl::Status summed = cuda::Checksum(buffer + kHeaderSize, header.payload_size, nullptr,
+                                       &status->decode_sum, context.stream);
+  if (!summed.ok()) return summed;
+  uint64_t payload_sum = 0;
+  summed = CopyToHost(&payload_sum, &status->decode_sum, sizeof(payload_sum), context);
+  if (!summed.ok()) return summed;
+  return VerifyChecksum(header, payload_sum);
+#else
+  return internal::CudaNotCompiledIn("verifying a buffer");
+#endif
+}
+
+// The failures a GPU decoder's own checks left in `status` (mask's and bitpack's parameters,
+// eb's blocks and outliers), read back (a wait): kDataLoss naming them.
+absl::Status DeviceDecodeFailures(const Codec& codec, const ExecContext& context,
+                                  const DeviceStatus* status) {
+  uint64_t failures = 0;
+  absl::Status read = CopyToHost(&failures, &status->failures, sizeof(failures), context);
+  if (!read.ok()) return read;
+  if (failures == 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("actpack: corrupt ", codec.name(), " buffer: ",
+                                          DescribeFailures(failures)));
+}
+
+// The GPU's decode of a verified buffer: the flag's overwrite, or the codec's kernels and then
+// what their own checks found.
+absl::Status DecodeOnDevice(const Codec& codec, const Header& header, const uint8_t* buffer,
+                            const MutableTensorView& output, const ExecContext& context) {
+#ifdef ACTPACK_WITH_CUDA
+  absl::StatusOr<internal::DeviceCounters> status = internal::DeviceCounters::Make(context);
+  if (!status.ok()) return status.status();
+  if ((header.flags & kFlagUnrepresentable) != 0) {
+    // Poison reads a failure bit; a one-byte memset sets it (kFailUnrepresentable is 4).
+    absl::Status flagged = cuda::SetFailureByte(status->get(), kFailUnrepresentable,
+                                                context.stream);
+    if (!flagged.ok()) return flagged;
+    return cuda::Poison(status->get(), output.data, header.numel,
+                        static_cast<int>(ElementSize(header.dtype)), PoisonPattern(header.dtype),
+                        context.stream);
+  }
+  absl::Status decoded =
+      codec.DecodePayload(header, buffer + kHeaderSize, output, context, status->get());
+  if (!decoded.ok()) return decoded;
+  return DeviceDecodeFailures(codec, context, status->get());
+#else
+  return internal::CudaNotCompiledIn("decode");
+#endif
+}
+
+}  // namespace
+
 absl::StatusOr<Header> Verify(const uint8_t* buffer, size_t size, const ExecContext& context) {
   absl::StatusOr<Header> header = ReadHeader(buffer, size, context);
   if (!header.ok()) return header.status();
   absl::StatusOr<const Codec*> codec = DecoderFor(*header);
   if (!codec.ok()) return codec.status();
-  absl::Status verified = VerifyPayload(*header, buffer, context);
+  if (context.device == Device::kCpu) {
+    absl::Status verified = VerifyChecksum(
+        *header, PayloadChecksum(buffer + kHeaderSize, header->payload_size));
+    if (!verified.ok()) return verified;
+    return header;
+  }
+  absl::StatusOr<internal::DeviceCounters> status = internal::DeviceCounters::Make(context);
+  if (!status.ok()) return status.status();
+  absl::Status verified = VerifyOnDevice(*header, buffer, context, status->get());
   if (!verified.ok()) return verified;
   return header;
+}
+
+absl::Status DecodeVerified(const Header& verified, const uint8_t* buffer,
+                            const MutableTensorView& output, const ExecContext& context) {
+  absl::StatusOr<const Codec*> codec = DecoderFor(verified);
+  if (!codec.ok()) return codec.status();
+  absl::Status status = CheckOutput(verified, output, context);
+  if (!status.ok()) return status;
+  if (context.device == Device::kCpu) {
+    if ((verified.flags & kFlagUnrepresentable) != 0) {
+      PoisonOnHost(verified, output.data);
+      return absl::OkStatus();
+    }
+    return (*codec)->DecodePayload(verified, buffer + kHeaderSize, output, context, nullptr);
+  }
+  status = (*codec)->CheckDevice(Device::kCuda);
+  if (!status.ok()) return status;
+  return DecodeOnDevice(**codec, verified, buffer, output, context);
 }
 
 absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView& output,
@@ -184,18 +420,19 @@ absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView&
   absl::StatusOr<const Codec*> codec = DecoderFor(*header);
   if (!codec.ok()) return codec.status();
   absl::Status status = CheckOutput(*header, output, context);
-  if (status.ok()) status = VerifyPayload(*header, buffer, context);
   if (!status.ok()) return status;
-  return (*codec)->DecodePayload(*header, buffer + kHeaderSize, output, context);
-}
-
-absl::Status DecodeVerified(const Header& verified, const uint8_t* buffer,
-                            const MutableTensorView& output, const ExecContext& context) {
-  absl::StatusOr<const Codec*> codec = DecoderFor(verified);
-  if (!codec.ok()) return codec.status();
-  absl::Status status = CheckOutput(verified, output, context);
+  if (context.device == Device::kCpu) {
+    status = VerifyChecksum(*header, PayloadChecksum(buffer + kHeaderSize, header->payload_size));
+    if (!status.ok()) return status;
+    return DecodeVerified(*header, buffer, output, context);
+  }
+  status = (*codec)->CheckDevice(Device::kCuda);
   if (!status.ok()) return status;
-  return (*codec)->DecodePayload(verified, buffer + kHeaderSize, output, context);
+  absl::StatusOr<internal::DeviceCounters> device_status = internal::DeviceCounters::Make(context);
+  if (!device_status.ok()) return device_status.status();
+  status = VerifyOnDevice(*header, buffer, context, device_status->get());
+  if (!status.ok()) return status;
+  return DecodeOnDevice(**codec, *header, buffer, output, context);
 }
 
 }  // namespace actpack::codecs

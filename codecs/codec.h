@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "codecs/dtype.h"
 #include "codecs/format.h"
+#include "codecs/internal/device_status.h"
 
 namespace actpack::codecs {
 
@@ -117,8 +118,12 @@ struct CodecParams {
 
 // What a codec's encoder reports back to Encode.
 struct PayloadInfo {
-  uint64_t payload_size = 0;
-  uint64_t payload_checksum = 0;  // PayloadChecksum of the bytes written
+  uint64_t payload_size = 0;      // on a GPU where size_on_device: the bound
+  uint64_t payload_checksum = 0;  // PayloadChecksum of the bytes written (on a CPU)
+  // On a GPU: parameters the data decides are left in the DeviceStatus (eb, bitpack, mask)...
+  bool params_on_device = false;
+  // ... and the payload's size too (eb, bitpack).
+  bool size_on_device = false;
 };
 
 class Codec {
@@ -137,18 +142,34 @@ class Codec {
 
   // Writes the codec's parameters into `header->params` and the payload into `payload`, which
   // is on the input's device and holds at least MaxPayloadSize bytes.
-  // kFailedPrecondition when the data cannot be encoded by this codec (the caller keeps the
-  // tensor some other way), e.g. non-finite values for a codec that cannot keep them exact.
+  // On the CPU: kFailedPrecondition when the data cannot be encoded by this codec (the caller
+  // keeps the tensor some other way), e.g. non-finite values for a codec that cannot keep them
+  // exact (Refusal). On a GPU (`status` is the call's DeviceStatus) it only queues kernels,
+  // which sum the checksum and the counts Refusal reads into *status and put there what the
+  // data decides; the caller reads it when it chooses.
   virtual absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input,
                                                     const CodecParams& params, Header* header,
-                                                    uint8_t* payload,
-                                                    const ExecContext& context) const = 0;
+                                                    uint8_t* payload, const ExecContext& context,
+                                                    DeviceStatus* status) const = 0;
+
+  // kFailedPrecondition naming what this codec could not hold, from an encode's counts (the
+  // CPU's, or a GPU's DeviceStatus read back) and its header; OK when it held every value.
+  virtual absl::Status Refusal(const DeviceStatus& counts, const Header& header) const;
 
   // Decodes a payload whose header was validated and whose checksum matched. Must still
-  // validate its own parameters and payload size (kDataLoss) before writing any output.
+  // validate its own parameters and payload size (kDataLoss) before writing any output. On a
+  // GPU, `status` holds the buffer check's failures: kernels that validate parameters on the
+  // device (ReadsDeviceParams) add theirs, and none writes output while a failure is set.
   virtual absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                                     const MutableTensorView& output,
-                                     const ExecContext& context) const = 0;
+                                     const MutableTensorView& output, const ExecContext& context,
+                                     DeviceStatus* status) const = 0;
+
+  // OK when this codec runs on `device`; kUnimplemented saying what to use instead otherwise.
+  virtual absl::Status CheckDevice(Device) const { return absl::OkStatus(); }
+
+  // Whether its GPU decoder reads the parameters the data decided from the buffer's header in
+  // device memory (and checks them there), so that the host need not know them.
+  virtual bool ReadsDeviceParams() const { return false; }
 };
 
 // kHeaderSize + the codec's MaxPayloadSize; errors as Codec::CheckEncodable.

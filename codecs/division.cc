@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/element_kind.h"
 #include "codecs/internal/dft_math.h"
 #include "codecs/internal/division_math.h"
@@ -776,53 +775,63 @@ class Division final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const Params p = ParamsOf(params);
     const Layout l = LayoutOf(v_, input.shape, p);
     bool overflow = false;
     const uint64_t bytes = PayloadBytes(l, &overflow);
     WriteParams(p, header);
-    Partial total;
     if (input.device == Device::kCuda) {
       if (v_.id == CodecId::kDivisionFft) return CpuOnly("encode");
 #ifdef ACTPACK_WITH_CUDA
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status = cuda::DivisionEncode(
-          input.data, l, elements::KindOf(input.dtype), payload, counters->get(), context.stream,
-          &total.checksum, &total.nonfinite, &total.nonfinite_lfc, &total.overflow_groups);
-      if (!status.ok()) return status;
+      absl::Status queued = cuda::DivisionEncode(input.data, l, elements::KindOf(input.dtype),
+                                                 payload, status, context.stream);
+      if (!queued.ok()) return queued;
+      return PayloadInfo{bytes, 0};
 #else
       return internal::CudaNotCompiledIn("division encode");
 #endif
-    } else if (v_.id == CodecId::kDivision) {
-      total = PoolEncodeCpu(input.data, input.dtype, l, payload);
-    } else {
-      total = FftEncodeCpu(input.data, input.dtype, l, p.lfc, payload);
     }
-    if (total.nonfinite > 0) {
+    const Partial total = v_.id == CodecId::kDivision
+                              ? PoolEncodeCpu(input.data, input.dtype, l, payload)
+                              : FftEncodeCpu(input.data, input.dtype, l, p.lfc, payload);
+    DeviceStatus counts{};
+    counts.nonfinite = total.nonfinite;
+    counts.unrepresentable = total.nonfinite_lfc + total.overflow_groups;
+    counts.work[0] = total.nonfinite_lfc;
+    absl::Status refused = Refusal(counts, *header);
+    if (!refused.ok()) return refused;
+    return PayloadInfo{bytes, total.checksum};
+  }
+
+  // counts.work[0]: the LFC means (or DFT coefficients) that overflow, counted apart from the
+  // residual groups in `unrepresentable` (kernels.h).
+  absl::Status Refusal(const DeviceStatus& counts, const Header&) const override {
+    if (counts.nonfinite > 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("actpack: ", v_.name, " cannot encode a tensor with ", total.nonfinite,
+          absl::StrCat("actpack: ", v_.name, " cannot encode a tensor with ", counts.nonfinite,
                        " non-finite values; keep it exact"));
     }
-    if (total.nonfinite_lfc > 0) {
+    const uint64_t lfc = counts.work[0];
+    if (lfc > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "actpack: ", v_.name, " cannot encode this tensor: ", total.nonfinite_lfc,
+          "actpack: ", v_.name, " cannot encode this tensor: ", lfc,
           v_.id == CodecId::kDivision ? " window means overflow bfloat16 (a window sum overflows)"
                                       : " DFT coefficients overflow float16",
           "; keep it exact"));
     }
-    if (total.overflow_groups > 0) {
+    if (counts.unrepresentable > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "actpack: ", v_.name, " cannot encode a tensor whose residual range overflows float in ",
-          total.overflow_groups, " groups; keep it exact"));
+          counts.unrepresentable, " groups; keep it exact"));
     }
-    return PayloadInfo{bytes, total.checksum};
+    return absl::OkStatus();
   }
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus*) const override {
     absl::StatusOr<Params> p = ReadParams(header, v_);
     if (!p.ok()) return p.status();
     const Layout l = LayoutOf(v_, header.Shape(), *p);
@@ -858,6 +867,11 @@ class Division final : public Codec {
   Params ParamsOf(const CodecParams& params) const {
     return Params{static_cast<uint32_t>(params.bits), static_cast<uint32_t>(LfcParam(params)),
                   static_cast<uint32_t>(params.group_size), params.seed};
+  }
+
+  absl::Status CheckDevice(Device device) const override {
+    if (device == Device::kCuda && v_.id == CodecId::kDivisionFft) return CpuOnly("run");
+    return absl::OkStatus();
   }
 
   absl::Status CpuOnly(const char* what) const {

@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/element_kind.h"
 #include "codecs/internal/eb_math.h"
 #include "codecs/internal/elements.h"
@@ -34,9 +33,8 @@ constexpr double kMinRelative = 1e-10;
 constexpr double kMaxRelative = 1.0;
 constexpr double kMinAbsolute = 1e-30;
 constexpr double kMaxAbsolute = 1e30;
-// A larger half-bin would make the bin 2q or a decoded centre overflow.
-constexpr float kMaxHalfBin = 0x1p100f;
-constexpr float kMinNormal = std::numeric_limits<float>::min();
+using eb_math::kMaxHalfBin;
+using eb_math::kMinNormal;
 // Chunks of 32 blocks per parallel task: about 64 Ki values.
 constexpr int64_t kChunkGrain = 16;
 
@@ -80,30 +78,6 @@ uint64_t ReadU64(const uint32_t* words, uint64_t i) {
 void WriteU64(uint32_t* words, uint64_t i, uint64_t value) {
   words[2 * i] = static_cast<uint32_t>(value);
   words[2 * i + 1] = static_cast<uint32_t>(value >> 32);
-}
-
-// The largest float <= v (v >= 0); 0 below the smallest subnormal.
-float FloatAtMost(double v) {
-  v = std::min(v, static_cast<double>(std::numeric_limits<float>::max()));
-  float f = static_cast<float>(v);
-  if (static_cast<double>(f) > v) f = std::nextafter(f, 0.0f);
-  return f;
-}
-
-// The quantizer for a bound mode and value, given the finite values' range [lo, hi] (`finite`
-// false when there is none). The CPU and the GPU encoders both call this with the same range.
-Quantizer QuantizerFor(EbMode mode, double value, float lo, float hi, bool finite) {
-  double bound = value;
-  if (mode == EbMode::kRelative) {
-    bound = finite ? value * (static_cast<double>(hi) - static_cast<double>(lo)) : 0.0;
-  }
-  const float b = FloatAtMost(bound);
-  if (b >= kMinNormal) return eb_math::MakeQuantizer(std::min(b, kMaxHalfBin), b);
-  // A zero bound (every finite value is the same, relative mode): only exact reconstructions
-  // pass. Centring the bins on that value keeps it exact: k = ±1 decodes to ±q = the value.
-  const float top = finite ? std::max(std::fabs(lo), std::fabs(hi)) : 0.0f;
-  const float q = top >= kMinNormal && top <= kMaxHalfBin ? top : 1.0f;
-  return eb_math::MakeQuantizer(q, b);
 }
 
 struct Params {
@@ -597,7 +571,8 @@ class Eb final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const Shape shape = ShapeOf(input.shape, header->numel);
     const Layout l = LayoutOf(shape);
     Params p{params.eb_mode, shape.dims, 0.0f, 0.0f, 0};
@@ -607,35 +582,28 @@ class Eb final : public Codec {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
                              elements::KindOf(input.dtype)};
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      Range range;
-      if (params.eb_mode == EbMode::kRelative) {
-        absl::Status status = cuda::EbRange(input.data, header->numel, cs.element_kind,
-                                            counters->get(), context.stream, &range.lo,
-                                            &range.hi, &range.finite);
-        if (!status.ok()) return status;
-      }
-      const Quantizer qz = QuantizerFor(params.eb_mode, params.error_bound, range.lo, range.hi,
-                                        range.finite > 0);
-      p.half_bin = qz.half_bin;
-      p.bound = qz.bound;
       // Scratch past the worst-case payload, 8-byte aligned.
       const uint64_t max_bytes = MaxPayloadSize(input.Spec(), params) - 8 - 16 * l.chunks;
       const uintptr_t end = reinterpret_cast<uintptr_t>(payload + max_bytes);
       uint8_t* scratch = payload + max_bytes + ((8 - end % 8) % 8);
-      absl::Status status =
-          cuda::EbEncode(input.data, cs, qz.half_bin, qz.bound, payload, scratch,
-                         counters->get(), context.stream, &payload_words, &p.outliers, &checksum);
-      if (!status.ok()) return status;
+      absl::Status queued =
+          cuda::EbEncode(input.data, cs, static_cast<int>(params.eb_mode), params.error_bound,
+                         payload, scratch, status, context.stream);
+      if (!queued.ok()) return queued;
+      WriteParams(p, header);  // the mode and layout; the device adds the rest
+      PayloadInfo info{max_bytes, 0};
+      info.params_on_device = true;
+      info.size_on_device = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("eb encode");
 #endif
     } else {
       Range range;
       if (params.eb_mode == EbMode::kRelative) range = CpuRange(input.data, input.dtype, header->numel);
-      const Quantizer qz = QuantizerFor(params.eb_mode, params.error_bound, range.lo, range.hi,
-                                        range.finite > 0);
+      const Quantizer qz = eb_math::QuantizerFor(static_cast<int>(params.eb_mode),
+                                                 params.error_bound, range.lo, range.hi,
+                                                 range.finite > 0);
       p.half_bin = qz.half_bin;
       p.bound = qz.bound;
       const auto [used, outliers] =
@@ -649,8 +617,8 @@ class Eb final : public Codec {
   }
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus* status) const override {
     if (!IsLossyFloat(header.dtype)) {
       return absl::DataLossError(
           absl::StrCat("actpack: corrupt eb buffer: dtype ", DTypeName(header.dtype)));
@@ -673,22 +641,9 @@ class Eb final : public Codec {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
                              elements::KindOf(header.dtype)};
-      uint32_t failures = 0;
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status = cuda::EbDecode(payload, cs, p.half_bin, data_words, p.outliers,
-                                           counters->get(), output.data, context.stream,
-                                           &failures);
-      if (!status.ok()) return status;
-      if (failures != 0) {
-        return absl::DataLossError(absl::StrCat(
-            "actpack: corrupt eb buffer:",
-            (failures & cuda::kEbBadBlockHeader) ? " a block header is invalid;" : "",
-            (failures & cuda::kEbBadChunkIndex) ? " the chunk index does not match the blocks;"
-                                                : "",
-            (failures & cuda::kEbBadOutlier) ? " an outlier slot or value is invalid;" : ""));
-      }
-      return absl::OkStatus();
+      // The blocks and outliers are validated on the device (kFailEb* bits in the status).
+      return cuda::EbDecode(payload, cs, p.half_bin, data_words, p.outliers, status,
+                            output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("eb decode");
 #endif

@@ -110,7 +110,7 @@ absl::StatusOr<Header> ParseHeader(const uint8_t* bytes, size_t size) {
                                             ", at most ", kMaxDims));
   }
   header.flags = Get<uint16_t>(bytes, 10);
-  if (header.flags != 0) {
+  if ((header.flags & ~kFlagUnrepresentable) != 0) {
     return absl::DataLossError(
         absl::StrCat("actpack: corrupt header: unknown flags 0x", absl::Hex(header.flags)));
   }

@@ -7,7 +7,7 @@
 //        6    2 codec id (CodecId)
 //        8    1 dtype (DType)
 //        9    1 ndim (0..kMaxDims)
-//       10    2 flags (0; reserved)
+//       10    2 flags (bit 0: the tensor held values the codec cannot represent; else 0)
 //       12    4 header size (128)
 //       16   64 shape, int64[kMaxDims], unused dims 0
 //       80   24 codec parameters (each codec's own layout)
@@ -32,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/dtype.h"
+#include "codecs/internal/device_status.h"
 
 namespace actpack::codecs {
 

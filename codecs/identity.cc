@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 
 #ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
@@ -28,20 +27,18 @@ class Identity final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const uint64_t bytes = MaxPayloadSize(input.Spec(), params);
     header->params.fill(0);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      // Device-to-device: CopyToDevice from a device pointer is a plain cudaMemcpy.
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status = cuda::CopyToDevice(payload, input.data, bytes, context.stream);
-      if (!status.ok()) return status;
-      uint64_t checksum = 0;
-      status = cuda::PayloadChecksum(payload, bytes, counters->get(), context.stream, &checksum);
-      if (!status.ok()) return status;
-      return PayloadInfo{bytes, checksum};
+      absl::Status queued = cuda::CopyOnDevice(payload, input.data, bytes, context.stream);
+      if (queued.ok()) {
+        queued = cuda::Checksum(payload, bytes, nullptr, &status->payload_sum, context.stream);
+      }
+      if (!queued.ok()) return queued;
+      return PayloadInfo{bytes, 0};
 #else
       return internal::CudaNotCompiledIn("identity encode");
 #endif
@@ -51,8 +48,8 @@ class Identity final : public Codec {
   }
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus*) const override {
     absl::Status unused = CheckParamBytesZero(header, 0, kParamBytes, "identity");
     if (!unused.ok()) return unused;
     const uint64_t bytes = header.numel * ElementSize(header.dtype);
@@ -62,7 +59,7 @@ class Identity final : public Codec {
     }
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      return cuda::CopyToDevice(output.data, payload, bytes, context.stream);
+      return cuda::CopyOnDevice(output.data, payload, bytes, context.stream);
 #else
       return internal::CudaNotCompiledIn("identity decode");
 #endif

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
 #include "codecs/internal/portable.h"
@@ -99,23 +98,25 @@ class Mask final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams&,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const uint64_t numel = header->numel;
     const int width = static_cast<int>(ElementSize(input.dtype));
-    Partial total;
+    header->params.fill(0);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status =
-          cuda::MaskEncode(input.data, numel, width, payload, counters->get(), context.stream,
-                           &total.checksum, &total.max_bits, &total.min_bits);
-      if (!status.ok()) return status;
-      if (total.max_bits == 0) total.min_bits = 0xffffffffu;
+      absl::Status queued = cuda::MaskEncode(input.data, numel, static_cast<int>(input.dtype),
+                                             payload, status, context.stream);
+      if (!queued.ok()) return queued;
+      PayloadInfo info{4 * PayloadWords(numel), 0};
+      info.params_on_device = true;  // the value
+      return info;
 #else
       return internal::CudaNotCompiledIn("mask encode");
 #endif
-    } else {
+    }
+    Partial total;
+    {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       const void* data = input.data;
@@ -141,26 +142,49 @@ class Mask final : public Codec {
           "least two (bits 0x%x and 0x%x)",
           DTypeName(input.dtype), total.min_bits, total.max_bits));
     }
-    if (IsNaNBits(input.dtype, value)) {
+    std::memcpy(header->params.data(), &value, 4);
+    DeviceStatus counts{};
+    counts.unrepresentable = IsNaNBits(input.dtype, value) ||
+                             (input.dtype == DType::kBool && value > 1);
+    absl::Status refused = Refusal(counts, *header);
+    if (!refused.ok()) return refused;
+    return PayloadInfo{4 * PayloadWords(numel), total.checksum};
+  }
+
+  // The GPU counts one unrepresentable tensor for any of the three cases the CPU tells apart.
+  absl::Status Refusal(const DeviceStatus& counts, const Header& header) const override {
+    if (counts.unrepresentable == 0) return absl::OkStatus();
+    uint32_t value;
+    std::memcpy(&value, header.params.data(), 4);
+    if (IsNaNBits(header.dtype, value)) {
       return absl::FailedPreconditionError(
           "actpack: mask cannot encode a tensor whose nonzero value is NaN");
     }
-    if (input.dtype == DType::kBool && value > 1) {
+    if (header.dtype == DType::kBool && value > 1) {
       // Only 0 and 1 are bools; the decoder refuses any other stored value.
       return absl::FailedPreconditionError(absl::StrFormat(
           "actpack: mask cannot encode a bool tensor holding byte 0x%x; keep it exact", value));
     }
-    header->params.fill(0);
-    std::memcpy(header->params.data(), &value, 4);
-    return PayloadInfo{4 * PayloadWords(numel), total.checksum};
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "actpack: mask needs a tensor of zeros and one other value; this %s tensor has at "
+        "least two",
+        DTypeName(header.dtype)));
   }
 
+  bool ReadsDeviceParams() const override { return true; }
+
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus* status) const override {
     if (!IsMaskable(header.dtype)) {
       return absl::DataLossError(
           absl::StrCat("actpack: corrupt mask buffer: dtype ", DTypeName(header.dtype)));
+    }
+    const uint64_t expected = 4 * PayloadWords(header.numel);
+    if (header.payload_size != expected) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt mask buffer: payload of ",
+                                              header.payload_size, " bytes, expected ",
+                                              expected));
     }
     const int width = static_cast<int>(ElementSize(header.dtype));
     uint32_t value;
@@ -173,15 +197,13 @@ class Mask final : public Codec {
     }
     absl::Status unused = CheckParamBytesZero(header, 4, kParamBytes, "mask");
     if (!unused.ok()) return unused;
-    const uint64_t expected = 4 * PayloadWords(header.numel);
-    if (header.payload_size != expected) {
-      return absl::DataLossError(absl::StrCat("actpack: corrupt mask buffer: payload of ",
-                                              header.payload_size, " bytes, expected ",
-                                              expected));
-    }
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      return cuda::MaskDecode(payload, header.numel, width, value, output.data, context.stream);
+      // The value is read (and checked again) on the device, from the buffer's header: a
+      // deferred decode's host header does not know it (0, which passes the checks above).
+      return cuda::MaskDecode(payload - kHeaderSize, header.numel,
+                              static_cast<int>(header.dtype), status, output.data,
+                              context.stream);
 #else
       return internal::CudaNotCompiledIn("mask decode");
 #endif

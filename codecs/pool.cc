@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/element_kind.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
@@ -98,25 +97,25 @@ class Pool final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const uint32_t window = static_cast<uint32_t>(params.pool_window);
     const pool_math::Shape s = ShapeOf(input.shape, header->numel, window);
     const uint64_t bytes = PayloadBytes(s, input.dtype);
     header->params.fill(0);
     std::memcpy(header->params.data(), &window, 4);
-    Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       const cuda::PoolLayout layout{s.rows, s.row_length, window, elements::KindOf(input.dtype)};
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status = cuda::PoolEncode(input.data, layout, payload, counters->get(),
-                                             context.stream, &total.checksum, &total.nonfinite);
-      if (!status.ok()) return status;
+      absl::Status queued = cuda::PoolEncode(input.data, layout, payload, status, context.stream);
+      if (!queued.ok()) return queued;
+      return PayloadInfo{bytes, 0};
 #else
       return internal::CudaNotCompiledIn("pool encode");
 #endif
-    } else {
+    }
+    Partial total;
+    {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       const int64_t grain = std::max<int64_t>(1, 65536 / window);
@@ -143,18 +142,24 @@ class Pool final : public Codec {
         total.nonfinite += p.nonfinite;
       }
     }
-    if (total.nonfinite > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("actpack: pool cannot encode a tensor with ", total.nonfinite,
-                       " non-finite window means (non-finite values or an overflowing sum); "
-                       "keep it exact"));
-    }
+    DeviceStatus counts{};
+    counts.nonfinite = total.nonfinite;
+    absl::Status refused = Refusal(counts, *header);
+    if (!refused.ok()) return refused;
     return PayloadInfo{bytes, total.checksum};
   }
 
+  absl::Status Refusal(const DeviceStatus& counts, const Header&) const override {
+    if (counts.nonfinite == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("actpack: pool cannot encode a tensor with ", counts.nonfinite,
+                     " non-finite window means (non-finite values or an overflowing sum); "
+                     "keep it exact"));
+  }
+
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus*) const override {
     if (!IsLossyFloat(header.dtype)) {
       return absl::DataLossError(
           absl::StrCat("actpack: corrupt pool buffer: dtype ", DTypeName(header.dtype)));

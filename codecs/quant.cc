@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "codecs/internal/cuda_status.h"
-#include "codecs/internal/device_counters.h"
 #include "codecs/internal/element_kind.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
@@ -188,23 +187,22 @@ class Quant final : public Codec {
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
                                             Header* header, uint8_t* payload,
-                                            const ExecContext& context) const override {
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const override {
     const Layout l = MakeLayout(header->numel, params.group_size, params.bits, params.seed);
     WriteParams(l, header);
-    Partial total;
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      const elements::Kind kind = elements::KindOf(input.dtype);
-      absl::StatusOr<internal::DeviceCounters> counters = internal::DeviceCounters::Make(context);
-      if (!counters.ok()) return counters.status();
-      absl::Status status =
-          cuda::QuantEncode(input.data, l, kind, payload, counters->get(), context.stream,
-                            &total.checksum, &total.nonfinite, &total.overflow_groups);
-      if (!status.ok()) return status;
+      absl::Status queued = cuda::QuantEncode(input.data, l, elements::KindOf(input.dtype),
+                                              payload, status, context.stream);
+      if (!queued.ok()) return queued;
+      return PayloadInfo{4 * l.payload_words(), 0};
 #else
       return internal::CudaNotCompiledIn("quant encode");
 #endif
-    } else {
+    }
+    Partial total;
+    {
       std::vector<Partial> partials(internal::MaxParallelChunks());
       uint32_t* words = reinterpret_cast<uint32_t*>(payload);
       internal::ParallelFor(l.groups, GroupGrain(l), [&](int chunk, int64_t begin, int64_t end) {
@@ -218,22 +216,31 @@ class Quant final : public Codec {
         total.overflow_groups += p.overflow_groups;
       }
     }
-    if (total.nonfinite > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("actpack: quant cannot encode a tensor with ", total.nonfinite,
-                       " non-finite values; keep it exact"));
-    }
-    if (total.overflow_groups > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("actpack: quant cannot encode a tensor whose value range overflows float "
-                       "in ", total.overflow_groups, " groups; keep it exact"));
-    }
+    DeviceStatus counts{};
+    counts.nonfinite = total.nonfinite;
+    counts.unrepresentable = total.overflow_groups;
+    absl::Status refused = Refusal(counts, *header);
+    if (!refused.ok()) return refused;
     return PayloadInfo{4 * l.payload_words(), total.checksum};
   }
 
+  absl::Status Refusal(const DeviceStatus& counts, const Header&) const override {
+    if (counts.nonfinite > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("actpack: quant cannot encode a tensor with ", counts.nonfinite,
+                       " non-finite values; keep it exact"));
+    }
+    if (counts.unrepresentable > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("actpack: quant cannot encode a tensor whose value range overflows float "
+                       "in ", counts.unrepresentable, " groups; keep it exact"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
-                             const MutableTensorView& output,
-                             const ExecContext& context) const override {
+                             const MutableTensorView& output, const ExecContext& context,
+                             DeviceStatus*) const override {
     absl::StatusOr<Layout> layout = ReadParams(header);
     if (!layout.ok()) return layout.status();
     const Layout& l = *layout;

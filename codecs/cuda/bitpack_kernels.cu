@@ -3,13 +3,15 @@
 //
 // Range: a grid-stride pass over the elements; each thread keeps the largest value and the
 // largest complement (for the smallest) of the elements as order-preserving unsigned numbers
-// (v with its sign bit flipped), reduced per warp into global accumulators. Encode: one thread
-// per group of 32 elements in a grid-stride loop writes the group's b words and adds their
-// checksum terms, summed per warp. Decode: one thread per element reads the words holding its
-// bits.
+// (v with its sign bit flipped), reduced per warp into the call's DeviceStatus, from which one
+// thread derives base and b. Encode: one thread per group of 32 elements in a grid-stride loop
+// writes the group's b words and adds their checksum terms, summed per warp. Decode: one thread
+// checks base and b in the buffer's header, then one thread per element reads the words
+// holding its bits.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
@@ -26,10 +28,14 @@ namespace bm = bitpack_math;
 constexpr int kThreads = 256;
 constexpr uint64_t kSignBit = uint64_t{1} << 63;
 
+// DeviceStatus::work words of the encode.
+constexpr int kMaxKeyWord = 0;
+constexpr int kMaxComplementWord = 1;
+
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     BitpackRangeKernel(const void* __restrict__ input, uint64_t numel,
-                       unsigned long long* __restrict__ counters) {
+                       DeviceStatus* __restrict__ status) {
   uint64_t max_key = 0;         // of v ^ kSignBit: unsigned order is v's signed order
   uint64_t max_complement = 0;  // of ~(v ^ kSignBit): the smallest is ~max_complement
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -39,27 +45,65 @@ __global__ void __launch_bounds__(kThreads)
     max_complement = ~key > max_complement ? ~key : max_complement;
   }
   // Every thread of the block gets here: the collectives see whole warps.
-  WarpMaxToGlobal(max_key, &counters[0]);
-  WarpMaxToGlobal(max_complement, &counters[1]);
+  WarpMaxToGlobal(max_key, &status->work[kMaxKeyWord]);
+  WarpMaxToGlobal(max_complement, &status->work[kMaxComplementWord]);
+}
+
+// One thread: base and b from the range (the header's parameters) and the payload's size.
+__global__ void BitpackParamsKernel(uint64_t numel, int kind, DeviceStatus* __restrict__ status) {
+  int64_t lo = 0, hi = 0;  // an empty tensor: base 0, b = 0, no payload
+  if (numel > 0) {
+    hi = static_cast<int64_t>(status->work[kMaxKeyWord] ^ kSignBit);
+    lo = static_cast<int64_t>(~status->work[kMaxComplementWord] ^ kSignBit);
+  }
+  const bm::Params p = bm::MakeParams(lo, hi, kind);
+  status->params[0] = static_cast<uint32_t>(p.base);
+  status->params[1] = static_cast<uint32_t>(static_cast<uint64_t>(p.base) >> 32);
+  status->params[2] = p.bits;
+  status->payload_bytes = 4 * bm::PayloadWords(numel, p.bits);
+}
+
+__device__ __forceinline__ int64_t BaseOf(const uint32_t* params) {
+  return static_cast<int64_t>(params[0] | static_cast<uint64_t>(params[1]) << 32);
 }
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)
-    BitpackEncodeKernel(const void* __restrict__ input, uint64_t numel, int64_t base,
-                        uint32_t bits, uint32_t* __restrict__ payload,
-                        unsigned long long* __restrict__ counters) {
-  const uint64_t groups = (numel + bm::kGroup - 1) / bm::kGroup;
+    BitpackEncodeKernel(const void* __restrict__ input, uint64_t numel,
+                        uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
+  const int64_t base = BaseOf(status->params);
+  const uint32_t bits = status->params[2];
+  const uint64_t groups = bits == 0 ? 0 : (numel + bm::kGroup - 1) / bm::kGroup;
   uint64_t checksum = 0;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t g = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += stride) {
     checksum += bm::PackGroup<K>(input, numel, g, base, bits, payload);
   }
-  WarpSumToGlobal(checksum, &counters[0]);
+  WarpSumToGlobal(checksum, &status->payload_sum);
+}
+
+// One thread, before the decode: base and b are ones the kind holds, the other parameter bytes
+// are zero and the payload's size is the one they give.
+__global__ void BitpackCheckKernel(const uint32_t* __restrict__ header, uint64_t numel, int kind,
+                                   uint32_t element_bytes, DeviceStatus* __restrict__ status) {
+  const uint32_t* params = header + kParamsWord;
+  const uint32_t bits = params[2];
+  bool ok = bits <= 64 && bm::ValidParams(BaseOf(params), bits, kind, element_bytes) &&
+            params[3] == 0 && params[4] == 0 && params[5] == 0;
+  const uint64_t size = header[kPayloadSizeWord] |
+                        static_cast<uint64_t>(header[kPayloadSizeWord + 1]) << 32;
+  ok = ok && size == 4 * bm::PayloadWords(numel, bits);
+  if (!ok) status->failures |= kFailParams;
 }
 
 template <int K>
-__global__ void BitpackDecodeKernel(const uint32_t* __restrict__ payload, uint64_t numel,
-                                    int64_t base, uint32_t bits, void* __restrict__ output) {
+__global__ void BitpackDecodeKernel(const uint32_t* __restrict__ header, uint64_t numel,
+                                    const DeviceStatus* __restrict__ status,
+                                    void* __restrict__ output) {
+  if (status->failures != 0) return;
+  const int64_t base = BaseOf(header + kParamsWord);
+  const uint32_t bits = header[kParamsWord + 2];
+  const uint32_t* payload = header + kHeaderWords;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
     const uint64_t offset =
@@ -68,109 +112,65 @@ __global__ void BitpackDecodeKernel(const uint32_t* __restrict__ payload, uint64
   }
 }
 
+// Calls fn(std::integral_constant<int, K>()) for the kind.
+template <typename Fn>
+void DispatchKind(int kind, Fn&& fn) {
+  switch (kind) {  // coverage: every branch
+    case bm::kU8: fn(std::integral_constant<int, bm::kU8>()); break;
+    case bm::kI8: fn(std::integral_constant<int, bm::kI8>()); break;
+    case bm::kI16: fn(std::integral_constant<int, bm::kI16>()); break;
+    case bm::kI32: fn(std::integral_constant<int, bm::kI32>()); break;
+    default: fn(std::integral_constant<int, bm::kI64>()); break;
+  }
+}
+
+uint32_t BytesOf(int kind) {
+  switch (kind) {
+    case bm::kU8:
+    case bm::kI8: return 1;
+    case bm::kI16: return 2;
+    case bm::kI32: return 4;
+    default: return 8;
+  }
+}
+
 }  // namespace
 
-absl::Status BitpackRange(const void* input, uint64_t numel, int kind,
-                          unsigned long long* counters, void* stream, int64_t* min,
-                          int64_t* max) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (numel > 0) {
-    const int blocks = BlocksFor(numel, kThreads);
-    switch (kind) {  // coverage: every branch
-      case bm::kU8:
-        ACTPACK_LAUNCH(BitpackRangeKernel<bm::kU8>, blocks, kThreads, s)(input, numel, counters);
-        break;
-      case bm::kI8:
-        ACTPACK_LAUNCH(BitpackRangeKernel<bm::kI8>, blocks, kThreads, s)(input, numel, counters);
-        break;
-      case bm::kI16:
-        ACTPACK_LAUNCH(BitpackRangeKernel<bm::kI16>, blocks, kThreads, s)(input, numel, counters);
-        break;
-      case bm::kI32:
-        ACTPACK_LAUNCH(BitpackRangeKernel<bm::kI32>, blocks, kThreads, s)(input, numel, counters);
-        break;
-      default:
-        ACTPACK_LAUNCH(BitpackRangeKernel<bm::kI64>, blocks, kThreads, s)(input, numel, counters);
-    }
-    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  uint64_t values[2] = {0, 0};
-  const absl::Status read = ReadCounters(counters, stream, values, 2);
-  if (!read.ok()) return read;
-  *max = static_cast<int64_t>(values[0] ^ kSignBit);
-  *min = static_cast<int64_t>(~values[1] ^ kSignBit);
-  return absl::OkStatus();
-}
-
-absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, int64_t base,
-                           uint32_t bits, uint8_t* payload, unsigned long long* counters,
-                           void* stream, uint64_t* payload_checksum) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
+absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, uint8_t* payload,
+                           DeviceStatus* status, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  const uint64_t groups = (numel + bm::kGroup - 1) / bm::kGroup;
-  if (groups > 0 && bits > 0) {
-    const int blocks = BlocksFor(groups, kThreads);
-    switch (kind) {  // coverage: every branch
-      case bm::kU8:
-        ACTPACK_LAUNCH(BitpackEncodeKernel<bm::kU8>, blocks, kThreads, s)(
-            input, numel, base, bits, words, counters);
-        break;
-      case bm::kI8:
-        ACTPACK_LAUNCH(BitpackEncodeKernel<bm::kI8>, blocks, kThreads, s)(
-            input, numel, base, bits, words, counters);
-        break;
-      case bm::kI16:
-        ACTPACK_LAUNCH(BitpackEncodeKernel<bm::kI16>, blocks, kThreads, s)(
-            input, numel, base, bits, words, counters);
-        break;
-      case bm::kI32:
-        ACTPACK_LAUNCH(BitpackEncodeKernel<bm::kI32>, blocks, kThreads, s)(
-            input, numel, base, bits, words, counters);
-        break;
-      default:
-        ACTPACK_LAUNCH(BitpackEncodeKernel<bm::kI64>, blocks, kThreads, s)(
-            input, numel, base, bits, words, counters);
-    }
+  if (numel > 0) {
+    DispatchKind(kind, [&](auto k) {
+      ACTPACK_LAUNCH(BitpackRangeKernel<decltype(k)::value>, BlocksFor(numel, kThreads), kThreads,
+                     s)(input, numel, status);
+    });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t checksum = 0;
-  const absl::Status read = ReadCounters(counters, stream, &checksum, 1);
-  if (!read.ok()) return read;
-  *payload_checksum = checksum;
+  ACTPACK_LAUNCH(BitpackParamsKernel, 1, 1, s)(numel, kind, status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const uint64_t groups = (numel + bm::kGroup - 1) / bm::kGroup;
+  if (groups > 0) {
+    DispatchKind(kind, [&](auto k) {
+      ACTPACK_LAUNCH(BitpackEncodeKernel<decltype(k)::value>, BlocksFor(groups, kThreads),
+                     kThreads, s)(input, numel, words, status);
+    });
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
   return absl::OkStatus();
 }
 
-absl::Status BitpackDecode(const uint8_t* payload, uint64_t numel, int kind, int64_t base,
-                           uint32_t bits, void* output, void* stream) {
-  if (numel == 0) return absl::OkStatus();
+absl::Status BitpackDecode(const uint8_t* header, uint64_t numel, int kind, DeviceStatus* status,
+                           void* output, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const int blocks = BlocksFor(numel, kThreads);
-  switch (kind) {  // coverage: every branch
-    case bm::kU8:
-      ACTPACK_LAUNCH(BitpackDecodeKernel<bm::kU8>, blocks, kThreads, s)(words, numel, base, bits,
-                                                                         output);
-      break;
-    case bm::kI8:
-      ACTPACK_LAUNCH(BitpackDecodeKernel<bm::kI8>, blocks, kThreads, s)(words, numel, base, bits,
-                                                                         output);
-      break;
-    case bm::kI16:
-      ACTPACK_LAUNCH(BitpackDecodeKernel<bm::kI16>, blocks, kThreads, s)(words, numel, base,
-                                                                          bits, output);
-      break;
-    case bm::kI32:
-      ACTPACK_LAUNCH(BitpackDecodeKernel<bm::kI32>, blocks, kThreads, s)(words, numel, base,
-                                                                          bits, output);
-      break;
-    default:
-      ACTPACK_LAUNCH(BitpackDecodeKernel<bm::kI64>, blocks, kThreads, s)(words, numel, base,
-                                                                          bits, output);
-  }
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(header);
+  ACTPACK_LAUNCH(BitpackCheckKernel, 1, 1, s)(words, numel, kind, BytesOf(kind), status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (numel == 0) return absl::OkStatus();
+  DispatchKind(kind, [&](auto k) {
+    ACTPACK_LAUNCH(BitpackDecodeKernel<decltype(k)::value>, BlocksFor(numel, kThreads), kThreads,
+                   s)(words, numel, status, output);
+  });
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

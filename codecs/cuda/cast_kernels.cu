@@ -2,8 +2,8 @@
 // (cast.cc): both compute each payload word with cast_math::EncodeWord.
 //
 // Encode: one thread per payload word (two neighbouring floats, an 8-byte coalesced load) in a
-// grid-stride loop; the checksum and the overflow count are summed per warp into global
-// accumulators. Decode: one thread per element.
+// grid-stride loop; the checksum and the overflow count are summed per warp into the call's
+// DeviceStatus. Decode: one thread per element.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,7 +22,7 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
     CastEncodeKernel(const float* __restrict__ input, uint64_t numel, bool to_bf16,
-                     uint32_t* __restrict__ payload, unsigned long long* __restrict__ counters) {
+                     uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
   const uint64_t words = (numel + 1) / 2;
   uint64_t checksum = 0;
   uint64_t overflow = 0;
@@ -32,8 +32,8 @@ __global__ void __launch_bounds__(kThreads)
     payload[w] = word;
     checksum += portable::ChecksumTerm(word, w);
   }
-  WarpSumToGlobal(checksum, &counters[0]);
-  WarpSumToGlobal(overflow, &counters[1]);
+  WarpSumToGlobal(checksum, &status->payload_sum);
+  WarpSumToGlobal(overflow, &status->unrepresentable);
 }
 
 __global__ void CastDecodeKernel(const uint16_t* __restrict__ halves, uint64_t numel,
@@ -47,22 +47,14 @@ __global__ void CastDecodeKernel(const uint16_t* __restrict__ halves, uint64_t n
 }  // namespace
 
 absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload,
-                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                        uint64_t* overflow) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
+                        DeviceStatus* status, void* stream) {
   const uint64_t words = (numel + 1) / 2;
   if (words > 0) {
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     ACTPACK_LAUNCH(CastEncodeKernel, BlocksFor(words, kThreads), kThreads, s)(
-        input, numel, to_bf16 != 0, reinterpret_cast<uint32_t*>(payload), counters);
+        input, numel, to_bf16 != 0, reinterpret_cast<uint32_t*>(payload), status);
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t values[2] = {0, 0};
-  const absl::Status read = ReadCounters(counters, stream, values, 2);
-  if (!read.ok()) return read;
-  *payload_checksum = values[0];
-  *overflow = values[1];
   return absl::OkStatus();
 }
 

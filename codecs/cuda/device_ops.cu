@@ -1,4 +1,6 @@
-// Copies, counters and the payload checksum on the GPU.
+// What every codec's deferred call shares on the GPU: copies, the payload checksum, the header
+// written on the device (FinalizeHeader), the decode's check of a buffer (CheckBuffer) and the
+// overwrite of a decode that failed it (Poison).
 #include <algorithm>
 
 #include "common/cuda_check.h"
@@ -10,8 +12,19 @@
 namespace actpack::codecs::cuda {
 namespace {
 
+__device__ __forceinline__ uint64_t Words64(const uint32_t* w) {
+  return w[0] | static_cast<uint64_t>(w[1]) << 32;
+}
+
+// A grid-stride sum of the payload's checksum terms into *sum. The size is `bytes`, or read
+// from `device_bytes` (clamped to `bytes`) when given.
 __global__ void ChecksumKernel(const uint8_t* __restrict__ payload, uint64_t bytes,
+                               const uint32_t* __restrict__ device_bytes,
                                unsigned long long* __restrict__ sum) {
+  if (device_bytes != nullptr) {
+    const uint64_t decided = Words64(device_bytes);
+    bytes = decided < bytes ? decided : bytes;
+  }
   const uint64_t full_words = bytes / 4;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   uint64_t local = 0;
@@ -29,6 +42,69 @@ __global__ void ChecksumKernel(const uint8_t* __restrict__ payload, uint64_t byt
   WarpSumToGlobal(local, sum);
 }
 
+// One thread: the host's header completed with what the data decided, then its checksum.
+__global__ void FinalizeHeaderKernel(HeaderWords header, bool device_sized,
+                                     const DeviceStatus* __restrict__ status,
+                                     uint32_t* __restrict__ out) {
+  uint32_t* w = header.w;
+  for (int j = 0; j < 6; ++j) w[kParamsWord + j] |= status->params[j];
+  if (device_sized) {
+    w[kPayloadSizeWord] = static_cast<uint32_t>(status->payload_bytes);
+    w[kPayloadSizeWord + 1] = static_cast<uint32_t>(status->payload_bytes >> 32);
+  }
+  if (status->nonfinite != 0 || status->unrepresentable != 0) {
+    w[kFlagsWord] |= kFlagUnrepresentable << 16;
+  }
+  const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + status->payload_sum);
+  w[kChecksumWord] = static_cast<uint32_t>(checksum);
+  w[kChecksumWord + 1] = static_cast<uint32_t>(checksum >> 32);
+  for (int j = 0; j < kHeaderWords; ++j) out[j] = w[j];
+}
+
+// One thread, after ChecksumKernel summed the payload into status->decode_sum.
+__global__ void CheckHeaderKernel(const uint32_t* __restrict__ buffer, uint64_t capacity,
+                                  HeaderWords expected, uint32_t known,
+                                  DeviceStatus* __restrict__ status) {
+  uint64_t failures = 0;
+  uint32_t w[kHeaderWords];
+  for (int j = 0; j < kHeaderWords; ++j) w[j] = buffer[j];
+  for (int j = 0; j < kChecksumWord; ++j) {
+    // The flags (the high half of word 2) are checked on their own below.
+    const uint32_t mask = j == kFlagsWord ? 0xffffu : 0xffffffffu;
+    if ((known >> j & 1u) != 0 && ((w[j] ^ expected.w[j]) & mask) != 0) failures |= kFailHeader;
+  }
+  const uint32_t flags = w[kFlagsWord] >> 16;
+  if ((flags & ~kFlagUnrepresentable) != 0) failures |= kFailHeader;
+  if ((flags & kFlagUnrepresentable) != 0) failures |= kFailUnrepresentable;
+  if (Words64(w + kPayloadSizeWord) > capacity - kHeaderWords * 4) failures |= kFailHeader;
+  const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + status->decode_sum);
+  if (checksum != Words64(w + kChecksumWord)) failures |= kFailChecksum;
+  status->failures = failures;
+  status->decode_sum = 0;  // the next decode of the same buffer sums afresh
+}
+
+template <int Bytes>
+__global__ void PoisonKernel(const DeviceStatus* __restrict__ status, void* __restrict__ output,
+                             uint64_t numel, uint64_t pattern) {
+  if (status->failures == 0) return;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
+    if constexpr (Bytes == 8) {
+      static_cast<uint64_t*>(output)[i] = pattern;
+    } else if constexpr (Bytes == 4) {
+      static_cast<uint32_t*>(output)[i] = static_cast<uint32_t>(pattern);
+    } else if constexpr (Bytes == 2) {
+      static_cast<uint16_t*>(output)[i] = static_cast<uint16_t>(pattern);
+    } else {
+      static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(pattern);
+    }
+  }
+}
+
+int ChecksumBlocks(uint64_t bytes) {
+  return static_cast<int>(std::min<uint64_t>(4096, (bytes / 4 + 1 + 255) / 256));
+}
+
 }  // namespace
 
 absl::Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, void* stream) {
@@ -39,36 +115,76 @@ absl::Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, 
   return absl::OkStatus();
 }
 
-absl::Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes, void* stream) {
+absl::Status CopyOnDevice(void* device_dst, const void* device_src, uint64_t bytes, void* stream) {
   if (bytes == 0) return absl::OkStatus();
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyDefault, s));
-  // The source may be a stack buffer of the caller: wait until it has been read.
-  ACTPACK_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-  return absl::OkStatus();
-}
-
-absl::Status ZeroCounters(unsigned long long* counters, void* stream) {
-  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters, 0, kCounterWords * sizeof(*counters),
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, device_src, bytes,
+                                               cudaMemcpyDeviceToDevice,
                                                static_cast<cudaStream_t>(stream)));
   return absl::OkStatus();
 }
 
-absl::Status ReadCounters(const unsigned long long* counters, void* stream, uint64_t* values,
-                          int count) {
-  return CopyToHost(values, counters, count * sizeof(*counters), stream);
+absl::Status ZeroStatus(DeviceStatus* status, void* stream) {
+  ACTPACK_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(status, 0, sizeof(DeviceStatus), static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
 }
 
-absl::Status PayloadChecksum(const uint8_t* payload, uint64_t bytes, unsigned long long* counters,
-                             void* stream, uint64_t* checksum) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
-  const uint64_t words = bytes / 4 + 1;
-  const int blocks = static_cast<int>(std::min<uint64_t>(4096, (words + 255) / 256));
-  ACTPACK_LAUNCH(ChecksumKernel, blocks, 256, static_cast<cudaStream_t>(stream))(payload, bytes,
-                                                                                counters);
+absl::Status SetFailureByte(DeviceStatus* status, uint8_t bits, void* stream) {
+  ACTPACK_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(&status->failures, bits, 1, static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
+
+absl::Status Checksum(const uint8_t* payload, uint64_t bytes, const uint32_t* device_bytes,
+                      unsigned long long* sum, void* stream) {
+  ACTPACK_LAUNCH(ChecksumKernel, ChecksumBlocks(bytes), 256, static_cast<cudaStream_t>(stream))(
+      payload, bytes, device_bytes, sum);
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return ReadCounters(counters, stream, checksum, 1);
+  return absl::OkStatus();
+}
+
+absl::Status FinalizeHeader(const HeaderWords& header, bool device_sized,
+                            const DeviceStatus* status, uint8_t* out, void* stream) {
+  ACTPACK_LAUNCH(FinalizeHeaderKernel, 1, 1, static_cast<cudaStream_t>(stream))(
+      header, device_sized, status, reinterpret_cast<uint32_t*>(out));
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status CheckBuffer(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                         uint32_t known, DeviceStatus* status, void* stream) {
+  const uint64_t header_bytes = kHeaderWords * 4;
+  // The payload's size: the host's where it knows it, else the header's (clamped).
+  const bool size_known = (known >> kPayloadSizeWord & 3u) == 3u;
+  const uint64_t bytes =
+      size_known ? (expected.w[kPayloadSizeWord] |
+                    static_cast<uint64_t>(expected.w[kPayloadSizeWord + 1]) << 32)
+                 : capacity - header_bytes;
+  const uint32_t* header = reinterpret_cast<const uint32_t*>(buffer);
+  absl::Status summed = Checksum(buffer + header_bytes, std::min(bytes, capacity - header_bytes),
+                                 size_known ? nullptr : header + kPayloadSizeWord,
+                                 &status->decode_sum, stream);
+  if (!summed.ok()) return summed;
+  ACTPACK_LAUNCH(CheckHeaderKernel, 1, 1, static_cast<cudaStream_t>(stream))(
+      header, capacity, expected, known, status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status Poison(const DeviceStatus* status, void* output, uint64_t numel, int element_bytes,
+                    uint64_t pattern, void* stream) {
+  if (numel == 0) return absl::OkStatus();
+  // A fixed grid: the common case is a flag read by every thread and nothing else.
+  const int blocks = static_cast<int>(std::min<uint64_t>(32, (numel + 255) / 256));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (element_bytes) {  // coverage: every branch
+    case 8: ACTPACK_LAUNCH(PoisonKernel<8>, blocks, 256, s)(status, output, numel, pattern); break;
+    case 4: ACTPACK_LAUNCH(PoisonKernel<4>, blocks, 256, s)(status, output, numel, pattern); break;
+    case 2: ACTPACK_LAUNCH(PoisonKernel<2>, blocks, 256, s)(status, output, numel, pattern); break;
+    default: ACTPACK_LAUNCH(PoisonKernel<1>, blocks, 256, s)(status, output, numel, pattern);
+  }
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace actpack::codecs::cuda

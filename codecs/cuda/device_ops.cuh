@@ -1,5 +1,5 @@
-// Device helpers shared by actpack's kernels: warp reductions into global accumulators, the
-// counters those accumulators live in, and grid sizing.
+// Device helpers shared by actpack's kernels: warp reductions into global accumulators (a
+// DeviceStatus's words) and grid sizing.
 #ifndef ACTPACK_CODECS_CUDA_DEVICE_OPS_CUH_
 #define ACTPACK_CODECS_CUDA_DEVICE_OPS_CUH_
 
@@ -11,13 +11,6 @@
 #include "absl/status/status.h"
 
 namespace actpack::codecs::cuda {
-
-// Zeroes the caller's kCounterWords counters, ordered on `stream`.
-absl::Status ZeroCounters(unsigned long long* counters, void* stream);
-
-// Copies `count` counters back to the host, waiting for `stream`.
-absl::Status ReadCounters(const unsigned long long* counters, void* stream, uint64_t* values,
-                          int count);
 
 // Sums `value` over the warp and adds it to *target once per warp (mod 2^64).
 __device__ __forceinline__ void WarpSumToGlobal(uint64_t value, unsigned long long* target) {

@@ -8,7 +8,7 @@
 // quant's kernel: a shuffle reduction of the group's residual min/max, then each lane
 // quantizes one value per 32 and the codes of 32/bits neighbouring lanes are ORed into one
 // word, written coalesced. The LFC means that (2) subtracts are read back from the payload
-// (1) wrote. Checksum and counts are summed per warp into global accumulators.
+// (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus.
 // Decode: one thread per output element.
 #include <cuda_runtime.h>
 
@@ -31,14 +31,12 @@ using division_math::Layout;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 8;
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// Accumulators in the scratch array.
-enum Counter { kChecksum = 0, kNonfinite = 1, kNonfiniteLfc = 2, kOverflowGroups = 3 };
+constexpr int kLfcOverflowWord = 0;  // DeviceStatus::work, kernels.h
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     DivisionLfcKernel(const void* __restrict__ input, Layout layout,
-                      uint32_t* __restrict__ payload, unsigned long long* __restrict__ counters) {
+                      uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -48,8 +46,10 @@ __global__ void __launch_bounds__(kThreads)
     payload[w] = word;
     checksum += portable::ChecksumTerm(word, w);
   }
-  WarpSumToGlobal(checksum, &counters[kChecksum]);
-  WarpSumToGlobal(nonfinite, &counters[kNonfiniteLfc]);
+  WarpSumToGlobal(checksum, &status->payload_sum);
+  // LFC means not finite in bfloat16: out of reach, and counted apart for the message.
+  WarpSumToGlobal(nonfinite, &status->unrepresentable);
+  WarpSumToGlobal(nonfinite, &status->work[kLfcOverflowWord]);
 }
 
 // The residual of element k of group (p, q) against the mean it upsamples from.
@@ -66,7 +66,7 @@ template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     DivisionResidualKernel(const void* __restrict__ input, Layout l,
                            uint32_t* __restrict__ payload,
-                           unsigned long long* __restrict__ counters) {
+                           DeviceStatus* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const uint32_t per_word = 32 / l.bits;
   const uint32_t levels = (1u << l.bits) - 1;
@@ -134,9 +134,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   }
-  WarpSumToGlobal(checksum, &counters[kChecksum]);
-  WarpSumToGlobal(nonfinite, &counters[kNonfinite]);
-  WarpSumToGlobal(overflow_groups, &counters[kOverflowGroups]);
+  WarpSumToGlobal(checksum, &status->payload_sum);
+  WarpSumToGlobal(nonfinite, &status->nonfinite);
+  WarpSumToGlobal(overflow_groups, &status->unrepresentable);
 }
 
 template <int K>
@@ -165,11 +165,8 @@ __global__ void DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layou
 }  // namespace
 
 absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,
-                            int element_kind, uint8_t* payload, unsigned long long* counters,
-                            void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
-                            uint64_t* nonfinite_lfc, uint64_t* overflow_groups) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
+                            int element_kind, uint8_t* payload, DeviceStatus* status,
+                            void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   if (layout.lfc_words > 0) {
@@ -177,15 +174,15 @@ absl::Status DivisionEncode(const void* input, const division_math::Layout& layo
     switch (element_kind) {  // coverage: every branch
       case elements::kF16:
         ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF16>, blocks, kThreads, s)(input, layout, words,
-                                                                      counters);
+                                                                      status);
         break;
       case elements::kBF16:
         ACTPACK_LAUNCH(DivisionLfcKernel<elements::kBF16>, blocks, kThreads, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
         break;
       default:
         ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF32>, blocks, kThreads, s)(input, layout, words,
-                                                                      counters);
+                                                                      status);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
@@ -194,25 +191,18 @@ absl::Status DivisionEncode(const void* input, const division_math::Layout& layo
     switch (element_kind) {  // coverage: every branch
       case elements::kF16:
         ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
         break;
       case elements::kBF16:
         ACTPACK_LAUNCH(DivisionResidualKernel<elements::kBF16>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
         break;
       default:
         ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t values[4] = {0, 0, 0, 0};
-  const absl::Status read = ReadCounters(counters, stream, values, 4);
-  if (!read.ok()) return read;
-  *payload_checksum = values[kChecksum];
-  *nonfinite = values[kNonfinite];
-  *nonfinite_lfc = values[kNonfiniteLfc];
-  *overflow_groups = values[kOverflowGroups];
   return absl::OkStatus();
 }
 

@@ -2,7 +2,8 @@
 // every code, predictor choice, header word and packed word comes from eb_math.h, and no
 // atomic operation decides a byte of output (atomics only sum counters and failure bits).
 //
-// Encode (after EbRange in relative mode, whose min/max the host turns into the quantizer):
+// Encode, with nothing read back by the host: EbRangeKernel (relative mode) and
+// EbQuantizerKernel put the quantizer in the call's DeviceStatus, then
 //  1. EbPlanKernel, one warp per chunk of 32 blocks, block after block: quantize the tile into
 //     shared memory (4 slots per lane), OR-reduce each predictor's ZigZag residuals, choose
 //     (ChooseBlock), write the header word; per chunk, its data words and outliers to scratch.
@@ -11,10 +12,10 @@
 //  3. EbWriteKernel, one warp per chunk again: re-quantize each tile (the same choice comes
 //     out), pack the chosen residuals one word per lane (PackWord) or copy the raw bits, and
 //     list the outliers in slot order (a warp scan of per-lane counts).
-//  Then PayloadChecksum over the finished payload.
+//  Then the checksum over the finished payload, whose size the scan left in the status.
 // Decode: EbValidateKernel (warp per chunk: header words, block sizes against the chunk index)
-// and EbValidateOutliersKernel (thread per outlier) set failure bits; only when none is set,
-// EbDecodeKernel (warp per chunk: unpack, inverse prediction as prefix sums in shared memory,
+// and EbValidateOutliersKernel (thread per outlier) set failure bits; only when none is set
+// (nor one of the buffer's check before them), EbDecodeKernel (warp per chunk: unpack, inverse prediction as prefix sums in shared memory,
 // dequantize) and EbScatterKernel (thread per outlier) write the output.
 #include <cuda_runtime.h>
 
@@ -151,12 +152,36 @@ __device__ BlockState PlanBlock(const void* __restrict__ input, const Layout& l,
   return state;
 }
 
+// DeviceStatus::work words of the encode.
+constexpr int kMaxKeyWord = 0;           // the range's largest ordered key
+constexpr int kMaxInvertedKeyWord = 1;   // ... and its smallest (inverted)
+constexpr int kFiniteWord = 2;           // the count of finite values
+constexpr int kQuantizerWord = 3;        // half bin (low half) and bin (high half)
+constexpr int kBoundWord = 4;            // the bound (low half)
+constexpr int kDataWordsWord = 5;        // the payload's block data words
+
+// The quantizer EbQuantizerKernel left in the status.
+__device__ __forceinline__ Quantizer QuantizerOf(const DeviceStatus* status) {
+  const unsigned long long q = status->work[kQuantizerWord];
+  return Quantizer{portable::BitsToFloat(static_cast<uint32_t>(q)),
+                   portable::BitsToFloat(static_cast<uint32_t>(q >> 32)),
+                   portable::BitsToFloat(static_cast<uint32_t>(status->work[kBoundWord]))};
+}
+
+// The payload's sections once EbScanKernel has counted the data words and outliers.
+__device__ __forceinline__ eb_math::Sections SectionsOf(const Layout& l,
+                                                        const DeviceStatus* status) {
+  const uint64_t outliers = status->params[4] | static_cast<uint64_t>(status->params[5]) << 32;
+  return eb_math::SectionsOf(l, status->work[kDataWordsWord], outliers);
+}
+
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
-    EbPlanKernel(const void* __restrict__ input, Layout l, Quantizer qz,
+    EbPlanKernel(const void* __restrict__ input, Layout l, const DeviceStatus* __restrict__ status,
                  uint32_t* __restrict__ headers, uint64_t* __restrict__ chunk_words,
                  uint64_t* __restrict__ chunk_outliers) {
   __shared__ WarpTile tiles[kWarps];
+  const Quantizer qz = QuantizerOf(status);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   WarpTile& w = tiles[warp];
@@ -180,14 +205,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // One thread block of kScanThreads: exclusive prefix sums of the chunk sums. Writes the chunk
-// index, turns chunk_outliers into each chunk's first outlier, and puts the totals in
-// counters[0] (data words) and counters[1] (outliers).
+// index, turns chunk_outliers into each chunk's first outlier, and puts the totals in the
+// status: the data words, the outlier count (header parameter words 4..5) and the payload's
+// size.
 constexpr int kScanThreads = 1024;
 
 __global__ void __launch_bounds__(kScanThreads)
     EbScanKernel(const uint64_t* __restrict__ chunk_words, uint64_t* __restrict__ chunk_outliers,
-                 uint64_t chunks, uint32_t* __restrict__ index,
-                 unsigned long long* __restrict__ counters) {
+                 Layout l, uint32_t* __restrict__ index, DeviceStatus* __restrict__ status) {
+  const uint64_t chunks = l.chunks;
   __shared__ uint64_t words_sum[kScanThreads];
   __shared__ uint64_t outliers_sum[kScanThreads];
   const uint64_t per_thread = (chunks + kScanThreads - 1) / kScanThreads;
@@ -220,25 +246,31 @@ __global__ void __launch_bounds__(kScanThreads)
     outlier_offset += chunk_outlier_count;
   }
   if (threadIdx.x == kScanThreads - 1) {
-    counters[0] = words_sum[threadIdx.x];
-    counters[1] = outliers_sum[threadIdx.x];
+    const uint64_t total_words = words_sum[threadIdx.x];
+    const uint64_t total_outliers = outliers_sum[threadIdx.x];
+    status->work[kDataWordsWord] = total_words;
+    status->params[4] = static_cast<uint32_t>(total_outliers);
+    status->params[5] = static_cast<uint32_t>(total_outliers >> 32);
+    status->payload_bytes = 4 * eb_math::SectionsOf(l, total_words, total_outliers).end;
   }
 }
 
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
-    EbWriteKernel(const void* __restrict__ input, Layout l, Quantizer qz,
-                  uint32_t* __restrict__ words, const uint64_t* __restrict__ chunk_first_outlier,
-                  uint64_t data_start, uint64_t slots_start, uint64_t raw_start) {
+    EbWriteKernel(const void* __restrict__ input, Layout l,
+                  const DeviceStatus* __restrict__ status, uint32_t* __restrict__ words,
+                  const uint64_t* __restrict__ chunk_first_outlier) {
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  const Quantizer qz = QuantizerOf(status);
+  const eb_math::Sections sections = SectionsOf(l, status);
   __shared__ WarpTile tiles[kWarps];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   WarpTile& w = tiles[warp];
   const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
-  uint32_t* data = words + data_start;
-  uint32_t* slots = words + slots_start;
-  uint32_t* raw = words + raw_start;
+  uint32_t* data = words + sections.data;
+  uint32_t* slots = words + sections.slots;
+  uint32_t* raw = words + sections.raw;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarps;
   for (uint64_t c = uint64_t{blockIdx.x} * kWarps + warp; c < l.chunks; c += warp_stride) {
     uint64_t offset = ReadU64(index, c);
@@ -304,7 +336,7 @@ __host__ __device__ __forceinline__ float FromOrderedKey(uint32_t key) {
 
 template <int K>
 __global__ void EbRangeKernel(const void* __restrict__ input, uint64_t numel,
-                              unsigned long long* __restrict__ counters) {
+                              DeviceStatus* __restrict__ status) {
   uint64_t max_key = 0, max_inverted_key = 0, finite = 0;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
@@ -315,9 +347,27 @@ __global__ void EbRangeKernel(const void* __restrict__ input, uint64_t numel,
     max_inverted_key = ~key > max_inverted_key ? ~key : max_inverted_key;
     ++finite;
   }
-  WarpMaxToGlobal(max_key, &counters[0]);
-  WarpMaxToGlobal(max_inverted_key, &counters[1]);
-  WarpSumToGlobal(finite, &counters[2]);
+  WarpMaxToGlobal(max_key, &status->work[kMaxKeyWord]);
+  WarpMaxToGlobal(max_inverted_key, &status->work[kMaxInvertedKeyWord]);
+  WarpSumToGlobal(finite, &status->work[kFiniteWord]);
+}
+
+// One thread: the quantizer from the range (relative mode) or the bound alone (absolute), into
+// the status's work words and the header's parameter words 1 (half bin) and 2 (bound).
+__global__ void EbQuantizerKernel(int mode, double value, DeviceStatus* __restrict__ status) {
+  const uint64_t finite = status->work[kFiniteWord];
+  const float lo = finite > 0
+                       ? FromOrderedKey(~static_cast<uint32_t>(status->work[kMaxInvertedKeyWord]))
+                       : portable::BitsToFloat(0x7f800000u);
+  const float hi = finite > 0 ? FromOrderedKey(static_cast<uint32_t>(status->work[kMaxKeyWord]))
+                              : portable::BitsToFloat(0xff800000u);
+  const Quantizer qz = eb_math::QuantizerFor(mode, value, lo, hi, finite > 0);
+  const uint32_t half_bin = portable::FloatBits(qz.half_bin);
+  const uint32_t bound = portable::FloatBits(qz.bound);
+  status->work[kQuantizerWord] = half_bin | uint64_t{portable::FloatBits(qz.bin)} << 32;
+  status->work[kBoundWord] = bound;
+  status->params[1] = half_bin;
+  status->params[2] = bound;
 }
 
 // ---- decode ----
@@ -325,7 +375,7 @@ __global__ void EbRangeKernel(const void* __restrict__ input, uint64_t numel,
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
     EbValidateKernel(const uint32_t* __restrict__ words, Layout l, uint64_t data_words,
-                     unsigned long long* __restrict__ failures) {
+                     DeviceStatus* __restrict__ status) {
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
   const int lane = threadIdx.x & 31;
   const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
@@ -339,7 +389,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (eb_math::ValidHeader(h)) {
         size = eb_math::DataWords(h, eb_math::TileOf(l, b).count, kBytes);
       } else {
-        bad = kEbBadBlockHeader;
+        bad = kFailEbBlockHeader;
       }
     }
     bad = WarpOr(bad);
@@ -347,8 +397,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (lane == 0) {
       const uint64_t start = ReadU64(index, c);
       const uint64_t next = c + 1 < l.chunks ? ReadU64(index, c + 1) : data_words;
-      if ((c == 0 && start != 0) || start + chunk_size != next) bad |= kEbBadChunkIndex;
-      if (bad != 0) atomicOr(failures, static_cast<unsigned long long>(bad));
+      if ((c == 0 && start != 0) || start + chunk_size != next) bad |= kFailEbChunkIndex;
+      if (bad != 0) atomicOr(&status->failures, static_cast<unsigned long long>(bad));
     }
   }
 }
@@ -357,7 +407,7 @@ __global__ void EbValidateOutliersKernel(const uint32_t* __restrict__ words, Lay
                                          const uint32_t* __restrict__ slots,
                                          const uint32_t* __restrict__ raw, uint64_t outliers,
                                          uint32_t element_bytes,
-                                         unsigned long long* __restrict__ failures) {
+                                         DeviceStatus* __restrict__ status) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t j = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < outliers; j += stride) {
     const uint64_t slot = ReadU64(slots, j);
@@ -366,14 +416,16 @@ __global__ void EbValidateOutliersKernel(const uint32_t* __restrict__ words, Lay
     ok = ok && b < l.blocks && slot % eb_math::kBlockValues < eb_math::TileOf(l, b).count &&
          eb_math::HeaderMode(words[b]) != eb_math::kVerbatim;
     ok = ok && (element_bytes == 4 || raw[j] <= 0xffffu);
-    if (!ok) atomicOr(failures, static_cast<unsigned long long>(kEbBadOutlier));
+    if (!ok) atomicOr(&status->failures, static_cast<unsigned long long>(kFailEbOutlier));
   }
 }
 
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
     EbDecodeKernel(const uint32_t* __restrict__ words, Layout l, float half_bin,
-                   uint64_t data_start, void* __restrict__ output) {
+                   uint64_t data_start, const DeviceStatus* __restrict__ status,
+                   void* __restrict__ output) {
+  if (status->failures != 0) return;
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
   __shared__ WarpTile tiles[kWarps];
   const int warp = threadIdx.x / 32;
@@ -461,7 +513,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int Width>
 __global__ void EbScatterKernel(Layout l, const uint32_t* __restrict__ slots,
                                 const uint32_t* __restrict__ raw, uint64_t outliers,
+                                const DeviceStatus* __restrict__ status,
                                 void* __restrict__ output) {
+  if (status->failures != 0) return;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t j = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < outliers; j += stride) {
     const uint64_t slot = ReadU64(slots, j);
@@ -487,39 +541,20 @@ void DispatchKind(int element_kind, Fn&& fn) {
 
 }  // namespace
 
-absl::Status EbRange(const void* input, uint64_t numel, int element_kind,
-                     unsigned long long* counters, void* stream, float* lo, float* hi,
-                     uint64_t* finite) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
+absl::Status EbEncode(const void* input, const EbShape& shape, int mode, double value,
+                      uint8_t* payload, uint8_t* scratch, DeviceStatus* status, void* stream) {
+  const Layout l = LayoutOf(shape);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (numel > 0) {
-    const int blocks = BlocksFor(numel, 256 * 8);
-    DispatchKind(element_kind, [&](auto kind) {
-      ACTPACK_LAUNCH(EbRangeKernel<decltype(kind)::value>, blocks, 256, s)(input, numel, counters);
+  const uint64_t numel = shape.planes * shape.rows * shape.cols;
+  if (mode == eb_math::kRelative && numel > 0) {
+    DispatchKind(shape.element_kind, [&](auto kind) {
+      ACTPACK_LAUNCH(EbRangeKernel<decltype(kind)::value>, BlocksFor(numel, 256 * 8), 256, s)(
+          input, numel, status);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t values[3] = {0, 0, 0};
-  const absl::Status read = ReadCounters(counters, stream, values, 3);
-  if (!read.ok()) return read;
-  *finite = values[2];
-  *lo = values[2] > 0 ? FromOrderedKey(~static_cast<uint32_t>(values[1]))
-                      : portable::BitsToFloat(0x7f800000u);
-  *hi = values[2] > 0 ? FromOrderedKey(static_cast<uint32_t>(values[0]))
-                      : portable::BitsToFloat(0xff800000u);
-  return absl::OkStatus();
-}
-
-absl::Status EbEncode(const void* input, const EbShape& shape, float half_bin, float bound,
-                      uint8_t* payload, uint8_t* scratch, unsigned long long* counters,
-                      void* stream, uint64_t* payload_words, uint64_t* outliers,
-                      uint64_t* payload_checksum) {
-  const Layout l = LayoutOf(shape);
-  const Quantizer qz = eb_math::MakeQuantizer(half_bin, bound);
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  ACTPACK_LAUNCH(EbQuantizerKernel, 1, 1, s)(mode, value, status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   uint64_t* chunk_words = reinterpret_cast<uint64_t*>(scratch);
   uint64_t* chunk_outliers = chunk_words + l.chunks;
@@ -527,37 +562,34 @@ absl::Status EbEncode(const void* input, const EbShape& shape, float half_bin, f
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbPlanKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          input, l, qz, words, chunk_words, chunk_outliers);
+          input, l, status, words, chunk_words, chunk_outliers);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    ACTPACK_LAUNCH(EbScanKernel, 1, kScanThreads, s)(chunk_words, chunk_outliers, l.chunks,
-                                                     words + eb_math::SectionsOf(l, 0, 0).index,
-                                                     counters);
-    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t totals[2] = {0, 0};
-  const absl::Status read = ReadCounters(counters, stream, totals, 2);
-  if (!read.ok()) return read;
-  const eb_math::Sections sections = eb_math::SectionsOf(l, totals[0], totals[1]);
+  // Also with no blocks: it writes the totals (zero) and the payload's size.
+  ACTPACK_LAUNCH(EbScanKernel, 1, kScanThreads, s)(chunk_words, chunk_outliers, l,
+                                                   words + eb_math::SectionsOf(l, 0, 0).index,
+                                                   status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbWriteKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          input, l, qz, words, chunk_outliers, sections.data, sections.slots, sections.raw);
+          input, l, status, words, chunk_outliers);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  *payload_words = sections.end;
-  *outliers = totals[1];
-  return PayloadChecksum(payload, 4 * *payload_words, counters, stream, payload_checksum);
+  // The payload's size is decided on the device: the checksum reads it there, bounded by the
+  // largest payload this shape can have (where the scratch begins).
+  const uint64_t bound = static_cast<uint64_t>(scratch - payload);
+  return Checksum(payload, bound, reinterpret_cast<const uint32_t*>(&status->payload_bytes),
+                  &status->payload_sum, stream);
 }
 
 absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin,
-                      uint64_t data_words, uint64_t outliers, unsigned long long* counters,
-                      void* output, void* stream, uint32_t* failures) {
+                      uint64_t data_words, uint64_t outliers, DeviceStatus* status, void* output,
+                      void* stream) {
   const Layout l = LayoutOf(shape);
   const uint32_t element_bytes = shape.element_kind == elements::kF32 ? 4 : 2;
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
   const eb_math::Sections sections = eb_math::SectionsOf(l, data_words, outliers);
@@ -568,24 +600,20 @@ absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_b
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbValidateKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          words, l, data_words, counters);
+          words, l, data_words, status);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (outliers > 0) {
     ACTPACK_LAUNCH(EbValidateOutliersKernel, BlocksFor(outliers, 256), 256, s)(
-        words, l, slots, raw, outliers, element_bytes, counters);
+        words, l, slots, raw, outliers, element_bytes, status);
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t bits = 0;
-  const absl::Status read = ReadCounters(counters, stream, &bits, 1);
-  if (!read.ok()) return read;
-  *failures = static_cast<uint32_t>(bits);
-  if (bits != 0) return absl::OkStatus();
+  // The kernels below write nothing when a check above (or the buffer's) failed.
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbDecodeKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          words, l, half_bin, data_start, output);
+          words, l, half_bin, data_start, status, output);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
@@ -593,10 +621,10 @@ absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_b
     // After the blocks (same stream): an outlier overwrites its block's placeholder value.
     if (element_bytes == 4) {  // coverage: every branch
       ACTPACK_LAUNCH(EbScatterKernel<4>, BlocksFor(outliers, 256), 256, s)(
-          l, slots, raw, outliers, output);
+          l, slots, raw, outliers, status, output);
     } else {
       ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outliers, 256), 256, s)(
-          l, slots, raw, outliers, output);
+          l, slots, raw, outliers, status, output);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

@@ -2,80 +2,103 @@
 // tensor on a GPU. Plain C++ and Abseil (no CUDA types), so that the CPU sources can declare the
 // calls; they exist only in builds with ACTPACK_WITH_CUDA.
 //
-// Every call returns an absl::Status from common/cuda_check.h: the failing CUDA call with its
-// file and line, kResourceExhausted for an out-of-memory error. Calls that report totals (a
-// checksum, counts) sum them into `counters`: kCounterWords 64-bit words of device memory the
-// caller provides from its allocator (codecs/internal/device_counters.h), which the call zeroes
-// on `stream` first. Such calls wait for `stream` to read the totals; the others only queue
-// work on it.
+// Every call only queues work on `stream` and never waits for the device, except CopyToHost.
+// What the host would otherwise wait for goes into a DeviceStatus (internal/device_status.h):
+// the encoders sum their checksum and counts into the one they are given (zeroed first by the
+// caller, ZeroStatus), and put there the header fields the data decides. Every call returns an
+// absl::Status from common/cuda_check.h: the failing CUDA call with its file and line,
+// kResourceExhausted for an out-of-memory error.
 #ifndef ACTPACK_CODECS_CUDA_KERNELS_H_
 #define ACTPACK_CODECS_CUDA_KERNELS_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "codecs/internal/device_status.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/quant_math.h"
 
 namespace actpack::codecs::cuda {
 
-inline constexpr int kCounterWords = 8;
-
-// Synchronous copies (they wait for `stream`).
+// Copies device memory to pageable host memory and waits for `stream`: the synchronous API's
+// reads (codec.h's ReadHeader, Encode's and Decode's status), never a deferred call's.
 absl::Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, void* stream);
-absl::Status CopyToDevice(void* device_dst, const void* host_src, uint64_t bytes, void* stream);
 
-// format.h's PayloadChecksum of device memory.
-absl::Status PayloadChecksum(const uint8_t* payload, uint64_t bytes, unsigned long long* counters,
-                             void* stream, uint64_t* checksum);
+// Device to device, queued.
+absl::Status CopyOnDevice(void* device_dst, const void* device_src, uint64_t bytes, void* stream);
 
-// Per-group stochastic quantization; writes the same payload as the CPU reference (quant.cc)
-// and reports the checksum and the counts of non-finite values and of groups whose range
-// overflows float.
+// Zeroes `status`, queued.
+absl::Status ZeroStatus(DeviceStatus* status, void* stream);
+
+// Sets the low byte of status->failures to `bits` (a DecodeFailure below 256), queued.
+absl::Status SetFailureByte(DeviceStatus* status, uint8_t bits, void* stream);
+
+// Sums format.h's payload checksum terms of `payload` into *sum. The payload's size is `bytes`,
+// or, with `device_bytes` (the size as two little-endian words in device memory), that size,
+// clamped to `bytes`.
+absl::Status Checksum(const uint8_t* payload, uint64_t bytes, const uint32_t* device_bytes,
+                      unsigned long long* sum, void* stream);
+
+// Writes the buffer's header at `out` from the host's `header`: its parameter words ORed with
+// status->params, its payload size status->payload_bytes where `device_sized`, the
+// unrepresentable flag where the status counts such values, and the checksum from
+// status->payload_sum. Byte for byte what the CPU's Encode writes for the same payload.
+absl::Status FinalizeHeader(const HeaderWords& header, bool device_sized,
+                            const DeviceStatus* status, uint8_t* out, void* stream);
+
+// Checks the buffer at `buffer` (`capacity` bytes) on the device: its header words against
+// `expected` where bit j of `known` is set (the words the host knows), its flags, its payload
+// size against the capacity, and its checksum. Sets DecodeFailure bits in status->failures.
+absl::Status CheckBuffer(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                         uint32_t known, DeviceStatus* status, void* stream);
+
+// Overwrites the `numel` elements of `element_bytes` bytes at `output` with `pattern` when
+// status->failures is not 0 (NaN for floating-point tensors, 0 for the others).
+absl::Status Poison(const DeviceStatus* status, void* output, uint64_t numel, int element_bytes,
+                    uint64_t pattern, void* stream);
+
+// Per-group stochastic quantization; writes the same payload as the CPU reference (quant.cc).
+// status: payload_sum; nonfinite; unrepresentable = groups whose range overflows float.
 absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
-                         elements::Kind kind, uint8_t* payload, unsigned long long* counters,
-                         void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
-                         uint64_t* overflow_groups);
+                         elements::Kind kind, uint8_t* payload, DeviceStatus* status,
+                         void* stream);
 
 absl::Status QuantDecode(const uint8_t* payload, const quant_math::Layout& layout,
                          elements::Kind kind, void* output, void* stream);
 
-// `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc; reports the
-// checksum and the count of finite values that became infinite.
+// `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc.
+// status: payload_sum; unrepresentable = finite values that became infinite.
 absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload,
-                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                        uint64_t* overflow);
+                        DeviceStatus* status, void* stream);
 
 absl::Status CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
                         void* stream);
 
-// `mask`: one bit per element (set where the element's `width`-byte bits are not zero), the
-// payload of mask.cc; reports the checksum and the largest and smallest nonzero element bits
-// (both 0 when every element is zero).
-absl::Status MaskEncode(const void* input, uint64_t numel, int width, uint8_t* payload,
-                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                        uint32_t* max_bits, uint32_t* min_bits);
+// `mask` of a tensor of `dtype` (dtype.h's code): one bit per element, set where its bits are
+// not zero, the payload of mask.cc. status: payload_sum; params word 0 = the nonzero value's
+// bits (0 when every element is zero); unrepresentable = 1 when the tensor holds two nonzero
+// values, a NaN one, or a bool byte other than 1.
+absl::Status MaskEncode(const void* input, uint64_t numel, int dtype, uint8_t* payload,
+                        DeviceStatus* status, void* stream);
 
-// Writes `value` where a bit is set and zero elsewhere.
-absl::Status MaskDecode(const uint8_t* payload, uint64_t numel, int width, uint32_t value,
+// Writes the value in the parameters of `header` (the buffer's header, in device memory) where
+// a bit is set and zero elsewhere. A value the dtype cannot hold sets kFailParams; nothing is
+// written while status->failures is not 0.
+absl::Status MaskDecode(const uint8_t* header, uint64_t numel, int dtype, DeviceStatus* status,
                         void* output, void* stream);
 
-// `bitpack`: the smallest and largest element of an integer tensor of `kind`
-// (bitpack_math::Kind) as signed 64-bit values; numel must not be 0.
-absl::Status BitpackRange(const void* input, uint64_t numel, int kind,
-                          unsigned long long* counters, void* stream, int64_t* min,
-                          int64_t* max);
+// `bitpack` of an integer tensor of `kind` (bitpack_math::Kind): each element's offset from the
+// smallest in the bits the range needs, the payload of bitpack.cc; scratch is the status's work
+// words. status: payload_sum; params = base (words 0..1) and bits (word 2); payload_bytes.
+absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, uint8_t* payload,
+                           DeviceStatus* status, void* stream);
 
-// `bitpack`: each element's offset from `base` in `bits` bits, the payload of bitpack.cc;
-// reports the checksum. Every element must lie in [base, base + 2^bits - 1].
-absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, int64_t base,
-                           uint32_t bits, uint8_t* payload, unsigned long long* counters,
-                           void* stream, uint64_t* payload_checksum);
-
-// Writes base + each stored offset.
-absl::Status BitpackDecode(const uint8_t* payload, uint64_t numel, int kind, int64_t base,
-                           uint32_t bits, void* output, void* stream);
+// Writes base + each stored offset, with base and bits from `header` (the buffer's header, in
+// device memory). Parameters the dtype cannot hold set kFailParams; nothing is written while
+// status->failures is not 0.
+absl::Status BitpackDecode(const uint8_t* header, uint64_t numel, int kind, DeviceStatus* status,
+                           void* output, void* stream);
 
 struct PoolLayout {
   uint64_t rows;
@@ -84,24 +107,22 @@ struct PoolLayout {
   int element_kind;  // elements::Kind
 };
 
-// `pool`: window means along the rows, the payload of pool.cc; reports the checksum and the
-// count of non-finite means.
+// `pool`: window means along the rows, the payload of pool.cc. status: payload_sum; nonfinite =
+// non-finite means.
 absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload,
-                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                        uint64_t* nonfinite);
+                        DeviceStatus* status, void* stream);
 
 // Repeats each mean over its window.
 absl::Status PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output,
                         void* stream);
 
 // `division`: the pooled bfloat16 LFC, then the residual quantized per group: the payload of
-// division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind; reports the
-// checksum and the counts of non-finite inputs, of LFC means that are not finite in bfloat16,
-// and of groups whose residual range overflows float.
+// division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind. status:
+// payload_sum; nonfinite = non-finite inputs; unrepresentable = LFC means not finite in
+// bfloat16 (also counted in work[0]) and groups whose residual range overflows float.
 absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,
-                            int element_kind, uint8_t* payload, unsigned long long* counters,
-                            void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
-                            uint64_t* nonfinite_lfc, uint64_t* overflow_groups);
+                            int element_kind, uint8_t* payload, DeviceStatus* status,
+                            void* stream);
 
 // Upsampled LFC + dequantized residual.
 absl::Status DivisionDecode(const uint8_t* payload, const division_math::Layout& layout,
@@ -115,30 +136,19 @@ struct EbShape {
   int element_kind;  // elements::Kind
 };
 
-// `eb`: the smallest and largest finite value and the count of finite values (lo = +inf and
-// hi = -inf when there is none).
-absl::Status EbRange(const void* input, uint64_t numel, int element_kind,
-                     unsigned long long* counters, void* stream, float* lo, float* hi,
-                     uint64_t* finite);
-
-// `eb`: writes the payload of eb.cc for the quantizer (half_bin, bound), using `scratch`
-// (8-byte aligned, 16 bytes per chunk of 32 blocks) for the chunk sums; reports the payload's
-// size in words, the outlier count and the checksum.
-absl::Status EbEncode(const void* input, const EbShape& shape, float half_bin, float bound,
-                      uint8_t* payload, uint8_t* scratch, unsigned long long* counters,
-                      void* stream, uint64_t* payload_words, uint64_t* outliers,
-                      uint64_t* payload_checksum);
-
-// Failure bits of EbDecode.
-inline constexpr uint32_t kEbBadBlockHeader = 1;
-inline constexpr uint32_t kEbBadChunkIndex = 2;
-inline constexpr uint32_t kEbBadOutlier = 4;
+// `eb` under bound mode `mode` (EbMode) and `value`: the payload of eb.cc, with the quantizer
+// computed on the device from the finite values' range (eb_math::QuantizerFor). `scratch`
+// (8-byte aligned, 16 bytes per chunk of 32 blocks) holds the chunk sums. status: payload_sum;
+// params = half bin, bound (words 1..2) and the outlier count (words 4..5); payload_bytes.
+absl::Status EbEncode(const void* input, const EbShape& shape, int mode, double value,
+                      uint8_t* payload, uint8_t* scratch, DeviceStatus* status, void* stream);
 
 // `eb`: validates the block headers, the chunk index and the outliers of a payload with
-// `data_words` words of block data; writes the output only when *failures is 0.
+// `data_words` words of block data (kFailEb* bits in status->failures), then writes the output
+// unless status->failures is not 0.
 absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin,
-                      uint64_t data_words, uint64_t outliers, unsigned long long* counters,
-                      void* output, void* stream, uint32_t* failures);
+                      uint64_t data_words, uint64_t outliers, DeviceStatus* status, void* output,
+                      void* stream);
 
 }  // namespace actpack::codecs::cuda
 

@@ -4,7 +4,7 @@
 //
 // Encode: one thread per payload word (one or two windows of k <= 64 neighbouring values; a
 // warp reads a contiguous span of its rows) in a grid-stride loop; the checksum and the count
-// of non-finite means are summed per warp into global accumulators. Decode: one thread per
+// of non-finite means are summed per warp into the call's DeviceStatus. Decode: one thread per
 // output element (coalesced writes; the means are read through the cache).
 #include <cuda_runtime.h>
 
@@ -26,7 +26,7 @@ constexpr int kThreads = 256;
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     PoolEncodeKernel(const void* __restrict__ input, pool_math::Shape shape, uint64_t words,
-                     uint32_t* __restrict__ payload, unsigned long long* __restrict__ counters) {
+                     uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kThreads)
     payload[w] = word;
     checksum += portable::ChecksumTerm(word, w);
   }
-  WarpSumToGlobal(checksum, &counters[0]);
-  WarpSumToGlobal(nonfinite, &counters[1]);
+  WarpSumToGlobal(checksum, &status->payload_sum);
+  WarpSumToGlobal(nonfinite, &status->nonfinite);
 }
 
 template <int Width>
@@ -61,10 +61,7 @@ uint64_t PayloadWords(const pool_math::Shape& shape, int element_kind) {
 }  // namespace
 
 absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload,
-                        unsigned long long* counters, void* stream, uint64_t* payload_checksum,
-                        uint64_t* nonfinite) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
+                        DeviceStatus* status, void* stream) {
   const pool_math::Shape shape =
       pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t words = PayloadWords(shape, layout.element_kind);
@@ -75,23 +72,18 @@ absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* pa
     switch (layout.element_kind) {  // coverage: every branch
       case elements::kF16:
         ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF16>, blocks, kThreads, s)(
-            input, shape, words, out, counters);
+            input, shape, words, out, status);
         break;
       case elements::kBF16:
         ACTPACK_LAUNCH(PoolEncodeKernel<elements::kBF16>, blocks, kThreads, s)(
-            input, shape, words, out, counters);
+            input, shape, words, out, status);
         break;
       default:
         ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF32>, blocks, kThreads, s)(
-            input, shape, words, out, counters);
+            input, shape, words, out, status);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t values[2] = {0, 0};
-  const absl::Status read = ReadCounters(counters, stream, values, 2);
-  if (!read.ok()) return read;
-  *payload_checksum = values[0];
-  *nonfinite = values[1];
   return absl::OkStatus();
 }
 

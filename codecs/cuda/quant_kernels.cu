@@ -4,7 +4,7 @@
 // Encode: one warp per group. Pass 1 reduces the group's min/max with shuffles; pass 2 lets
 // each lane quantize one value per 32 (coalesced loads) and ORs the codes of 32/bits
 // neighbouring lanes into one 32-bit word with shuffles, so code words are written coalesced.
-// The checksum and the non-finite count are summed per warp into global accumulators.
+// The checksum and the counts are summed per warp into the call's DeviceStatus.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,7 +27,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     QuantEncodeKernel(const void* __restrict__ input, quant_math::Layout layout,
-                      uint32_t* __restrict__ payload, unsigned long long* __restrict__ counters) {
+                      uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const uint64_t groups = layout.groups;
   const uint32_t per_word = 32 / layout.bits;
@@ -82,9 +82,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   }
-  WarpSumToGlobal(checksum, &counters[0]);
-  WarpSumToGlobal(nonfinite, &counters[1]);
-  WarpSumToGlobal(overflow, &counters[2]);
+  WarpSumToGlobal(checksum, &status->payload_sum);
+  WarpSumToGlobal(nonfinite, &status->nonfinite);
+  WarpSumToGlobal(overflow, &status->unrepresentable);
 }
 
 template <int K>
@@ -107,11 +107,8 @@ __global__ void QuantDecodeKernel(const uint32_t* __restrict__ payload, quant_ma
 }  // namespace
 
 absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
-                         elements::Kind kind, uint8_t* payload, unsigned long long* counters,
-                         void* stream, uint64_t* payload_checksum, uint64_t* nonfinite,
-                         uint64_t* overflow_groups) {
-  absl::Status status = ZeroCounters(counters, stream);
-  if (!status.ok()) return status;
+                         elements::Kind kind, uint8_t* payload, DeviceStatus* status,
+                         void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
   if (layout.groups > 0) {
@@ -119,24 +116,18 @@ absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
     switch (kind) {  // coverage: every branch
       case elements::kF16:
         ACTPACK_LAUNCH(QuantEncodeKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
         break;
       case elements::kBF16:
         ACTPACK_LAUNCH(QuantEncodeKernel<elements::kBF16>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
         break;
       default:
         ACTPACK_LAUNCH(QuantEncodeKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, counters);
+            input, layout, words, status);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  uint64_t values[3] = {0, 0, 0};
-  const absl::Status read = ReadCounters(counters, stream, values, 3);
-  if (!read.ok()) return read;
-  *payload_checksum = values[0];
-  *nonfinite = values[1];
-  *overflow_groups = values[2];
   return absl::OkStatus();
 }
 

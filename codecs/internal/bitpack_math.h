@@ -54,6 +54,26 @@ ACTPACK_HD void Store(void* base, uint64_t i, int64_t v) {
   }
 }
 
+// The kind's smallest and largest value.
+ACTPACK_HD int64_t Lowest(int kind) {
+  switch (kind) {
+    case kU8: return 0;
+    case kI8: return -128;
+    case kI16: return -32768;
+    case kI32: return -2147483647 - 1;
+    default: return static_cast<int64_t>(uint64_t{1} << 63);
+  }
+}
+ACTPACK_HD int64_t Highest(int kind) {
+  switch (kind) {
+    case kU8: return 255;
+    case kI8: return 127;
+    case kI16: return 32767;
+    case kI32: return 2147483647;
+    default: return static_cast<int64_t>(~(uint64_t{1} << 63));
+  }
+}
+
 // The bits of `range` (max - min as an unsigned 64-bit number): 0 for 0, else 1..64.
 ACTPACK_HD uint32_t Width(uint64_t range) {
   uint32_t b = 0;
@@ -66,6 +86,31 @@ ACTPACK_HD uint32_t Width(uint64_t range) {
 
 // 2^b - 1: the largest offset b bits hold.
 ACTPACK_HD uint64_t Span(uint32_t b) { return b >= 64 ? ~uint64_t{0} : (uint64_t{1} << b) - 1; }
+
+// The header's parameters: b and base for the values in [lo, hi] of `kind` (an empty tensor:
+// lo = hi = 0).
+struct Params {
+  int64_t base;
+  uint32_t bits;
+};
+ACTPACK_HD Params MakeParams(int64_t lo, int64_t hi, int kind) {
+  Params p;
+  p.bits = Width(static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo));
+  // Lowered where lo + 2^b - 1 would pass the kind's largest value. b is no wider than the
+  // kind, so the difference is a value of it.
+  const int64_t top = static_cast<int64_t>(static_cast<uint64_t>(Highest(kind)) - Span(p.bits));
+  p.base = lo < top ? lo : top;
+  return p;
+}
+
+// Whether a decoder may use base and b for `kind`: b no wider than the kind, and every offset b
+// bits hold, added to base, a value of it.
+ACTPACK_HD bool ValidParams(int64_t base, uint32_t bits, int kind, uint32_t element_bytes) {
+  if (bits > 8 * element_bytes) return false;
+  const int64_t lowest = Lowest(kind), highest = Highest(kind);
+  return base >= lowest && base <= highest &&
+         static_cast<uint64_t>(highest) - static_cast<uint64_t>(base) >= Span(bits);
+}
 
 // Words of the payload: b per whole group, the partial group's bits rounded up to a word.
 // Without overflow for any numel <= 2^62 and b <= 64.

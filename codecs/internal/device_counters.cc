@@ -1,12 +1,15 @@
 #include "codecs/internal/device_counters.h"
 
 #include "absl/status/status.h"
+
+#ifdef ACTPACK_WITH_CUDA
 #include "codecs/cuda/kernels.h"
+#endif
 
 namespace actpack::codecs::internal {
 namespace {
 
-constexpr size_t kCounterBytes = cuda::kCounterWords * sizeof(unsigned long long);
+constexpr size_t kCounterBytes = sizeof(DeviceStatus);
 
 }  // namespace
 
@@ -18,8 +21,12 @@ absl::StatusOr<DeviceCounters> DeviceCounters::Make(const ExecContext& context) 
   }
   absl::StatusOr<void*> memory = context.scratch->Allocate(kCounterBytes, context.stream);
   if (!memory.ok()) return memory.status();
-  return DeviceCounters(context.scratch, context.stream,
-                        static_cast<unsigned long long*>(*memory));
+  DeviceCounters counters(context.scratch, context.stream, static_cast<DeviceStatus*>(*memory));
+#ifdef ACTPACK_WITH_CUDA
+  absl::Status zeroed = cuda::ZeroStatus(counters.get(), context.stream);
+  if (!zeroed.ok()) return zeroed;
+#endif
+  return counters;
 }
 
 DeviceCounters::DeviceCounters(DeviceCounters&& other) noexcept

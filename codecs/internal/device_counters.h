@@ -1,10 +1,11 @@
-// The counters a CUDA codec call sums into, taken from the caller's scratch allocator
-// (ExecContext::scratch) and given back when the call is done.
+// The DeviceStatus of a synchronous codec call on a GPU (codec.h's Encode, Decode, Verify),
+// taken zeroed from the caller's scratch allocator (ExecContext::scratch) and given back when
+// the call is done. Deferred calls (deferred.h) take theirs from their caller instead.
 //
-// Usage (in a codec's CUDA path):
-//   absl::StatusOr<DeviceCounters> counters = DeviceCounters::Make(context);
-//   if (!counters.ok()) return counters.status();
-//   cuda::QuantEncode(..., counters->get(), context.stream, ...);
+// Usage:
+//   absl::StatusOr<DeviceCounters> status = DeviceCounters::Make(context);
+//   if (!status.ok()) return status.status();
+//   EncodeDeferred(..., status->get()); ... CopyToHost(&read, status->get(), ...);
 #ifndef ACTPACK_CODECS_INTERNAL_DEVICE_COUNTERS_H_
 #define ACTPACK_CODECS_INTERNAL_DEVICE_COUNTERS_H_
 
@@ -25,15 +26,15 @@ class DeviceCounters {
   DeviceCounters(const DeviceCounters&) = delete;
   ~DeviceCounters();
 
-  unsigned long long* get() const { return counters_; }
+  DeviceStatus* get() const { return counters_; }
 
  private:
-  DeviceCounters(ScratchAllocator* allocator, void* stream, unsigned long long* counters)
+  DeviceCounters(ScratchAllocator* allocator, void* stream, DeviceStatus* counters)
       : allocator_(allocator), stream_(stream), counters_(counters) {}
 
   ScratchAllocator* allocator_;
   void* stream_;
-  unsigned long long* counters_;
+  DeviceStatus* counters_;
 };
 
 }  // namespace actpack::codecs::internal

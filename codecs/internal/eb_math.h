@@ -138,6 +138,42 @@ ACTPACK_HD Quantizer MakeQuantizer(float half_bin, float bound) {
   return Quantizer{half_bin, portable::Add(half_bin, half_bin), bound};
 }
 
+// A larger half-bin would make the bin 2q or a decoded centre overflow.
+inline constexpr float kMaxHalfBin = 0x1p100f;
+inline constexpr float kMinNormal = 0x1p-126f;
+// The bound modes as the header stores them (codec.h's EbMode).
+inline constexpr int kAbsolute = 1;
+inline constexpr int kRelative = 2;
+
+// The largest float <= v (v >= 0); 0 below the smallest subnormal.
+ACTPACK_HD float FloatAtMost(double v) {
+  constexpr double kFloatMax = 3.4028234663852886e38;
+  v = v < kFloatMax ? v : kFloatMax;
+  float f = static_cast<float>(v);  // to nearest, on both devices
+  // f > v >= 0: the next float towards zero.
+  if (static_cast<double>(f) > v) f = portable::BitsToFloat(portable::FloatBits(f) - 1);
+  return f;
+}
+
+// The quantizer for a bound mode (kAbsolute, kRelative) and value, given the finite values'
+// range [lo, hi] (`finite` false when there is none). The CPU and the GPU encoders both call
+// this with the same range.
+ACTPACK_HD Quantizer QuantizerFor(int mode, double value, float lo, float hi, bool finite) {
+  double bound = value;
+  if (mode == kRelative) {
+    bound = finite ? value * (static_cast<double>(hi) - static_cast<double>(lo)) : 0.0;
+  }
+  const float b = FloatAtMost(bound);
+  if (b >= kMinNormal) return MakeQuantizer(b < kMaxHalfBin ? b : kMaxHalfBin, b);
+  // A zero bound (every finite value is the same, relative mode): only exact reconstructions
+  // pass. Centring the bins on that value keeps it exact: k = ±1 decodes to ±q = the value.
+  const float abs_lo = portable::BitsToFloat(portable::FloatBits(lo) & 0x7fffffffu);
+  const float abs_hi = portable::BitsToFloat(portable::FloatBits(hi) & 0x7fffffffu);
+  const float top = finite ? (abs_lo > abs_hi ? abs_lo : abs_hi) : 0.0f;
+  const float q = top >= kMinNormal && top <= kMaxHalfBin ? top : 1.0f;
+  return MakeQuantizer(q, b);
+}
+
 // `v` as the decoded tensor holds it: rounded to the element type.
 template <int K>
 ACTPACK_HD float RoundTo(float v) {
