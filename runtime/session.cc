@@ -90,11 +90,13 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kPolicyExact: return "exact: fits the budget";
     case KeepReason::kSavedInBackward: return "saved during backward (create_graph or recomputation)";
     case KeepReason::kAwaitingBound: return "exact until its error bound is known (first step)";
+    case KeepReason::kFlaggedOnDevice: return "its codec met values it cannot hold on the GPU";
   }
   return "";
 }
 
 PackedTensor::~PackedTensor() {
+  if (status_pool_ != nullptr) status_pool_->Release(slot_);
   if (ledger_ == nullptr) return;
   absl::MutexLock lock(&ledger_->mu);
   if (ledger_->session != nullptr) ledger_->session->OnRelease(*this);
@@ -167,11 +169,16 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.reason = KeepReason::kTooSmall;
   } else if (IsLossInput(info.producer)) {
     plan.reason = KeepReason::kLossInput;
+  } else if (record.device_flagged) {
+    plan.reason = KeepReason::kFlaggedOnDevice;
   }
   if (plan.reason != KeepReason::kNone) {
     plan.action = PackAction::kKeep;
     record.codec = "kept";
-    record.note = std::string(KeepReasonName(plan.reason));
+    // A flagged record's note says what its codec met, and when.
+    if (plan.reason != KeepReason::kFlaggedOnDevice) {
+      record.note = std::string(KeepReasonName(plan.reason));
+    }
     totals_.kept_bytes += bytes;
     current_step_.stored_bytes += bytes;
     return plan;
@@ -366,6 +373,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
                                                             const PackPlan& plan,
                                                             const codecs::TensorView& contiguous,
                                                             const codecs::ExecContext& context) {
+  if (context.device == codecs::Device::kCuda) return PackDeferred(info, plan, contiguous, context);
   codecs::CodecParams params = plan.params;
   std::string note;
   absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(contiguous.Spec(), params);
@@ -392,19 +400,82 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     absl::Status shrunk = (*buffer)->ShrinkTo(*used);
     if (!shrunk.ok()) return shrunk;
   }
+  auto packed = NewPacked(info, std::move(*buffer), *used, context);
+  absl::MutexLock lock(&mu_);
+  totals_.codec_nanoseconds += encode_ns;
+  Admit(info, plan, params, note, packed);
+  return packed;
+}
 
+absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
+    const SavedTensorInfo& info, const PackPlan& plan, const codecs::TensorView& contiguous,
+    const codecs::ExecContext& context) {
+  std::shared_ptr<DeviceStatusPool> pool;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<DeviceStatusPool>& slot_pool = status_pools_[context.device_index];
+    if (slot_pool == nullptr) slot_pool = std::make_shared<DeviceStatusPool>(factory_);
+    pool = slot_pool;
+  }
+  absl::StatusOr<DeviceStatusPool::Slot> slot = pool->Acquire(context);
+  if (!slot.ok()) return slot.status();
+  absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(contiguous.Spec(), plan.params);
+  absl::StatusOr<std::unique_ptr<Buffer>> buffer =
+      capacity.ok() ? factory_(*capacity, context) : capacity.status();
+  absl::StatusOr<codecs::DeferredEncoding> encoding =
+      buffer.ok() ? codecs::EncodeDeferred(contiguous, plan.params, (*buffer)->data(),
+                                           (*buffer)->size(), context, slot->device)
+                  : buffer.status();
+  if (!encoding.ok()) {
+    pool->Release(*slot);
+    return encoding.status();
+  }
+  pool->UseStream(context.stream);
+  // eb's and bitpack's sizes are decided on the device: their status is copied back as soon as
+  // the encode has run, and the buffer shrinks when the host sees it (never waiting for it).
+  const bool sized_on_device = encoding->device_decided && encoding->header.payload_size == 0;
+  if (sized_on_device) {
+    absl::Status mirrored = pool->MirrorOne(*slot, context.stream);
+    if (!mirrored.ok()) {
+      pool->Release(*slot);
+      return mirrored;
+    }
+  }
+  auto packed = NewPacked(info, std::move(*buffer), encoding->bytes, context);
+  packed->deferred_ = true;
+  packed->encoding_ = *encoding;
+  packed->status_pool_ = pool;
+  packed->slot_ = *slot;
+  packed->record_ = plan.record;
+  absl::MutexLock lock(&mu_);
+  Admit(info, plan, plan.params, "", packed);
+  deferred_this_step_.push_back(
+      DeferredUse{pool, *slot, plan.record, encoding->header, packed});
+  if (sized_on_device) unresolved_.push_back(packed);
+  absl::Status resolved = ResolveReady();
+  if (!resolved.ok()) return resolved;
+  return packed;
+}
+
+std::shared_ptr<PackedTensor> Session::NewPacked(const SavedTensorInfo& info,
+                                                 std::unique_ptr<Buffer> buffer,
+                                                 size_t encoded_size,
+                                                 const codecs::ExecContext& context) {
   auto packed = std::shared_ptr<PackedTensor>(new PackedTensor());
   packed->shape_ = info.shape;
   packed->dtype_ = info.dtype;
   packed->raw_bytes_ = info.Bytes();
-  packed->stored_bytes_ = (*buffer)->size();
-  packed->encoded_size_ = *used;
+  packed->stored_bytes_ = buffer->size();
+  packed->encoded_size_ = encoded_size;
   packed->stream_ = context.stream;
   packed->storage_guard_ = info.storage_guard;
-  packed->buffer_ = std::move(*buffer);
+  packed->buffer_ = std::move(buffer);
+  return packed;
+}
 
-  absl::MutexLock lock(&mu_);
-  totals_.codec_nanoseconds += encode_ns;
+void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
+                    const codecs::CodecParams& params, const std::string& note,
+                    const std::shared_ptr<PackedTensor>& packed) {
   packed->ledger_ = ledger_;
   SavedRecord& record = records_[plan.record];
   record.codec = codecs::FormatCodecSpec(params);
@@ -445,7 +516,90 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   } else {
     entry->packed = packed;
   }
-  return packed;
+}
+
+absl::Status Session::Resolve(PackedTensor& packed, const codecs::DeviceStatus& read_back) {
+  packed.encoding_ = codecs::Resolve(packed.encoding_, read_back);
+  packed.encoded_size_ = packed.encoding_.bytes;
+  const uint64_t before = packed.buffer_->size();
+  if (packed.encoded_size_ >= before) return absl::OkStatus();
+  // Queued behind the encode on the same stream; the old memory goes back in stream order.
+  absl::Status shrunk = packed.buffer_->ShrinkTo(packed.encoded_size_);
+  if (!shrunk.ok()) return shrunk;
+  const uint64_t after = packed.buffer_->size();
+  packed.stored_bytes_ = after;
+  const uint64_t freed = before - after;
+  totals_.live_stored -= std::min(totals_.live_stored, freed);
+  totals_.packed_stored_bytes -= std::min(totals_.packed_stored_bytes, freed);
+  current_step_.stored_bytes -= std::min(current_step_.stored_bytes, freed);
+  if (packed.record_ >= 0 && static_cast<size_t>(packed.record_) < records_.size()) {
+    SavedRecord& record = records_[packed.record_];
+    record.stored_bytes = after;
+    if (record.assigned.automatic && !record.lossless_by_dtype) {
+      current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, freed);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::ResolveReady() {
+  while (!unresolved_.empty()) {
+    std::shared_ptr<PackedTensor> packed = unresolved_.front().lock();
+    if (packed == nullptr) {
+      unresolved_.pop_front();
+      continue;
+    }
+    // In encode order on a stream: the first one not done means the rest are not either.
+    if (!packed->status_pool_->Ready(packed->slot_)) break;
+    unresolved_.pop_front();
+    absl::Status resolved = Resolve(*packed, packed->status_pool_->Mirror(packed->slot_));
+    if (!resolved.ok()) return resolved;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::CheckDeferred() {
+  if (deferred_this_step_.empty()) return absl::OkStatus();
+  for (auto& [device, pool] : status_pools_) {
+    absl::Status collected = pool->Collect();
+    if (!collected.ok()) return collected;
+  }
+  ++totals_.device_status_reads;
+  std::string corrupt;
+  for (const DeferredUse& use : deferred_this_step_) {
+    const codecs::DeviceStatus& read = use.pool->Mirror(use.slot);
+    SavedRecord* record = use.record >= 0 && static_cast<size_t>(use.record) < records_.size()
+                              ? &records_[use.record]
+                              : nullptr;
+    std::shared_ptr<PackedTensor> packed = use.packed.lock();
+    if (packed != nullptr && packed->encoding_.device_decided) {
+      absl::Status resolved = Resolve(*packed, read);
+      if (!resolved.ok()) return resolved;
+    }
+    if ((read.nonfinite != 0 || read.unrepresentable != 0) && record != nullptr) {
+      // The decode wrote NaN for it (the step's gradients are not finite: GradScaler skips the
+      // step); from the next step on it is kept exact.
+      const absl::Status refused = codecs::CheckEncode(use.header, read);
+      if (!record->device_flagged) ++totals_.exact_fallbacks;
+      record->device_flagged = true;
+      record->note = absl::StrCat(refused.message(), " (on the GPU: decoded as NaN at step ",
+                                  step_index_, ", kept exact from the next step)");
+    }
+    if ((read.failures & ~uint64_t{codecs::kFailUnrepresentable}) != 0 && corrupt.empty()) {
+      corrupt = absl::StrCat(
+          "actpack: saved tensor #", record != nullptr ? record->ordinal : -1,
+          record != nullptr ? absl::StrCat(" (", record->producer, " in module '", record->module,
+                                           "')")
+                            : "",
+          " was corrupted between its pack and its unpack (",
+          codecs::DescribeFailures(read.failures),
+          "); its decode wrote NaN, so this step's gradients are not finite");
+    }
+  }
+  deferred_this_step_.clear();
+  unresolved_.clear();
+  if (!corrupt.empty()) return absl::DataLossError(corrupt);
+  return absl::OkStatus();
 }
 
 absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTensorView& output,
@@ -456,6 +610,7 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
     absl::Status recorded = packed.buffer_->RecordStream(context.stream);
     if (!recorded.ok()) return recorded;
   }
+  if (packed.deferred_) return UnpackDeferred(packed, output, context);
   const auto decode_start = std::chrono::steady_clock::now();
   absl::Status status =
       codecs::Decode(packed.data(), packed.encoded_size(), output, context);
@@ -466,6 +621,32 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
     ++totals_.unpacks;
   }
   return status;
+}
+
+absl::Status Session::UnpackDeferred(const PackedTensor& packed,
+                                     const codecs::MutableTensorView& output,
+                                     const codecs::ExecContext& context) {
+  absl::MutexLock lock(&mu_);
+  if (packed.encoding_.device_decided) {
+    absl::Status resolved = ResolveReady();
+    if (!resolved.ok()) return resolved;
+  }
+  // eb decodes with the parameters its encode decided on the device: when the host has not
+  // seen them yet, the step's statuses are read now, once for all of them.
+  if (packed.encoding_.device_decided && packed.codec_ == codecs::CodecId::kEb) {
+    absl::Status checked = CheckDeferred();
+    if (!checked.ok()) return checked;
+  }
+  packed.status_pool_->UseStream(context.stream);
+  absl::Status status = packed.status_pool_->Order(context.stream, packed.stream_);
+  if (!status.ok()) return status;
+  status = codecs::DecodeDeferred(packed.encoding_, packed.buffer_->data(), output, context,
+                                  packed.slot_.device);
+  if (!status.ok()) return status;
+  deferred_this_step_.push_back(DeferredUse{packed.status_pool_, packed.slot_, packed.record_,
+                                            packed.encoding_.header, {}});
+  ++totals_.unpacks;
+  return absl::OkStatus();
 }
 
 void Session::OnRelease(const PackedTensor& packed) {
@@ -587,7 +768,9 @@ uint64_t Session::PlanningBudget() const {
 absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
                               uint64_t system_bytes) {
   absl::MutexLock lock(&mu_);
-  if (ordinal_ == 0) return absl::OkStatus();
+  // The step's one read of its GPU statuses: what it finds is said after the step is recorded.
+  const absl::Status checked = CheckDeferred();
+  if (ordinal_ == 0) return checked;
   current_step_.peak_bytes = peak_bytes;
   current_step_.peak_reserved_bytes = reserved_bytes;
   current_step_.system_peak_bytes = system_bytes;
@@ -630,7 +813,7 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
                   entries.end());
     return entries.empty();
   });
-  return status;
+  return checked.ok() ? status : checked;
 }
 
 SessionTotals Session::Totals() const {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -33,31 +34,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "codecs/codec.h"
+#include "codecs/deferred.h"
+#include "runtime/buffer.h"
+#include "runtime/device_status_pool.h"
 #include "runtime/codec_choice.h"
 #include "runtime/gradient_statistics.h"
 #include "runtime/measurement.h"
 #include "runtime/policy.h"
 
 namespace actpack::runtime {
-
-// Memory that holds one encoded tensor. The plugin backs it with a torch tensor, so the bytes
-// come from (and are counted by) the same allocator as the rest of the step.
-class Buffer {
- public:
-  virtual ~Buffer() = default;
-  virtual uint8_t* data() = 0;
-  virtual size_t size() const = 0;
-  // Gives back the bytes past `bytes` (a variable-size encoding used less than its bound).
-  // Buffers that cannot shrink keep their size; data() may change.
-  virtual absl::Status ShrinkTo(size_t bytes) { return absl::OkStatus(); }
-  // Tells the buffer's allocator that `stream` (a cudaStream_t) uses it too, so that its memory
-  // is not handed out again before that stream's work is done (torch's record_stream). Host
-  // memory has no streams.
-  virtual absl::Status RecordStream(void* stream) { return absl::OkStatus(); }
-};
-
-using BufferFactory = std::function<absl::StatusOr<std::unique_ptr<Buffer>>(
-    size_t bytes, const codecs::ExecContext& context)>;
 
 // Defaults of the session's options, the one place both languages take them from (actpack.budget,
 // actpack::BudgetOptions and the planner read them through the bindings); the headroom's is
@@ -132,7 +117,10 @@ enum class PackAction { kKeep, kReuse, kPack };
 // Why a tensor is kept as it is. Values are the report's strings.
 enum class KeepReason {
   kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
-  kSavedInBackward, kAwaitingBound
+  kSavedInBackward, kAwaitingBound,
+  // Its codec met values it cannot hold (non-finite values) in an earlier step on a GPU, where
+  // it is packed without waiting to know: that step decoded NaN, the later ones keep it exact.
+  kFlaggedOnDevice
 };
 
 class PackedTensor;
@@ -184,6 +172,13 @@ class PackedTensor {
   size_t encoded_size_ = 0;
   void* stream_ = nullptr;  // the stream it was packed on (its buffer's allocation stream)
   codecs::CodecId codec_ = codecs::CodecId::kIdentity;
+  // A CUDA tensor's: packed without waiting (codecs/deferred.h), with its header as the host
+  // knows it and its DeviceStatus.
+  bool deferred_ = false;
+  codecs::DeferredEncoding encoding_;
+  std::shared_ptr<DeviceStatusPool> status_pool_;
+  DeviceStatusPool::Slot slot_;
+  int record_ = -1;
 };
 
 // Per saved-tensor record: the same position of the step across steps folds into one record.
@@ -212,6 +207,7 @@ struct SavedRecord {
   int choice = -1;  // -1: not planned yet (the safe default: the harshest candidate)
   CodecMeasurement error;  // of the codec in use, as last measured
   uint64_t measured_step = UINT64_MAX;
+  bool device_flagged = false;  // KeepReason::kFlaggedOnDevice from the next step
 
   // Error-bounded mode: the mean square of the data (from the last measurement, 0: unknown),
   // the relative squared error allowed (infinite: no cap), where the cap came from
@@ -278,6 +274,9 @@ struct SessionTotals {
   // Wall time inside the codecs (Encode in Pack, Decode in Unpack): what the hooks cost beyond
   // it is their overhead.
   uint64_t codec_nanoseconds = 0;
+  // CUDA tensors: the reads of their statuses, each one wait for the device (one per step, one
+  // more in a step whose eb tensors are unpacked before their sizes were seen).
+  uint64_t device_status_reads = 0;
 };
 
 // Everything the session has recorded, copied at one moment: what the run report's
@@ -380,6 +379,31 @@ class Session {
   void PlanBoundedEb(SavedRecord& record, PackPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRelease(const PackedTensor& packed);
 
+  // CUDA tensors (codecs/deferred.h): packed and unpacked without waiting for the device.
+  absl::StatusOr<std::shared_ptr<PackedTensor>> PackDeferred(const SavedTensorInfo& info,
+                                                             const PackPlan& plan,
+                                                             const codecs::TensorView& contiguous,
+                                                             const codecs::ExecContext& context);
+  absl::Status UnpackDeferred(const PackedTensor& packed, const codecs::MutableTensorView& output,
+                              const codecs::ExecContext& context);
+  std::shared_ptr<PackedTensor> NewPacked(const SavedTensorInfo& info,
+                                          std::unique_ptr<Buffer> buffer, size_t encoded_size,
+                                          const codecs::ExecContext& context);
+  // Counts a packed tensor in, and lets later saves of the same data reuse it.
+  void Admit(const SavedTensorInfo& info, const PackPlan& plan, const codecs::CodecParams& params,
+             const std::string& note, const std::shared_ptr<PackedTensor>& packed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes an encoding whose size the device decided from its status read back, and gives
+  // back the bytes past it.
+  absl::Status Resolve(PackedTensor& packed, const codecs::DeviceStatus& read_back)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resolves the encodings whose status has reached the host (never waits).
+  absl::Status ResolveReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads every status of the step's CUDA packs and unpacks (one wait), resolves what is
+  // left, flags records whose codec met values it cannot hold, and reports a corrupted buffer
+  // (kDataLoss naming the saved tensor and its module).
+  absl::Status CheckDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const SessionOptions options_;
   const BufferFactory factory_;
   std::shared_ptr<PackedTensor::Ledger> ledger_;
@@ -401,6 +425,18 @@ class Session {
   GradientStatistics gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
+  // CUDA tensors: statuses per device index, the step's deferred packs and unpacks for its
+  // check, and the encodings whose size the host has not seen, in encode order.
+  struct DeferredUse {
+    std::shared_ptr<DeviceStatusPool> pool;
+    DeviceStatusPool::Slot slot;
+    int record;
+    codecs::Header header;
+    std::weak_ptr<PackedTensor> packed;  // a pack's (a decode's is empty)
+  };
+  absl::flat_hash_map<int, std::shared_ptr<DeviceStatusPool>> status_pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<DeferredUse> deferred_this_step_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::weak_ptr<PackedTensor>> unresolved_ ABSL_GUARDED_BY(mu_);
 
   friend class PackedTensor;
 };

@@ -16,6 +16,8 @@
 //   default stream synchronises with blocking streams, as CUDA's does. Under the random schedule
 //   queued work of other streams also runs at random moments.
 // - Errors: CUDA's codes and strings; a failed call is also what cudaGetLastError returns next.
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <sys/types.h>
 
 #include <cstdio>
@@ -159,6 +161,18 @@ Machine& TheMachine() {
 }
 
 thread_local int current_device = 0;
+thread_local std::string current_region;
+
+// The host calls recorded (control.h's HostCalls), under the device lock.
+std::vector<HostCall>& Recorded() {
+  static auto* calls = new std::vector<HostCall>;
+  return *calls;
+}
+
+void Record(const char* api, void* caller, bool waits) {
+  std::lock_guard<std::recursive_mutex> lock(DeviceLock());
+  Recorded().push_back(HostCall{api, current_region, caller, waits});
+}
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local std::map<int, StreamState*> per_thread_streams;
 
@@ -296,6 +310,14 @@ Memory Classify(const void* p, size_t bytes, Allocation* found) {
 }
 
 bool HostSide(Memory memory) { return memory == Memory::kPageable || memory == Memory::kPinned; }
+
+}  // namespace
+
+bool IsPageable(const void* p, size_t bytes) {
+  return p != nullptr && Classify(p, bytes, nullptr) == Memory::kPageable;
+}
+
+namespace {
 
 cudaError_t Copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                  cudaStream_t stream, bool synchronous) {
@@ -493,6 +515,50 @@ void SetSchedule(const std::string& spelling) {
 
 bool RaceCheckerActive() { return internal::GetRaceObserver() != nullptr; }
 
+std::vector<HostCall> HostCalls() {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  return internal::Recorded();
+}
+
+void ResetHostCalls() {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  internal::Recorded().clear();
+}
+
+uint64_t CountHostWaits(const std::string& region) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  uint64_t n = 0;
+  for (const HostCall& call : internal::Recorded()) n += call.waits && call.region == region;
+  return n;
+}
+
+uint64_t CountCalls(const std::string& api, const std::string& region) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  uint64_t n = 0;
+  for (const HostCall& call : internal::Recorded()) n += call.api == api && call.region == region;
+  return n;
+}
+
+std::string DescribeCaller(void* address) {
+  Dl_info info;
+  if (dladdr(address, &info) != 0 && info.dli_sname != nullptr) {
+    int status = 0;
+    char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+    std::string name = status == 0 && demangled != nullptr ? demangled : info.dli_sname;
+    std::free(demangled);
+    return name;
+  }
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "%p", address);
+  return hex;
+}
+
+RegionScope::RegionScope(std::string name) : previous_(internal::current_region) {
+  internal::current_region = std::move(name);
+}
+
+RegionScope::~RegionScope() { internal::current_region = previous_; }
+
 }  // namespace cudaemu
 
 // ---- the CUDA runtime API ----
@@ -576,6 +642,7 @@ cudaError_t cudaSetDevice(int device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  cudaemu::internal::Record("cudaDeviceSynchronize", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   cudaemu::internal::RunDevice(cudaemu::internal::current_device);
   return cudaSuccess;
@@ -594,7 +661,16 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
+namespace cudaemu::internal {
+cudaError_t DeviceMalloc(void** ptr, size_t size);
+}  // namespace cudaemu::internal
+
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  cudaemu::internal::Record("cudaMalloc", __builtin_return_address(0), false);
+  return cudaemu::internal::DeviceMalloc(ptr, size);
+}
+
+cudaError_t cudaemu::internal::DeviceMalloc(void** ptr, size_t size) {
   Lock lock(DeviceLock());
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
@@ -629,6 +705,7 @@ void Release(std::map<uintptr_t, Allocation>::iterator it) {
 }  // namespace cudaemu::internal
 
 cudaError_t cudaFree(void* ptr) {
+  if (ptr != nullptr) cudaemu::internal::Record("cudaFree", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   if (ptr == nullptr) return cudaSuccess;
   auto& m = TheMachine();
@@ -643,7 +720,7 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   Lock lock(DeviceLock());
   if (cudaemu::internal::Resolve(stream) == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  return cudaMalloc(ptr, size);
+  return cudaemu::internal::DeviceMalloc(ptr, size);
 }
 
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
@@ -667,6 +744,7 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
 cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  cudaemu::internal::Record("cudaHostAlloc", __builtin_return_address(0), false);
   Lock lock(DeviceLock());
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
@@ -680,6 +758,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr != nullptr) cudaemu::internal::Record("cudaFreeHost", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   if (ptr == nullptr) return cudaSuccess;
   auto& m = TheMachine();
@@ -710,6 +789,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, c
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  cudaemu::internal::Record("cudaMemcpy", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   return cudaemu::internal::Copy(dst, src, count, kind, nullptr, /*synchronous=*/true);
 }
@@ -717,6 +797,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
   Lock lock(DeviceLock());
+  if (count > 0 && (cudaemu::internal::IsPageable(dst, count) ||
+                    cudaemu::internal::IsPageable(src, count))) {
+    cudaemu::internal::Record("cudaMemcpyAsync (pageable)", __builtin_return_address(0), true);
+  }
   return cudaemu::internal::Copy(dst, src, count, kind, stream, /*synchronous=*/false);
 }
 
@@ -764,6 +848,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  cudaemu::internal::Record("cudaStreamSynchronize", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   auto* s = cudaemu::internal::Resolve(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle);
@@ -832,6 +917,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  cudaemu::internal::Record("cudaEventSynchronize", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   auto* e = reinterpret_cast<cudaemu::internal::EventState*>(event);
   if (!TheMachine().events.count(e)) return Fail(cudaErrorInvalidResourceHandle);

@@ -267,6 +267,57 @@ TEST_F(DeferredMemoryTest, FreeAsyncFreesInStreamOrder) {
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+// The profiler's view: which calls make the host wait, in which region, and from where.
+TEST(HostCallTest, WaitsAndAllocationsAreRecordedWithTheirRegionAndCaller) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* device = nullptr;
+  void* pinned = nullptr;
+  std::vector<char> pageable(256);
+  cudaemu::ResetHostCalls();
+  {
+    cudaemu::RegionScope region("asynchronous");
+    ASSERT_EQ(cudaMallocHost(&pinned, 256), cudaSuccess);
+    {
+      cudaemu::RegionScope inner("allocation");
+      ASSERT_EQ(cudaMalloc(&device, 256), cudaSuccess);
+    }
+    cudaEvent_t event;
+    ASSERT_EQ(cudaEventCreate(&event), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(device, 1, 256, stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(pinned, device, 256, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(event, stream), cudaSuccess);
+    cudaEventQuery(event);  // a query never waits
+    cudaStreamQuery(stream);
+    EXPECT_EQ(cudaemu::CountHostWaits("asynchronous"), 0u);
+    ASSERT_EQ(cudaEventDestroy(event), cudaSuccess);
+  }
+  {
+    cudaemu::RegionScope region("waits");
+    ASSERT_EQ(cudaMemcpyAsync(pageable.data(), device, 256, cudaMemcpyDeviceToHost, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(device, pageable.data(), 256, cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaFree(device), cudaSuccess);
+    ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  }
+  EXPECT_EQ(cudaemu::CountHostWaits("waits"), 6u);
+  EXPECT_EQ(cudaemu::CountCalls("cudaMemcpyAsync (pageable)", "waits"), 2u);
+  EXPECT_EQ(cudaemu::CountCalls("cudaMalloc", "allocation"), 1u);
+  EXPECT_EQ(cudaemu::CountCalls("cudaHostAlloc", "asynchronous"), 1u);
+  EXPECT_EQ(cudaemu::CountHostWaits(""), 0u);
+  const std::vector<cudaemu::HostCall> calls = cudaemu::HostCalls();
+  ASSERT_FALSE(calls.empty());
+  // The caller is this test's code, not the emulator's.
+  EXPECT_NE(calls.front().caller, nullptr);
+  EXPECT_FALSE(cudaemu::DescribeCaller(calls.front().caller).empty());
+  cudaemu::ResetHostCalls();
+  EXPECT_TRUE(cudaemu::HostCalls().empty());
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 TEST(ThreadTest, HostThreadsShareTheDevices) {
   std::vector<std::thread> threads;
   std::vector<int> results(4, 0);

@@ -21,7 +21,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "cuda_runtime_api.h"
 
@@ -59,6 +61,46 @@ void SetSchedule(const std::string& spelling);
 
 // Whether this binary runs the race checker (kernels built with --config=cudaemu_race).
 bool RaceCheckerActive();
+
+// ---- the host's calls, as a profiler's API trace counts them ----
+//
+// A host wait is a call that returns only once queued device work is done: cudaStreamSynchronize,
+// cudaEventSynchronize, cudaDeviceSynchronize, cudaMemcpy, cudaMemcpyAsync to or from pageable
+// host memory, cudaFree and cudaFreeHost (they synchronize the device), cudaMalloc (it may).
+// Queries (cudaEventQuery, cudaStreamQuery) and stream-ordered calls are not. Every wait and
+// every device or pinned allocation is recorded with the API's name, the caller's return
+// address and the region a test named (RegionScope); a test reads them to say, as nsys would,
+// which code made the host wait.
+struct HostCall {
+  std::string api;     // "cudaStreamSynchronize"
+  std::string region;  // the innermost RegionScope's name when it was made ("" outside one)
+  void* caller;        // the return address into the code that called the API
+  bool waits;          // a host wait (else an allocation or a free that does not wait)
+};
+
+// Calls recorded since the process started or the last ResetHostCalls.
+std::vector<HostCall> HostCalls();
+void ResetHostCalls();
+
+// Host waits (or all calls of `api`, when given) recorded in `region` since the last reset.
+uint64_t CountHostWaits(const std::string& region);
+uint64_t CountCalls(const std::string& api, const std::string& region);
+
+// The function holding `address` (dladdr; the symbol where the binary exports it, else the
+// address in hex) for messages.
+std::string DescribeCaller(void* address);
+
+// Names the region host calls are recorded under while it lives, on this thread. Nests.
+class RegionScope {
+ public:
+  explicit RegionScope(std::string name);
+  ~RegionScope();
+  RegionScope(const RegionScope&) = delete;
+  RegionScope& operator=(const RegionScope&) = delete;
+
+ private:
+  std::string previous_;
+};
 
 }  // namespace cudaemu
 

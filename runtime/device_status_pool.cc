@@ -1,0 +1,217 @@
+#include "runtime/device_status_pool.h"
+
+#include <utility>
+
+#ifdef ACTPACK_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "common/cuda_check.h"
+#endif
+
+namespace actpack::runtime {
+
+#ifdef ACTPACK_WITH_CUDA
+
+namespace {
+
+// Makes `device` current for the scope (Collect may run on a thread whose current device is
+// another).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) {
+      previous_ = -1;
+      return;
+    }
+    cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
+struct DeviceStatusPool::Chunk {
+  std::unique_ptr<Buffer> device;            // kSlotsPerChunk statuses
+  codecs::DeviceStatus* mirror = nullptr;    // pinned
+  cudaEvent_t mirrored[kSlotsPerChunk] = {};  // MirrorOne's events, made on first use
+  bool pending[kSlotsPerChunk] = {};          // a MirrorOne not yet seen Ready
+
+  ~Chunk() {
+    for (cudaEvent_t event : mirrored) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (mirror != nullptr) cudaFreeHost(mirror);
+  }
+  codecs::DeviceStatus* Device(int index) const {
+    return reinterpret_cast<codecs::DeviceStatus*>(device->data()) + index;
+  }
+};
+
+DeviceStatusPool::DeviceStatusPool(BufferFactory factory) : factory_(std::move(factory)) {}
+
+DeviceStatusPool::~DeviceStatusPool() {
+  absl::MutexLock lock(&mu_);
+  if (device_index_ >= 0) {
+    DeviceScope scope(device_index_);
+    // Work queued on the statuses may still run: let it finish before the memory goes.
+    for (void* stream : streams_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    chunks_.clear();
+  }
+  if (order_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(order_event_));
+}
+
+absl::Status DeviceStatusPool::Order(void* waiting, void* producer) {
+  if (waiting == producer) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (order_event_ == nullptr) {
+    cudaEvent_t event;
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    order_event_ = event;
+  }
+  const cudaEvent_t event = static_cast<cudaEvent_t>(order_event_);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, static_cast<cudaStream_t>(producer)));
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiting), event, 0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceStatusPool::Slot> DeviceStatusPool::Acquire(
+    const codecs::ExecContext& context) {
+  absl::MutexLock lock(&mu_);
+  if (device_index_ < 0) device_index_ = context.device_index;
+  if (context.device_index != device_index_) {
+    return absl::InvalidArgumentError(
+        "actpack: a device status pool serves one device; this tensor is on another");
+  }
+  if (free_.empty()) {
+    auto chunk = std::make_unique<Chunk>();
+    absl::StatusOr<std::unique_ptr<Buffer>> memory =
+        factory_(kSlotsPerChunk * sizeof(codecs::DeviceStatus), context);
+    if (!memory.ok()) return memory.status();
+    chunk->device = std::move(*memory);
+    void* mirror = nullptr;
+    ACTPACK_CUDA_RETURN_IF_ERROR(
+        cudaHostAlloc(&mirror, kSlotsPerChunk * sizeof(codecs::DeviceStatus), 0));
+    chunk->mirror = static_cast<codecs::DeviceStatus*>(mirror);
+    const int c = static_cast<int>(chunks_.size());
+    chunks_.push_back(std::move(chunk));
+    // Handed out from the front: the free list is popped from the back.
+    for (int i = kSlotsPerChunk - 1; i >= 0; --i) {
+      free_.push_back(Slot{c, i, chunks_[c]->Device(i)});
+    }
+  }
+  const Slot slot = free_.back();
+  free_.pop_back();
+  chunks_[slot.chunk]->pending[slot.index] = false;
+  return slot;
+}
+
+void DeviceStatusPool::Release(const Slot& slot) {
+  if (!slot.valid()) return;
+  absl::MutexLock lock(&mu_);
+  released_.push_back(slot);
+}
+
+void DeviceStatusPool::UseStream(void* stream) {
+  absl::MutexLock lock(&mu_);
+  for (void* known : streams_) {
+    if (known == stream) return;
+  }
+  streams_.push_back(stream);
+}
+
+absl::Status DeviceStatusPool::MirrorOne(const Slot& slot, void* stream) {
+  absl::MutexLock lock(&mu_);
+  Chunk& chunk = *chunks_[slot.chunk];
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaEvent_t& event = chunk.mirrored[slot.index];
+  if (event == nullptr) {
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+  // Pinned destination: queued, no wait.
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(chunk.mirror + slot.index, slot.device,
+                                               sizeof(codecs::DeviceStatus),
+                                               cudaMemcpyDeviceToHost, s));
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, s));
+  chunk.pending[slot.index] = true;
+  return absl::OkStatus();
+}
+
+bool DeviceStatusPool::Ready(const Slot& slot) {
+  absl::MutexLock lock(&mu_);
+  Chunk& chunk = *chunks_[slot.chunk];
+  if (!chunk.pending[slot.index]) return false;
+  return cudaEventQuery(chunk.mirrored[slot.index]) == cudaSuccess;
+}
+
+absl::Status DeviceStatusPool::Collect() {
+  absl::MutexLock lock(&mu_);
+  if (streams_.empty()) return absl::OkStatus();
+  DeviceScope scope(device_index_);
+  // The last stream copies, behind the others' work (stream-ordered: no host wait).
+  const cudaStream_t copier = static_cast<cudaStream_t>(streams_.back());
+  for (size_t i = 0; i + 1 < streams_.size(); ++i) {
+    cudaEvent_t done;
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaError_t error = cudaEventRecord(done, static_cast<cudaStream_t>(streams_[i]));
+    if (error == cudaSuccess) error = cudaStreamWaitEvent(copier, done, 0);
+    cudaEventDestroy(done);
+    ACTPACK_CUDA_RETURN_IF_ERROR(error);
+  }
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(chunk->mirror, chunk->device->data(),
+                                                 kSlotsPerChunk * sizeof(codecs::DeviceStatus),
+                                                 cudaMemcpyDeviceToHost, copier));
+  }
+  // The step's one wait.
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copier));
+  ++waits_;
+  streams_.clear();
+  for (const Slot& slot : released_) {
+    chunks_[slot.chunk]->pending[slot.index] = false;
+    free_.push_back(slot);
+  }
+  released_.clear();
+  return absl::OkStatus();
+}
+
+const codecs::DeviceStatus& DeviceStatusPool::Mirror(const Slot& slot) const {
+  absl::MutexLock lock(&mu_);
+  return chunks_[slot.chunk]->mirror[slot.index];
+}
+
+uint64_t DeviceStatusPool::waits() const {
+  absl::MutexLock lock(&mu_);
+  return waits_;
+}
+
+#else  // !ACTPACK_WITH_CUDA
+
+struct DeviceStatusPool::Chunk {};
+
+DeviceStatusPool::DeviceStatusPool(BufferFactory factory) : factory_(std::move(factory)) {}
+DeviceStatusPool::~DeviceStatusPool() = default;
+
+absl::StatusOr<DeviceStatusPool::Slot> DeviceStatusPool::Acquire(const codecs::ExecContext&) {
+  return absl::UnimplementedError(
+      "actpack: packing a CUDA tensor needs CUDA support, which is not compiled into this build");
+}
+void DeviceStatusPool::Release(const Slot&) {}
+void DeviceStatusPool::UseStream(void*) {}
+absl::Status DeviceStatusPool::Order(void*, void*) { return absl::OkStatus(); }
+absl::Status DeviceStatusPool::MirrorOne(const Slot&, void*) { return absl::OkStatus(); }
+bool DeviceStatusPool::Ready(const Slot&) { return false; }
+absl::Status DeviceStatusPool::Collect() { return absl::OkStatus(); }
+const codecs::DeviceStatus& DeviceStatusPool::Mirror(const Slot&) const {
+  static const codecs::DeviceStatus none{};
+  return none;
+}
+uint64_t DeviceStatusPool::waits() const { return 0; }
+
+#endif  // ACTPACK_WITH_CUDA
+
+}  // namespace actpack::runtime
