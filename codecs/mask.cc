@@ -136,26 +136,31 @@ class Mask final : public Codec {
       }
     }
     const uint32_t value = total.max_bits;  // 0 when every element is zero
-    if (value != 0 && total.min_bits != value) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "actpack: mask needs a tensor of zeros and one other value; this %s tensor has at "
-          "least two (bits 0x%x and 0x%x)",
-          DTypeName(input.dtype), total.min_bits, total.max_bits));
-    }
     std::memcpy(header->params.data(), &value, 4);
+    // The counts as the GPU's kernels leave them (mask_kernels.cu): the largest nonzero bits
+    // and the complement of the smallest.
     DeviceStatus counts{};
-    counts.unrepresentable = IsNaNBits(input.dtype, value) ||
+    counts.work[0] = total.max_bits;
+    counts.work[1] = value == 0 ? 0 : ~static_cast<uint64_t>(total.min_bits);
+    counts.unrepresentable = (value != 0 && total.min_bits != value) ||
+                             IsNaNBits(input.dtype, value) ||
                              (input.dtype == DType::kBool && value > 1);
     absl::Status refused = Refusal(counts, *header);
     if (!refused.ok()) return refused;
     return PayloadInfo{4 * PayloadWords(numel), total.checksum};
   }
 
-  // The GPU counts one unrepresentable tensor for any of the three cases the CPU tells apart.
+  // counts.work: the largest nonzero element bits and the complement of the smallest.
   absl::Status Refusal(const DeviceStatus& counts, const Header& header) const override {
     if (counts.unrepresentable == 0) return absl::OkStatus();
-    uint32_t value;
-    std::memcpy(&value, header.params.data(), 4);
+    const uint32_t value = static_cast<uint32_t>(counts.work[0]);
+    const uint32_t smallest = value == 0 ? 0u : static_cast<uint32_t>(~counts.work[1]);
+    if (smallest != value) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "actpack: mask needs a tensor of zeros and one other value; this %s tensor has at "
+          "least two (bits 0x%x and 0x%x)",
+          DTypeName(header.dtype), smallest, value));
+    }
     if (IsNaNBits(header.dtype, value)) {
       return absl::FailedPreconditionError(
           "actpack: mask cannot encode a tensor whose nonzero value is NaN");
@@ -165,10 +170,7 @@ class Mask final : public Codec {
       return absl::FailedPreconditionError(absl::StrFormat(
           "actpack: mask cannot encode a bool tensor holding byte 0x%x; keep it exact", value));
     }
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "actpack: mask needs a tensor of zeros and one other value; this %s tensor has at "
-        "least two",
-        DTypeName(header.dtype)));
+    return absl::FailedPreconditionError("actpack: mask cannot encode this tensor");
   }
 
   bool ReadsDeviceParams() const override { return true; }
