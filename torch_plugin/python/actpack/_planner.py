@@ -1,7 +1,10 @@
-"""The batch-size planner: which batch size a memory budget supports, without trial and OOM.
+"""The batch-size planner: the largest batch a memory budget supports, found by real training
+steps: a few profiled, then tries under the budget's cap (a try that runs out of memory is
+caught and the next one is smaller).
 
     plan = actpack.plan(step, budget="6GiB", batch_sizes=(8, 16))
     plan.max_batch_size      # {"none": 41, "quant2": 130, "auto": 128, ...}
+    plan.steps_run           # how many times it called step()
     print(plan.table())
 
 `step(batch_size)` runs one full training step (forward, backward, optimizer step). The planner
@@ -9,19 +12,29 @@ runs it once to warm up (optimizer state), then once per codec choice and profil
 inside a budget context, measuring the allocator's peak. Memory is modelled per choice as
 fixed + per_sample * batch in allocated bytes, which grow smoothly with the batch. An answer
 more than 4x the largest profiled batch is profiled again nearer to it (the peak of a small
-batch can sit in the optimizer step, where the batch does not matter).
+batch can sit in the optimizer step, where the batch does not matter), at most 3 times.
 What the cap counts beyond those allocated bytes (the pool's segments, lumpy under a cap, and
 what the system holds outside the pool) is measured, not assumed: a pool caches whatever its
 cap allows, so its reserved bytes do not say what it needs, and whether a step fits does. Per
 choice, real steps run under the cap at the batch whose modelled bytes leave 5% of the budget
 free, then 6.5%, then 8% until one fits (a capped step needed 3-6% beyond the line on a CNN, a
-transformer and an MLP-Mixer), then a tenth fewer samples at a time (the line is off); from the
-first that fits they climb a twentieth at a time while they fit. The last batch that fitted is
-the answer, and the share of the budget its line leaves free is the choice's measured headroom
-(what `actpack plan` keeps free at another budget). The planner's steps run under the budget
-less 2%: a fresh process can need that much more than this one, which has run the step's
-shapes before. verify=True then bisects upward from there with real steps under the same cap,
-up to where allocated bytes alone fill the budget, and reports the measured peak.
+transformer and an MLP-Mixer), then a tenth fewer samples at a time (the line is off, 4 tries
+at most); from the first that fits they climb a twentieth at a time while they fit (twice at
+most). The last batch that fitted is the answer, and the share of the budget its line leaves
+free is the choice's measured headroom (what `actpack plan` keeps free at another budget). A
+try runs 2 steps for a fixed codec and 3 for auto (until one step has been held to the cap from
+its start), and stops at the step that runs out. The planner's steps run under the budget less
+2%: a fresh process can need that much more than this one, which has run the step's shapes
+before. verify=True then bisects upward from there with real steps under the same cap (4 a
+try), up to where allocated bytes alone fill the budget, and reports the measured peak.
+
+The cost, counted in `plan.steps_run`: one warm-up step, then per choice a step per profiled
+batch size (and up to 3 more), then its tries. A default plan (five choices, batch sizes 8 and
+16, no verify) ran 39 steps on the demo CNN at 40 MiB and 34 on the demo transformer at 128 MiB
+(56 and 43 with 4 steps a try), and 63 on a batch-norm CNN at 16 MiB profiled at 4 and 8 (two
+more profiles per choice, its answers being 60x the profiled batches, and three tries per
+choice that ran out before one fitted). Those steps train; plan() puts the training state back
+afterwards (see plan()).
 """
 import math
 import re
@@ -167,8 +180,9 @@ def _run_step(step, batch, choice):
         warnings.warn(
             f"actpack.plan: step({batch}) saved non-finite activations under {choice!r}, so "
             "they were kept exactly and the profile is off; if step() updates the weights, "
-            "they may have diverged over the planner's steps: plan with a learning rate of 0 "
-            "(the memory is the same) or a copy of the model", RuntimeWarning, stacklevel=3)
+            "they may have diverged over the planner's steps (plan() restores them when it "
+            "returns): plan with a learning rate of 0 (the memory is the same)",
+            RuntimeWarning, stacklevel=3)
     return run.report["run"]["peak_reserved_bytes"], run.report["run"]["peak_allocated_bytes"], run.report
 
 
@@ -177,12 +191,13 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     """The largest batch size `budget` supports, for no packing and each codec choice, found by
     real training steps: profiled, then tried under the cap.
 
-    Per choice the planner runs `step` at each profiled batch size (and up to MAX_REFINEMENTS
-    more when the line through them extrapolates far), then tries batches near the line's
-    answer under the budget's cap, each try VERIFY_STEPS steps (a try that runs out of memory
-    is caught, not raised). Besides one warm-up step, a default plan (five choices, no verify)
-    ran 40-70 steps on the test models; verify=True adds VERIFY_STEPS steps per batch its search
-    tries. `plan.steps_run` says how many a plan ran.
+    Per choice the planner runs `step` once at each profiled batch size (and up to
+    MAX_REFINEMENTS more when the line through them extrapolates far), then tries batches near
+    the line's answer under the budget's cap: 2 steps a try for a fixed codec, 3 for auto, fewer
+    when a try runs out (that is caught, not raised). With one warm-up step, a default plan
+    (five choices, no verify) ran 34-39 steps on the demo models and 63 on a small CNN whose
+    answers were 60x its profiled batches (see the module's docstring); verify=True adds 4 steps
+    per batch its search tries. `plan.steps_run` says how many a plan ran.
 
     Those steps train: they move the weights, the optimizer's state, batch norm's statistics and
     the random streams. With restore=True (the default) the planner puts all of it back when it
@@ -377,6 +392,15 @@ def _capped_from(choice):
     return CAPPED_FROM if choice == "auto" else 1
 
 
+def _calibration_steps(choice):
+    """Steps per calibration try: up to and including the first step held to the cap from its
+    start (two for a fixed codec, three for auto). Measured: of the tries that ran out in plans
+    and four-step truth searches on the demo CNN (40 MiB), the demo transformer (128 MiB) and a
+    batch-norm CNN (16 MiB), every fixed codec's but one ran out in its first step and that one
+    in its second, and every auto try in its second or third; none in a later step."""
+    return _capped_from(choice) + 1
+
+
 def _calibration_batches(budget_bytes, fixed, per_sample):
     """The batches _calibrate tries, largest first: where the line leaves CALIBRATION_START of
     the budget free, then CALIBRATION_STEP more each time; then, the line being off (a peak
@@ -405,8 +429,8 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
     steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
     when no batch worth trying fits."""
     def fits(batch):
-        # As many steps as verify's: a pool's layout can drift over the first capped steps.
-        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch)
+        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
+                                steps=_calibration_steps(choice))
 
     tried, ran_out = set(), sys.maxsize
     for batch in _calibration_batches(budget_bytes, fixed, per_sample):
