@@ -55,13 +55,13 @@ _SPECS = {"none": "none", "quant2": "quant2", "division": "division", "eb": "eb"
 class Plan:
     """The planner's answer: per codec choice, the memory model and the largest batch."""
 
-    def __init__(self, budget_bytes, batch_sizes, choices, verified, report, steps_run):
+    def __init__(self, budget_bytes, batch_sizes, choices, verified, report, steps_run=None):
         self.budget_bytes = budget_bytes
         self.batch_sizes = list(batch_sizes)
         self.choices = choices  # name -> {"fixed_bytes", "per_sample_bytes", ...}
         self.verified = verified
         self.report = report
-        self.steps_run = steps_run  # calls of the user's step() the plan made
+        self.steps_run = steps_run  # calls of the user's step() the plan made (None: not known)
 
     @property
     def max_batch_size(self):
@@ -75,7 +75,8 @@ class Plan:
     def table(self):
         """The batch-size table as text."""
         lines = [f"budget {format_bytes(self.budget_bytes)}; profiled at batch sizes "
-                 f"{', '.join(map(str, self.batch_sizes))}; {self.steps_run} steps run",
+                 f"{', '.join(map(str, self.batch_sizes))}"
+                 + (f"; {self.steps_run} steps run" if self.steps_run is not None else ""),
                  f"{'codec':<10} {'fixed':>12} {'per sample':>12} {'fragmentation':>14} "
                  f"{'headroom':>9} {'max batch':>10}"]
         for name, c in self.choices.items():
