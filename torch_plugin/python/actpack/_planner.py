@@ -167,13 +167,17 @@ def _progress(done, total, what, enabled, steps):
     sys.stderr.flush()
 
 
+PROFILE_LIMIT = 1 << 50  # a profile step's budget: no cap
+
+
 def _run_step(step, batch, choice):
     """One step at `batch` under `choice`; returns (reserved peak, allocated peak, report)."""
     spec = _SPECS[choice]
-    # "auto" with a one-byte budget stays on its safe default (the harshest codecs) for the
-    # step: the policy plans only after two steps.
-    limit = 1 if choice == "auto" else 1 << 50
-    with _budget_context(limit, codec=spec, min_bytes="64KiB") as run:
+    # Uncapped: the step's allocated bytes are the profile, whatever the budget. "auto" packs
+    # its first step with the harshest codecs under any budget (its policy plans after two
+    # steps); a one-byte budget, as before, let a step lift the cap to 1 GiB at most, so a
+    # batch that needed more ran out while planning.
+    with _budget_context(PROFILE_LIMIT, codec=spec, min_bytes="64KiB") as run:
         step(batch)
     if run.report["activations"]["totals"]["exact_fallbacks"] and spec != "none":
         # Non-finite activations are packed exactly: the profile would count them raw and
