@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <memory>
 #include <random>
@@ -184,6 +185,93 @@ TEST_F(SessionCudaTest, AnUnpackOnAnotherStreamKeepsTheBufferUntilItHasRun) {
   for (void* p : live_) cudaFree(p);
 }
 
+// What a user sees of a buffer corrupted in device memory while it waited for backward: the
+// gradient input is NaN (never garbage), and the step's end raises naming the saved tensor and
+// its module.
+TEST_F(SessionCudaTest, ACorruptedBufferDecodesAsNaNAndTheStepSaysWhich) {
+  SessionOptions options;
+  options.codec = *ParseCodecChoice("quant4");
+  options.min_bytes = 1024;
+  Session session(options, Factory());
+  const int64_t rows = 32, cols = 256, numel = rows * cols;
+  void* input = DeviceTensor(numel, 0.5f, 3);
+  SavedTensorInfo info = Info(rows, cols, 1);
+  info.module = "encoder.layers.3.mlp";
+  const PackPlan plan = session.Plan(info);
+  absl::StatusOr<std::shared_ptr<PackedTensor>> packed = session.Pack(
+      info, plan, {input, codecs::DType::kFloat32, {rows, cols}, codecs::Device::kCuda},
+      On(pack_stream_));
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_EQ(cudaStreamSynchronize(pack_stream_), cudaSuccess);
+  // One payload byte changes (a stray write into the pool's memory).
+  uint8_t byte = 0;
+  uint8_t* at = const_cast<uint8_t*>((*packed)->data()) + codecs::kHeaderSize + 100;
+  ASSERT_EQ(cudaMemcpy(&byte, at, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  byte ^= 0x40;
+  ASSERT_EQ(cudaMemcpy(at, &byte, 1, cudaMemcpyHostToDevice), cudaSuccess);
+
+  void* output = DeviceTensor(numel, 0.0f, 4);
+  ASSERT_TRUE(session
+                  .Unpack(**packed, {output, codecs::DType::kFloat32, {rows, cols},
+                                     codecs::Device::kCuda},
+                          On(pack_stream_))
+                  .ok());
+  const absl::Status ended = session.EndStep();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kDataLoss) << ended;
+  EXPECT_NE(ended.message().find("encoder.layers.3.mlp"), absl::string_view::npos) << ended;
+  EXPECT_NE(ended.message().find("checksum"), absl::string_view::npos) << ended;
+  std::vector<float> decoded(numel);
+  ASSERT_EQ(cudaMemcpy(decoded.data(), output, numel * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t i = 0; i < numel; ++i) ASSERT_TRUE(std::isnan(decoded[i])) << "element " << i;
+  packed->reset();
+}
+
+// A non-finite activation under a codec that cannot hold it: on the GPU the session does not
+// wait to find out, so the decode writes NaN (the step's gradients are not finite, and
+// GradScaler skips it as it would in plain training); the step's end flags the tensor, and from
+// the next step on it is kept exact.
+TEST_F(SessionCudaTest, ANonFiniteActivationDecodesAsNaNOnceAndIsKeptExactAfter) {
+  SessionOptions options;
+  options.codec = *ParseCodecChoice("quant2");
+  options.min_bytes = 1024;
+  Session session(options, Factory());
+  const int64_t rows = 16, cols = 256, numel = rows * cols;
+  void* input = DeviceTensor(numel, 1.0f, 5);
+  const float inf = std::numeric_limits<float>::infinity();
+  ASSERT_EQ(cudaMemcpy(static_cast<float*>(input) + 1000, &inf, 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  void* output = DeviceTensor(numel, 0.0f, 6);
+  for (int step = 0; step < 2; ++step) {
+    SavedTensorInfo info = Info(rows, cols, 1);
+    info.module = "head";
+    const PackPlan plan = session.Plan(info);
+    if (step == 1) {
+      EXPECT_EQ(plan.action, PackAction::kKeep);
+      EXPECT_EQ(plan.reason, KeepReason::kFlaggedOnDevice);
+      break;
+    }
+    ASSERT_EQ(plan.action, PackAction::kPack);
+    absl::StatusOr<std::shared_ptr<PackedTensor>> packed = session.Pack(
+        info, plan, {input, codecs::DType::kFloat32, {rows, cols}, codecs::Device::kCuda},
+        On(pack_stream_));
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    ASSERT_TRUE(session
+                    .Unpack(**packed, {output, codecs::DType::kFloat32, {rows, cols},
+                                       codecs::Device::kCuda},
+                            On(pack_stream_))
+                    .ok());
+    packed->reset();
+    ASSERT_TRUE(session.EndStep().ok());
+    std::vector<float> decoded(numel);
+    ASSERT_EQ(cudaMemcpy(decoded.data(), output, numel * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < numel; ++i) ASSERT_TRUE(std::isnan(decoded[i])) << "element " << i;
+    const SavedRecord record = session.Records().front();
+    EXPECT_NE(record.note.find("non-finite"), std::string::npos) << record.note;
+    EXPECT_NE(record.note.find("kept exact from the next step"), std::string::npos);
+    EXPECT_EQ(session.Totals().exact_fallbacks, 1u);
+  }
+}
+
 // ---- the host's waits in a training step's pattern of packs and unpacks ----
 
 // One tensor autograd saves: its shape, dtype and producer.
@@ -198,22 +286,22 @@ struct Saved {
 // activations, dropout's bool masks, attention probabilities).
 std::vector<Saved> ResNetPattern() {
   using codecs::DType;
-  return {{{2, 16, 32, 32}, DType::kFloat32, "ConvolutionBackward0"},
-          {{2, 16, 32, 32}, DType::kFloat32, "NativeBatchNormBackward0"},
-          {{2, 16, 32, 32}, DType::kFloat32, "ReluBackward0"},
-          {{2, 16, 16, 16}, DType::kInt64, "MaxPool2DWithIndicesBackward0"},
-          {{2, 32, 16, 16}, DType::kFloat32, "ConvolutionBackward0"},
-          {{2, 32, 16, 16}, DType::kFloat32, "NativeBatchNormBackward0"},
-          {{2, 32, 16, 16}, DType::kFloat32, "ReluBackward0"}};
+  return {{{2, 8, 16, 16}, DType::kFloat32, "ConvolutionBackward0"},
+          {{2, 8, 16, 16}, DType::kFloat32, "NativeBatchNormBackward0"},
+          {{2, 8, 16, 16}, DType::kFloat32, "ReluBackward0"},
+          {{2, 8, 8, 16}, DType::kInt64, "MaxPool2DWithIndicesBackward0"},
+          {{2, 16, 8, 16}, DType::kFloat32, "ConvolutionBackward0"},
+          {{2, 16, 8, 16}, DType::kFloat32, "NativeBatchNormBackward0"},
+          {{2, 16, 8, 16}, DType::kFloat32, "ReluBackward0"}};
 }
 std::vector<Saved> GptPattern() {
   using codecs::DType;
-  return {{{4, 64, 128}, DType::kFloat32, "NativeLayerNormBackward0"},
-          {{4, 64, 128}, DType::kFloat16, "MmBackward0"},
-          {{4, 4, 64, 64}, DType::kBFloat16, "SoftmaxBackward0"},
-          {{4, 4, 64, 64}, DType::kBool, "NativeDropoutBackward0"},
-          {{4, 64, 512}, DType::kFloat16, "GeluBackward0"},
-          {{4, 64, 128}, DType::kBool, "NativeDropoutBackward0"}};
+  return {{{2, 32, 64}, DType::kFloat32, "NativeLayerNormBackward0"},
+          {{2, 32, 64}, DType::kFloat16, "MmBackward0"},
+          {{2, 2, 32, 32}, DType::kBFloat16, "SoftmaxBackward0"},
+          {{2, 2, 32, 32}, DType::kBool, "NativeDropoutBackward0"},
+          {{2, 32, 256}, DType::kFloat16, "GeluBackward0"},
+          {{2, 32, 64}, DType::kBool, "NativeDropoutBackward0"}};
 }
 
 int64_t Numel(const std::vector<int64_t>& shape) {
@@ -370,13 +458,13 @@ TEST_P(SessionWaitTest, SteadyStatePacksAndUnpacksNeverWaitAndAStepWaitsOnce) {
   for (const Saved& saved : pattern) raw += Numel(saved.shape) * codecs::ElementSize(saved.dtype);
   SessionOptions options;
   options.codec = *ParseCodecChoice(codec);
-  options.min_bytes = 1024;
+  options.min_bytes = 512;
   // auto: a budget that needs packing, so the policy plans harsher codecs (eb among them).
   options.budget_bytes = raw * 3 / 4;
   Session session(options, Factory());
   const bool eb = std::string(codec) == "eb" || std::string(codec) == "auto";
-  const std::vector<StepWaits> waits = Run(session, pattern, 6, raw / 4, eb);
-  ASSERT_EQ(waits.size(), 6u);
+  const std::vector<StepWaits> waits = Run(session, pattern, 5, raw / 4, eb);
+  ASSERT_EQ(waits.size(), 5u);
   // The counts, for the record (the README's table and the closing notes quote them).
   std::string counts;
   for (const StepWaits& w : waits) {
@@ -390,7 +478,7 @@ TEST_P(SessionWaitTest, SteadyStatePacksAndUnpacksNeverWaitAndAStepWaitsOnce) {
     for (const SavedRecord& record : session.Records()) chosen.insert(record.codec);
     EXPECT_GE(chosen.size(), 2u) << absl::StrJoin(chosen, ", ");
   }
-  for (int step = 3; step < 6; ++step) {
+  for (int step = 3; step < 5; ++step) {
     SCOPED_TRACE(step);
     EXPECT_EQ(waits[step].pack, 0u);
     EXPECT_LE(waits[step].unpack, eb ? 1u : 0u);

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 CONFIG = "cudaemu_race"
 TARGET = "//codecs:cuda_identity_test"
+DEFERRED = "//codecs:deferred_test"
 
 
 @dataclass
@@ -34,7 +35,13 @@ class Mutant:
     path: str
     old: str
     new: str
-    cases: str  # gtest filter over the identity test
+    cases: str  # gtest filter over the test
+    target: str = TARGET
+
+
+def deferred(case):
+    """Cases of the deferred calls' test (codecs/deferred_test.cc)."""
+    return f"*.{case}"
 
 
 def identity(spec):
@@ -95,8 +102,9 @@ MUTANTS = [
            identity("mask")),
     # bitpack
     Mutant("bitpack-range-lane", "a lane-dependent branch around a warp collective",
-           "codecs/cuda/bitpack_kernels.cu", "  WarpMaxToGlobal(max_key, &counters[0]);",
-           "  if ((threadIdx.x & 31) != 3) WarpMaxToGlobal(max_key, &counters[0]);",
+           "codecs/cuda/bitpack_kernels.cu",
+           "  WarpMaxToGlobal(max_key, &status->work[kMaxKeyWord]);",
+           "  if ((threadIdx.x & 31) != 3) WarpMaxToGlobal(max_key, &status->work[kMaxKeyWord]);",
            identity("bitpack")),
     Mutant("bitpack-range-tail", "a dropped tail element", "codecs/cuda/bitpack_kernels.cu",
            "i < numel; i += stride) {\n    const uint64_t key",
@@ -166,6 +174,28 @@ MUTANTS = [
            "i < numel; i += stride) {\n    const float v = elements::Load<K>(input, i);",
            "i + 1 < numel; i += stride) {\n    const float v = elements::Load<K>(input, i);",
            identity("eb:rel=1e-2")),
+    # The deferred calls' own kernels: the header written on the device, the decode's check of
+    # a buffer, the overwrite of a decode that failed it.
+    Mutant("poison-tail", "a dropped tail element", "codecs/cuda/device_ops.cu",
+           "i < numel; i += stride) {\n    if constexpr (Bytes == 8) {",
+           "i + 1 < numel; i += stride) {\n    if constexpr (Bytes == 8) {",
+           deferred("ACorruptedPayloadDecodesAsNaN/*"), DEFERRED),
+    Mutant("finalize-flag", "a status never raised", "codecs/cuda/device_ops.cu",
+           "  if (status->nonfinite != 0 || status->unrepresentable != 0) {",
+           "  if (status->nonfinite != 0 && status->unrepresentable != 0) {",
+           deferred("TheFlagIsSetAndTheDecodeIsNaN/*"), DEFERRED),
+    Mutant("check-header-words", "a dropped tail element", "codecs/cuda/device_ops.cu",
+           "  for (int j = 0; j < kChecksumWord; ++j) {\n    // The flags",
+           "  for (int j = 0; j + 1 < kChecksumWord; ++j) {\n    // The flags",
+           deferred("ACorruptedPayloadDecodesAsNaN/*"), DEFERRED),
+    Mutant("check-size-words", "a status never raised", "codecs/cuda/device_ops.cu",
+           "  const bool size_known = (known >> kPayloadSizeWord & 3u) == 3u;",
+           "  const bool size_known = true;",
+           deferred("Unresolved*"), DEFERRED),
+    Mutant("mask-value-smallest", "a reduction that skips a step", "codecs/cuda/mask_kernels.cu",
+           "  if (smallest != value || !ValidValue(dtype, value)) status->unrepresentable = 1;",
+           "  if (!ValidValue(dtype, value)) status->unrepresentable = 1;",
+           deferred("TheFlagIsSetAndTheDecodeIsNaN/mask*"), DEFERRED),
 ]
 
 
@@ -222,13 +252,12 @@ def main():
     atexit.register(restore)
 
     # The unmutated suite must pass first, or a "killed" mutant would mean nothing.
-    base = run_bazel(["test", f"--config={CONFIG}", TARGET])
+    base = run_bazel(["test", f"--config={CONFIG}", TARGET, DEFERRED])
     if base.returncode != 0:
         print(base.stdout[-3000:] + base.stderr[-3000:])
         print("mutate_kernels: the unmutated emulated suite fails; fix that first")
         return 1
-    testlogs = run_bazel(["info", f"--config={CONFIG}", "bazel-testlogs"]).stdout.strip()
-    testlogs = os.path.join(testlogs, "codecs", "cuda_identity_test")
+    testlogs_root = run_bazel(["info", f"--config={CONFIG}", "bazel-testlogs"]).stdout.strip()
 
     survived, stale = [], []
     print(f"{'mutant':22} {'kind':48} result")
@@ -244,8 +273,8 @@ def main():
         with open(m.path, "w") as f:
             f.write(text.replace(m.old, m.new))
         try:
-            result = run_bazel(["test", f"--config={CONFIG}", TARGET, f"--test_filter={m.cases}",
-                                "--test_output=errors"])
+            result = run_bazel(["test", f"--config={CONFIG}", m.target,
+                                f"--test_filter={m.cases}", "--test_output=errors"])
         finally:
             with open(m.path, "w") as f:
                 f.write(text)
@@ -253,7 +282,7 @@ def main():
         # bazel: 3 = tests failed (killed), 0 = passed (survived), anything else = no verdict.
         if result.returncode == 3:
             print(f"{m.id:22} {m.kind:48} killed ({seconds:.0f} s): "
-                  f"{why_failed(result.stdout + result.stderr, testlogs)}")
+                  f"{why_failed(result.stdout + result.stderr, os.path.join(testlogs_root, *m.target[2:].split(':')))}")
         elif result.returncode == 0:
             survived.append(m.id)
             print(f"{m.id:22} {m.kind:48} SURVIVED ({seconds:.0f} s)")

@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "cudaemu/control.h"
 #include "cudaemu/device.h"
 
 namespace cudaemu::internal {
@@ -82,6 +84,29 @@ class RaceObserver {
 };
 void SetRaceObserver(RaceObserver* observer);
 RaceObserver* GetRaceObserver();
+
+// ---- memory traffic (traffic.cc, linked with the race checker) ----
+
+class TrafficRecorder {
+ public:
+  virtual ~TrafficRecorder() = default;
+  virtual bool recording() const = 0;
+  virtual bool check_races() const = 0;
+  virtual void BlockBegin(const KernelLaunch& launch) = 0;
+  virtual void KernelEnd() = 0;
+  // One access of `bytes` at `address` (global: device or pinned memory; else shared) by the
+  // current thread, from the instruction at `pc`.
+  virtual void Access(const ThreadContext& thread, uintptr_t address, size_t bytes, bool write,
+                      bool global, const void* pc) = 0;
+  // A copy or memset the stream ran on device memory: `read` and `written` bytes.
+  virtual void Transfer(const char* name, uint64_t read, uint64_t written) = 0;
+  // control.h's calls.
+  virtual void Start(bool check_races) = 0;
+  virtual std::map<std::string, KernelTraffic> Stop() = 0;
+  virtual void SetInput(uintptr_t lo, uintptr_t hi) = 0;
+};
+void SetTrafficRecorder(TrafficRecorder* recorder);
+TrafficRecorder* GetTrafficRecorder();  // nullptr: no race checker in this binary
 
 }  // namespace cudaemu::internal
 

@@ -72,6 +72,7 @@ struct Segment {
 class Checker final : public RaceObserver {
  public:
   void BlockBegin(const KernelLaunch& launch, uint64_t block, uint32_t threads) override {
+    if (TrafficRecorder* traffic = GetTrafficRecorder()) traffic->BlockBegin(launch);
     launch_ = &launch;
     block_ = block;
     threads_ = threads;
@@ -101,18 +102,24 @@ class Checker final : public RaceObserver {
   }
 
   void KernelEnd() override {
+    if (TrafficRecorder* traffic = GetTrafficRecorder()) traffic->KernelEnd();
     pages_.clear();
     last_page_ = ~uintptr_t{0};
     last_cells_ = nullptr;
   }
 
-  void OnAccess(const void* address, size_t bytes, bool write, bool atomic) {
+  void OnAccess(const void* address, size_t bytes, bool write, bool atomic, const void* pc) {
     const ThreadContext* t = CurrentThread();
     if (t == nullptr || bytes == 0) return;  // host code in a kernel source file
     const uintptr_t a = reinterpret_cast<uintptr_t>(address);
     if (a >= t->stack_lo && a < t->stack_hi) return;  // the thread's own registers and locals
     const Space space = Classify(a, bytes, write);
     if (space == Space::kIgnore || space == Space::kConstant) return;
+    TrafficRecorder* traffic = GetTrafficRecorder();
+    if (traffic != nullptr && traffic->recording()) {
+      traffic->Access(*t, a, bytes, write, space == Space::kGlobal, pc);
+      if (!traffic->check_races()) return;
+    }
     for (size_t i = 0; i < bytes; ++i) Check(a + i, space, t->thread, write, atomic);
   }
 
@@ -330,13 +337,19 @@ Checker& TheChecker() {
   return true;
 }();
 
-inline void Read(const void* a, size_t n) { TheChecker().OnAccess(a, n, false, false); }
-inline void Write(const void* a, size_t n) { TheChecker().OnAccess(a, n, true, false); }
-inline void AtomicRead(const volatile void* a, size_t n) {
-  TheChecker().OnAccess(const_cast<const void*>(a), n, false, true);
+// `pc`: the instrumented access's return address, which names its instruction (the traffic
+// recorder groups a warp's accesses by it).
+inline void Read(const void* a, size_t n, const void* pc) {
+  TheChecker().OnAccess(a, n, false, false, pc);
 }
-inline void AtomicWrite(const volatile void* a, size_t n) {
-  TheChecker().OnAccess(const_cast<const void*>(a), n, true, true);
+inline void Write(const void* a, size_t n, const void* pc) {
+  TheChecker().OnAccess(a, n, true, false, pc);
+}
+inline void AtomicRead(const volatile void* a, size_t n, const void* pc) {
+  TheChecker().OnAccess(const_cast<const void*>(a), n, false, true, pc);
+}
+inline void AtomicWrite(const volatile void* a, size_t n, const void* pc) {
+  TheChecker().OnAccess(const_cast<const void*>(a), n, true, true, pc);
 }
 
 }  // namespace
@@ -358,16 +371,16 @@ void __tsan_ignore_thread_begin() {}
 void __tsan_ignore_thread_end() {}
 
 #define CUDAEMU_PLAIN_ACCESS(n)                                               \
-  void __tsan_read##n(void* a) { Read(a, n); }                                \
-  void __tsan_write##n(void* a) { Write(a, n); }                              \
-  void __tsan_unaligned_read##n(void* a) { Read(a, n); }                      \
-  void __tsan_unaligned_write##n(void* a) { Write(a, n); }                    \
-  void __tsan_volatile_read##n(void* a) { Read(a, n); }                       \
-  void __tsan_volatile_write##n(void* a) { Write(a, n); }                     \
-  void __tsan_unaligned_volatile_read##n(void* a) { Read(a, n); }             \
-  void __tsan_unaligned_volatile_write##n(void* a) { Write(a, n); }           \
-  void __tsan_read##n##_pc(void* a, void*) { Read(a, n); }                    \
-  void __tsan_write##n##_pc(void* a, void*) { Write(a, n); }
+  void __tsan_read##n(void* a) { Read(a, n, __builtin_return_address(0)); }                        \
+  void __tsan_write##n(void* a) { Write(a, n, __builtin_return_address(0)); }                      \
+  void __tsan_unaligned_read##n(void* a) { Read(a, n, __builtin_return_address(0)); }              \
+  void __tsan_unaligned_write##n(void* a) { Write(a, n, __builtin_return_address(0)); }            \
+  void __tsan_volatile_read##n(void* a) { Read(a, n, __builtin_return_address(0)); }               \
+  void __tsan_volatile_write##n(void* a) { Write(a, n, __builtin_return_address(0)); }             \
+  void __tsan_unaligned_volatile_read##n(void* a) { Read(a, n, __builtin_return_address(0)); }     \
+  void __tsan_unaligned_volatile_write##n(void* a) { Write(a, n, __builtin_return_address(0)); }   \
+  void __tsan_read##n##_pc(void* a, void* pc) { Read(a, n, pc); }                    \
+  void __tsan_write##n##_pc(void* a, void* pc) { Write(a, n, pc); }
 CUDAEMU_PLAIN_ACCESS(1)
 CUDAEMU_PLAIN_ACCESS(2)
 CUDAEMU_PLAIN_ACCESS(4)
@@ -375,23 +388,23 @@ CUDAEMU_PLAIN_ACCESS(8)
 CUDAEMU_PLAIN_ACCESS(16)
 #undef CUDAEMU_PLAIN_ACCESS
 
-void __tsan_read_range(void* a, unsigned long n) { Read(a, n); }
-void __tsan_write_range(void* a, unsigned long n) { Write(a, n); }
-void __tsan_vptr_read(void** a) { Read(a, sizeof(void*)); }
-void __tsan_vptr_update(void** a, void*) { Write(a, sizeof(void*)); }
+void __tsan_read_range(void* a, unsigned long n) { Read(a, n, __builtin_return_address(0)); }
+void __tsan_write_range(void* a, unsigned long n) { Write(a, n, __builtin_return_address(0)); }
+void __tsan_vptr_read(void** a) { Read(a, sizeof(void*), __builtin_return_address(0)); }
+void __tsan_vptr_update(void** a, void*) { Write(a, sizeof(void*), __builtin_return_address(0)); }
 
 void* __tsan_memcpy(void* d, const void* s, unsigned long n) {
-  Read(s, n);
-  Write(d, n);
+  Read(s, n, __builtin_return_address(0));
+  Write(d, n, __builtin_return_address(0));
   return std::memcpy(d, s, n);
 }
 void* __tsan_memmove(void* d, const void* s, unsigned long n) {
-  Read(s, n);
-  Write(d, n);
+  Read(s, n, __builtin_return_address(0));
+  Write(d, n, __builtin_return_address(0));
   return std::memmove(d, s, n);
 }
 void* __tsan_memset(void* d, int v, unsigned long n) {
-  Write(d, n);
+  Write(d, n, __builtin_return_address(0));
   return std::memset(d, v, n);
 }
 
@@ -399,51 +412,51 @@ void* __tsan_memset(void* d, int v, unsigned long n) {
 // consistent, which includes every weaker order the caller asked for).
 #define CUDAEMU_ATOMICS(bits, T)                                                                \
   T __tsan_atomic##bits##_load(const volatile T* a, int) {                                      \
-    AtomicRead(a, sizeof(T));                                                                   \
+    AtomicRead(a, sizeof(T), __builtin_return_address(0));                                         \
     return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                \
   }                                                                                             \
   void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                   \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                   \
   }                                                                                             \
   T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                   \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                         \
   }                                                                                             \
   T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                  \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                          \
   }                                                                                             \
   T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                  \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                          \
   }                                                                                             \
   T __tsan_atomic##bits##_fetch_and(volatile T* a, T v, int) {                                  \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                          \
   }                                                                                             \
   T __tsan_atomic##bits##_fetch_or(volatile T* a, T v, int) {                                   \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                           \
   }                                                                                             \
   T __tsan_atomic##bits##_fetch_xor(volatile T* a, T v, int) {                                  \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                          \
   }                                                                                             \
   T __tsan_atomic##bits##_fetch_nand(volatile T* a, T v, int) {                                 \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                         \
   }                                                                                             \
   int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {       \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);     \
   }                                                                                             \
   int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {         \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);     \
   }                                                                                             \
   T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T c, T v, int, int) {             \
-    AtomicWrite(a, sizeof(T));                                                                  \
+    AtomicWrite(a, sizeof(T), __builtin_return_address(0));                                        \
     __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
     return c;                                                                                   \
   }

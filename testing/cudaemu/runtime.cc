@@ -347,6 +347,14 @@ cudaError_t Copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
   } else {
     run = [dst, src, count] { std::memmove(dst, src, count); };
   }
+  if (to == Memory::kDevice && from == Memory::kDevice) {
+    run = [run, count] {
+      if (TrafficRecorder* traffic = GetTrafficRecorder()) {
+        traffic->Transfer("cudaMemcpyAsync (device to device)", count, count);
+      }
+      run();
+    };
+  }
   const uint64_t position = Enqueue(s, std::move(run));
   // A copy into pageable host memory returns once it is done.
   if (synchronous || to == Memory::kPageable) RunUntil(s, position);
@@ -359,7 +367,12 @@ cudaError_t Set(void* p, int value, size_t count, cudaStream_t stream) {
   if (memory != Memory::kDevice && memory != Memory::kPinned) return Fail(cudaErrorInvalidValue);
   StreamState* s = Resolve(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle);
-  Enqueue(s, [p, value, count] { std::memset(p, value, count); });
+  Enqueue(s, [p, value, count] {
+    if (TrafficRecorder* traffic = GetTrafficRecorder()) {
+      traffic->Transfer("cudaMemsetAsync", 0, count);
+    }
+    std::memset(p, value, count);
+  });
   return cudaSuccess;
 }
 
@@ -390,6 +403,12 @@ bool NearestAllocationBelow(uintptr_t address, Allocation* found) {
 const Schedule& CurrentSchedule() { return TheMachine().schedule; }
 
 void SetRaceObserver(RaceObserver* observer) { race_observer = observer; }
+
+namespace {
+TrafficRecorder* traffic_recorder = nullptr;
+}  // namespace
+void SetTrafficRecorder(TrafficRecorder* recorder) { traffic_recorder = recorder; }
+TrafficRecorder* GetTrafficRecorder() { return traffic_recorder; }
 RaceObserver* GetRaceObserver() { return race_observer; }
 
 }  // namespace internal
@@ -514,6 +533,27 @@ void SetSchedule(const std::string& spelling) {
 }
 
 bool RaceCheckerActive() { return internal::GetRaceObserver() != nullptr; }
+
+bool StartTrafficRecording(bool check_races) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  internal::TrafficRecorder* recorder = internal::GetTrafficRecorder();
+  if (recorder == nullptr) return false;
+  recorder->Start(check_races);
+  return true;
+}
+
+std::map<std::string, KernelTraffic> StopTrafficRecording() {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  internal::TrafficRecorder* recorder = internal::GetTrafficRecorder();
+  return recorder == nullptr ? std::map<std::string, KernelTraffic>{} : recorder->Stop();
+}
+
+void SetTrafficInput(const void* data, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  internal::TrafficRecorder* recorder = internal::GetTrafficRecorder();
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data);
+  if (recorder != nullptr) recorder->SetInput(lo, lo + bytes);
+}
 
 std::vector<HostCall> HostCalls() {
   std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());

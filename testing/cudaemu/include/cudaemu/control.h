@@ -90,6 +90,35 @@ uint64_t CountCalls(const std::string& api, const std::string& region);
 // address in hex) for messages.
 std::string DescribeCaller(void* address);
 
+// ---- memory traffic, as a profiler's memory workload analysis counts it ----
+//
+// In race checker builds (--config=cudaemu_race) every load and store a kernel makes is seen.
+// While recording, the accesses of a warp are grouped by instruction (the access site) and by
+// the lane's count of that instruction, as a GPU issues one request per warp-wide instruction:
+// per request, the 32-byte sectors its lanes touched (against the fewest that hold the bytes
+// asked for: the ideal of a contiguous request), and for shared memory, the wavefronts its
+// banks need (1: conflict-free).
+struct KernelTraffic {
+  uint64_t launches = 0;
+  uint64_t requests = 0;          // warp-wide instructions on global (device or pinned) memory
+  uint64_t bytes = 0;             // bytes their lanes asked for (read + write)
+  uint64_t read_bytes = 0;
+  uint64_t sectors = 0;           // 32-byte sectors the requests touched
+  uint64_t ideal_sectors = 0;     // the fewest sectors holding each request's distinct bytes
+  uint64_t unique_sectors = 0;    // distinct sectors per launch, summed: what DRAM must move
+  uint64_t input_read_bytes = 0;  // bytes asked for inside SetTrafficInput's range
+  uint64_t shared_requests = 0;
+  uint64_t shared_wavefronts = 0;  // per shared request, the most words in one bank
+};
+
+// Starts recording (clearing what was recorded); `check_races` false skips the race checks
+// (faster; the traffic is the same). False when the binary has no race checker.
+bool StartTrafficRecording(bool check_races);
+// Stops, and returns the traffic per kernel name (as launched: "QuantEncodeKernel<...>").
+std::map<std::string, KernelTraffic> StopTrafficRecording();
+// The range whose reads count as input_read_bytes (passes over the input).
+void SetTrafficInput(const void* data, size_t bytes);
+
 // Names the region host calls are recorded under while it lives, on this thread. Nests.
 class RegionScope {
  public:
