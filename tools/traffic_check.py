@@ -30,11 +30,10 @@ KEY = ["codec", "dtype", "phase", "kernel"]
 def measure(root, size):
     build = ["bazel", "build", "--config=cudaemu_race", "//codecs:traffic_report"]
     subprocess.run(build, cwd=root, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    binary = subprocess.run(["bazel", "cquery", "--config=cudaemu_race", "--output=files",
-                             "//codecs:traffic_report"], cwd=root, check=True, text=True,
-                            capture_output=True).stdout.strip().splitlines()[-1]
-    result = subprocess.run([os.path.join(root, binary), "--bytes", str(size)], cwd=root,
-                            text=True, capture_output=True)
+    bin_dir = subprocess.run(["bazel", "info", "--config=cudaemu_race", "bazel-bin"], cwd=root,
+                             check=True, text=True, capture_output=True).stdout.strip()
+    result = subprocess.run([os.path.join(bin_dir, "codecs", "traffic_report"), "--bytes",
+                             str(size)], cwd=root, text=True, capture_output=True)
     if result.returncode != 0:
         raise SystemExit(f"traffic_check: traffic_report failed:\n{result.stderr[-4000:]}")
     lines = [l for l in result.stdout.splitlines() if l.strip()]

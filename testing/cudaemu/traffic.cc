@@ -42,6 +42,7 @@ struct RequestKeyHash {
 
 struct Request {
   bool global = true;
+  bool write = false;
   std::vector<std::pair<uintptr_t, uint32_t>> accesses;  // (address, bytes)
 };
 
@@ -109,12 +110,10 @@ class Recorder final : public TrafficRecorder {
     Request& request = requests_[RequestKey{thread.thread / 32, pc, seen++}];
     request.global = global;
     request.accesses.emplace_back(address, static_cast<uint32_t>(bytes));
+    request.write = write;
     if (global) {
       current_->bytes += bytes;
-      if (!write) {
-        current_->read_bytes += bytes;
-        if (address >= input_lo_ && address < input_hi_) current_->input_read_bytes += bytes;
-      }
+      if (!write) current_->read_bytes += bytes;
       for (uint64_t s = address / kSector; s <= (address + bytes - 1) / kSector; ++s) {
         launch_sectors_.insert(s);
       }
@@ -191,6 +190,14 @@ class Recorder final : public TrafficRecorder {
     }
     ++current_->requests;
     current_->sectors += sectors.size();
+    if (!request.write) {
+      // Passes over the input, as the sectors read from it: a broadcast read counts once.
+      for (uint64_t sector : sectors) {
+        if (sector * kSector >= input_lo_ && sector * kSector < input_hi_) {
+          current_->input_read_bytes += kSector;
+        }
+      }
+    }
     current_->ideal_sectors += (distinct + kSector - 1) / kSector;
   }
 

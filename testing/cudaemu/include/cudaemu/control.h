@@ -106,7 +106,7 @@ struct KernelTraffic {
   uint64_t sectors = 0;           // 32-byte sectors the requests touched
   uint64_t ideal_sectors = 0;     // the fewest sectors holding each request's distinct bytes
   uint64_t unique_sectors = 0;    // distinct sectors per launch, summed: what DRAM must move
-  uint64_t input_read_bytes = 0;  // bytes asked for inside SetTrafficInput's range
+  uint64_t input_read_bytes = 0;  // sectors read inside SetTrafficInput's range, in bytes
   uint64_t shared_requests = 0;
   uint64_t shared_wavefronts = 0;  // per shared request, the most words in one bank
 };
