@@ -1,13 +1,40 @@
 """Codec throughput on the GPU as a fraction of a device-to-device copy of the same bytes,
-both measured in this run (CUDA events, warm-up, median of repeats, 64 MiB and 256 MiB fp32).
+both measured in this run (CUDA events, warm-up, median of repeats, 64 MiB and 256 MiB fp32),
+beside what the CUDA emulator's traffic table predicts (codecs/cuda/traffic.tsv: the bytes DRAM
+must move per input byte and the launches of each encode and decode, at this copy's measured
+bandwidth and 2 us a launch): the first GPU run checks that model.
 
     python3 tools/gpu_benchmark.py            # prints a table; run by tools/gpu_check.sh
 """
+import csv
+import os
 import statistics
 
 import torch
 
 import actpack
+
+TRAFFIC = os.path.join(os.path.dirname(__file__), "..", "codecs", "cuda", "traffic.tsv")
+PER_LAUNCH_SECONDS = 2e-6
+
+
+def predicted(spec, nbytes, copy_ms):
+    """The traffic table's fraction of a copy for `spec`'s float32 encode and decode."""
+    codec = {"eb:rel=1e-2": "eb"}.get(spec, spec)
+    rows = {}
+    with open(TRAFFIC) as f:
+        for row in csv.DictReader((l for l in f if not l.startswith("#")), delimiter="\t"):
+            if row["codec"] == codec and row["dtype"] == "float32" and row["kernel"] == "(all)":
+                rows[row["phase"]] = row
+    if len(rows) != 2:
+        return None, None
+    bandwidth = 2 * nbytes / (copy_ms / 1e3)  # the copy reads and writes every byte
+    fractions = []
+    for phase in ("encode", "decode"):
+        seconds = (float(rows[phase]["dram_per_input_byte"]) * nbytes / bandwidth +
+                   int(rows[phase]["launches"]) * PER_LAUNCH_SECONDS)
+        fractions.append(copy_ms / 1e3 / seconds)
+    return fractions
 
 
 def time_ms(fn, repeats=20, warmup=3):
@@ -30,7 +57,8 @@ def main():
         raise SystemExit("gpu_benchmark: no CUDA device")
     print(f"device: {torch.cuda.get_device_name()}")
     print(f"{'codec':<22} {'size':>8} {'copy GB/s':>10} {'enc GB/s':>9} {'dec GB/s':>9} "
-          f"{'enc/copy':>9} {'dec/copy':>9} {'e+d/copy':>9} {'ratio':>7}")
+          f"{'enc/copy':>9} {'dec/copy':>9} {'e+d/copy':>9} {'ratio':>7} "
+          f"{'pred enc':>9} {'pred dec':>9}")
     for mib in (64, 256):
         n = mib * (1 << 20) // 4
         x = torch.randn(n, device="cuda").relu_()
@@ -45,9 +73,12 @@ def main():
             encode = time_ms(lambda: actpack.encode(tensor, spec))
             decode = time_ms(lambda: actpack.decode(buffer))
             gbs = lambda ms: nbytes / ms / 1e6
+            pred_encode, pred_decode = predicted(spec, nbytes, copy)
+            shown = lambda v: f"{v:>9.2f}" if v is not None else f"{'-':>9}"
             print(f"{spec:<22} {mib:>5}MiB {gbs(copy):>10.0f} {gbs(encode):>9.0f} "
                   f"{gbs(decode):>9.0f} {copy / encode:>9.2f} {copy / decode:>9.2f} "
-                  f"{2 * copy / (encode + decode):>9.2f} {nbytes / buffer.numel():>7.2f}")
+                  f"{2 * copy / (encode + decode):>9.2f} {nbytes / buffer.numel():>7.2f} "
+                  f"{shown(pred_encode)} {shown(pred_decode)}")
 
 
 if __name__ == "__main__":

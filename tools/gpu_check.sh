@@ -46,6 +46,9 @@ echo "== CPU tests against the CUDA build =="
 echo "== codec benchmark =="
 python3 tools/gpu_benchmark.py 2>&1 | tee "$OUT/benchmark.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== host waits per training step (torch.profiler's CUDA API trace) =="
+python3 tools/gpu_sync_check.py 2>&1 | tee "$OUT/sync_check.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== demo on the GPU =="
 python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json" 2>&1 | tee "$OUT/demo.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
