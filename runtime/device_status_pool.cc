@@ -40,10 +40,21 @@ struct DeviceStatusPool::Chunk {
   codecs::DeviceStatus* mirror = nullptr;    // pinned
   cudaEvent_t mirrored[kSlotsPerChunk] = {};  // MirrorOne's events, made on first use
   bool pending[kSlotsPerChunk] = {};          // a MirrorOne not yet seen Ready
+  // TimeBegin/TimeEnd's events per slot: [phase][begin, end], made on first use; which phases
+  // were timed since the last Collect.
+  cudaEvent_t timing[kSlotsPerChunk][2][2] = {};
+  bool timed[kSlotsPerChunk][2] = {};
 
   ~Chunk() {
     for (cudaEvent_t event : mirrored) {
       if (event != nullptr) cudaEventDestroy(event);
+    }
+    for (auto& slot : timing) {
+      for (auto& phase : slot) {
+        for (cudaEvent_t event : phase) {
+          if (event != nullptr) cudaEventDestroy(event);
+        }
+      }
     }
     if (mirror != nullptr) cudaFreeHost(mirror);
   }
@@ -148,6 +159,33 @@ bool DeviceStatusPool::Ready(const Slot& slot) {
   return cudaEventQuery(chunk.mirrored[slot.index]) == cudaSuccess;
 }
 
+absl::Status DeviceStatusPool::TimeBegin(const Slot& slot, Phase phase, void* stream) {
+  absl::MutexLock lock(&mu_);
+  Chunk& chunk = *chunks_[slot.chunk];
+  for (cudaEvent_t& event : chunk.timing[slot.index][phase]) {
+    if (event == nullptr) ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
+  }
+  ACTPACK_CUDA_RETURN_IF_ERROR(
+      cudaEventRecord(chunk.timing[slot.index][phase][0], static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
+
+absl::Status DeviceStatusPool::TimeEnd(const Slot& slot, Phase phase, void* stream) {
+  absl::MutexLock lock(&mu_);
+  Chunk& chunk = *chunks_[slot.chunk];
+  ACTPACK_CUDA_RETURN_IF_ERROR(
+      cudaEventRecord(chunk.timing[slot.index][phase][1], static_cast<cudaStream_t>(stream)));
+  chunk.timed[slot.index][phase] = true;
+  return absl::OkStatus();
+}
+
+uint64_t DeviceStatusPool::TakeCodecNanoseconds() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t taken = codec_nanoseconds_;
+  codec_nanoseconds_ = 0;
+  return taken;
+}
+
 absl::Status DeviceStatusPool::Collect() {
   absl::MutexLock lock(&mu_);
   if (streams_.empty()) return absl::OkStatus();
@@ -170,6 +208,20 @@ absl::Status DeviceStatusPool::Collect() {
   // The step's one wait.
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copier));
   ++waits_;
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    for (int i = 0; i < kSlotsPerChunk; ++i) {
+      for (int phase = 0; phase < 2; ++phase) {
+        if (!chunk->timed[i][phase]) continue;
+        chunk->timed[i][phase] = false;
+        float ms = 0;
+        // Every stream's work before the copies is done: the events have been reached.
+        if (cudaEventElapsedTime(&ms, chunk->timing[i][phase][0], chunk->timing[i][phase][1]) ==
+            cudaSuccess) {
+          codec_nanoseconds_ += static_cast<uint64_t>(ms * 1e6);
+        }
+      }
+    }
+  }
   streams_.clear();
   for (const Slot& slot : released_) {
     chunks_[slot.chunk]->pending[slot.index] = false;
@@ -205,6 +257,9 @@ void DeviceStatusPool::UseStream(void*) {}
 absl::Status DeviceStatusPool::Order(void*, void*) { return absl::OkStatus(); }
 absl::Status DeviceStatusPool::MirrorOne(const Slot&, void*) { return absl::OkStatus(); }
 bool DeviceStatusPool::Ready(const Slot&) { return false; }
+absl::Status DeviceStatusPool::TimeBegin(const Slot&, Phase, void*) { return absl::OkStatus(); }
+absl::Status DeviceStatusPool::TimeEnd(const Slot&, Phase, void*) { return absl::OkStatus(); }
+uint64_t DeviceStatusPool::TakeCodecNanoseconds() { return 0; }
 absl::Status DeviceStatusPool::Collect() { return absl::OkStatus(); }
 const codecs::DeviceStatus& DeviceStatusPool::Mirror(const Slot&) const {
   static const codecs::DeviceStatus none{};

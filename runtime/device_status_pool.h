@@ -69,6 +69,14 @@ class DeviceStatusPool {
   // another is decoded after its encode.
   absl::Status Order(void* waiting, void* producer);
 
+  // The codecs' time on the device, measured where the caller asks (the session: on profile
+  // steps): events around a slot's encode or decode. Collect reads them (after its wait).
+  enum Phase { kEncode = 0, kDecode = 1 };
+  absl::Status TimeBegin(const Slot& slot, Phase phase, void* stream);
+  absl::Status TimeEnd(const Slot& slot, Phase phase, void* stream);
+  // What the timed encodes and decodes took, read by the Collects since the last call.
+  uint64_t TakeCodecNanoseconds();
+
   // Copies every chunk into its mirror behind the work of every stream used since the last
   // Collect, and waits once. Afterwards Mirror() holds every slot's status as the device left
   // it, and slots released before are free again.
@@ -91,6 +99,7 @@ class DeviceStatusPool {
   int device_index_ ABSL_GUARDED_BY(mu_) = -1;
   void* order_event_ ABSL_GUARDED_BY(mu_) = nullptr;  // Order's, made on first use
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t codec_nanoseconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace actpack::runtime

@@ -419,13 +419,22 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
   }
   absl::StatusOr<DeviceStatusPool::Slot> slot = pool->Acquire(context);
   if (!slot.ok()) return slot.status();
+  const bool timed = ProfilingNow();
   absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(contiguous.Spec(), plan.params);
   absl::StatusOr<std::unique_ptr<Buffer>> buffer =
       capacity.ok() ? factory_(*capacity, context) : capacity.status();
+  absl::Status began = timed && buffer.ok()
+                           ? pool->TimeBegin(*slot, DeviceStatusPool::kEncode, context.stream)
+                           : absl::OkStatus();
   absl::StatusOr<codecs::DeferredEncoding> encoding =
-      buffer.ok() ? codecs::EncodeDeferred(contiguous, plan.params, (*buffer)->data(),
-                                           (*buffer)->size(), context, slot->device)
-                  : buffer.status();
+      !began.ok() ? began
+      : buffer.ok() ? codecs::EncodeDeferred(contiguous, plan.params, (*buffer)->data(),
+                                             (*buffer)->size(), context, slot->device)
+                    : buffer.status();
+  if (encoding.ok() && timed) {
+    absl::Status ended = pool->TimeEnd(*slot, DeviceStatusPool::kEncode, context.stream);
+    if (!ended.ok()) encoding = ended;
+  }
   if (!encoding.ok()) {
     pool->Release(*slot);
     return encoding.status();
@@ -455,6 +464,11 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
   absl::Status resolved = ResolveReady();
   if (!resolved.ok()) return resolved;
   return packed;
+}
+
+bool Session::ProfilingNow() const {
+  absl::MutexLock lock(&mu_);
+  return IsProfileStep(step_index_, options_.profile_every);
 }
 
 std::shared_ptr<PackedTensor> Session::NewPacked(const SavedTensorInfo& info,
@@ -563,6 +577,7 @@ absl::Status Session::CheckDeferred() {
   for (auto& [device, pool] : status_pools_) {
     absl::Status collected = pool->Collect();
     if (!collected.ok()) return collected;
+    totals_.codec_nanoseconds += pool->TakeCodecNanoseconds();
   }
   ++totals_.device_status_reads;
   std::string corrupt;
@@ -640,9 +655,22 @@ absl::Status Session::UnpackDeferred(const PackedTensor& packed,
   packed.status_pool_->UseStream(context.stream);
   absl::Status status = packed.status_pool_->Order(context.stream, packed.stream_);
   if (!status.ok()) return status;
+  // The codecs' time on the device is measured on profile steps (events around the calls,
+  // read at the step's end): the steps the policy measures its candidates on.
+  const bool timed = IsProfileStep(step_index_, options_.profile_every);
+  if (timed) {
+    status = packed.status_pool_->TimeBegin(packed.slot_, DeviceStatusPool::kDecode,
+                                            context.stream);
+    if (!status.ok()) return status;
+  }
   status = codecs::DecodeDeferred(packed.encoding_, packed.buffer_->data(), output, context,
                                   packed.slot_.device);
   if (!status.ok()) return status;
+  if (timed) {
+    status = packed.status_pool_->TimeEnd(packed.slot_, DeviceStatusPool::kDecode,
+                                          context.stream);
+    if (!status.ok()) return status;
+  }
   deferred_this_step_.push_back(DeferredUse{packed.status_pool_, packed.slot_, packed.record_,
                                             packed.encoding_.header, {}});
   ++totals_.unpacks;

@@ -271,8 +271,10 @@ struct SessionTotals {
   uint64_t peak_live_stored = 0;
   uint64_t live_raw = 0;
   uint64_t peak_live_raw = 0;
-  // Wall time inside the codecs (Encode in Pack, Decode in Unpack): what the hooks cost beyond
-  // it is their overhead.
+  // Time inside the codecs (Encode in Pack, Decode in Unpack): what the hooks cost beyond it is
+  // their overhead. On the CPU the host's clock around every call; on CUDA the device's, from
+  // events around the calls of profile steps only (timing every call would cost the host more
+  // than the codecs).
   uint64_t codec_nanoseconds = 0;
   // CUDA tensors: the reads of their statuses, each one wait for the device (one per step, one
   // more in a step whose eb tensors are unpacked before their sizes were seen).
@@ -386,6 +388,8 @@ class Session {
                                                              const codecs::ExecContext& context);
   absl::Status UnpackDeferred(const PackedTensor& packed, const codecs::MutableTensorView& output,
                               const codecs::ExecContext& context);
+  // Whether this step is a profile step (the codecs' device time is measured on those).
+  bool ProfilingNow() const;
   std::shared_ptr<PackedTensor> NewPacked(const SavedTensorInfo& info,
                                           std::unique_ptr<Buffer> buffer, size_t encoded_size,
                                           const codecs::ExecContext& context);

@@ -486,6 +486,12 @@ TEST_P(SessionWaitTest, SteadyStatePacksAndUnpacksNeverWaitAndAStepWaitsOnce) {
     EXPECT_EQ(waits[step].mallocs, 0u);
   }
   EXPECT_EQ(session.Totals().unpacks, session.Totals().packs);
+  // The profile steps timed the codecs on the device (events read at the steps' ends).
+  EXPECT_GT(session.Totals().codec_nanoseconds, 0u);
+  // Every wait the emulator saw outside the profiling was one of the session's status reads.
+  uint64_t reads = 0;
+  for (const StepWaits& w : waits) reads += w.pack + w.unpack + w.end;
+  EXPECT_EQ(session.Totals().device_status_reads, reads);
 #endif
 }
 

@@ -8,6 +8,8 @@
 #                                                 the CPU paths, under AddressSanitizer + UBSan)
 #      python3 tools/cudaemu_coverage.py         (the emulated tests with the race checker, and
 #                                                 kernel line coverage >= 95%, mode branches)
+#      python3 tools/traffic_check.py            (each kernel's memory traffic, as the race
+#                                                 checker sees it, against codecs/cuda/traffic.tsv)
 #      ... the emulated tests with the race checker again, under the reverse schedule
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
@@ -61,6 +63,8 @@ bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //re
   failed+=("asan")
 stage "emulated tests with the race checker, and the kernels' coverage"
 python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
+stage "the kernels' memory traffic against codecs/cuda/traffic.tsv"
+python3 tools/traffic_check.py || failed+=("traffic table")
 # Every test that links the emulator: the codec, allocator, session and report tests.
 emulated=$(bazel cquery --config=cudaemu_race 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))' \
            2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +108,9 @@ struct EventState {
   int device = 0;
   StreamState* stream = nullptr;  // null: never recorded (complete)
   uint64_t position = 0;          // complete once stream->completed reaches it
+  bool timing = true;             // cudaEventDisableTiming not given
+  bool stamped = false;           // the stream reached it; `stamp` is when
+  std::chrono::steady_clock::time_point stamp;
 };
 
 struct DeviceState {
@@ -228,6 +232,14 @@ bool RunOne(StreamState* s) {
   s->queue.pop_front();
   if (op.run) op.run();
   ++s->completed;
+  // Timing events the stream just reached (cudaEventElapsedTime): when the work before them
+  // finished, as the host's clock saw it.
+  for (EventState* e : TheMachine().events) {
+    if (e->timing && !e->stamped && e->stream == s && e->position == s->completed) {
+      e->stamped = true;
+      e->stamp = std::chrono::steady_clock::now();
+    }
+  }
   return true;
 }
 
@@ -931,6 +943,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   if (event == nullptr) return Fail(cudaErrorInvalidValue);
   auto* e = new cudaemu::internal::EventState;
   e->device = cudaemu::internal::current_device;
+  e->timing = (flags & cudaEventDisableTiming) == 0;
   TheMachine().events.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
@@ -944,6 +957,23 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (s == nullptr || s->device != e->device) return Fail(cudaErrorInvalidResourceHandle);
   e->stream = s;
   e->position = s->enqueued;
+  e->stamped = s->completed >= e->position;
+  if (e->stamped) e->stamp = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  Lock lock(DeviceLock());
+  auto* a = reinterpret_cast<cudaemu::internal::EventState*>(start);
+  auto* b = reinterpret_cast<cudaemu::internal::EventState*>(end);
+  auto& events = TheMachine().events;
+  if (ms == nullptr) return Fail(cudaErrorInvalidValue);
+  if (!events.count(a) || !events.count(b) || !a->timing || !b->timing ||
+      a->stream == nullptr || b->stream == nullptr) {
+    return Fail(cudaErrorInvalidResourceHandle);
+  }
+  if (!a->stamped || !b->stamped) return Fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->stamp - a->stamp).count();
   return cudaSuccess;
 }
 

@@ -318,6 +318,33 @@ TEST(HostCallTest, WaitsAndAllocationsAreRecordedWithTheirRegionAndCaller) {
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+// Timing events are stamped when their stream reaches them; elapsed time needs both reached
+// and timing enabled.
+TEST(EventTimingTest, ElapsedTimeBetweenReachedEvents) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t start, end, untimed;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&end), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(start, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(p, 0, 1 << 20, stream), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(end, stream), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, stream), cudaSuccess);
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, end), cudaErrorNotReady);  // the memset waits
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, end), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, untimed), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  for (cudaEvent_t e : {start, end, untimed}) ASSERT_EQ(cudaEventDestroy(e), cudaSuccess);
+  ASSERT_EQ(cudaFree(p), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 TEST(ThreadTest, HostThreadsShareTheDevices) {
   std::vector<std::thread> threads;
   std::vector<int> results(4, 0);
