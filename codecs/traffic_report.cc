@@ -83,7 +83,7 @@ void Print(const char* codec, DType dtype, const char* phase, const Phase& p, si
   uint64_t launches = 0, dram = 0;
   for (const auto& [name, k] : p.kernels) {
     const double in = static_cast<double>(input);
-    std::printf("%s\t%s\t%s\t%s\t%llu\t%llu\t%.3f\t%.3f\t%.4f\t%.4f\t%.3f\t%.2f\n", codec,
+    std::printf("%s\t%s\t%s\t%s\t%llu\t%llu\t%.3f\t%.3f\t%.4f\t%.4f\t%.3f\t%.2f\t\t\n", codec,
                 std::string(DTypeName(dtype)).c_str(), phase, name.c_str(),
                 static_cast<unsigned long long>(k.launches),
                 static_cast<unsigned long long>(k.requests),
@@ -101,7 +101,7 @@ void Print(const char* codec, DType dtype, const char* phase, const Phase& p, si
     const double codec_time = dram / kGpus[g].bandwidth + launches * kPerLaunchSeconds;
     seconds[g] = copy / codec_time;
   }
-  std::printf("%s\t%s\t%s\t(all)\t%llu\t\t\t\t\t%.4f\t\t\th100 %.2f a100 %.2f\n", codec,
+  std::printf("%s\t%s\t%s\t(all)\t%llu\t\t\t\t\t%.4f\t\t\t%.2f\t%.2f\n", codec,
               std::string(DTypeName(dtype)).c_str(), phase,
               static_cast<unsigned long long>(launches), static_cast<double>(dram) / input,
               seconds[0], seconds[1]);
@@ -115,7 +115,7 @@ int Run(size_t input_bytes) {
   cudaemu::StopTrafficRecording();
   std::printf("codec\tdtype\tphase\tkernel\tlaunches\trequests\tsectors_per_request\t"
               "ideal_per_request\tbytes_per_input_byte\tdram_per_input_byte\tinput_passes\t"
-              "shared_wavefronts_per_request\n");
+              "shared_wavefronts_per_request\th100_fraction_of_copy\ta100_fraction_of_copy\n");
   ExecContext context;
   context.device = Device::kCuda;
   auto* status = static_cast<DeviceStatus*>(Device(sizeof(DeviceStatus)));

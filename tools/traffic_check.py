@@ -15,6 +15,7 @@ than 5% must say why in the table's `note` column. When a change is intended, re
 
 Usage (from the repository root):
   python3 tools/traffic_check.py [--update] [--bytes N]
+  python3 tools/traffic_check.py --markdown FILE    (the README's roofline table from a table)
 --bytes (default 1 MiB) sizes every input; the committed table is at the default, and
 ACTPACK_FULL=1 runs (tools/test.sh) also print the table at 16 MiB for the README.
 """
@@ -51,6 +52,29 @@ def read_table(path):
     return header, [dict(zip(header, l.split("\t"))) for l in lines[1:]]
 
 
+def markdown(path):
+    """The roofline summary rows of a table as the README's markdown table."""
+    _, rows = read_table(path)
+    summary = {}
+    for r in rows:
+        if r["kernel"] != "(all)":
+            continue
+        summary[(r["codec"], r["dtype"], r["phase"])] = (
+            r["launches"], r["dram_per_input_byte"], r["h100_fraction_of_copy"],
+            r["a100_fraction_of_copy"])
+    lines = ["| codec | dtype | encode: launches, DRAM bytes per input byte | H100 | A100 | "
+             "decode: launches, DRAM bytes per input byte | H100 | A100 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (codec, dtype, phase) in summary:
+        if phase != "encode":
+            continue
+        e = summary[(codec, dtype, "encode")]
+        d = summary[(codec, dtype, "decode")]
+        lines.append(f"| {codec} | {dtype} | {e[0]}, {float(e[1]):.2f} | {e[2]} | {e[3]} | "
+                     f"{d[0]}, {float(d[1]):.2f} | {d[2]} | {d[3]} |")
+    return "\n".join(lines)
+
+
 def over_ideal(row):
     try:
         return float(row["sectors_per_request"]) > 1.05 * float(row["ideal_per_request"])
@@ -62,7 +86,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--update", action="store_true", help="rewrite the table")
     parser.add_argument("--bytes", type=int, default=1 << 20, help="input size in bytes")
+    parser.add_argument("--markdown", help="print the roofline table of this table file")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(args.markdown))
+        return 0
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
     header, rows = measure(root, args.bytes)
     if args.bytes != 1 << 20:
