@@ -337,6 +337,73 @@ TEST_P(UnrepresentableTest, TheFlagIsSetAndTheDecodeIsNaN) {
   ASSERT_TRUE(Decode(bytes.data(), bytes.size(), {on_cpu.data(), c.dtype, shape, Device::kCpu}, {})
                   .ok());
   for (float v : on_cpu) ASSERT_TRUE(std::isnan(v));
+  // ... and so does the synchronous decode on the device.
+  ExecContext sync = context;
+  class Scratch final : public ScratchAllocator {
+   public:
+    absl::StatusOr<void*> Allocate(size_t bytes, void*) override {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) != cudaSuccess) return absl::ResourceExhaustedError("scratch");
+      return p;
+    }
+    void Deallocate(void* p, size_t, void*) override { cudaFree(p); }
+  } scratch;
+  sync.scratch = &scratch;
+  uint8_t* copy = memory.Upload(bytes);
+  uint8_t* sync_output = memory.Alloc(512 * 4);
+  ASSERT_TRUE(Decode(copy, bytes.size(), {sync_output, c.dtype, shape, Device::kCuda}, sync).ok());
+  const std::vector<uint8_t> sync_decoded = DeviceMemory::Download(sync_output, 512 * 4);
+  for (size_t i = 0; i < 512; ++i) {
+    float v;
+    std::memcpy(&v, sync_decoded.data() + 4 * i, 4);
+    ASSERT_TRUE(std::isnan(v)) << "element " << i;
+  }
+}
+
+// A bitpack buffer whose bits no int64 holds, with a checksum that matches (forged, or written
+// by a broken encoder): the device's own check of the parameters refuses it before the decode
+// reads past its payload, and the output is zeros.
+TEST(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDevice) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP();
+  DeviceMemory memory;
+  ExecContext context;
+  context.device = Device::kCuda;
+  auto* status = reinterpret_cast<DeviceStatus*>(memory.Alloc(sizeof(DeviceStatus)));
+  const std::vector<int64_t> shape = {4, 64};
+  const std::vector<uint8_t> input = Data(DType::kInt64, 256, 2);
+  const CodecParams params = *ParseCodecSpec("bitpack");
+  absl::StatusOr<std::vector<uint8_t>> buffer =
+      testing::EncodeToVector(input.data(), DType::kInt64, shape, params);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  absl::StatusOr<Header> header = ParseHeader(buffer->data(), buffer->size());
+  ASSERT_TRUE(header.ok());
+  Header forged = *header;
+  forged.params[8] = 65;  // bits
+  forged.checksum = CombineChecksum(
+      HeaderChecksum(forged), PayloadChecksum(buffer->data() + kHeaderSize, forged.payload_size));
+  std::vector<uint8_t> bytes = *buffer;
+  WriteHeader(forged, bytes.data());
+  ASSERT_TRUE(Verify(bytes.data(), bytes.size(), {}).ok());  // the CPU accepts it
+  uint8_t* device = memory.Upload(bytes);
+  ASSERT_EQ(cudaMemset(status, 0, sizeof(DeviceStatus)), cudaSuccess);  // a fresh status
+  // The host's header as a deferred encode leaves it: parameters and size to come.
+  DeferredEncoding encoding;
+  encoding.header = *header;
+  encoding.header.params.fill(0);
+  encoding.header.payload_size = 0;
+  encoding.header.checksum = 0;
+  encoding.device_decided = true;
+  encoding.bytes = bytes.size();
+  uint8_t* output = memory.Alloc(256 * 8);
+  ASSERT_TRUE(DecodeDeferred(encoding, device, {output, DType::kInt64, shape, Device::kCuda},
+                             context, status)
+                  .ok());
+  DeviceStatus read;
+  std::memcpy(&read, DeviceMemory::Download(status, sizeof(read)).data(), sizeof(read));
+  EXPECT_EQ(read.failures, kFailParams) << DescribeFailures(read.failures);
+  const std::vector<uint8_t> decoded = DeviceMemory::Download(output, 256 * 8);
+  EXPECT_EQ(decoded, std::vector<uint8_t>(256 * 8, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(
