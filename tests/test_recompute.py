@@ -175,6 +175,35 @@ def test_bad_arguments_name_what_was_expected():
         actpack.recompute(bn, x, micro_batch=2).sum().backward()
 
 
+def test_a_replay_that_raises_leaves_nothing_behind():
+    """A replay that raises (runs out of memory, in the planner's tries) drops its graph: held
+    as themselves, its saved outputs made a cycle with their graph that Python's collector
+    cannot see, and the micro-batch's activations stayed allocated."""
+    import gc
+    import weakref
+
+    lin = nn.Linear(64, 64)
+    replays = []
+
+    def region(t):
+        h = torch.relu(lin(t))  # relu saves its output
+        if torch.is_grad_enabled():
+            replays.append(h)
+            raise RuntimeError("out of memory in the replay")
+        return h
+
+    x = torch.randn(32, 16, 64, requires_grad=True)
+    with actpack.budget(1 << 40, codec="identity", recompute=True):
+        loss = actpack.recompute(region, x, micro_batch=8).sum()
+        with pytest.raises(RuntimeError, match="out of memory in the replay"):
+            loss.backward()
+    del loss
+    gc.collect()
+    alive = weakref.ref(replays.pop())
+    gc.collect()
+    assert alive() is None
+
+
 def train(budget, recompute, steps=6):
     """`steps` SGD steps of a 4-block net (64 samples) under `budget`: the run's report."""
     model = Net(dim=64, depth=4, micro_batch=4)

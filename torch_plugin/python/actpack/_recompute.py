@@ -141,7 +141,7 @@ class _Region(torch.autograd.Function):
                 # as it is, out of the session's count of the step's saved tensors.
                 with torch.enable_grad(), \
                         torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on), \
-                        torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+                        torch.autograd.graph.saved_tensors_hooks(_keep, _kept):
                     outputs, _ = _as_tuple(ctx.fn(*inputs))
                 pairs = [(o, g) for o, g in zip(outputs, grad)
                          if g is not None and o.requires_grad]
@@ -165,4 +165,12 @@ _TENSOR = object()  # where a tensor argument sits among the region's arguments
 
 
 def _keep(tensor):
+    # An alias, not the tensor: a saved output held as itself would make a cycle through its
+    # graph (node -> saved tensor -> its grad_fn, the node) that Python's collector cannot see
+    # and only a finished backward breaks, so a replay that raised (out of memory) leaked its
+    # micro-batch's graph (5 MiB a failed try on the benchmark's ViT at a third of its width).
+    return tensor.detach()
+
+
+def _kept(tensor):
     return tensor
