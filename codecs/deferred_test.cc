@@ -238,6 +238,25 @@ TEST_P(DeferredTest, ACorruptedPayloadDecodesAsNaN) {
   EXPECT_NE(ReadStatus().failures & kFailHeader, 0u);
 }
 
+// A whole, valid buffer of another tensor (a stale pointer, a mixed-up record): its checksum
+// matches, so only the comparison with the header the host kept catches it.
+TEST_P(DeferredTest, ABufferOfAnotherTensorIsRefused) {
+  const std::vector<int64_t> mine = {4, 256}, other = {8, 128};
+  DeferredEncoding resolved_mine, resolved_other;
+  uint8_t* buffer_mine = nullptr;
+  uint8_t* buffer_other = nullptr;
+  EncodeOnDevice(Data(GetParam().dtype, 1024, 1), mine, &resolved_mine, &buffer_mine);
+  EncodeOnDevice(Data(GetParam().dtype, 1024, 2), other, &resolved_other, &buffer_other);
+  // A buffer of the same size (the decode reads as many bytes as the host's header says).
+  if (resolved_other.bytes != resolved_mine.bytes) GTEST_SKIP() << "sizes differ by codec";
+  const size_t width = ElementSize(GetParam().dtype);
+  const std::vector<uint8_t> decoded =
+      DecodeOnDevice(resolved_mine, buffer_other, mine, 1024 * width);
+  const DeviceStatus read = ReadStatus();
+  // The checksum matches: the header's check alone says it.
+  EXPECT_EQ(read.failures & ~uint64_t{kFailParams}, kFailHeader) << DescribeFailures(read.failures);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Codecs, DeferredTest,
     ::testing::Values(Case{"identity", DType::kFloat64}, Case{"identity", DType::kFloat32},
