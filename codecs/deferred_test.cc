@@ -89,7 +89,8 @@ std::vector<uint8_t> Data(DType dtype, size_t numel, uint32_t seed) {
   return testing::ToBytes(testing::Gaussian(numel, seed), dtype);
 }
 
-class DeferredTest : public ::testing::TestWithParam<Case> {
+// A CUDA context, device memory and a zeroed DeviceStatus for a test.
+class OnDevice : public ::testing::Test {
  protected:
   void SetUp() override {
     int devices = 0;
@@ -98,6 +99,7 @@ class DeferredTest : public ::testing::TestWithParam<Case> {
     }
     context_.device = Device::kCuda;
     status_ = reinterpret_cast<DeviceStatus*>(memory_.Alloc(sizeof(DeviceStatus)));
+    ASSERT_EQ(cudaMemset(status_, 0, sizeof(DeviceStatus)), cudaSuccess);
   }
 
   DeviceStatus ReadStatus() const {
@@ -106,6 +108,13 @@ class DeferredTest : public ::testing::TestWithParam<Case> {
     return read;
   }
 
+  DeviceMemory memory_;
+  ExecContext context_;
+  DeviceStatus* status_ = nullptr;
+};
+
+class DeferredTest : public OnDevice, public ::testing::WithParamInterface<Case> {
+ protected:
   // Encodes `input` on the device without waiting, then reads the status: the buffer's bytes
   // as far as the encoding says, and the encoding resolved.
   std::vector<uint8_t> EncodeOnDevice(const std::vector<uint8_t>& input,
@@ -133,10 +142,6 @@ class DeferredTest : public ::testing::TestWithParam<Case> {
     EXPECT_TRUE(decoded.ok()) << decoded;
     return DeviceMemory::Download(output, out_bytes);
   }
-
-  DeviceMemory memory_;
-  ExecContext context_;
-  DeviceStatus* status_ = nullptr;
 };
 
 TEST_P(DeferredTest, TheBufferAndTheOutputAreTheCpus) {
@@ -305,15 +310,13 @@ std::vector<uint8_t> TwoValues() {
   return testing::ToBytes(v, DType::kFloat32);
 }
 
-class UnrepresentableTest : public ::testing::TestWithParam<Unrepresentable> {};
+class UnrepresentableTest : public OnDevice,
+                            public ::testing::WithParamInterface<Unrepresentable> {};
 
 TEST_P(UnrepresentableTest, TheFlagIsSetAndTheDecodeIsNaN) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP();
-  DeviceMemory memory;
-  ExecContext context;
-  context.device = Device::kCuda;
-  auto* status = reinterpret_cast<DeviceStatus*>(memory.Alloc(sizeof(DeviceStatus)));
+  DeviceMemory& memory = memory_;
+  const ExecContext& context = context_;
+  DeviceStatus* status = status_;
   const Unrepresentable& c = GetParam();
   const std::vector<int64_t> shape = {2, 256};
   const std::vector<uint8_t> input = c.make();
@@ -382,13 +385,11 @@ TEST_P(UnrepresentableTest, TheFlagIsSetAndTheDecodeIsNaN) {
 // A bitpack buffer whose bits no int64 holds, with a checksum that matches (forged, or written
 // by a broken encoder): the device's own check of the parameters refuses it before the decode
 // reads past its payload, and the output is zeros.
-TEST(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDevice) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP();
-  DeviceMemory memory;
-  ExecContext context;
-  context.device = Device::kCuda;
-  auto* status = reinterpret_cast<DeviceStatus*>(memory.Alloc(sizeof(DeviceStatus)));
+using DeferredParamsTest = OnDevice;
+
+TEST_F(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDevice) {
+  DeviceMemory& memory = memory_;
+  DeviceStatus* status = status_;
   const std::vector<int64_t> shape = {4, 64};
   const std::vector<uint8_t> input = Data(DType::kInt64, 256, 2);
   const CodecParams params = *ParseCodecSpec("bitpack");
@@ -405,7 +406,6 @@ TEST(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDevic
   WriteHeader(forged, bytes.data());
   ASSERT_TRUE(Verify(bytes.data(), bytes.size(), {}).ok());  // the CPU accepts it
   uint8_t* device = memory.Upload(bytes);
-  ASSERT_EQ(cudaMemset(status, 0, sizeof(DeviceStatus)), cudaSuccess);  // a fresh status
   // The host's header as a deferred encode leaves it: parameters and size to come.
   DeferredEncoding encoding;
   encoding.header = *header;
@@ -416,7 +416,7 @@ TEST(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDevic
   encoding.bytes = bytes.size();
   uint8_t* output = memory.Alloc(256 * 8);
   ASSERT_TRUE(DecodeDeferred(encoding, device, {output, DType::kInt64, shape, Device::kCuda},
-                             context, status)
+                             context_, status)
                   .ok());
   DeviceStatus read;
   std::memcpy(&read, DeviceMemory::Download(status, sizeof(read)).data(), sizeof(read));

@@ -6,7 +6,7 @@ which sees every load and store a kernel makes, and runs it: per codec, dtype, p
 the warp requests, 32-byte sectors per request against the ideal for the bytes each asked for,
 the bytes asked for and the bytes DRAM must move per input byte, the passes over the input, the
 shared-memory wavefronts per request; per codec, dtype and phase, a roofline estimate on an H100
-and an A100 as a fraction of a device-to-device copy of the input (codecs/traffic_report.cc).
+and an A100 as a fraction of a device-to-device copy of the input (codecs/testing/traffic_report.cc).
 
 The output is compared with codecs/cuda/traffic.tsv: any change fails (a kernel that moves more,
 or less, or a kernel added or gone). A kernel whose sectors per request exceed the ideal by more
