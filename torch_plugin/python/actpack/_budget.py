@@ -23,6 +23,7 @@ class Run:
         self._session = session
         self._final_totals = None
         self.report = None
+        self.regions = False  # whether a region marked with actpack.recompute ran
 
     def totals(self):
         """Byte counts of the session (packed raw/stored bytes, peaks, fallbacks): live inside
@@ -260,6 +261,7 @@ class budget:
     def _recomputes(self):
         """Whether a region (actpack.recompute) recomputes now; notes that one ran."""
         self._regions_seen = True
+        self.run.regions = True
         return self.recomputing
 
     def _relieve(self, needed):

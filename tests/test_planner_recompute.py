@@ -1,0 +1,89 @@
+"""actpack.plan for a model with recompute regions: the auto+recompute choice (budget(codec="auto",
+recompute="auto")), held to the truth found in fresh processes, as the benchmark suite finds it.
+
+Run as a script (`python3 test_planner_recompute.py CHOICE BATCH`), it is one try of that truth:
+a fresh process, the model built after actpack's CPU allocator, a warm-up step, then one capped
+step more than the planner's try, under the full budget.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import actpack
+from actpack import _planner
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import models  # noqa: E402  (the benchmark's GPT, its blocks marked with actpack.recompute)
+
+BUDGET = 16 << 20
+
+
+def gpt_step():
+    """step(batch) of a small GPT-like model: the suite's, its blocks recomputed in
+    micro-batches of 8 samples once codecs alone cannot hold the step."""
+    task = models.Task("gpt", "gpt", {"context": 32, "dim": 32, "depth": 4, "heads": 2},
+                       "adamw", context=32)
+    model = task.model("cpu", 0)
+    optimizer = task.make_optimizer(model)
+
+    def step(batch):
+        x, y = task.batch(batch, 0, "cpu")
+        task.loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def fits_in_a_fresh_process(choice, batch):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), choice, str(batch)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["fits"]
+
+
+@pytest.mark.usefixtures("cpu_allocator")
+def test_the_warm_up_sees_regions_and_the_default_plans_recomputation():
+    _, _, _, regions = _planner._run_step(gpt_step(), 4, "none")
+    assert regions
+    plain = nn.Linear(8, 8)
+    _, _, _, regions = _planner._run_step(
+        lambda b: F.mse_loss(plain(torch.randn(b, 8)), torch.zeros(b, 8)).backward(), 4, "none")
+    assert not regions
+    assert _planner._default_choices(True)[-1] == "auto+recompute"
+    assert "auto+recompute" not in _planner._default_choices(False)
+
+
+@pytest.mark.usefixtures("cpu_allocator")
+@pytest.mark.filterwarnings("ignore:actpack.budget. the budget does not hold")
+def test_auto_recompute_is_within_5_percent_of_the_fresh_process_truth():
+    """The answer trains under the cap in a fresh process, and a batch 5% larger (and a sample)
+    does not: within 5% of the truth, never above. (Measured: 145 against a truth of 149, where
+    auto answers 101 against 106.)"""
+    plan = actpack.plan(gpt_step(), BUDGET, batch_sizes=(4, 8), codecs=("auto", "auto+recompute"),
+                        progress=False)
+    answer = plan.max_batch_size["auto+recompute"]
+    print(plan.table())
+    assert answer > 1.2 * plan.max_batch_size["auto"], plan.table()
+    assert "auto+recompute" in plan.table()
+    assert fits_in_a_fresh_process("auto+recompute", answer)
+    assert not fits_in_a_fresh_process("auto+recompute", math.floor(answer / 0.95) + 1)
+
+
+if __name__ == "__main__":
+    import warnings
+    warnings.simplefilter("ignore")
+    choice, batch = sys.argv[1], int(sys.argv[2])
+    actpack.install_cpu_allocator()
+    step = gpt_step()
+    step(4)  # the optimizer's state, as the planner's warm-up makes it
+    report = _planner.trains_under_cap(step, BUDGET, choice, batch,
+                                       steps=_planner._calibration_steps(choice) + 1)
+    print(json.dumps({"fits": report is not None}))
