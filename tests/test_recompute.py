@@ -137,7 +137,10 @@ def test_outside_a_recomputing_budget_a_region_is_a_call():
 
 def test_several_inputs_and_outputs():
     """A region of two tensors (one not requiring a gradient) and a constant, returning two
-    tensors, one of which the loss ignores: gradients as a plain call's."""
+    tensors, one of which the loss ignores: gradients as a plain call's, up to float32
+    reassociation: the micro-batches' matrix products are blocked by rows differently from the
+    whole batch's, so entries of order 10-100 differ in their last bits (~1e-6 relative)."""
+    torch.manual_seed(0)
     w = torch.randn(6, 6, requires_grad=True)
 
     def region(a, scale, b):
@@ -152,7 +155,7 @@ def test_several_inputs_and_outputs():
     with actpack.budget(1 << 40, codec="identity", recompute=True):
         out, _ = actpack.recompute(region, a, 3.0, b, micro_batch=3)
         out.square().sum().backward()
-    assert torch.allclose(a.grad, exact_a, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(a.grad, exact_a, rtol=1e-5, atol=1e-5)
     assert torch.allclose(w.grad, exact_w, rtol=1e-5, atol=1e-5)
 
 
