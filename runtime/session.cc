@@ -456,12 +456,14 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
   packed->status_pool_ = pool;
   packed->slot_ = *slot;
   packed->record_ = plan.record;
+  // Packed tensors the checks below lock are released after mu_ (their destructor takes it).
+  std::vector<std::shared_ptr<PackedTensor>> keep;
   absl::MutexLock lock(&mu_);
   Admit(info, plan, plan.params, "", packed);
   deferred_this_step_.push_back(
       DeferredUse{pool, *slot, plan.record, encoding->header, packed});
   if (sized_on_device) unresolved_.push_back(packed);
-  absl::Status resolved = ResolveReady();
+  absl::Status resolved = ResolveReady(&keep);
   if (!resolved.ok()) return resolved;
   return packed;
 }
@@ -556,9 +558,10 @@ absl::Status Session::Resolve(PackedTensor& packed, const codecs::DeviceStatus& 
   return absl::OkStatus();
 }
 
-absl::Status Session::ResolveReady() {
+absl::Status Session::ResolveReady(std::vector<std::shared_ptr<PackedTensor>>* keep) {
   while (!unresolved_.empty()) {
     std::shared_ptr<PackedTensor> packed = unresolved_.front().lock();
+    keep->push_back(packed);  // its last reference must not drop while mu_ is held
     if (packed == nullptr) {
       unresolved_.pop_front();
       continue;
@@ -572,7 +575,7 @@ absl::Status Session::ResolveReady() {
   return absl::OkStatus();
 }
 
-absl::Status Session::CheckDeferred() {
+absl::Status Session::CheckDeferred(std::vector<std::shared_ptr<PackedTensor>>* keep) {
   if (deferred_this_step_.empty()) return absl::OkStatus();
   for (auto& [device, pool] : status_pools_) {
     absl::Status collected = pool->Collect();
@@ -587,6 +590,7 @@ absl::Status Session::CheckDeferred() {
                               ? &records_[use.record]
                               : nullptr;
     std::shared_ptr<PackedTensor> packed = use.packed.lock();
+    keep->push_back(packed);  // its last reference must not drop while mu_ is held
     if (packed != nullptr && packed->encoding_.device_decided) {
       absl::Status resolved = Resolve(*packed, read);
       if (!resolved.ok()) return resolved;
@@ -641,15 +645,16 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
 absl::Status Session::UnpackDeferred(const PackedTensor& packed,
                                      const codecs::MutableTensorView& output,
                                      const codecs::ExecContext& context) {
+  std::vector<std::shared_ptr<PackedTensor>> keep;  // released after mu_
   absl::MutexLock lock(&mu_);
   if (packed.encoding_.device_decided) {
-    absl::Status resolved = ResolveReady();
+    absl::Status resolved = ResolveReady(&keep);
     if (!resolved.ok()) return resolved;
   }
   // eb decodes with the parameters its encode decided on the device: when the host has not
   // seen them yet, the step's statuses are read now, once for all of them.
   if (packed.encoding_.device_decided && packed.codec_ == codecs::CodecId::kEb) {
-    absl::Status checked = CheckDeferred();
+    absl::Status checked = CheckDeferred(&keep);
     if (!checked.ok()) return checked;
   }
   packed.status_pool_->UseStream(context.stream);
@@ -795,9 +800,10 @@ uint64_t Session::PlanningBudget() const {
 
 absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
                               uint64_t system_bytes) {
+  std::vector<std::shared_ptr<PackedTensor>> keep;  // released after mu_
   absl::MutexLock lock(&mu_);
   // The step's one read of its GPU statuses: what it finds is said after the step is recorded.
-  const absl::Status checked = CheckDeferred();
+  const absl::Status checked = CheckDeferred(&keep);
   if (ordinal_ == 0) return checked;
   current_step_.peak_bytes = peak_bytes;
   current_step_.peak_reserved_bytes = reserved_bytes;

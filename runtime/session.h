@@ -401,12 +401,15 @@ class Session {
   // back the bytes past it.
   absl::Status Resolve(PackedTensor& packed, const codecs::DeviceStatus& read_back)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Resolves the encodings whose status has reached the host (never waits).
-  absl::Status ResolveReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resolves the encodings whose status has reached the host (never waits). The packed tensors
+  // it looks at go to *keep, which the caller releases after mu_ (a destructor takes mu_).
+  absl::Status ResolveReady(std::vector<std::shared_ptr<PackedTensor>>* keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads every status of the step's CUDA packs and unpacks (one wait), resolves what is
   // left, flags records whose codec met values it cannot hold, and reports a corrupted buffer
-  // (kDataLoss naming the saved tensor and its module).
-  absl::Status CheckDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (kDataLoss naming the saved tensor and its module). *keep as for ResolveReady.
+  absl::Status CheckDeferred(std::vector<std::shared_ptr<PackedTensor>>* keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionOptions options_;
   const BufferFactory factory_;
