@@ -85,9 +85,11 @@ MUTANTS = [
            "i <= layout.numel;\n       i += stride) {\n    const uint64_t g", identity("quant2")),
     # cast
     Mutant("cast-tail", "a dropped tail element", "codecs/cuda/cast_kernels.cu",
-           "w < words; w += stride) {\n    const uint32_t word = cast_math",
-           "w + 1 < words; w += stride) {\n    const uint32_t word = cast_math",
+           "w < words; w += stride) {\n    const uint32_t word =\n        aligned",
+           "w + 1 < words; w += stride) {\n    const uint32_t word =\n        aligned",
            identity("cast:fp16")),
+    Mutant("cast-pair-half", "a wrong shift in bit packing", "codecs/internal/cast_math.h",
+           "  return lo | hi << 16;", "  return lo | hi << 15;", identity("cast:fp16")),
     Mutant("cast-decode-write", "an off-by-one write", "codecs/cuda/cast_kernels.cu",
            "i < numel; i += stride) {\n    output[i] = cast_math",
            "i <= numel; i += stride) {\n    output[i] = cast_math", identity("cast:bf16")),
