@@ -15,9 +15,11 @@ SUITE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "suite.py")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # In-process trials: the smoke run checks the suite's machinery, not the truth of a search.
+    # No wall-clock limit: a loaded 2-core machine took more than 900 s (time is the
+    # benchmark's to report, not this test's to assert).
     run = subprocess.run([sys.executable, SUITE, "--size", "smoke", "--quiet",
                           "--trials", "in-process", "--out", str(out)],
-                         text=True, capture_output=True, timeout=900)
+                         text=True, capture_output=True)
     assert run.returncode == 0, run.stderr[-4000:]
     with open(out / "benchmark.json") as f:
         data = json.load(f)
