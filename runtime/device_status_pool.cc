@@ -241,6 +241,11 @@ uint64_t DeviceStatusPool::waits() const {
   return waits_;
 }
 
+uint64_t DeviceStatusPool::slots_in_use() const {
+  absl::MutexLock lock(&mu_);
+  return chunks_.size() * kSlotsPerChunk - free_.size() - released_.size();
+}
+
 #else  // !ACTPACK_WITH_CUDA
 
 struct DeviceStatusPool::Chunk {};
@@ -266,6 +271,7 @@ const codecs::DeviceStatus& DeviceStatusPool::Mirror(const Slot&) const {
   return none;
 }
 uint64_t DeviceStatusPool::waits() const { return 0; }
+uint64_t DeviceStatusPool::slots_in_use() const { return 0; }
 
 #endif  // ACTPACK_WITH_CUDA
 

@@ -88,6 +88,9 @@ class DeviceStatusPool {
   // Host waits this pool has made (Collect's), for the report.
   uint64_t waits() const;
 
+  // Slots handed out and not given back (a leak shows here).
+  uint64_t slots_in_use() const;
+
  private:
   struct Chunk;
   BufferFactory factory_;

@@ -870,6 +870,13 @@ std::vector<StepRecord> Session::Steps() const {
   return steps_;
 }
 
+uint64_t Session::LiveStatusSlots() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t live = 0;
+  for (const auto& [device, pool] : status_pools_) live += pool->slots_in_use();
+  return live;
+}
+
 SessionState Session::State() const {
   absl::MutexLock lock(&mu_);
   SessionState state{options_, totals_, policy_, records_, steps_, gradients_.measured(), {}};

@@ -352,6 +352,9 @@ class Session {
   // All of the above at one moment (for the report).
   SessionState State() const;
 
+  // CUDA tensors: status slots held by packed tensors alive now (0 once they are all released).
+  uint64_t LiveStatusSlots() const;
+
  private:
   // Dedup: this step's packed copies by where their data lies (storage, offset, version,
   // dtype), then by shape and strides (one entry, unless views of the same bytes differ): a
