@@ -236,6 +236,23 @@ TEST_F(CachingPoolTest, ReserveLimitReleasesCachedSegmentsAndRetries) {
   pool_.Deallocate(*p, 12_MiB, kStreamC);
 }
 
+// Under a generous budget a step's requests reuse the last step's blocks: a 12 MiB + 512 B
+// buffer (an identity-packed 12 MiB activation with its header) reserves a 14 MiB segment, and
+// once freed it merges back with the segment's tail into one 14 MiB block, which the next
+// step's same request must take (it was refused as "too large to take without a split", and
+// the cache grew by a segment a step until the budget's end).
+TEST_F(CachingPoolTest, UnderABudgetRepeatedRequestsReuseTheirMergedSegments) {
+  for (int step = 0; step < 4; ++step) {
+    absl::StatusOr<void*> a = pool_.AllocateWithin(12_MiB + 512, kStreamA, 1024_MiB);
+    absl::StatusOr<void*> b = pool_.AllocateWithin(4_MiB, kStreamA, 1024_MiB);
+    ASSERT_TRUE(a.ok() && b.ok());
+    pool_.Deallocate(*a, 12_MiB + 512, kStreamA);
+    pool_.Deallocate(*b, 4_MiB, kStreamA);
+    EXPECT_EQ(pool_.GetUsage().reserved_bytes, 14_MiB + 4_MiB) << "step " << step;
+    ExpectConsistent();
+  }
+}
+
 TEST_F(CachingPoolTest, UpstreamFailureReleasesCachedSegmentsAndRetries) {
   // The pool's upstream itself refuses to pass 40 MiB.
   BudgetAdaptor capped_host(&host_, 40_MiB);
