@@ -1,9 +1,10 @@
 """actpack.plan for a model with recompute regions: the auto+recompute choice (budget(codec="auto",
 recompute="auto")), held to the truth found in fresh processes, as the benchmark suite finds it.
 
-Run as a script (`python3 test_planner_recompute.py CHOICE BATCH`), it is one try of that truth:
-a fresh process, the model built after actpack's CPU allocator, a warm-up step, then one capped
-step more than the planner's try, under the full budget.
+Run as a script, a fresh process with the model built after actpack's CPU allocator:
+`python3 test_planner_recompute.py plan` plans auto and auto+recompute;
+`python3 test_planner_recompute.py truth CHOICE BATCH` is one try of the truth: a warm-up step,
+then one capped step more than the planner's try, under the full budget.
 """
 import json
 import math
@@ -42,11 +43,13 @@ def gpt_step():
     return step
 
 
-def fits_in_a_fresh_process(choice, batch):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), choice, str(batch)],
-                         capture_output=True, text=True, timeout=300)
+def in_a_fresh_process(*args):
+    """This file run as a script with `args`: its last line, as JSON."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *map(str, args)],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])["fits"]
+    print(out.stdout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.usefixtures("cpu_allocator")
@@ -61,27 +64,31 @@ def test_the_warm_up_sees_regions_and_the_default_plans_recomputation():
     assert "auto+recompute" not in _planner._default_choices(False)
 
 
-@pytest.mark.usefixtures("cpu_allocator")
-@pytest.mark.filterwarnings("ignore:actpack.budget. the budget does not hold")
 def test_auto_recompute_is_within_5_percent_of_the_fresh_process_truth():
     """The answer trains under the cap in a fresh process, and a batch 5% larger (and a sample)
     does not: within 5% of the truth, never above. (Measured: 145 against a truth of 149, where
-    auto answers 101 against 106.)"""
-    plan = actpack.plan(gpt_step(), BUDGET, batch_sizes=(4, 8), codecs=("auto", "auto+recompute"),
-                        progress=False)
-    answer = plan.max_batch_size["auto+recompute"]
-    print(plan.table())
-    assert answer > 1.2 * plan.max_batch_size["auto"], plan.table()
-    assert "auto+recompute" in plan.table()
-    assert fits_in_a_fresh_process("auto+recompute", answer)
-    assert not fits_in_a_fresh_process("auto+recompute", math.floor(answer / 0.95) + 1)
+    auto answers 101 against 106.) The plan runs in a fresh process too, as a user's would
+    before training: in this one, hundreds of tests have laid out the pool's segments (in the
+    full suite its calibration measured 1.67x fragmentation where a fresh process measures 1.41x,
+    and answered 102)."""
+    plan = in_a_fresh_process("plan")
+    answer = plan["auto+recompute"]
+    assert answer > 1.2 * plan["auto"], plan
+    assert in_a_fresh_process("truth", "auto+recompute", answer)["fits"]
+    assert not in_a_fresh_process("truth", "auto+recompute", math.floor(answer / 0.95) + 1)["fits"]
 
 
 if __name__ == "__main__":
     import warnings
     warnings.simplefilter("ignore")
-    choice, batch = sys.argv[1], int(sys.argv[2])
     actpack.install_cpu_allocator()
+    if sys.argv[1] == "plan":
+        plan = actpack.plan(gpt_step(), BUDGET, batch_sizes=(4, 8),
+                            codecs=("auto", "auto+recompute"), progress=False)
+        print(plan.table())
+        print(json.dumps(plan.max_batch_size))
+        sys.exit(0)
+    choice, batch = sys.argv[2], int(sys.argv[3])
     step = gpt_step()
     step(4)  # the optimizer's state, as the planner's warm-up makes it
     report = _planner.trains_under_cap(step, BUDGET, choice, batch,
