@@ -12,8 +12,16 @@ resident size only grows with what it has done before.
       the largest batch that trains --steps steps under the budget's cap without running out,
       by binary search, each try a fresh process
   python3 tools/budget_check.py plan --model cnn --budget 256MiB --codec quant2 [--verify]
+          [--record FILE]
       actpack.plan's answer (its model's estimate, and with --verify the batch its search under
-      the cap found) next to that truth
+      the cap found), the steps it ran and its measured headroom, next to that truth (searched
+      from the planner's answer); --record writes the row into FILE (JSON, one row per model,
+      budget, codec and steps, with the command that measured it)
+
+--codec auto+recompute is the planner's choice of that name: budget(codec="auto",
+recompute="auto"), for the models whose blocks are actpack.recompute regions (the benchmark
+suite's; gpt-d4w64 and vit-d4w64 are its GPT and ViT at depth 4 and width 64, small enough to
+search on two cores).
 """
 import argparse
 import contextlib
@@ -129,7 +137,16 @@ MODELS = {"cnn": VGG, "transformer": Transformer, "mixer": Mixer}
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.models import tasks as benchmark_tasks  # noqa: E402
 
+from benchmarks.models import Task as BenchmarkTask  # noqa: E402
+
 BENCHMARK_MODELS = {task.name: task for task in benchmark_tasks("cpu")}
+# The suite's GPT and ViT at depth 4 and width 64 (2 heads): their blocks recompute in
+# micro-batches of 8 under budget(recompute=...), as the suite's do.
+BENCHMARK_MODELS["gpt-d4w64"] = BenchmarkTask(
+    "gpt-d4w64", "gpt", {"context": 64, "dim": 64, "depth": 4, "heads": 2}, "adamw", context=64)
+BENCHMARK_MODELS["vit-d4w64"] = BenchmarkTask(
+    "vit-d4w64", "vit", {"image": 32, "patch": 4, "dim": 64, "depth": 4, "heads": 2,
+                         "classes": 10}, "adamw", image=32, classes=10)
 
 
 def training_step(model_name, seed=0):
@@ -190,9 +207,9 @@ def probe(args):
     context = contextlib.nullcontext()
     if args.codec != "plain":
         import actpack
-        context = actpack.budget(args.budget, codec="auto" if args.codec == "none" else args.codec,
-                                 enabled=args.codec != "none",
-                                 recompute=RECOMPUTE[args.recompute])
+        spec, recompute = budget_arguments(args.codec, args.recompute)
+        context = actpack.budget(args.budget, codec=spec, enabled=args.codec != "none",
+                                 recompute=recompute)
     try:
         with context as run:
             for _ in range(args.steps):
@@ -212,6 +229,14 @@ def probe(args):
 
 
 RECOMPUTE = {"false": False, "true": True, "auto": "auto"}
+RECOMPUTE_CHOICE = "auto+recompute"  # the planner's choice: budget(codec="auto", recompute="auto")
+
+
+def budget_arguments(codec, recompute):
+    """(budget's codec, its recompute=) for --codec and --recompute."""
+    if codec == RECOMPUTE_CHOICE:
+        return "auto", "auto"
+    return ("auto" if codec == "none" else codec), RECOMPUTE[recompute]
 
 
 def run_probe(model, codec, budget, batch, steps, recompute="false"):
@@ -226,15 +251,48 @@ def run_probe(model, codec, budget, batch, steps, recompute="false"):
 
 # ---- what the commands report ----
 
-def largest_batch(model, codec, budget, steps, low=1, high=4096):
-    """The largest batch in [low, high] whose run under the budget does not run out."""
+def largest_batch(model, codec, budget, steps, low=1, high=4096, guess=None, tries=None,
+                  recompute="false"):
+    """The largest batch in [low, high] whose run under the budget does not run out. From
+    `guess` (the planner's answer): up a twentieth of it at a time, doubling, until one runs
+    out (or down, likewise, until one fits), then a binary search between. Every batch tried
+    is appended to `tries` as {"batch", "fits"}."""
     fits = {}
 
     def ok(b):
         if b not in fits:
-            fits[b] = run_probe(model, codec, budget, b, steps)["oom"] is None
+            fits[b] = run_probe(model, codec, budget, b, steps, recompute)["oom"] is None
+            if tries is not None:
+                tries.append({"batch": b, "fits": fits[b]})
         return fits[b]
 
+    if guess is not None and low <= guess <= high:
+        stride = max(1, guess // 20)
+        if ok(guess):
+            low = guess
+            while low < high:
+                b = min(high, low + stride)
+                if not ok(b):
+                    high = b - 1
+                    break
+                low, stride = b, stride * 2
+        else:
+            high = guess - 1
+            while True:
+                b = max(low, high + 1 - stride)
+                if ok(b):
+                    low = b
+                    break
+                if b == low:
+                    return 0
+                high, stride = b - 1, stride * 2
+        while low < high:
+            mid = (low + high + 1) // 2
+            if ok(mid):
+                low = mid
+            else:
+                high = mid - 1
+        return low
     if not ok(low):
         return 0
     while high > low and not ok(high):
@@ -268,6 +326,9 @@ def main():
     parser.add_argument("--plan-batches", default="8,16")
     parser.add_argument("--verify", action="store_true",
                         help="plan: with actpack.plan(verify=True), real steps under the cap")
+    parser.add_argument("--record", metavar="FILE",
+                        help="plan: write the row into FILE (JSON), replacing the row of the "
+                             "same model, budget, codec, steps and verify")
     args = parser.parse_args()
     if args.command == "probe":
         probe(args)
@@ -285,20 +346,69 @@ def main():
                 line += f"; OUT OF MEMORY: {r['oom']}"
             print(line)
         return
-    truth = largest_batch(args.model, args.codec, args.budget, args.steps)
     if args.command == "truth":
+        truth = largest_batch(args.model, args.codec, args.budget, args.steps,
+                              recompute=args.recompute)
         print(json.dumps({"model": args.model, "codec": args.codec, "budget": args.budget,
                           "largest_batch": truth}))
         return
+    import time
+
     import actpack
+    started = time.perf_counter()
     plan = actpack.plan(training_step(args.model), args.budget,
                         batch_sizes=[int(b) for b in args.plan_batches.split(",")],
                         codecs=[args.codec], progress=False, verify=args.verify)
+    plan_seconds = time.perf_counter() - started
     predicted = plan.max_batch_size[args.codec]
-    estimate = plan.choices[args.codec]["max_batch_size"]
-    print(json.dumps({"model": args.model, "codec": args.codec, "budget": args.budget,
-                      "estimate": estimate, "predicted": predicted, "truth": truth,
-                      "ratio": predicted / truth if truth else None}))
+    choice = plan.choices[args.codec]
+    calibration = choice["calibration"]
+    # The truth, searched from the planner's answer in fresh processes (none of the planner's
+    # state: it ran in this one).
+    started, tries = time.perf_counter(), []
+    truth = largest_batch(args.model, args.codec, args.budget, args.steps, guess=max(1, predicted),
+                          tries=tries, recompute=args.recompute)
+    row = {"model": args.model, "codec": args.codec, "budget": args.budget,
+           "steps": args.steps, "verify": args.verify, "plan_batches": plan.batch_sizes,
+           "estimate": choice["max_batch_size"], "predicted": predicted,
+           "steps_run": plan.steps_run,
+           "headroom": choice["headroom"] if calibration else None,
+           "calibration_tries": calibration["tries"] if calibration else None,
+           "plan_seconds": round(plan_seconds, 1),
+           "truth": truth, "ratio": predicted / truth if truth else None,
+           "truth_tries": tries, "truth_seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(row))
+    if args.record:
+        record(args.record, row)
+
+
+def record(path, row):
+    """Writes `row` into the JSON file at `path`, with the command that measured it, replacing
+    the row of the same model, budget, codec, steps and verify."""
+    import datetime
+    import platform
+
+    row = dict(row)
+    row["command"] = "python3 tools/budget_check.py " + " ".join(sys.argv[1:])
+    row["measured"] = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                       "python": platform.python_version(), "cpus": os.cpu_count(),
+                       "threads": torch.get_num_threads()}
+    document = {"what": "actpack.plan's answer per model, budget and codec choice (no verify: "
+                        "the line through its profiled peaks held to real steps under the "
+                        "budget less 3%), the steps it ran, its measured headroom, and the "
+                        "truth: the largest batch that trains `steps` steps under the budget's "
+                        "cap, each try a fresh process (tools/budget_check.py plan)",
+                "rows": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            document = json.load(f)
+    key = ("model", "budget", "codec", "steps", "verify")
+    document["rows"] = [r for r in document["rows"]
+                        if tuple(r.get(k) for k in key) != tuple(row[k] for k in key)]
+    document["rows"].append(row)
+    with open(path, "w") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":
