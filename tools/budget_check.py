@@ -16,7 +16,8 @@ resident size only grows with what it has done before.
       actpack.plan's answer (its model's estimate, and with --verify the batch its search under
       the cap found), the steps it ran and its measured headroom, next to that truth (searched
       from the planner's answer); --record writes the row into FILE (JSON, one row per model,
-      budget, codec and steps, with the command that measured it)
+      budget, codec and steps, with the command that measured it); --codec default plans the
+      default choices in one plan and prints their table and the steps it ran
 
 --codec auto+recompute is the planner's choice of that name: budget(codec="auto",
 recompute="auto"), for the models whose blocks are actpack.recompute regions (the benchmark
@@ -286,13 +287,7 @@ def largest_batch(model, codec, budget, steps, low=1, high=4096, guess=None, tri
                 if b == low:
                     return 0
                 high, stride = b - 1, stride * 2
-        while low < high:
-            mid = (low + high + 1) // 2
-            if ok(mid):
-                low = mid
-            else:
-                high = mid - 1
-        return low
+        return bisect(ok, low, high)
     if not ok(low):
         return 0
     while high > low and not ok(high):
@@ -301,6 +296,11 @@ def largest_batch(model, codec, budget, steps, low=1, high=4096, guess=None, tri
         if ok(high):
             low, high = high, high_failed - 1
             break
+    return bisect(ok, low, high)
+
+
+def bisect(ok, low, high):
+    """The largest batch in [low, high] that is ok, `low` being ok."""
     while low < high:
         mid = (low + high + 1) // 2
         if ok(mid):
@@ -356,6 +356,20 @@ def main():
 
     import actpack
     started = time.perf_counter()
+    if args.codec == "default":
+        # The default choices in one plan: what it costs (no truth searched).
+        plan = actpack.plan(training_step(args.model), args.budget,
+                            batch_sizes=[int(b) for b in args.plan_batches.split(",")],
+                            progress=False, verify=args.verify)
+        print(plan.table())
+        row = {"model": args.model, "codec": "default", "budget": args.budget, "steps": None,
+               "verify": args.verify, "plan_batches": plan.batch_sizes,
+               "steps_run": plan.steps_run, "max_batch_size": plan.max_batch_size,
+               "plan_seconds": round(time.perf_counter() - started, 1)}
+        print(json.dumps(row))
+        if args.record:
+            record(args.record, row)
+        return
     plan = actpack.plan(training_step(args.model), args.budget,
                         batch_sizes=[int(b) for b in args.plan_batches.split(",")],
                         codecs=[args.codec], progress=False, verify=args.verify)

@@ -30,10 +30,11 @@ try), up to where allocated bytes alone fill the budget, and reports the measure
 
 The cost, counted in `plan.steps_run`: one warm-up step, then per choice a step per profiled
 batch size (and up to 3 more), then its tries. A default plan (five choices, batch sizes 8 and
-16, no verify) ran 39 steps on the demo CNN at 40 MiB and 34 on the demo transformer at 128 MiB
-(56 and 43 with 4 steps a try), and 63 on a batch-norm CNN at 16 MiB profiled at 4 and 8 (two
-more profiles per choice, its answers being 60x the profiled batches, and three tries per
-choice that ran out before one fitted). Those steps train; plan() puts the training state back
+16, no verify) ran 32 steps on tools/budget_check.py's CNN at 256 MiB and 38 on its transformer
+at 128 MiB (39 and 34 on the demo models under the 2% share, 56 and 43 with 4 steps a try
+before that), and 63 on a batch-norm CNN at 16 MiB profiled at 4 and 8 (two more profiles per
+choice, its answers being 60x the profiled batches, and three tries per choice that ran out
+before one fitted); with auto+recompute, 65 on the suite's GPT at depth 4, width 64 and 24 MiB. Those steps train; plan() puts the training state back
 afterwards (see plan()).
 
 A model that marks regions with actpack.recompute gets a sixth choice, auto+recompute: the
@@ -41,8 +42,9 @@ budget's recompute="auto", profiled with the regions recomputing (what a step do
 alone cannot hold it) and tried under the cap as a user would train (5 steps a try: the switch
 to recomputation at the end of the second step plans afresh). Against the largest batch that
 trains in fresh processes, at 24 MiB the suite's GPT and ViT at depth 4 and width 64 answered
-103 against 106 and 233 against 245 (auto on the ViT: 76 against 80), and the tests' GPT at
-width 32 at 16 MiB 145 against 149.
+89 against 92 and 248 against 269 (auto: 77 against 77, 76 against 80; the 3% the planner's
+tries hold back is 12 of the ViT's samples), and the tests' GPT at width 32 at 16 MiB 145
+against 149 (tools/budget_check.py plan; the README's planner table).
 """
 import math
 import re
@@ -220,7 +222,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     MAX_REFINEMENTS more when the line through them extrapolates far), then tries batches near
     the line's answer under the budget's cap: 2 steps a try for a fixed codec, 3 for auto, fewer
     when a try runs out (that is caught, not raised). With one warm-up step, a default plan
-    (five choices, no verify) ran 34-39 steps on the demo models and 63 on a small CNN whose
+    (five choices, no verify) ran 32-39 steps on small CNNs and transformers and 63 on one whose
     answers were 60x its profiled batches (see the module's docstring); verify=True adds 4 steps
     per batch its search tries. `plan.steps_run` says how many a plan ran.
 
