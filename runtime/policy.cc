@@ -63,6 +63,8 @@ PolicyPlan SolvePolicy(const PolicyInput& input) {
     harshest += input.items[i].candidates[hulls[i].back()].bytes;
   }
   const double limit = static_cast<double>(input.budget_bytes) * (1.0 - input.headroom);
+  const double target =
+      input.ceiling_bytes > 0 ? std::min(limit, static_cast<double>(input.ceiling_bytes)) : limit;
 
   // (added error per byte saved, item): the cheapest next step of every item on top.
   using Step = std::pair<double, size_t>;
@@ -76,7 +78,7 @@ PolicyPlan SolvePolicy(const PolicyInput& input) {
     steps.push({cost, i});
   };
   for (size_t i = 0; i < n; ++i) push_next(i);
-  while (static_cast<double>(projected) > limit && !steps.empty()) {
+  while (static_cast<double>(projected) > target && !steps.empty()) {
     const size_t i = steps.top().second;
     steps.pop();
     projected -= input.items[i].candidates[hulls[i][position[i]]].bytes;

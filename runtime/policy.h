@@ -47,6 +47,10 @@ struct PolicyInput {
   uint64_t other_bytes = 0;  // the step's peak besides the saved tensors
   double headroom = kDefaultHeadroom;
   std::vector<PolicyItem> items;
+  // When nonzero, the plan also projects no more than this: a peak known to fit under a cap
+  // the pool was full against, where a larger one's layout is unknown (0: no ceiling). Only
+  // the choices follow it; `feasible` is still against the budget less the headroom.
+  uint64_t ceiling_bytes = 0;
 };
 
 struct PolicyPlan {

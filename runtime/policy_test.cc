@@ -52,6 +52,21 @@ TEST(PolicyTest, InfeasibleNamesTheSmallestBudget) {
   EXPECT_FALSE(SolvePolicy(input).feasible);
 }
 
+TEST(PolicyTest, ACeilingHoldsThePlanAtAPeakKnownToFit) {
+  // Room for both exact under the budget less the headroom; a ceiling of what a harsher plan
+  // peaked at (the pool full to its cap) holds the plan there, the cheapest bytes first.
+  PolicyInput input{1000000, 100000, 0.05, {Ladder(100000, 1), Ladder(200000, 1e6)}};
+  input.ceiling_bytes = 100000 + 100000 / 16 + 64 + 200000;
+  PolicyPlan plan = SolvePolicy(input);
+  EXPECT_TRUE(plan.feasible);
+  EXPECT_LE(plan.projected_peak, input.ceiling_bytes);
+  EXPECT_EQ(input.items[0].candidates[plan.choice[0]].spec, "quant2");
+  EXPECT_EQ(input.items[1].candidates[plan.choice[1]].spec, "keep");
+  // A ceiling above the budget's limit changes nothing.
+  input.ceiling_bytes = 2000000;
+  EXPECT_EQ(SolvePolicy(input).choice, (std::vector<int>{0, 0}));
+}
+
 TEST(PolicyTest, SkipsDominatedAndNonConvexCandidates) {
   // "bad" is bigger and worse than quant4; "mid" lies above the segment quant8 -> quant2.
   PolicyItem item{{{"keep", 1000, 0.0},

@@ -375,7 +375,7 @@ class Session {
   int RecordFor(const SavedTensorInfo& info, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Replan(uint64_t peak_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Replan(uint64_t peak_bytes, bool pool_full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The budget less what the system holds outside the allocator: what the policy plans for.
   uint64_t PlanningBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int HarshestCandidate(const SavedRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,11 +2,14 @@
 them), with memory flat after the warm-up: the pool's reserved bytes, the process's resident
 set, and the packed tensors alive between steps (none). The report's step count adds up.
 
-The test command runs ACTPACK_SOAK_STEPS (default 60) steps per codec; a soak of 2,000 is
-`ACTPACK_SOAK_STEPS=2000 pytest tests/test_soak.py`. A generous budget ("1GiB") for the fixed
+The test command runs ACTPACK_SOAK_STEPS (default 200) steps per codec; `ACTPACK_FULL=1 bash
+tools/test.sh` runs 2,000 (or `ACTPACK_SOAK_STEPS=2000 pytest tests/test_soak.py`). A generous budget ("1GiB") for the fixed
 codecs, whose cache must not grow into it (under `identity` a 2-layer LM once grew its resident
 set by 48 MiB a step: the pool refused to reuse its own merged segments); a tight one for
-`auto`, which then packs under pressure (plain training of this model peaks at 21 MiB)."""
+`auto`, which then packs under pressure (plain training of this model peaks at 21 MiB) and
+re-plans after its profile step at 50: before a full pool held the plan to a peak known to fit,
+that plan grew from 11.29 to 11.85 MiB and step 51 ran out (a 1 MiB request, 4.58 MiB cached in
+pieces)."""
 import os
 
 import pytest
@@ -15,8 +18,12 @@ import torch.nn as nn
 
 import actpack
 
-STEPS = max(60, int(os.environ.get("ACTPACK_SOAK_STEPS", "60")))
-WARMUP = 6  # the policy's profile steps and first plans; the pool's growth
+STEPS = int(os.environ.get("ACTPACK_SOAK_STEPS", "200"))
+WARMUP = 6  # the policy's profile steps and first plans; the pool's first layout
+# After the warm-up the pool may take one more of its small segments, once: eb's sizes follow
+# the data, and its run took a 2 MiB segment more at step 22 alone (at 133 after the other
+# codecs), then nothing more to step 2,000 (measured). A leak grows on.
+SETTLING_BYTES = 2 << 20
 V, D, T, B = 128, 64, 64, 16
 
 
@@ -39,21 +46,10 @@ class LM(nn.Module):
         return self.head(self.encoder(self.embed(x), mask=mask, is_causal=True))
 
 
-# auto under 14 MiB runs out at step 51 (measured): after the profile step at 50 it plans a
-# lighter mix projected at 11.85 MiB allocated, within the budget less its 15% headroom, but the
-# pool, full to the cap in every step, reserves 1.24x what it allocates (11.29 MiB in 14): a
-# 1 MiB request finds 4.58 MiB cached in pieces. The policy learns fragmentation only from a
-# step whose pressure callbacks ran, and here the pool's own cache release always sufficed
-# until then. Open (issue 31): measure the reserved bytes left after a cap-bound release.
-# (Strict: a soak shorter than 52 steps would pass it.)
-AUTO_RUNS_OUT = pytest.mark.xfail(strict=True, raises=torch.OutOfMemoryError,
-                                  reason="fragmentation the policy does not measure (step 51)")
-
-
 @pytest.mark.usefixtures("cpu_allocator")
 @pytest.mark.parametrize("codec, limit", [("identity", "1GiB"), ("quant2", "1GiB"),
                                           ("division", "1GiB"), ("eb", "1GiB"),
-                                          pytest.param("auto", "14MiB", marks=AUTO_RUNS_OUT)])
+                                          ("auto", "14MiB")])
 def test_memory_is_flat_after_the_warm_up(codec, limit, tmp_path):
     torch.manual_seed(0)
     model = LM()
@@ -68,13 +64,19 @@ def test_memory_is_flat_after_the_warm_up(codec, limit, tmp_path):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             reserved.append(actpack.memory_reserved("cpu"))
+            cap = actpack.memory_budget("cpu")
             resident.append(resident_mib())
             live.append(run.totals()["live_stored_bytes"])
-    after = slice(WARMUP, None)
-    # The pool reserves nothing new once the steps repeat.
-    assert max(reserved[after]) == reserved[WARMUP], (codec, reserved)
+    changes = [(i, r) for i, r in enumerate(reserved) if i and r != reserved[i - 1]]
+    # The pool reserves at most one segment more than it did in the warm-up once the steps
+    # repeat (under a cap it may give back cache and take it again, never past the cap).
+    assert max(reserved[WARMUP:]) - max(reserved[:WARMUP]) <= SETTLING_BYTES, (codec, changes)
+    assert max(reserved[WARMUP:]) <= cap, (codec, changes, cap)
     # The resident set: glibc's own heap may move by a few pages.
-    assert max(resident[after]) - resident[WARMUP] < 8, (codec, resident)
+    assert max(resident[WARMUP:]) - max(resident[:WARMUP]) < 8, (codec, resident)
     # Every packed tensor is released with its step.
     assert all(v == 0 for v in live), (codec, live)
     assert len(run.report["activations"]["steps"]) == STEPS
+    # Every packed tensor was unpacked once, by its backward.
+    totals = run.report["activations"]["totals"]
+    assert totals["packs"] == totals["unpacks"] > 0, totals

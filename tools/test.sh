@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # ACTPACK_FULL=1 runs the long sweeps in full (every kernel mutant, a second random schedule,
-# 120 s of fuzzing per target); by default each keeps a smoke run.
+# 120 s of fuzzing per target, a 2,000-step soak); by default each keeps a smoke run.
 FULL="${ACTPACK_FULL:-0}"
 failed=()
 timings=()
@@ -90,6 +90,8 @@ stage "the wheel in a fresh virtual environment"
 bash tools/wheel_check.sh || failed+=("wheel")
 
 stage "pytest"
+# The soak (tests/test_soak.py): 200 steps per codec, 2,000 in the full run.
+[ "$FULL" = 1 ] && export ACTPACK_SOAK_STEPS=2000
 pytest_log=$(mktemp)
 (cd tests && python3 -m pytest -q -p no:cacheprovider --durations=12 . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
   failed+=("pytest")
