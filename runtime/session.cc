@@ -798,10 +798,13 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
       "), or use a smaller batch"));
 }
 
-uint64_t Session::PlanningBudget() const {
+uint64_t Session::PoolBudget() const {
   const uint64_t outside = policy_.outside_pool_bytes;
-  const uint64_t pool = options_.budget_bytes > outside ? options_.budget_bytes - outside : 0;
-  return static_cast<uint64_t>(static_cast<double>(pool) / policy_.fragmentation);
+  return options_.budget_bytes > outside ? options_.budget_bytes - outside : 0;
+}
+
+uint64_t Session::PlanningBudget() const {
+  return static_cast<uint64_t>(static_cast<double>(PoolBudget()) / policy_.fragmentation);
 }
 
 absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
@@ -836,11 +839,8 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
     const double close =
         static_cast<double>(PlanningBudget()) * (1.0 - options_.headroom / 2);
     // The pool reserved within half the headroom of the budget: full, as far as the plan goes.
-    const uint64_t outside = policy_.outside_pool_bytes;
-    const double pool_budget = static_cast<double>(
-        options_.budget_bytes > outside ? options_.budget_bytes - outside : 0);
-    const bool pool_full =
-        static_cast<double>(reserved_bytes) >= pool_budget * (1.0 - options_.headroom / 2);
+    const bool pool_full = static_cast<double>(reserved_bytes) >=
+                           static_cast<double>(PoolBudget()) * (1.0 - options_.headroom / 2);
     if (profiled_since_plan_ || pressure_this_step_ || static_cast<double>(peak_bytes) > close) {
       status = Replan(peak_bytes, pool_full);
       profiled_since_plan_ = false;

@@ -376,7 +376,9 @@ class Session {
   void PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes, bool pool_full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The budget less what the system holds outside the allocator: what the policy plans for.
+  // The budget less what the system holds outside the allocator: what the pool may reserve.
+  uint64_t PoolBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PoolBudget divided by the measured fragmentation: what the policy plans for.
   uint64_t PlanningBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int HarshestCandidate(const SavedRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Allowed(const SavedRecord& record, int candidate) const;

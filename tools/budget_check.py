@@ -136,9 +136,7 @@ MODELS = {"cnn": VGG, "transformer": Transformer, "mixer": Mixer}
 # The benchmark suite's models at their CPU sizes (benchmarks/models.py), with their own data,
 # loss and optimizer.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchmarks.models import tasks as benchmark_tasks  # noqa: E402
-
-from benchmarks.models import Task as BenchmarkTask  # noqa: E402
+from benchmarks.models import Task as BenchmarkTask, tasks as benchmark_tasks  # noqa: E402
 
 BENCHMARK_MODELS = {task.name: task for task in benchmark_tasks("cpu")}
 # The suite's GPT and ViT at depth 4 and width 64 (2 heads): their blocks recompute in
