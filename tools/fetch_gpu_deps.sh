@@ -8,12 +8,12 @@ mkdir -p .deps
 cd .deps
 rm -f ./*.deb
 # The tests' report schema check and the benchmark suite's progress bar and picture, as wheels
-# (CPython 3.10-3.12, x86-64).
+# for the GPU machine's Python (x86-64; ACTPACK_GPU_PYTHON, 3.12 by default). One version only:
+# the working tree that travels to a lent GPU machine is limited to 64 MiB.
+rm -rf wheels
 mkdir -p wheels
-for v in 3.10 3.11 3.12; do
-  python3 -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 \
-    --python-version "$v" --dest wheels jsonschema tqdm matplotlib
-done
+python3 -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 \
+  --python-version "${ACTPACK_GPU_PYTHON:-3.12}" --dest wheels jsonschema tqdm matplotlib
 # The runtime library package is named after the Abseil release (libabsl20220623 on bookworm).
 runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print $2; exit}')
 # Highway: the codecs' vector kernels (headers in libhwy-dev, libhwy.so in libhwy1).

@@ -29,37 +29,44 @@ echo "== build (CUDA) =="
 MAX_JOBS="$(nproc)" python3 -m pip install -q --no-build-isolation --no-deps --target "$SITE" . \
   > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 export PYTHONPATH="$SITE"
-python3 -c 'import actpack, actpack._C as c; assert c.with_cuda, "built without CUDA"; print("actpack", actpack.__file__)'
+python3 -c 'import actpack, actpack._C as c; assert c.with_cuda, "built without CUDA"; print("actpack", actpack.__file__)' ||
+  exit 1
+echo "built in $SECONDS s"
 # The tests' report schema check (jsonschema), the benchmark suite's progress bar and picture:
 # from the wheels tools/fetch_gpu_deps.sh downloaded (no network here).
-python3 -m pip install -q --no-index --find-links .deps/wheels --target "$SITE" \
-  jsonschema tqdm matplotlib ||
-  echo "actpack: jsonschema/tqdm/matplotlib wheels missing: run tools/fetch_gpu_deps.sh first"
+# Only the missing ones: a second numpy or pillow in front of the machine's would shadow the
+# ones its torch was built with.
+for module in jsonschema tqdm matplotlib; do
+  python3 -c "import $module" 2>/dev/null && continue
+  python3 -m pip install -q --no-index --find-links .deps/wheels --target "$SITE" "$module" ||
+    echo "actpack: no $module wheel in .deps/wheels: run tools/fetch_gpu_deps.sh first"
+done
 
 status=0
-echo "== GPU tests =="
-(cd tests && python3 -m pytest -q -p no:cacheprovider -m gpu -rs .) 2>&1 | tee "$OUT/gpu_tests.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== CPU tests against the CUDA build =="
-(cd tests && python3 -m pytest -q -p no:cacheprovider -m "not gpu" .) 2>&1 | tail -5 | tee "$OUT/cpu_tests.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== codec benchmark =="
-python3 tools/gpu_benchmark.py 2>&1 | tee "$OUT/benchmark.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== host waits per training step (torch.profiler's CUDA API trace) =="
-python3 tools/gpu_sync_check.py 2>&1 | tee "$OUT/sync_check.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== demo on the GPU =="
-python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json" 2>&1 | tee "$OUT/demo.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== allocator trace replay: actpack vs torch's caching allocator vs cudaMallocAsync =="
+# Each stage has its own limit (sized for an H100, a few times what it should take), so that a
+# hang in one still leaves the rest their turn; the most telling stages come first.
+stage() {  # stage SECONDS NAME OUTFILE COMMAND...
+  local seconds=$1 name=$2 file=$3
+  shift 3
+  echo "== $name ($SECONDS s in) =="
+  timeout "$seconds" "$@" 2>&1 | tee "$OUT/$file"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 124 ] && echo "actpack: $name ran past its $seconds s limit"
+  [ "$rc" = 0 ] || status=1
+}
+stage 240 "GPU tests" gpu_tests.txt \
+  bash -c 'cd tests && python3 -m pytest -q -p no:cacheprovider -m gpu -rs .'
+stage 120 "codec benchmark" benchmark.txt python3 tools/gpu_benchmark.py
+# torch.profiler's CUDA API trace of the calls that block the host.
+stage 120 "host waits per training step" sync_check.txt python3 tools/gpu_sync_check.py
+stage 180 "demo on the GPU" demo.txt \
+  python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json"
 # Recorded training steps (allocator/testdata/, tools/record_trace.py), each allocator in a
 # fresh process: per-op latency and requested/allocated/reserved at the trace's peak.
-python3 tools/gpu_allocator_benchmark.py --json "$OUT/allocator_replay.json" 2>&1 |
-  tee "$OUT/allocator_benchmark.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "== model benchmarks (benchmarks/suite.py --device cuda) =="
-timeout 300 python3 benchmarks/suite.py --device cuda --quiet --out "$OUT/benchmarks" 2>&1 |
-  tee "$OUT/model_benchmarks.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+stage 120 "allocator trace replay: actpack vs torch's caching allocator vs cudaMallocAsync" \
+  allocator_benchmark.txt python3 tools/gpu_allocator_benchmark.py --json "$OUT/allocator_replay.json"
+stage 300 "model benchmarks (benchmarks/suite.py --device cuda)" model_benchmarks.txt \
+  python3 benchmarks/suite.py --device cuda --quiet --out "$OUT/benchmarks"
+stage 900 "CPU tests against the CUDA build" cpu_tests.txt \
+  bash -c 'cd tests && python3 -m pytest -q -p no:cacheprovider -m "not gpu" .'
 exit $status
