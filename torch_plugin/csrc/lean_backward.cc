@@ -10,7 +10,7 @@
 #include <ATen/ops/native_batch_norm_backward_native.h>
 #include <ATen/ops/threshold_backward.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node (torch 2.11 has no node.h)
 #include <torch/library.h>
 
 #include <algorithm>

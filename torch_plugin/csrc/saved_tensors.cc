@@ -2,7 +2,7 @@
 
 #include <ATen/Context.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node (torch 2.11 has no node.h)
 #include <torch/csrc/autograd/graph_task.h>
 #ifdef ACTPACK_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
