@@ -50,7 +50,8 @@ bool TakeOffer(const at::Tensor& tensor, std::string_view node_name) {
       tensor.storage().nbytes() != static_cast<size_t>(tensor.numel() * tensor.element_size())) {
     return false;
   }
-  const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  // A shared_ptr up to torch 2.11 (the GPU machine), an intrusive_ptr in later releases.
+  const auto node = torch::autograd::get_current_node();
   if (!node) return false;
   const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   const std::lock_guard<std::mutex> lock(offers_mutex);
@@ -371,7 +372,8 @@ void OfferAsScratch(const at::Tensor& decoded) {
       !decoded.has_storage()) {
     return;
   }
-  const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  // A shared_ptr up to torch 2.11 (the GPU machine), an intrusive_ptr in later releases.
+  const auto node = torch::autograd::get_current_node();
   if (!node) return;
   const std::lock_guard<std::mutex> lock(offers_mutex);
   std::vector<Offer>& offers = Offers();

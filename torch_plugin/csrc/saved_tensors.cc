@@ -228,7 +228,8 @@ bool WantsChannelsLast(const runtime::PackedTensor& packed, const at::Tensor& de
       !at::globalContext().userEnabledMkldnn() || !at::hasMKLDNN()) {
     return false;
   }
-  const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  // A shared_ptr up to torch 2.11 (the GPU machine), an intrusive_ptr in later releases.
+  const auto node = torch::autograd::get_current_node();
   if (!node) return false;
   static const absl::flat_hash_set<std::string>* const kConvNetBackward =
       new absl::flat_hash_set<std::string>{
