@@ -35,7 +35,9 @@ def system_link_args(prefix):
         libraries = re.findall(r'"(-l(?:absl_\w+|hwy))"', f.read())
     for libdir in (os.path.join(prefix, "lib", "x86_64-linux-gnu"), os.path.join(prefix, "lib")):
         if glob.glob(os.path.join(libdir, "libabsl_status.so*")):
-            return [f"-L{libdir}", f"-Wl,-rpath,{libdir}", *libraries]
+            # An RPATH rather than a RUNPATH (--disable-new-dtags): the loader also searches it
+            # for the Abseil libraries' own dependencies, which a RUNPATH does not cover.
+            return [f"-L{libdir}", "-Wl,--disable-new-dtags", f"-Wl,-rpath,{libdir}", *libraries]
     raise SystemExit(
         f"actpack: no Abseil libraries (libabsl_status.so) under {prefix}; install libabsl-dev "
         "(apt-get install libabsl-dev) or set ACTPACK_ABSL_PREFIX")
