@@ -356,7 +356,10 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
       PlannerVerified v;
       v.codec = check.String(*verified, "codec", "planner.verified");
       v.batch_size = check.Count(*verified, "batch_size", "planner.verified");
-      v.peak_bytes = check.Count(*verified, "peak_bytes", "planner.verified");
+      v.peak_bytes = check.CountOrNull(*verified, "peak_bytes", "planner.verified");
+      if (const json::Value* smallest = json::Find(*verified, "smallest_tried")) {
+        v.smallest_tried = check.Count(smallest, "planner.verified.smallest_tried");
+      }
       planner.verified = std::move(v);
     }
   }
@@ -867,8 +870,12 @@ std::string ConsumerTable(const RunReport& report, size_t max_rows) {
 std::string VerifiedText(const PlannerProfile& planner) {
   if (!planner.verified.has_value()) return "not run";
   const PlannerVerified& v = *planner.verified;
+  if (!v.peak_bytes.has_value()) {
+    return absl::StrCat(v.codec, " did not fit the cap at any batch tried",
+                        v.smallest_tried ? absl::StrCat(" (down to ", v.smallest_tried, ")") : "");
+  }
   return absl::StrCat(v.codec, " at batch ", v.batch_size, ", peak ",
-                      BytesOfBudget(v.peak_bytes, planner.budget_bytes));
+                      BytesOfBudget(*v.peak_bytes, planner.budget_bytes));
 }
 
 std::string PlannerSection(const RunReport& report) {
@@ -1416,17 +1423,18 @@ json::Value CountArray(const std::vector<uint64_t>& counts) {
   return list;
 }
 
+json::Value OptionalJson(const std::optional<uint64_t>& value) {
+  return value.has_value() ? json::Value(*value) : json::Value();
+}
+
 json::Value VerifiedJson(const PlannerProfile& planner) {
   if (!planner.verified.has_value()) return json::Value();
   json::Value verified = json::Value::object();
   verified["codec"] = planner.verified->codec;
   verified["batch_size"] = planner.verified->batch_size;
-  verified["peak_bytes"] = planner.verified->peak_bytes;
+  verified["peak_bytes"] = OptionalJson(planner.verified->peak_bytes);
+  if (planner.verified->smallest_tried) verified["smallest_tried"] = planner.verified->smallest_tried;
   return verified;
-}
-
-json::Value OptionalJson(const std::optional<uint64_t>& value) {
-  return value.has_value() ? json::Value(*value) : json::Value();
 }
 
 }  // namespace

@@ -125,8 +125,9 @@ struct PlannerChoice {
 // "planner.verified": the real step the planner ran to check its answer.
 struct PlannerVerified {
   std::string codec;
-  uint64_t batch_size = 0;
-  uint64_t peak_bytes = 0;
+  uint64_t batch_size = 0;  // 0: no batch tried fitted the cap
+  std::optional<uint64_t> peak_bytes;  // absent where nothing fitted
+  uint64_t smallest_tried = 0;  // where nothing fitted: the smallest batch that ran out
 };
 
 // PlannerProfile

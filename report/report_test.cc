@@ -597,6 +597,34 @@ TEST(FullReportTest, NullSectionsAndNullErrorsReadAsAbsent) {
   EXPECT_EQ(RunActpack({"plan", path, "--budget", "1GiB"}).exit_code, kExitBadInput);
 }
 
+TEST(FullReportTest, AVerificationWhereNothingFittedReadsAndSaysSo) {
+  // actpack.plan(verify=True) where no batch trained under the cap (the first GPU run: the
+  // planner's test at 40 MiB on an H100) writes a null peak; the CLI reads it and says so.
+  json::Value document = ParseJsonFile(kFullReport);
+  json::Value& verified = *Member(document, {"planner", "verified"});
+  verified = json::Value::object();
+  verified["codec"] = "quant2";
+  verified["batch_size"] = 0;
+  verified["predicted_batch_size"] = 12;
+  verified["smallest_tried"] = 3;
+  verified["peak_bytes"] = json::Value();
+  verified["peak_allocated_bytes"] = json::Value();
+  absl::StatusOr<RunReport> report = ReadRunReport(document, "nothing_fitted.json");
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_TRUE(report->planner->verified.has_value());
+  EXPECT_FALSE(report->planner->verified->peak_bytes.has_value());
+  EXPECT_EQ(report->planner->verified->smallest_tried, 3u);
+  const std::string path = WriteJsonTemp("nothing_fitted.json", document);
+  const CliResult text = RunActpack({"report", path});
+  ASSERT_EQ(text.exit_code, kExitOk) << text.err;
+  EXPECT_TRUE(absl::StrContains(
+      text.out, "verified: quant2 did not fit the cap at any batch tried (down to 3)"))
+      << text.out;
+  const CliResult summary = RunActpack({"report", path, "--json"});
+  ASSERT_EQ(summary.exit_code, kExitOk) << summary.err;
+  EXPECT_TRUE(absl::StrContains(summary.out, "\"peak_bytes\": null")) << summary.out;
+}
+
 TEST(PlanTest, MaxBatchSizeIsTheFloorOfWhatFitsAfterTheFixedPart) {
   EXPECT_EQ(MaxBatchSize(1000, 100, 300), uint64_t{3});
   EXPECT_EQ(MaxBatchSize(1000, 100, 900), uint64_t{1});  // exactly one sample

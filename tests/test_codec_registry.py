@@ -42,7 +42,10 @@ def smooth(shape):
     rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[0] if shape else 1)
     r = torch.arange(rows, dtype=torch.float32)[:, None]
     c = torch.arange(cols, dtype=torch.float32)[None, :]
-    return (torch.sin(c / 37) * torch.cos(r / 23)).expand(shape).contiguous()
+    field = torch.sin(c / 37) * torch.cos(r / 23)
+    if len(shape) < 2:
+        return field.reshape(shape)
+    return field.expand(shape).contiguous()
 
 
 def inputs(spec, dtype, shape, seed=3):
@@ -112,27 +115,50 @@ def same_values(a, b):
     return torch.equal(a, b)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("spec, dtype", [c for c in CASES if codec_of(c[0]) not in CPU_ONLY],
-                         ids=lambda v: str(v).replace("torch.", ""))
-def test_cpu_and_cuda_write_identical_bytes(spec, dtype):
+def check_identical_bytes(spec, dtype, device):
+    """`device` writes the CPU's bytes for every shape and input, and either side decodes the
+    other's buffer to the same values. On the CPU against itself (a second encode with the same
+    seed), it checks that encoding is deterministic, and runs this test's own code in CI."""
     for shape in SHAPES:
         for x in inputs(spec, dtype, shape):
+            assert x.shape == shape and x.dtype == dtype
             cpu = actpack.encode(x, spec, seed=11)
-            cuda = actpack.encode(x.cuda(), spec, seed=11)
-            assert torch.equal(cpu, cuda.cpu()), (spec, dtype, shape)
-            # Either side decodes the other's buffer to the same values.
-            assert same_values(actpack.decode(cuda.cpu()), actpack.decode(cpu.cuda()).cpu())
+            other = actpack.encode(x.to(device), spec, seed=11)
+            assert torch.equal(cpu, other.cpu()), (spec, dtype, shape)
+            decoded = actpack.decode(cpu)
+            assert decoded.shape == shape and decoded.dtype == dtype
+            assert same_values(actpack.decode(other.cpu()), actpack.decode(cpu.to(device)).cpu())
+
+
+IDENTITY_CASES = [c for c in CASES if codec_of(c[0]) not in CPU_ONLY]
+
+
+@pytest.mark.parametrize("spec, dtype", IDENTITY_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_encoding_is_deterministic_for_every_shape(spec, dtype):
+    check_identical_bytes(spec, dtype, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec, dtype", IDENTITY_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_cpu_and_cuda_write_identical_bytes(spec, dtype):
+    check_identical_bytes(spec, dtype, "cuda")
 
 
 # Inputs each codec refuses to encode, with the CPU's words for it.
 REFUSED = {
     "quant2": (torch.tensor([1.0, float("inf"), 2.0]), "1 non-finite"),
-    "cast:fp16": (torch.tensor([1.0, 1e6]), "overflow"),
+    "cast:fp16": (torch.tensor([1.0, 1e6]), "1 finite values into infinity"),
     "mask": (torch.tensor([0.0, 1.0, 2.0]), "mask"),
     "pool4": (torch.tensor([1.0, float("inf"), 0.0, 2.0]), "non-finite"),
     "division": (torch.tensor([[1.0, float("nan")], [0.0, 2.0]]), "1 non-finite"),
 }
+
+
+@pytest.mark.parametrize("spec", REFUSED)
+def test_the_cpu_refuses_in_these_words(spec):
+    bad, words = REFUSED[spec]
+    with pytest.raises(RuntimeError, match=words):
+        actpack.encode(bad, spec)
 
 
 @pytest.mark.gpu

@@ -117,8 +117,8 @@ def train(corpus, steps, batch, context, device, seed, budget=None, codec="quant
 
     step = training_step(model, optimizer, data)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    # actpack's own counters: torch's refuse to reset under a CUDAPluggableAllocator.
+    actpack.reset_peak_memory_stats(device.type)
     start = time.perf_counter()
     run = None
     if budget is None:

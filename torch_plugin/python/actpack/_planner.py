@@ -85,7 +85,7 @@ class Plan:
         """Per choice, the largest batch: the model's estimate, or for the choice verified
         (verify=True) what real steps under the cap showed."""
         sizes = {name: c["max_batch_size"] for name, c in self.choices.items()}
-        if self.verified and self.verified["batch_size"]:
+        if self.verified:  # 0 where no batch trained under the cap
             sizes[self.verified["codec"]] = self.verified["batch_size"]
         return sizes
 
