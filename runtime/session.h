@@ -117,7 +117,7 @@ enum class PackAction { kKeep, kReuse, kPack };
 // Why a tensor is kept as it is. Values are the report's strings.
 enum class KeepReason {
   kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
-  kSavedInBackward, kAwaitingBound,
+  kSavedInBackward, kAwaitingBound, kStatistics,
   // Its codec met values it cannot hold (non-finite values) in an earlier step on a GPU, where
   // it is packed without waiting to know: that step decoded NaN, the later ones keep it exact.
   kFlaggedOnDevice
@@ -423,6 +423,9 @@ class Session {
   mutable absl::Mutex mu_;
   uint64_t pack_counter_ ABSL_GUARDED_BY(mu_) = 0;
   int ordinal_ ABSL_GUARDED_BY(mu_) = 0;
+  // The largest tensor (parameters aside) saved so far this step: what an op's statistics are
+  // small beside (see kStatisticsShare).
+  uint64_t largest_saved_this_step_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<DedupKey, std::vector<DedupEntry>> dedup_ ABSL_GUARDED_BY(mu_);
   // The records of each ordinal (one, unless the step's tensors change from step to step): a
   // record is the same ordinal, producer and shape.

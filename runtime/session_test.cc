@@ -109,6 +109,18 @@ TEST(SessionTest, KeepsParametersOtherTypesAndSmallTensors) {
   EXPECT_EQ(session.Plan(log_probs.info).reason, KeepReason::kLossInput);
   Saved big = MakeSaved(64, 64, 4);
   EXPECT_EQ(session.Plan(big.info).action, PackAction::kPack);
+  // A leaf of 1/8 of the largest tensor saved before it this step: an op's statistics (layer
+  // norm's rstd, attention's logsumexp), kept exact; one just larger is packed.
+  Saved activation = MakeSaved(256, 256, 11);
+  EXPECT_EQ(session.Plan(activation.info).action, PackAction::kPack);
+  Saved rstd = MakeSaved(256, 32, 8);
+  rstd.info.producer = "leaf";
+  EXPECT_EQ(session.Plan(rstd.info).reason, KeepReason::kStatistics);
+  Saved larger_leaf = MakeSaved(256, 33, 9);
+  larger_leaf.info.producer = "leaf";
+  EXPECT_EQ(session.Plan(larger_leaf.info).action, PackAction::kPack);
+  Saved not_a_leaf = MakeSaved(256, 32, 10);  // an op's output with a gradient: packed
+  EXPECT_EQ(session.Plan(not_a_leaf.info).action, PackAction::kPack);
   Saved for_double_backward = MakeSaved(64, 64, 6);
   for_double_backward.info.in_backward = true;
   EXPECT_EQ(session.Plan(for_double_backward.info).reason, KeepReason::kSavedInBackward);
