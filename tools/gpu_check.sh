@@ -32,11 +32,12 @@ export PYTHONPATH="$SITE"
 python3 -c 'import actpack, actpack._C as c; assert c.with_cuda, "built without CUDA"; print("actpack", actpack.__file__)' ||
   exit 1
 echo "built in $SECONDS s"
-# The tests' report schema check (jsonschema), the benchmark suite's progress bar and picture:
-# from the wheels tools/fetch_gpu_deps.sh downloaded (no network here).
+# The tests' report schema check (jsonschema) and property tests (hypothesis), the benchmark
+# suite's progress bar and picture: from the wheels tools/fetch_gpu_deps.sh downloaded (no
+# network here).
 # Only the missing ones: a second numpy or pillow in front of the machine's would shadow the
 # ones its torch was built with.
-for module in jsonschema tqdm matplotlib; do
+for module in jsonschema hypothesis tqdm matplotlib; do
   python3 -c "import $module" 2>/dev/null && continue
   python3 -m pip install -q --no-index --find-links .deps/wheels --target "$SITE" "$module" ||
     echo "actpack: no $module wheel in .deps/wheels: run tools/fetch_gpu_deps.sh first"

@@ -13,8 +13,9 @@ TORCH="torch==2.13.0"
 # are installed too, so their tests run. torch is named with them, pinned: pip then keeps the
 # installed CPU torch instead of resolving one of its own.
 # tqdm and matplotlib: the benchmark suite's progress bar and picture (benchmarks/).
-PIP_PACKAGES=("$TORCH" pytest numpy ninja setuptools wheel build tqdm matplotlib jsonschema
-              "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
+# hypothesis: the property tests of tests/test_edge_inputs.py.
+PIP_PACKAGES=("$TORCH" pytest hypothesis numpy ninja setuptools wheel build tqdm matplotlib
+              jsonschema "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi

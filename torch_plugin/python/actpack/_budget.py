@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from actpack import _C, _recompute
+from actpack import _C, _args, _recompute
 from actpack._units import format_bytes, parse_budget, parse_size
 
 _HOST = _C._HOST_DEVICE
@@ -53,8 +53,9 @@ class budget:
     """Keep the training step's peak memory under `limit` by packing what autograd saves.
 
     Args:
-        limit: the memory budget, "6GiB", "80%" (of the device; of physical memory on CPU) or
-            bytes.
+        limit: the memory budget, "6GiB", "1.5e9" (bytes; scientific notation is a number,
+            "2e3MiB" too), "80%" (of the device; of physical memory on CPU) or an int of bytes,
+            up to 9.2e18 (see actpack.parse_size).
         codec: "auto" (default: the policy picks a codec and strength per saved tensor so the
             step's peak fits the budget with the least error, and keeps tensors exact when
             there is room), a codec spec ("quant2", "quant:bits=4,group=128", "identity", ...),
@@ -91,6 +92,11 @@ class budget:
             it is taken only when packing alone cannot hold the step. The step after the
             switch plans afresh and, like a run's first steps, may lift the cap to measure.
 
+    The arguments are checked when the context is made, before anything runs: a value of the
+    wrong type (a float seed, a str for enabled) is a TypeError and one out of range (seed
+    outside [0, 2**64-1], headroom outside [0, 0.5), profile_every below 1, a NaN) a
+    ValueError, each one line naming the argument, the value and what is expected.
+
     The step's peak is measured by actpack's allocator: on CPU the context installs it (when
     it is not installed yet) and enforces the budget from the first step on, counting against
     it what the process's resident set holds outside the allocator (oneDNN's buffers, malloc's
@@ -117,9 +123,21 @@ class budget:
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
                  allowed_loss_increase=None, recompute=False):
         self._budget = parse_budget(limit)
-        if not (isinstance(recompute, bool) or recompute == "auto"):
+        if not (isinstance(recompute, bool) or isinstance(recompute, str) and recompute == "auto"):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
-                             f"got {recompute!r}")
+                             f"got {_args.show(recompute)}")
+        # Checked before the session's binding sees them: a wrong value is one line naming it.
+        where = "actpack.budget"
+        enabled = _args.flag(enabled, "enabled", where)
+        snapshot = _args.flag(snapshot, "snapshot", where)
+        seed = _args.integer(seed, "seed", where, 0, _args.UINT64_MAX)  # the session's uint64
+        given, headroom = headroom, _args.real(headroom, "headroom", where,
+                                               "a share of the budget in [0, 0.5)")
+        if not 0 <= headroom < 0.5:  # the session's range (saved_tensors.cc), the value as given
+            raise ValueError(f"actpack.budget: headroom={_args.show(given)} is out of range; "
+                             "expected a share of the budget in [0, 0.5)")
+        profile_every = _args.integer(profile_every, "profile_every", where, 1)
+        report = None if report is None else _args.path(report, "report", where)
         self._recompute_mode = recompute
         self.recomputing = recompute is True  # "auto": from the first step codecs cannot fit
         self._regions_seen = False
@@ -130,19 +148,19 @@ class budget:
             enabled = False  # what the planner's "none" measures: plain training
         self._loss_bound = _check_loss_bound(allowed_loss_increase)
         # 0 packs every saved tensor, however small.
-        if not (isinstance(min_bytes, int) and not isinstance(min_bytes, bool) and min_bytes == 0):
-            min_bytes = parse_size(min_bytes)
+        if not (_args.is_int(min_bytes) and min_bytes == 0):
+            min_bytes = parse_size(min_bytes, "min_bytes")
         self._memory = _PeakMeter(self._budget)
-        self._session = _C.Session(codec=default, rules=rules, min_bytes=min_bytes, seed=int(seed),
-                                   enabled=bool(enabled), budget_bytes=self._memory.budget_bytes,
-                                   headroom=float(headroom), profile_every=int(profile_every),
+        self._session = _C.Session(codec=default, rules=rules, min_bytes=int(min_bytes), seed=seed,
+                                   enabled=enabled, budget_bytes=self._memory.budget_bytes,
+                                   headroom=headroom, profile_every=profile_every,
                                    allowed_loss_increase=self._loss_bound,
                                    outside_allowance_bytes=self._memory.outside_allowance)
         self._codec = codec if isinstance(codec, str) else dict(codec)
-        self._enabled = bool(enabled)
-        self._headroom = float(headroom)
-        self._snapshot = bool(snapshot)
-        self._report_path = os.fspath(report) if report is not None else None
+        self._enabled = enabled
+        self._headroom = headroom
+        self._snapshot = snapshot
+        self._report_path = report
         self._modules = _ModuleTracker()
         self._pack, self._unpack = self._make_hooks(*self._session.hooks())
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -403,7 +421,7 @@ def _check_loss_bound(value):
         return 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError("actpack.budget: allowed_loss_increase is the fraction the loss may rise "
-                         f"over an exact step, in (0, 1) (e.g. 0.01), got {value!r}")
+                         f"over an exact step, in (0, 1) (e.g. 0.01), got {_args.show(value)}")
     return float(value)
 
 
@@ -419,17 +437,21 @@ NONE = "none"
 def _codec_rules(codec):
     """(default codec, [(pattern, codec), ...]) for budget's `codec` argument."""
     if isinstance(codec, str):
+        _args.printable(codec, "codec", "actpack.budget", "'auto' or 'quant2'")
         return ("identity" if codec == NONE else codec), []
     if isinstance(codec, dict):
         rules = []
         for pattern, spec in codec.items():
             if not isinstance(pattern, str) or not isinstance(spec, str):
                 raise TypeError("actpack.budget: a codec mapping goes from module-name patterns "
-                                f"to codec specs (str -> str), got {pattern!r}: {spec!r}")
+                                f"to codec specs (str -> str), got {_args.show(pattern)}: "
+                                f"{_args.show(spec)}")
+            _args.printable(pattern, "codec pattern", "actpack.budget", "'layer1.*'")
+            _args.printable(spec, "codec", "actpack.budget", "'auto' or 'quant2'")
             rules.append((pattern, "identity" if spec == NONE else spec))
         return "auto", rules
     raise TypeError("actpack.budget: codec must be 'auto', a codec spec such as 'quant2', or a "
-                    f"dict of module-name patterns to codecs, got {type(codec).__name__}")
+                    f"dict of module-name patterns to codecs, got {_args.kind(codec)}")
 
 
 class _ModuleTracker:

@@ -24,32 +24,42 @@ _active = None
 
 def _parse(text):
     from actpack import _C
+    if not isinstance(text, str):
+        raise TypeError(f"actpack: ACTPACK_CONF is a str of key=value pairs, got "
+                        f"{type(text).__name__}")
+    for item in text.split(","):
+        # The C++ parser quotes what it reads: a line break inside a pair would split its
+        # message (whitespace around the pairs is fine; it is stripped).
+        item = item.strip(" \t\n\v\f\r")
+        if not item.isprintable():
+            raise ValueError(f"actpack: ACTPACK_CONF: {item!r} holds a control character or "
+                             "line break; expected key=value pairs such as budget=6GiB")
     options = dict(_C.parse_key_values(text, KEYS, "ACTPACK_CONF"))
     if "budget" not in options:
         raise ValueError("actpack: ACTPACK_CONF: key 'budget' is required, e.g. "
                          "ACTPACK_CONF=\"budget=6GiB,codec=quant2\"")
     allocator = options.get("allocator", "auto")
     if allocator not in _ALLOCATORS:
-        raise ValueError(f"actpack: ACTPACK_CONF: key 'allocator' is '{allocator}'; expected one "
+        raise ValueError(f"actpack: ACTPACK_CONF: key 'allocator' is {allocator!r}; expected one "
                          f"of {', '.join(_ALLOCATORS)}")
     for key, kind in (("seed", int), ("enabled", bool)):
         if key in options:
             value = options[key]
             if kind is bool:
                 if value not in ("0", "1", "true", "false"):
-                    raise ValueError(f"actpack: ACTPACK_CONF: key 'enabled' is '{value}'; "
+                    raise ValueError(f"actpack: ACTPACK_CONF: key 'enabled' is {value!r}; "
                                      "expected true or false")
                 options[key] = value in ("1", "true")
             else:
                 try:
                     options[key] = int(value)
                 except ValueError:
-                    raise ValueError(f"actpack: ACTPACK_CONF: key 'seed' is '{value}'; expected "
+                    raise ValueError(f"actpack: ACTPACK_CONF: key 'seed' is {value!r}; expected "
                                      "an integer") from None
     if "recompute" in options:
         value = options["recompute"]
         if value not in _RECOMPUTE:
-            raise ValueError(f"actpack: ACTPACK_CONF: key 'recompute' is '{value}'; expected "
+            raise ValueError(f"actpack: ACTPACK_CONF: key 'recompute' is {value!r}; expected "
                              "true, false or auto")
         options["recompute"] = _RECOMPUTE[value]
     if "allowed_loss_increase" in options:
@@ -58,7 +68,9 @@ def _parse(text):
             options["allowed_loss_increase"] = float(value)
         except ValueError:
             raise ValueError("actpack: ACTPACK_CONF: key 'allowed_loss_increase' is "
-                             f"'{value}'; expected a fraction such as 0.01") from None
+                             f"{value!r}; expected a fraction such as 0.01") from None
+    if options.get("min_bytes") == "0":
+        options["min_bytes"] = 0  # as budget(min_bytes=0): pack every saved tensor
     return options
 
 

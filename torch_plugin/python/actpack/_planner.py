@@ -46,13 +46,14 @@ trains in fresh processes, at 24 MiB the suite's GPT and ViT at depth 4 and widt
 tries hold back is 12 of the ViT's samples), and the tests' GPT at width 32 at 16 MiB 145
 against 149 (tools/budget_check.py plan; the README's planner table).
 """
+import collections.abc
 import math
 import re
 import os
 import sys
 import warnings
 
-from actpack import _C, _snapshot
+from actpack import _C, _args, _snapshot
 from actpack._budget import budget as _budget_context, outside_allowance
 from actpack._units import format_bytes, parse_budget
 
@@ -239,8 +240,9 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
 
     Args:
         step: a function running one full training step at the batch size it is given.
-        budget: the memory budget ("6GiB", bytes, or "80%" of the device / physical memory).
-        batch_sizes: two (or more) batch sizes to profile at; small ones are fine.
+        budget: the memory budget ("6GiB", "1.5e9" or an int of bytes, or "80%" of the device
+            / physical memory).
+        batch_sizes: two (or more) batch sizes to profile at (ints >= 1); small ones are fine.
         verify: search for the largest batch of the best choice with real steps under the cap
             (more runs of `step`; the answer for that choice is what they found).
         codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
@@ -252,15 +254,19 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         progress: print a progress bar to stderr, with the steps run so far.
         restore: put the training state back afterwards (above); False leaves it as the
             planner's steps left it and saves the host memory of the snapshot.
+
+    Every argument is checked before the first step runs: a wrong type is a TypeError and a
+    value out of range a ValueError, one line naming it.
     """
-    sizes = sorted(set(int(b) for b in batch_sizes))
-    if len(sizes) < 2 or sizes[0] < 1:
-        raise ValueError(f"actpack.plan: batch_sizes needs two different sizes >= 1, got "
-                         f"{tuple(batch_sizes)!r}")
-    for choice in codecs or ():
-        if choice not in _SPECS:
-            raise ValueError(f"actpack.plan: unknown codec choice {choice!r}; expected some of "
-                             f"{', '.join(_SPECS)}")
+    if not callable(step):
+        raise TypeError("actpack.plan: step must be a function running one training step at "
+                        f"the batch size it is given, got {_args.kind(step)}")
+    sizes = _batch_sizes(batch_sizes)
+    codecs = _codec_choices(codecs)
+    verify = _args.flag(verify, "verify", "actpack.plan")
+    progress = _args.flag(progress, "progress", "actpack.plan")
+    restore = _args.flag(restore, "restore", "actpack.plan")
+    report = None if report is None else _args.path(report, "report", "actpack.plan")
     parsed = parse_budget(budget)
 
     saved = _snapshot.TrainingState() if restore else None
@@ -270,6 +276,57 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         # Also after an exception or a KeyboardInterrupt in a step.
         if saved is not None:
             saved.restore()
+
+
+def _iterable(value):
+    """A list, tuple, set or iterator of items (not a str, bytes or a mapping)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return not isinstance(value, (str, bytes, bytearray, collections.abc.Mapping))
+
+
+def _shown(given, items):
+    """The collection as given, or its items when it is an iterator (whose repr says nothing)."""
+    return _args.show(items if iter(given) is given else given)
+
+
+def _batch_sizes(batch_sizes):
+    """plan()'s batch_sizes, checked, distinct and sorted."""
+    if not _iterable(batch_sizes):
+        raise TypeError("actpack.plan: batch_sizes must be two or more ints such as (8, 16), "
+                        f"got {_args.kind(batch_sizes)}")
+    given = tuple(batch_sizes)
+    shown = _shown(batch_sizes, given)
+    for b in given:
+        if not _args.is_int(b):
+            raise TypeError(f"actpack.plan: batch_sizes must be ints such as (8, 16), got "
+                            f"{_args.kind(b)} in {shown}")
+    sizes = sorted(set(int(b) for b in given))
+    if len(sizes) < 2 or sizes[0] < 1 or sizes[-1] > _args.INT64_MAX:
+        raise ValueError("actpack.plan: batch_sizes needs two different sizes >= 1 (and at most "
+                         f"2**63-1), got {shown}")
+    return sizes
+
+
+def _codec_choices(codecs):
+    """plan()'s codecs, checked: None (the default choices) or a list of choice names."""
+    if codecs is None:
+        return None
+    if not _iterable(codecs):
+        raise TypeError("actpack.plan: codecs must be a list of choices such as ['none', "
+                        f"'quant2'], or None for the default ones, got {_args.kind(codecs)}")
+    given, codecs = codecs, list(codecs)
+    shown = _shown(given, codecs)
+    if not codecs:
+        raise ValueError(f"actpack.plan: codecs is empty ({shown}); expected some of "
+                         f"{', '.join(_SPECS)}, or None for the default ones")
+    for choice in codecs:
+        if not isinstance(choice, str) or choice not in _SPECS:
+            raise ValueError(f"actpack.plan: unknown codec choice {_args.show(choice)} in "
+                             f"{shown}; expected some of {', '.join(_SPECS)}")
+    return codecs
 
 
 class _CountedStep:

@@ -26,6 +26,8 @@ packed: they live for one micro-batch's backward.
 import torch
 import torch.nn as nn
 
+from actpack._args import kind, show
+
 _active = []  # the budgets entered, innermost last: the innermost decides
 
 
@@ -40,10 +42,13 @@ def recompute(fn, *args, micro_batch=None):
             output share it), for regions whose samples are independent; None runs the whole
             batch at once.
     """
+    if not callable(fn):
+        raise TypeError(f"actpack.recompute: fn must be a function or module of tensors, got "
+                        f"{kind(fn)}")
     if micro_batch is not None and (isinstance(micro_batch, bool) or
                                     not isinstance(micro_batch, int) or micro_batch < 1):
         raise ValueError(f"actpack.recompute: micro_batch must be a positive int or None, got "
-                         f"{micro_batch!r}")
+                         f"{show(micro_batch)}")
     if not (_active and torch.is_grad_enabled() and _active[-1]._recomputes()):
         return fn(*args)
     if micro_batch is not None:

@@ -1,29 +1,109 @@
-"""Byte sizes and budgets as users write them ("6GiB", "512MiB", "80%")."""
+"""Byte sizes and budgets as users write them ("6GiB", "512MiB", "1.5e9", "80%").
+
+A size is an int of bytes or a str: a positive number and a unit (none or B: bytes; K, KiB,
+M, MiB, G, GiB, T, TiB: powers of 1024; KB, MB, GB, TB: powers of 1000; case does not
+matter). The number may be written in scientific notation: "1e9" and "1.5e9B" are bytes,
+"2e3MiB" is 2000 MiB. Sizes run from 1 byte to MAX_BYTES (9.2e18 bytes, the C++ parser's
+limit, runtime/config.cc), as an int too. A budget is a size or a share of the device
+("80%", in (0%, 100%]). Anything else raises ValueError (TypeError for a value that is
+neither a str nor an int) with one line naming the value and what is expected.
+"""
+import decimal
+import math
+import numbers
+import re
 
 from actpack import _C
+from actpack._args import is_int, kind
+
+# The largest size runtime/config.cc's ParseByteSize takes; ints are held to it too.
+MAX_BYTES = 9_200_000_000_000_000_000
+# What the C++ parser strips around a size (absl's ASCII whitespace).
+_WHITESPACE = " \t\n\v\f\r"
+# A number in scientific notation and a unit made of letters: "1e9", "1.5e9B", "2E3 MiB".
+_EXPONENT = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+)(\s*[A-Za-z]*)")
+_EXPECTED = "expected a positive number with a unit, e.g. '6GiB', '512MiB', '1.5GB' or '80%'"
 
 
-def parse_size(text):
-    """Bytes in a size such as "6GiB" or "1.5GB"; ValueError naming the text otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text <= 0:
-            raise ValueError(f"actpack: invalid memory size {text!r}: the size must be positive")
+def _range():
+    return f"expected 1 byte to 9.2e18 bytes ({_C.format_bytes(MAX_BYTES)})"
+
+
+def _check_bytes(n, what):
+    if n <= 0:
+        raise ValueError(f"actpack: invalid {what} {n!r}: the size must be positive")
+    if n > MAX_BYTES:
+        raise ValueError(f"actpack: invalid {what} {n} bytes ({n:.3g}): out of range; "
+                         f"{_range()}")
+    return n
+
+
+def _without_exponent(text):
+    """`text` with a number in scientific notation written out ("1.5e9B" -> "1500000000B"),
+    which the C++ parser reads; other text as it is."""
+    match = _EXPONENT.fullmatch(text)
+    if not match:
         return text
+    number = decimal.Decimal(match.group(1))
+    if number <= 0:
+        raise ValueError(f"actpack: invalid memory size '{text}': the size must be positive; "
+                         f"{_EXPECTED}")
+    if number.adjusted() > 30 or number.adjusted() < -30:  # written out, it could be huge
+        raise ValueError(f"actpack: invalid memory size '{text}': out of range; {_range()}")
+    return format(number, "f") + match.group(2)
+
+
+def _parse_text(text, parse):
+    """parse(text) by the C++ parser, after the checks and rewriting it cannot do."""
+    stripped = text.strip(_WHITESPACE)
+    if not stripped:
+        raise ValueError(f"actpack: invalid memory size {text!r}: no number; {_EXPECTED}")
+    if not stripped.isprintable():
+        raise ValueError(f"actpack: invalid memory size {text!r}: it holds a control character "
+                         f"or line break; {_EXPECTED}")
+    written_out = _without_exponent(stripped)
+    try:
+        return parse(written_out)
+    except ValueError as error:
+        message = str(error)
+        if written_out != stripped:
+            message = message.replace(f"'{written_out}'", f"'{stripped}'", 1)
+        if message.startswith(f"actpack: invalid memory size '{stripped}': out of range;"):
+            message = f"actpack: invalid memory size '{stripped}': out of range; {_range()}"
+        raise ValueError(message) from None
+
+
+def parse_size(text, what="memory size"):
+    """Bytes in a size such as "6GiB", "1.5GB", "1e9" or an int; ValueError naming the text
+    otherwise (`what` names the argument in the message)."""
+    if is_int(text):
+        return _check_bytes(int(text), what)
     if not isinstance(text, str):
-        raise TypeError(f"actpack: a memory size is a str like '6GiB' or an int, got {type(text).__name__}")
-    return _C.parse_size(text)
+        raise TypeError(f"actpack: a {what} is a str like '6GiB' or '1.5e9', or an int of bytes, "
+                        f"got {kind(text)}")
+    return _parse_text(text, _C.parse_size)
 
 
 def parse_budget(text):
-    """{"bytes": int, "fraction": float, "text": str} for "6GiB" (bytes) or "80%" (fraction)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return {"bytes": parse_size(text), "fraction": 0.0, "text": format_bytes(text)}
+    """{"bytes": int, "fraction": float, "text": str} for "6GiB" or 6442450944 (bytes) or "80%"
+    (fraction)."""
+    if is_int(text):
+        n = _check_bytes(int(text), "budget")
+        return {"bytes": n, "fraction": 0.0, "text": format_bytes(n)}
     if not isinstance(text, str):
-        raise TypeError(f"actpack: a budget is a str like '6GiB' or '80%', or an int, got {type(text).__name__}")
-    return _C.parse_budget(text)
+        raise TypeError(f"actpack: a budget is a str like '6GiB', '1.5e9' or '80%', or an int of "
+                        f"bytes, got {kind(text)}")
+    return _parse_text(text, _C.parse_budget)
 
 
 def format_bytes(n):
     """"1.50 GiB" for 1610612736; "-1.00 MiB" for a negative difference or model intercept."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise TypeError(f"actpack: format_bytes takes a number of bytes, got {kind(n)}")
+    if not is_int(n) and not math.isfinite(n):
+        raise ValueError(f"actpack: format_bytes takes a finite number of bytes, got {n!r}")
     n = int(n)
+    if abs(n) > 2**64 - 1:
+        raise ValueError(f"actpack: format_bytes takes a number of bytes from -(2**64-1) to "
+                         f"2**64-1, got {n}")
     return "-" + _C.format_bytes(-n) if n < 0 else _C.format_bytes(n)

@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from actpack import _C
+from actpack import _C, _args
 from actpack._units import format_bytes, parse_budget
 
 _HOST = _C._HOST_DEVICE
@@ -51,6 +51,8 @@ def _device_index(device):
     if isinstance(device, int):
         if device < 0:
             raise ValueError(f"actpack: device index {device} is negative; expected 0, 1, ...")
+        if device > _args.INT32_MAX:  # the C++ takes an int and names its own range below that
+            raise ValueError(f"actpack: device index {device} is out of range; expected 0, 1, ...")
         return device
     try:
         device = torch.device(device)
@@ -314,6 +316,8 @@ def remove_pressure_callback(callback_id):
 
     A call already running on another thread finishes; no new call starts.
     """
+    callback_id = _args.integer(callback_id, "callback_id", "actpack.remove_pressure_callback",
+                                -_args.INT64_MAX - 1)
     _C._remove_pressure_callback(callback_id)
 
 
