@@ -14,6 +14,7 @@ import torch  # loads LibTorch, which actpack._C links against
 from actpack import _C
 from actpack._budget import Run, budget
 from actpack._codec import codec_names, decode, encode
+from actpack._gradient_guard import GradientRunaway
 from actpack._planner import Plan, plan
 from actpack._recompute import recompute
 from actpack._units import format_bytes, parse_budget, parse_size
@@ -55,6 +56,7 @@ __all__ = [
     "install_allocator",
     "install_cpu_allocator",
     "last_allocator_error",
+    "GradientRunaway",
     "max_memory_allocated",
     "max_memory_reserved",
     "mem_pool",

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from actpack import _C, _args, _recompute
+from actpack._gradient_guard import GradientGuard as _GradientGuard
 from actpack._units import format_bytes, parse_budget, parse_size
 
 _HOST = _C._HOST_DEVICE
@@ -91,6 +92,10 @@ class budget:
             the first plan could not finish under the cap): recomputation costs a forward, so
             it is taken only when packing alone cannot hold the step. The step after the
             switch plans afresh and, like a run's first steps, may lift the cap to measure.
+        gradient_guard: under a lossy codec, a gradient norm over 100x its recent median for
+            two steps in a row raises actpack.GradientRunaway from that backward, before the
+            optimizer steps on it (2-bit attention inputs make a small GPT's gradients run
+            away to inf: benchmarks/diverging_lm.py). False trains on regardless.
 
     The arguments are checked when the context is made, before anything runs: a value of the
     wrong type (a float seed, a str for enabled) is a TypeError and one out of range (seed
@@ -121,7 +126,7 @@ class budget:
     def __init__(self, limit, codec="auto", report=None, min_bytes=_C.DEFAULT_MIN_BYTES, seed=0,
                  enabled=True, headroom=_C.DEFAULT_HEADROOM,
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
-                 allowed_loss_increase=None, recompute=False):
+                 allowed_loss_increase=None, recompute=False, gradient_guard=True):
         self._budget = parse_budget(limit)
         if not (isinstance(recompute, bool) or isinstance(recompute, str) and recompute == "auto"):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
@@ -158,6 +163,10 @@ class budget:
                                    outside_allowance_bytes=self._memory.outside_allowance)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = enabled
+        # Lossless packing cannot make the gradients run away.
+        lossy = not (isinstance(codec, str) and codec.split(":")[0] in ("none", "identity"))
+        self._guard = _GradientGuard(codec) if _args.flag(
+            gradient_guard, "gradient_guard", "actpack.budget") and lossy else None
         self._headroom = headroom
         self._snapshot = snapshot
         self._report_path = report
@@ -208,6 +217,14 @@ class budget:
         return pack, unpack
 
     def _end_step(self):
+        self._close_step()
+        if self._guard is not None and self._enabled:
+            norms = self._modules.gradient_norms()
+            if norms:
+                total = math.sqrt(sum(n * n for n in norms.values()))
+                self._guard.observe(self._steps, total, norms)
+
+    def _close_step(self):
         self._end_of_backward_queued = False
         self._check_compiled()
         # Gradient statistics weigh each module's codec error (the policy's sensitivity) and set
@@ -472,6 +489,27 @@ class _ModuleTracker:
         # Record ||g_y||^2 of Linear and convolution outputs in this step's backward.
         self.watch_outputs = False
         self._output_norms = []  # (name, 0-d tensor), filled by the output-gradient hooks
+
+    def gradient_norms(self):
+        """{module name: the norm of its own parameters' gradients}, for the modules that ran
+        and have them (one read from the device)."""
+        names, grads, seen = [], [], set()
+        for name, module in self.modules.items():
+            for p in module.parameters(recurse=False):
+                # A tied weight (GPT's embedding and head) counts once, for its first module.
+                if p.grad is not None and not p.grad.is_sparse and id(p) not in seen:
+                    seen.add(id(p))
+                    names.append(name)
+                    grads.append(_local(p.grad.detach()))
+        if not grads:
+            return {}
+        values = [n.reshape(()) for n in torch._foreach_norm(grads)]
+        device = values[0].device
+        values = torch.stack([v.to(device, torch.float64) for v in values]).tolist()
+        norms = {}
+        for name, norm in zip(names, values):
+            norms[name] = math.sqrt(norms.get(name, 0.0) ** 2 + norm ** 2)
+        return norms
 
     def gradient_statistics(self):
         """{module name: (sum of its own parameters' squared gradient norms, ||g_W||^2 of its

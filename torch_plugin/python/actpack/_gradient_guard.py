@@ -1,0 +1,58 @@
+"""Stops a run whose gradients run away under lossy packing, before the optimizer steps on them.
+
+Measured (benchmarks/diverging_lm.py, benchmarks/results/diverging_lm.json): a byte-level GPT
+of 2 pre-norm blocks, width 192, on real text with AdamW, a one-cycle schedule and clipping at
+1.0 trains like plain PyTorch under `quant2` for 20 steps, then its gradient norm (plain: 0.3
+to 6.5) climbs to 1e3 by step 25 and inf by step 47; clipping hides it from the loss for a
+while, and after 60 steps the loss is 3.75 against plain's 2.80. The cause, found by packing
+one kind of saved tensor at a time: 2 bits on attention's inputs. Its backward recomputes the
+probabilities from q and k and exponentiates their error (q's relative RMS error under quant2
+is 0.77); its logsumexp, packed too until now, put errors of up to e^2.4 in them as well (now
+kept exact, runtime/session.cc: an op's statistics).
+
+A gradient norm far above its recent median for two steps in a row, while saved tensors were
+packed lossily, raises `GradientRunaway` from the backward that produced it: the optimizer has
+not stepped yet, so the weights are still finite. Steps with non-finite gradients are skipped
+(a GradScaler makes them on purpose, and skips them itself).
+"""
+import math
+import statistics
+
+RUNAWAY_FACTOR = 100.0  # a norm this many times the recent median...
+RUNAWAY_STEPS = 2       # ...this many steps in a row
+WINDOW = 16             # the recent steps whose median is the norm's usual size
+WARMUP = 4              # steps measured before any judgment
+
+
+class GradientRunaway(RuntimeError):
+    """Raised by actpack.budget when the gradient norm runs away under lossy packing."""
+
+
+class GradientGuard:
+    def __init__(self, codec):
+        self.codec = codec
+        self.norms = []  # the recent finite norms
+        self.high = 0    # steps in a row above RUNAWAY_FACTOR x the median
+
+    def observe(self, step, norm, modules):
+        """Judges `norm`, step `step`'s total gradient norm; `modules` ({name: norm}) names
+        the worst layers in the error. Raises GradientRunaway."""
+        if not math.isfinite(norm):
+            return
+        usual = statistics.median(self.norms) if len(self.norms) >= WARMUP else None
+        if usual and norm > RUNAWAY_FACTOR * usual:
+            self.high += 1
+            if self.high >= RUNAWAY_STEPS:
+                worst = sorted(modules.items(), key=lambda kv: -kv[1])[:3]
+                raise GradientRunaway(
+                    f"actpack: the gradient norm ran away under codec {self.codec!r}: "
+                    f"{norm:.3g} at step {step}, {norm / usual:.0f}x its median over the last "
+                    f"{len(self.norms)} steps ({usual:.3g}), {self.high} steps in a row; "
+                    f"largest in {', '.join(name or '(top)' for name, _ in worst)}. Stopped "
+                    f"before the optimizer step, with the weights still finite: use a finer "
+                    f"codec (quant4, quant8, eb) or a larger budget, or "
+                    f"budget(..., gradient_guard=False) to train on")
+            return  # a runaway's norms stay out of the median
+        self.high = 0
+        self.norms.append(norm)
+        del self.norms[:-WINDOW]
