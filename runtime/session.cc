@@ -49,7 +49,8 @@ bool IsLossInput(const std::string& producer) { return producer == "LogSoftmaxBa
 // space). Kept exact, they cost at most 1/kStatisticsShare of the tensor beside them.
 constexpr uint64_t kStatisticsShare = 8;
 bool IsStatistics(const SavedTensorInfo& info, uint64_t bytes, uint64_t largest_so_far) {
-  return info.producer == "leaf" && bytes * kStatisticsShare <= largest_so_far;
+  // Not a view: a slice of the user's data is a leaf too, but no op's statistics.
+  return info.producer == "leaf" && !info.is_view && bytes * kStatisticsShare <= largest_so_far;
 }
 
 constexpr char kExact[] = "keep";

@@ -92,6 +92,7 @@ struct SavedTensorInfo {
   codecs::Device device = codecs::Device::kCpu;
   int device_index = 0;
   bool is_parameter = false;  // a parameter or buffer of the model: it lives anyway
+  bool is_view = false;       // a view of another tensor (a slice of the user's data, say)
   // Saved while a backward pass runs: by a backward with create_graph=True for the graph a
   // later backward differentiates (double backward), or by a recomputation. Kept exact: its
   // error would reach the gradients twice, and a recomputed tensor is unpacked at once.

@@ -119,6 +119,10 @@ TEST(SessionTest, KeepsParametersOtherTypesAndSmallTensors) {
   Saved larger_leaf = MakeSaved(256, 33, 9);
   larger_leaf.info.producer = "leaf";
   EXPECT_EQ(session.Plan(larger_leaf.info).action, PackAction::kPack);
+  Saved slice = MakeSaved(256, 32, 12);  // a slice of the user's data: packed
+  slice.info.producer = "leaf";
+  slice.info.is_view = true;
+  EXPECT_EQ(session.Plan(slice.info).action, PackAction::kPack);
   Saved not_a_leaf = MakeSaved(256, 32, 10);  // an op's output with a gradient: packed
   EXPECT_EQ(session.Plan(not_a_leaf.info).action, PackAction::kPack);
   Saved for_double_backward = MakeSaved(64, 64, 6);

@@ -184,6 +184,7 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
     info.storage_offset = tensor.storage_offset();
   }
   info.version = static_cast<uint32_t>(tensor._version());
+  info.is_view = tensor.is_view();
   info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   if (const auto node = tensor.grad_fn()) {
     info.producer = node->name();
