@@ -142,9 +142,10 @@ class Bench:
         step runs inside the budget, and as the planner warms up), then real steps under the
         cap, up to one capped step after those that may lift it before the policy's first
         plan."""
-        codec, checkpointed, _, recompute = METHODS[method]
+        codec, checkpointed, offload, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
-        step = self.step_fn(model, optimizer)
+        # save_on_cpu's tries offload too (they had not: its max batch repeated plain's).
+        step = self.step_fn(model, optimizer, offload)
         warm_up(step)
         steps = 3 if codec == "auto" else 2
         if recompute == "auto":
