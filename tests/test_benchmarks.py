@@ -86,3 +86,23 @@ def test_losses_and_limit(results):
         # sets, and the ResNet-50's auto trained 118% of it).
         for method in ("actpack:quant2", "actpack:division", "actpack:eb", "actpack:auto"):
             assert entry["methods"][method]["max_batch"] <= limit["batch"], (name, method, limit)
+
+
+def test_every_method_s_tries_run_as_its_rows_do(monkeypatch):
+    """A try in the max-batch search runs the method's own step: save_on_cpu's offloads (its
+    tries had dropped the flag, so on CUDA its max batch repeated plain's)."""
+    sys.path.insert(0, os.path.dirname(SUITE))
+    import suite
+    seen = []
+    bench = suite.Bench.__new__(suite.Bench)
+    bench.budget_bytes = 1 << 30
+    monkeypatch.setattr(bench, "fresh", lambda checkpointed: (None, None), raising=False)
+    monkeypatch.setattr(bench, "step_fn",
+                        lambda model, optimizer, offload=False: seen.append(offload) or
+                        (lambda *a, **k: 0.0), raising=False)
+    monkeypatch.setattr(suite, "warm_up", lambda step: None)
+    monkeypatch.setattr(suite._planner, "trains_under_cap", lambda *a, **k: {})
+    for method, (_, _, offload, _) in suite.METHODS.items():
+        seen.clear()
+        assert bench.trial(method, 4)
+        assert seen == [offload], method
