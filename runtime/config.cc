@@ -26,6 +26,9 @@ constexpr Unit kUnits[] = {
     {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
 };
 
+// The largest size a byte count is read as (a little under 2^63: it fits an int64 with room).
+constexpr uint64_t kMaxSizeBytes = 9'200'000'000'000'000'000ull;
+
 absl::Status BadSize(absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(
       "actpack: invalid memory size '", text, "': ", why,
@@ -36,24 +39,45 @@ absl::Status BadSize(absl::string_view text, absl::string_view why) {
 
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  const auto digit_at = [&](size_t i) { return i < trimmed.size() && absl::ascii_isdigit(trimmed[i]); };
   size_t split = 0;
   while (split < trimmed.size() &&
          (absl::ascii_isdigit(trimmed[split]) || trimmed[split] == '.' || trimmed[split] == '-' ||
           trimmed[split] == '+')) {
     ++split;
   }
+  // A number may carry an exponent ("1e9", "1.5E-3"): an 'e' followed by a digit, or by a
+  // sign and a digit, belongs to the number, not to the unit.
+  const size_t mantissa_end = split;
+  if (split > 0 && split < trimmed.size() && (trimmed[split] == 'e' || trimmed[split] == 'E')) {
+    size_t end = split + 1;
+    if (end < trimmed.size() && (trimmed[end] == '+' || trimmed[end] == '-')) ++end;
+    if (digit_at(end)) {
+      while (digit_at(end)) ++end;
+      split = end;
+    }
+  }
   const absl::string_view number_text = trimmed.substr(0, split);
   const std::string unit_text =
       absl::AsciiStrToLower(absl::StripAsciiWhitespace(trimmed.substr(split)));
   double number = 0;
-  if (number_text.empty() || !absl::SimpleAtod(number_text, &number) || !std::isfinite(number)) {
+  if (number_text.empty() || !absl::SimpleAtod(number_text, &number) || std::isnan(number)) {
     return BadSize(text, "no number");
   }
+  const auto out_of_range = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "actpack: invalid memory size '", text, "': out of range; expected 1 byte to 9.2e18 bytes (",
+        allocator::FormatBytes(kMaxSizeBytes), ")"));
+  };
+  // A non-zero mantissa whose exponent took it to 0 or to infinity ("1e-400", "1e400").
+  const bool nonzero_mantissa =
+      trimmed.substr(0, mantissa_end).find_first_of("123456789") != absl::string_view::npos;
+  if (std::isinf(number) || (number == 0 && nonzero_mantissa)) return out_of_range();
   if (number <= 0) return BadSize(text, "the size must be positive");
   for (const Unit& unit : kUnits) {
     if (unit_text == unit.name) {
       const double bytes = number * unit.multiplier;
-      if (bytes < 1 || bytes > 9.2e18) return BadSize(text, "out of range");
+      if (bytes < 1 || bytes > static_cast<double>(kMaxSizeBytes)) return out_of_range();
       return static_cast<uint64_t>(std::llround(bytes));
     }
   }

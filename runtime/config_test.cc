@@ -15,6 +15,23 @@ TEST(ParseByteSizeTest, UnitsAndSpaces) {
   EXPECT_EQ(*ParseByteSize("64KiB"), 65536ull);
 }
 
+TEST(ParseByteSizeTest, ScientificNotationIsANumber) {
+  EXPECT_EQ(*ParseByteSize("1e9"), 1000000000ull);
+  EXPECT_EQ(*ParseByteSize("1.5e9B"), 1500000000ull);
+  EXPECT_EQ(*ParseByteSize(" 2E3 MiB "), 2000ull << 20);
+  EXPECT_EQ(*ParseByteSize("5e-1KiB"), 512ull);
+  for (const char* huge : {"1e30", "1e400", "1e-400", "1e19"}) {
+    EXPECT_EQ(ParseByteSize(huge).status().message(),
+              absl::StrCat("actpack: invalid memory size '", huge,
+                           "': out of range; expected 1 byte to 9.2e18 bytes (8171.24 PiB)"));
+  }
+  EXPECT_NE(ParseByteSize("-1e9").status().message().find("positive"), absl::string_view::npos);
+  EXPECT_NE(ParseByteSize("0e5").status().message().find("positive"), absl::string_view::npos);
+  // An 'e' not followed by a digit is the start of a unit, and there is no such unit.
+  EXPECT_NE(ParseByteSize("1eb").status().message().find("unknown unit 'eb'"),
+            absl::string_view::npos);
+}
+
 TEST(ParseByteSizeTest, BadSizesNameTheText) {
   for (const char* bad : {"6 gigs", "-1GiB", "0", "GiB", "", "1e400GiB", "nan", "3 parsecs"}) {
     const absl::StatusOr<uint64_t> size = ParseByteSize(bad);

@@ -8,10 +8,8 @@ limit, runtime/config.cc), as an int too. A budget is a size or a share of the d
 ("80%", in (0%, 100%]). Anything else raises ValueError (TypeError for a value that is
 neither a str nor an int) with one line naming the value and what is expected.
 """
-import decimal
 import math
 import numbers
-import re
 
 from actpack import _C
 from actpack._args import is_int, kind
@@ -20,8 +18,6 @@ from actpack._args import is_int, kind
 MAX_BYTES = 9_200_000_000_000_000_000
 # What the C++ parser strips around a size (absl's ASCII whitespace).
 _WHITESPACE = " \t\n\v\f\r"
-# A number in scientific notation and a unit made of letters: "1e9", "1.5e9B", "2E3 MiB".
-_EXPONENT = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+)(\s*[A-Za-z]*)")
 _EXPECTED = "expected a positive number with a unit, e.g. '6GiB', '512MiB', '1.5GB' or '80%'"
 
 
@@ -38,39 +34,17 @@ def _check_bytes(n, what):
     return n
 
 
-def _without_exponent(text):
-    """`text` with a number in scientific notation written out ("1.5e9B" -> "1500000000B"),
-    which the C++ parser reads; other text as it is."""
-    match = _EXPONENT.fullmatch(text)
-    if not match:
-        return text
-    number = decimal.Decimal(match.group(1))
-    if number <= 0:
-        raise ValueError(f"actpack: invalid memory size '{text}': the size must be positive; "
-                         f"{_EXPECTED}")
-    if number.adjusted() > 30 or number.adjusted() < -30:  # written out, it could be huge
-        raise ValueError(f"actpack: invalid memory size '{text}': out of range; {_range()}")
-    return format(number, "f") + match.group(2)
-
-
 def _parse_text(text, parse):
-    """parse(text) by the C++ parser, after the checks and rewriting it cannot do."""
+    """parse(text) by the C++ parser (runtime/config.cc: units, scientific notation, the
+    range), after the checks it cannot make: it quotes the text it is given, which must be
+    one printable line."""
     stripped = text.strip(_WHITESPACE)
     if not stripped:
         raise ValueError(f"actpack: invalid memory size {text!r}: no number; {_EXPECTED}")
     if not stripped.isprintable():
         raise ValueError(f"actpack: invalid memory size {text!r}: it holds a control character "
                          f"or line break; {_EXPECTED}")
-    written_out = _without_exponent(stripped)
-    try:
-        return parse(written_out)
-    except ValueError as error:
-        message = str(error)
-        if written_out != stripped:
-            message = message.replace(f"'{written_out}'", f"'{stripped}'", 1)
-        if message.startswith(f"actpack: invalid memory size '{stripped}': out of range;"):
-            message = f"actpack: invalid memory size '{stripped}': out of range; {_range()}"
-        raise ValueError(message) from None
+    return parse(stripped)
 
 
 def parse_size(text, what="memory size"):
