@@ -14,8 +14,9 @@ TORCH="torch==2.13.0"
 # installed CPU torch instead of resolving one of its own.
 # tqdm and matplotlib: the benchmark suite's progress bar and picture (benchmarks/).
 # hypothesis: the property tests of tests/test_edge_inputs.py.
+# scikit-learn: the handwritten digits it ships, the convergence benchmark's image data.
 PIP_PACKAGES=("$TORCH" pytest hypothesis numpy ninja setuptools wheel build tqdm matplotlib
-              jsonschema "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
+              jsonschema scikit-learn "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
