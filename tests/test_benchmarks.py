@@ -106,3 +106,21 @@ def test_every_method_s_tries_run_as_its_rows_do(monkeypatch):
         seen.clear()
         assert bench.trial(method, 4)
         assert seen == [offload], method
+
+
+def test_gradients_are_measured_at_each_packing_method_s_own_batch(results):
+    """The batch a method claims is where its gradients are reported (cos @max): auto packs
+    harder there than at the shared timing batch."""
+    data, stdout, _ = results
+    assert "cos @max" in stdout
+    for name, entry in data["models"].items():
+        for method, m in entry["methods"].items():
+            if not method.startswith("actpack:") or method == "actpack:none":
+                continue
+            if m["max_batch"] == entry["time_batch"]:
+                assert "gradients" in m or "error" in m, (name, method)
+                continue
+            assert ("gradients_at_max_batch" in m) != ("gradients_at_max_batch_error" in m), \
+                (name, method)
+            for group in m.get("gradients_at_max_batch", {}).values():
+                assert -1.0 <= group["cosine"] <= 1.0 + 1e-6
