@@ -4,6 +4,7 @@ import math
 import os
 import platform
 import sys
+import threading
 import time
 import warnings
 
@@ -119,8 +120,16 @@ class budget:
     lies in memory (a transpose or a channels_last activation without a copy, an expanded one
     once) and comes back with its strides. Code compiled by torch.compile is packed as its
     graph saves tensors, but modules inside it are not seen (a warning says so). An exception
-    inside the context still removes the hooks, restores the allocator and writes the report,
-    with the error among its warnings.
+    inside the context (a KeyboardInterrupt too) still removes the hooks, restores the allocator
+    and writes the report, with the error among its warnings, and reaches the caller as raised.
+
+    A budget opened inside another, in the same thread, governs until it exits: its hooks pack,
+    its cap holds, and the outer one's relief of memory pressure waits; then the outer one goes
+    on as it was (its hooks, its cap), each report counting its own steps (the outer's step
+    that spans the inner one measures its peak from the inner one's exit). Budgets do not run in
+    two threads at once: the allocator's cap and the module hooks are the process's, so entering
+    one while another thread's is open is a RuntimeError naming that thread, which changes
+    nothing. A budget is one run: entering it a second time is a RuntimeError too.
     """
 
     def __init__(self, limit, codec="auto", report=None, min_bytes=_C.DEFAULT_MIN_BYTES, seed=0,
@@ -181,6 +190,9 @@ class budget:
         self._warnings = []
         self.run = Run(self._budget, self._session)
         self._started = None
+        self._entered = False  # a budget is entered once
+        self._thread = self._thread_name = None  # the thread that entered it
+        self._inner_open = False  # a budget opened inside this one is open: it governs
 
     def _make_hooks(self, session_pack, session_unpack):
         """The saved-tensor hooks, over the session's pack and unpack (Session.hooks()). They
@@ -301,6 +313,8 @@ class budget:
 
     def _relieve(self, needed):
         """The allocator's pressure callback: bytes freed (or made room for) toward `needed`."""
+        if self._inner_open:
+            return 0  # a budget opened inside this one governs the allocator until it exits
         if _automatic(self._codec) and self._enabled:
             freed = self._session.relieve(needed)
             if freed:
@@ -317,14 +331,19 @@ class budget:
 
     @_eager
     def __enter__(self):
-        self._started = time.perf_counter()
-        self._memory.start()
-        # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
-        self._memory.watch_pressure(self._relieve)
-        self._modules.start()
-        self._modules.watch_outputs = self._loss_bound > 0
-        self._hooks.__enter__()
-        _recompute._active.append(self)
+        _register(self)  # a second entry, or another thread's budget open: an error, nothing done
+        try:
+            self._started = time.perf_counter()
+            self._memory.start()
+            # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
+            self._memory.watch_pressure(self._relieve)
+            self._modules.start()
+            self._modules.watch_outputs = self._loss_bound > 0
+            self._hooks.__enter__()
+            _recompute._active.append(self)
+        except BaseException:
+            _unregister(self)  # not open: the next budget does not nest inside this one
+            raise
         return self.run
 
     @_eager
@@ -338,10 +357,13 @@ class budget:
             try:
                 self._modules.stop()
             finally:
-                allocator = self._memory.stop(self._snapshot)
+                try:
+                    allocator = self._memory.stop(self._snapshot)
+                finally:
+                    _unregister(self)
         self._check_compiled()
         if exc_type is not None:
-            self._warnings.append(f"the run stopped on an exception: {exc_type.__name__}: {exc}")
+            self._warnings.append(f"the run stopped on an exception: {_error_text(exc_type, exc)}")
         if (exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError)
                 and self._memory.lifted):
             raise torch.OutOfMemoryError(
@@ -409,6 +431,64 @@ class budget:
             "world_size": world_size,
             "warnings": warnings,
         }
+
+
+# The budgets entered and not yet exited, outermost first (all of one thread), and the lock that
+# makes checking and joining them one step.
+_open = []
+_open_lock = threading.Lock()
+
+
+def _register(budget):
+    """Notes `budget` as open in this thread, inside the innermost one open (which then waits
+    for it to exit). A RuntimeError, changing nothing, when it was entered before or another
+    thread has a budget open."""
+    with _open_lock:
+        if budget._entered:
+            state = "is open" if budget in _open else "has exited"
+            raise RuntimeError(f"actpack.budget: a budget context is entered once, and this one "
+                               f"({budget._budget['text']}) already was and {state}; open a new "
+                               "actpack.budget(...) for another run")
+        me = threading.get_ident()
+        other = next((b for b in _open if b._thread != me), None)
+        if other is not None:
+            raise RuntimeError(
+                f"actpack.budget: a budget ({other._budget['text']}) is open in thread "
+                f"{other._thread_name!r}; budgets run in one thread at a time (the allocator's "
+                "cap, its peak counters and the module hooks are the process's): exit that one "
+                "first, or open this one in that thread, where it nests inside it")
+        budget._entered = True
+        budget._thread, budget._thread_name = me, threading.current_thread().name
+        if _open:
+            _open[-1]._inner_open = True
+        _open.append(budget)
+
+
+def _unregister(budget):
+    """Notes that `budget` exited; the budget it was opened inside governs again, and counts
+    the system's memory again (the count is one per device: the inner one stopped it)."""
+    with _open_lock:
+        if budget not in _open:
+            return
+        index = _open.index(budget)
+        del _open[index]
+        outer = _open[index - 1] if index == len(_open) and index > 0 else None
+    if outer is not None and outer._inner_open:
+        outer._inner_open = False
+        outer._memory.resume_counting()
+
+
+def _innermost():
+    """The innermost budget open in this thread, or None."""
+    me = threading.get_ident()
+    with _open_lock:
+        return next((b for b in reversed(_open) if b._thread == me), None)
+
+
+def _error_text(exc_type, exc):
+    """'RuntimeError: message', or the type alone when the message is empty (KeyboardInterrupt)."""
+    text = "" if exc is None else str(exc)
+    return f"{exc_type.__name__}: {text}" if text else exc_type.__name__
 
 
 def _distributed():
@@ -735,6 +815,15 @@ class _PeakMeter:
                 _C._count_system_memory(device)
         except (RuntimeError, NotImplementedError):
             self._driver_start = None  # this build has no CUDA of its own
+
+    def resume_counting(self):
+        """Counts the system's memory against the cap again, from now, after a budget nested
+        inside this one stopped that count (there is one per device)."""
+        if self._counting is not None:
+            try:
+                _C._count_system_memory(self._counting, self.outside_allowance)
+            except (RuntimeError, NotImplementedError):
+                self._counting = None  # the system's count cannot be read now: the pool's alone
 
     def _system_peak(self, reserved_peak):
         """The step's peak as the system counts it, above its value at start (0: unknown)."""

@@ -54,7 +54,7 @@ import sys
 import warnings
 
 from actpack import _C, _args, _snapshot
-from actpack._budget import budget as _budget_context, outside_allowance
+from actpack._budget import _error_text, _innermost, budget as _budget_context, outside_allowance
 from actpack._units import format_bytes, parse_budget
 
 # "none" packs nothing; "auto" is the policy at its harshest (its largest batch);
@@ -250,7 +250,10 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             actpack.recompute: auto under budget(recompute="auto"), profiled recomputing, its
             tries 5 steps, as the switch to recomputation plans afresh).
         report: a path; the run report with the planner section is written there (read it
-            with `actpack plan run.json --budget ...`).
+            with `actpack plan run.json --budget ...`). When the plan raises or is interrupted
+            (a KeyboardInterrupt) after a step ran, what is written there is the run report of
+            the budget its last step ran in, without a planner section, a warning saying
+            where it stopped and on what.
         progress: print a progress bar to stderr, with the steps run so far.
         restore: put the training state back afterwards (above); False leaves it as the
             planner's steps left it and saves the host memory of the snapshot.
@@ -270,8 +273,13 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     parsed = parse_budget(budget)
 
     saved = _snapshot.TrainingState() if restore else None
+    counted = _CountedStep(step)
     try:
-        return _plan(_CountedStep(step), parsed, sizes, verify, codecs, report, progress)
+        return _plan(counted, parsed, sizes, verify, codecs, report, progress)
+    except BaseException as error:
+        if report is not None:
+            _report_stopped(report, counted, error, restore)
+        raise
     finally:
         # Also after an exception or a KeyboardInterrupt in a step.
         if saved is not None:
@@ -330,15 +338,47 @@ def _codec_choices(codecs):
 
 
 class _CountedStep:
-    """The user's step, counting its calls (what a plan costs)."""
+    """The user's step, counting its calls (what a plan costs); it keeps the last call's batch
+    and budget run, and what the last call raised (its type and text: the error itself holds
+    the failed step's frames)."""
 
     def __init__(self, step):
         self.step = step
         self.calls = 0
+        self.batch = None
+        self.run = None  # the Run of the budget the last call ran in
+        self.raised = None  # (call, type, text) when the last call raised
 
     def __call__(self, batch):
         self.calls += 1
-        return self.step(batch)
+        budget = _innermost()
+        self.batch, self.run, self.raised = batch, budget.run if budget else None, None
+        try:
+            return self.step(batch)
+        except BaseException as error:
+            self.raised = (self.calls, type(error), str(error))
+            raise
+
+
+def _report_stopped(path, step, error, restored):
+    """Writes the report of a plan stopped by `error`: the run report of the budget its last
+    step ran in (it names the error when the step raised it), without a planner section, with a
+    warning saying where the plan stopped. Nothing when no step ran in a budget."""
+    run = step.run
+    if run is None or run.report is None:
+        return
+    where = "in" if step.raised == (step.calls, type(error), str(error)) else "after"
+    document = dict(run.report)
+    document["run"] = dict(document["run"])
+    document["run"]["warnings"] = list(document["run"]["warnings"]) + [
+        f"actpack.plan: stopped by {_error_text(type(error), error)} {where} its step "
+        f"{step.calls} (step({step.batch})); no plan was made"
+        + ("; the training state is put back (restore=True)" if restored else "")]
+    try:
+        _C.write_report(document, os.fspath(path))
+    except Exception as write_error:  # noqa: BLE001 -- the error that stopped the plan goes on
+        warnings.warn(f"actpack.plan: the report of the stopped plan could not be written to "
+                      f"{os.fspath(path)}: {write_error}", RuntimeWarning, stacklevel=3)
 
 
 def _default_choices(regions):
