@@ -18,6 +18,7 @@ does not fit its budget is reported as such, not averaged.
 
     python3 benchmarks/convergence.py                 # 3 seeds, full schedules (~30 min)
     python3 benchmarks/convergence.py --smoke         # 1 seed, a few steps (the test command)
+    python3 benchmarks/convergence.py --render benchmarks/results/convergence.json  # its table
     ... --json benchmarks/results/convergence.json --svg benchmarks/results/convergence.svg
 """
 import argparse
@@ -225,7 +226,10 @@ def markdown(results):
         for method in METHODS:
             m = t["methods"].get(method)
             if m is None or m["mean"] is None:
-                cells.append("stopped" if m else "-")
+                endings = {r["ended"].split(":")[0] for r in m["runs"]} if m else set()
+                cells.append("did not fit" if endings == {"did not fit"} else
+                             "stopped by the guard" if m and all(
+                                 e.startswith("stopped") for e in endings) else "-")
                 continue
             cell = f"{m['mean']:.4f} ± {m['stdev']:.4f}"
             if m["completed"] < m["seeds"]:
@@ -266,7 +270,13 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="1 seed, 12 steps each")
     parser.add_argument("--json", default=None)
     parser.add_argument("--svg", default=None)
+    parser.add_argument("--render", metavar="JSON",
+                        help="print the table of a results file (the README's) and exit")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            print(markdown(json.load(f)))
+        return None
     if args.smoke:
         args.seeds, args.cnn_steps, args.lm_steps = 1, 12, 12
     torch.set_num_threads(max(1, torch.get_num_threads()))
