@@ -106,8 +106,10 @@ def test_micro_batches_lower_the_peak():
         model = Net(dim=64, depth=4, micro_batch=micro_batch)
         x = torch.randn(64, 64, 8)
         with actpack.budget(1 << 40, codec="quant2", recompute=recompute) as run:
+            # What earlier tests left allocated counts in the peak too: the step's own rise.
+            held = actpack.memory_allocated("cpu")
             model(x).sum().backward()
-        peaks[micro_batch, recompute] = run.report["run"]["peak_allocated_bytes"]
+        peaks[micro_batch, recompute] = run.report["run"]["peak_allocated_bytes"] - held
     assert peaks[4, True] < 0.5 * peaks[None, True], peaks
     assert peaks[4, True] < 0.5 * peaks[4, False], peaks
 
