@@ -522,6 +522,12 @@ def _check_loss_bound(value):
     return float(value)
 
 
+def _read_scalars(values):
+    """0-d (or one-element) tensors as floats, in one read from the device."""
+    device = values[0].device
+    return torch.stack([v.reshape(()).to(device, torch.float64) for v in values]).tolist()
+
+
 def _automatic(codec):
     return not isinstance(codec, str) or codec == "auto"
 
@@ -570,24 +576,27 @@ class _ModuleTracker:
         self.watch_outputs = False
         self._output_norms = []  # (name, 0-d tensor), filled by the output-gradient hooks
 
+    def _own_gradients(self):
+        """(name, module, parameter) for each module's own parameters with a dense gradient."""
+        for name, module in self.modules.items():
+            for p in module.parameters(recurse=False):
+                if p.grad is not None and not p.grad.is_sparse:
+                    yield name, module, p
+
     def gradient_norms(self):
         """{module name: the norm of its own parameters' gradients}, for the modules that ran
         and have them (one read from the device)."""
         names, grads, seen = [], [], set()
-        for name, module in self.modules.items():
-            for p in module.parameters(recurse=False):
-                # A tied weight (GPT's embedding and head) counts once, for its first module.
-                if p.grad is not None and not p.grad.is_sparse and id(p) not in seen:
-                    seen.add(id(p))
-                    names.append(name)
-                    grads.append(_local(p.grad.detach()))
+        for name, _, p in self._own_gradients():
+            # A tied weight (GPT's embedding and head) counts once, for its first module.
+            if id(p) not in seen:
+                seen.add(id(p))
+                names.append(name)
+                grads.append(_local(p.grad.detach()))
         if not grads:
             return {}
-        values = [n.reshape(()) for n in torch._foreach_norm(grads)]
-        device = values[0].device
-        values = torch.stack([v.to(device, torch.float64) for v in values]).tolist()
         norms = {}
-        for name, norm in zip(names, values):
+        for name, norm in zip(names, _read_scalars(torch._foreach_norm(grads))):
             norms[name] = math.sqrt(norms.get(name, 0.0) ** 2 + norm ** 2)
         return norms
 
@@ -597,18 +606,13 @@ class _ModuleTracker:
         ModuleGradients); the output norm is 0 unless watched, the fan 0 unless a Linear or a
         convolution."""
         names, grads = [], []  # (name, is the weight) and the gradients
-        for name, module in self.modules.items():
-            for p in module.parameters(recurse=False):
-                if p.grad is not None and not p.grad.is_sparse:
-                    names.append((name, p is getattr(module, "weight", None)))
-                    grads.append(_local(p.grad.detach()))
+        for name, module, p in self._own_gradients():
+            names.append((name, p is getattr(module, "weight", None)))
+            grads.append(_local(p.grad.detach()))
         outputs, self._output_norms = self._output_norms, []
         if not grads:
             return {}
-        values = [n.reshape(()) for n in torch._foreach_norm(grads)]
-        values += [norm.reshape(()) for _, norm in outputs]
-        device = values[0].device
-        values = torch.stack([v.to(device, torch.float64) for v in values]).tolist()  # one sync
+        values = _read_scalars([*torch._foreach_norm(grads), *(norm for _, norm in outputs)])
         stats = {}
         for (name, is_weight), norm in zip(names, values):
             entry = stats.setdefault(name, [0.0, 0.0, 0.0, _fan(self.modules[name])])
