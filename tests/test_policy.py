@@ -179,10 +179,13 @@ def check_planner_against_binary_search(corpus, tmp_path, device):
             fits = actpack._planner.trains_under_cap(step, budget, choice, mid) is not None
             lo, hi = (mid, hi) if fits else (lo, mid - 1)
         print(f"planner at {budget >> 20} MiB, {choice}: predicted {predicted}, truth {lo}")
-        # Both answers come from real steps under the budget less 2% (what a fresh process may
-        # need beyond this one's): the verified one from a search, the other from the line held
-        # to such steps. Within 5% of the truth (and a sample: 5% of 18 is one), never above.
-        assert 0.95 * lo - 1 <= predicted <= lo, (choice, predicted, lo)
+        # The planner's steps run under the budget less FRESH_PROCESS_SHARE (what a fresh
+        # process may need beyond this one's), the truth's under the whole budget: never above
+        # the truth. Below it by at most 5% and two samples: 5% of 18 is one, and the plan and
+        # the search run in different pool states (measured: a segment, 2 MiB, about one sample
+        # of this CNN, more reserved at every batch in the search after the plan under pytest
+        # than in a fresh interpreter; CI saw 17 against 19).
+        assert 0.95 * lo - 2 <= predicted <= lo, (choice, predicted, lo)
         if choice != plan.verified["codec"]:
             assert plan.choices[choice]["calibration"]["batch_size"] == predicted
 
