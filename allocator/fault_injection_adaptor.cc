@@ -5,31 +5,23 @@
 namespace actpack::allocator {
 
 void FaultInjectionAdaptor::FailAt(uint64_t k) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  fail_at_ = k;
-  allocations_ = 0;
-  failed_ = false;
+  fail_at_.store(0);
+  allocations_.store(0);
+  failed_.store(false);
+  fail_at_.store(k);
 }
 
-uint64_t FaultInjectionAdaptor::allocations() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return allocations_;
-}
+uint64_t FaultInjectionAdaptor::allocations() const { return allocations_.load(); }
 
-bool FaultInjectionAdaptor::failed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failed_;
-}
+bool FaultInjectionAdaptor::failed() const { return failed_.load(); }
 
 absl::StatusOr<void*> FaultInjectionAdaptor::DoAllocate(size_t bytes, Stream stream,
                                                         size_t reserve_limit) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (++allocations_ == fail_at_) {
-      failed_ = true;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "actpack: injected failure of allocation #", allocations_, " (", bytes, " bytes)"));
-    }
+  const uint64_t number = allocations_.fetch_add(1) + 1;
+  if (number == fail_at_.load(std::memory_order_relaxed)) {
+    failed_.store(true);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "actpack: injected failure of allocation #", number, " (", bytes, " bytes)"));
   }
   return upstream()->AllocateWithin(bytes, stream, reserve_limit);
 }

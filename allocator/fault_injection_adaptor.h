@@ -17,7 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
+#include <atomic>
 
 #include "allocator/memory_resource.h"
 
@@ -28,7 +28,7 @@ class FaultInjectionAdaptor final : public ResourceAdaptor {
   explicit FaultInjectionAdaptor(MemoryResource* upstream) : ResourceAdaptor(upstream) {}
 
   // Makes the k-th allocation from now (1 for the next) fail, once; 0 fails none. Restarts the
-  // count.
+  // count. An allocation running on another thread meanwhile may count toward either side.
   void FailAt(uint64_t k);
 
   // Allocations asked for since the last FailAt (or construction), the failed one included.
@@ -41,10 +41,11 @@ class FaultInjectionAdaptor final : public ResourceAdaptor {
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
 
-  mutable std::mutex mutex_;
-  uint64_t fail_at_ = 0;
-  uint64_t allocations_ = 0;
-  bool failed_ = false;
+  // Atomics, not a lock: every stack (allocator/pluggable.h) has one in its path, unarmed
+  // nearly always, and pays one atomic increment per allocation for it.
+  std::atomic<uint64_t> fail_at_{0};
+  std::atomic<uint64_t> allocations_{0};
+  std::atomic<bool> failed_{false};
 };
 
 }  // namespace actpack::allocator

@@ -43,7 +43,8 @@ AllocatorStack::AllocatorStack(Backend backend, int device, const AllocatorConfi
       backend_resource_(MakeBackend(backend, device)),
       pool_(backend_resource_.get(), events_.get()),
       budget_(&pool_, config.budget_bytes),
-      stats_(&budget_),
+      faults_(&budget_),
+      stats_(&faults_),
       trace_(&stats_, config.trace_capacity) {
   trace_.SetEnabled(config.record_trace);
 }

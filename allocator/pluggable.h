@@ -1,6 +1,6 @@
 // pluggable.h — actpack's process-wide allocators and the C ABI torch loads.
 //
-// Two process-wide allocator stacks, each trace(stats(budget(pool(backend)))):
+// Two process-wide allocator stacks, each trace(stats(faults(budget(pool(backend))))):
 //  * the device allocator, one stack per device, behind the C functions with the signatures of
 //    torch.cuda.memory.CUDAPluggableAllocator (actpack_alloc / actpack_free and the init,
 //    empty-cache, memory-fraction and record-stream hooks). Its backend is CUDA, or the host
@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/budget_adaptor.h"
 #include "allocator/caching_pool.h"
+#include "allocator/fault_injection_adaptor.h"
 #include "allocator/memory_resource.h"
 #include "allocator/snapshot.h"
 #include "allocator/statistics_adaptor.h"
@@ -100,6 +101,9 @@ class AllocatorStack {
 
   CachingPool& pool() { return pool_; }
   BudgetAdaptor& budget() { return budget_; }
+  // Unarmed unless a test arms it: fails a chosen allocation as the budget would, after the
+  // budget's own relief (tests/test_allocation_faults.py).
+  FaultInjectionAdaptor& faults() { return faults_; }
   StatisticsAdaptor& stats() { return stats_; }
   TracingAdaptor& trace() { return trace_; }
   const CachingPool& pool() const { return pool_; }
@@ -121,6 +125,7 @@ class AllocatorStack {
   std::unique_ptr<MemoryResource> backend_resource_;
   CachingPool pool_;
   BudgetAdaptor budget_;
+  FaultInjectionAdaptor faults_;
   StatisticsAdaptor stats_;
   TracingAdaptor trace_;
 };

@@ -132,6 +132,27 @@ TEST_P(DeviceAllocatorTest, OverBudgetReturnsNullWithTheReason) {
   EXPECT_EQ(FindDeviceAllocator(0)->stats().GetStats().num_ooms, 1);
 }
 
+TEST_P(DeviceAllocatorTest, AnInjectedFailureReachesTheCallerAsABudgetRefusalWould) {
+  AllocatorStack* stack = *DeviceAllocator(0);
+  stack->faults().FailAt(2);
+  void* first = actpack_alloc(1_MiB, 0, kStream);
+  ASSERT_NE(first, nullptr) << actpack_last_error();
+  EXPECT_EQ(actpack_alloc(1_MiB, 0, kStream), nullptr);
+  EXPECT_THAT(std::string(actpack_last_error()),
+              HasSubstr("injected failure of allocation #2 (1048576 bytes)"));
+  EXPECT_TRUE(stack->faults().failed());
+  // Once: the next request is served, and the statistics saw one out-of-memory and nothing
+  // allocated for it.
+  void* third = actpack_alloc(1_MiB, 0, kStream);
+  ASSERT_NE(third, nullptr) << actpack_last_error();
+  EXPECT_EQ(stack->faults().allocations(), 3u);
+  EXPECT_EQ(stack->stats().GetStats().num_ooms, 1);
+  EXPECT_EQ(stack->stats().GetStats().allocated_bytes.current, static_cast<int64_t>(2_MiB));
+  actpack_free(first, 1_MiB, 0, kStream);
+  actpack_free(third, 1_MiB, 0, kStream);
+  stack->faults().FailAt(0);
+}
+
 TEST_P(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
   void* p = actpack_alloc(1_MiB, 2, kStream);
   ASSERT_NE(p, nullptr);

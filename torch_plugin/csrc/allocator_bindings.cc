@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -402,6 +403,18 @@ void BindAllocator(py::module& m) {
   m.def("_snapshot", &Snapshot, py::arg("device"));
   m.def("_last_allocator_error", [] { return std::string(actpack_last_error()); });
   m.def("_reset_accumulated_memory_stats", &ResetAccumulated, py::arg("device"));
+  // For tests (tests/test_allocation_faults.py): fail the k-th allocation of a stack from now
+  // (0: none), and read how many it has counted since and whether the failure happened.
+  m.def("_fail_allocation_at", [](int device, uint64_t k) {
+    AllocatorStack* stack = FindStack(device);
+    TORCH_CHECK_VALUE(stack != nullptr, "actpack: device ", device, " has no allocator yet");
+    stack->faults().FailAt(k);
+  }, py::arg("device"), py::arg("k"));
+  m.def("_allocations_counted", [](int device) -> py::tuple {
+    AllocatorStack* stack = FindStack(device);
+    TORCH_CHECK_VALUE(stack != nullptr, "actpack: device ", device, " has no allocator yet");
+    return py::make_tuple(stack->faults().allocations(), stack->faults().failed());
+  }, py::arg("device"));
   m.def("_clear_trace", &ClearTrace, py::arg("device"));
   m.def("_trace_dropped", &TraceDropped, py::arg("device"));
   m.def("_add_pressure_callback", &AddPressureCallback, py::arg("device"), py::arg("callback"));

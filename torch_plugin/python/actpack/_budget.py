@@ -362,15 +362,17 @@ class budget:
                 finally:
                     _unregister(self)
         self._check_compiled()
-        if exc_type is not None:
-            self._warnings.append(f"the run stopped on an exception: {_error_text(exc_type, exc)}")
+        error = None
         if (exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError)
                 and self._memory.lifted):
-            raise torch.OutOfMemoryError(
+            error = torch.OutOfMemoryError(
                 f"actpack: a budget of {format_bytes(self._memory.budget_bytes)} cannot hold "
                 f"this training step: step {self._steps + 1} ran out even at "
                 f"{format_bytes(self._memory.lifted_cap())}, the most a step before the first "
-                f"plan may take to measure what it needs ({exc}); use a smaller batch") from exc
+                f"plan may take to measure what it needs ({exc}); use a smaller batch")
+            self._warnings.append(f"the run stopped on an exception: {error}")
+        elif exc_type is not None:
+            self._warnings.append(f"the run stopped on an exception: {_error_text(exc_type, exc)}")
         wall = time.perf_counter() - self._started
         self._started = None
         self.run.report = _C.build_report(self._run_metadata(wall), self._session)
@@ -378,6 +380,8 @@ class budget:
         self.run._close()
         if self._report_path is not None:
             _C.write_report(self.run.report, _rank_path(self._report_path))
+        if error is not None:
+            raise error from exc
         return False
 
     def _check_compiled(self):
