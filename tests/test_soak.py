@@ -68,6 +68,10 @@ def test_memory_is_flat_after_the_warm_up(codec, limit, tmp_path):
             resident.append(resident_mib())
             live.append(run.totals()["live_stored_bytes"])
     changes = [(i, r) for i, r in enumerate(reserved) if i and r != reserved[i - 1]]
+    print(f"soak {codec} at {limit}, {STEPS} steps: reserved peak {max(reserved[:WARMUP]) / 2**20:.2f} "
+          f"MiB in the warm-up, {max(reserved[WARMUP:]) / 2**20:.2f} MiB after; resident set "
+          f"{max(resident[:WARMUP]):.1f} MiB, then {max(resident[WARMUP:]):.1f} MiB at most and "
+          f"{resident[-1]:.1f} MiB at the end; packed tensors alive between steps: {max(live)}")
     # The pool reserves at most one segment more than it did in the warm-up once the steps
     # repeat (under a cap it may give back cache and take it again, never past the cap).
     assert max(reserved[WARMUP:]) - max(reserved[:WARMUP]) <= SETTLING_BYTES, (codec, changes)

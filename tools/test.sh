@@ -65,8 +65,13 @@ stage "emulated tests with the race checker, and the kernels' coverage"
 python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "the kernels' memory traffic against codecs/cuda/traffic.tsv"
 python3 tools/traffic_check.py || failed+=("traffic table")
-# Every test that links the emulator: the codec, allocator, session and report tests.
-emulated=$(bazel cquery --config=cudaemu_race 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))' \
+# The reverse schedule reorders kernels' blocks, so it reruns the tests that can launch kernels
+# (those linking the emulated kernels: the codec, session and report tests; the allocator's
+# launch none). random:SEED (the full run) also reorders the streams' progress: every test
+# that links the emulator.
+rerun_root=//codecs:cuda_kernels_emulated
+[ "$FULL" = 1 ] && rerun_root=//testing/cudaemu:runtime
+emulated=$(bazel cquery --config=cudaemu_race "kind(\".*_test\", rdeps(//... except //torch_plugin/..., $rerun_root))" \
            2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
 schedules="reverse"
 [ "$FULL" = 1 ] && schedules="reverse random:7 random:11"
