@@ -318,6 +318,33 @@ const json::Value* FindSection(const json::Value& document, absl::string_view ke
   return section;
 }
 
+// A choice's "gradients" (null or absent: not measured) into `choice`.
+void ReadGradients(FieldChecker& check, const json::Value& entry, const std::string& path,
+                   PlannerChoice* choice) {
+  const json::Value* gradients = json::Find(entry, "gradients");
+  if (gradients == nullptr || gradients->is_null()) return;
+  const std::string at = absl::StrCat(path, ".gradients");
+  if (!gradients->is_object()) {
+    check.Fail(at, gradients, "an object with min_cosine, worst_group and below_bound, or null");
+    return;
+  }
+  const json::Value* cosine = json::Find(*gradients, "min_cosine");
+  if (cosine != nullptr && cosine->is_number() && cosine->get<double>() >= -1 &&
+      cosine->get<double>() <= 1) {
+    choice->min_cosine = cosine->get<double>();
+  } else if (cosine != nullptr && cosine->is_null()) {
+    choice->min_cosine = std::nan("");  // a gradient that was not finite
+  } else {
+    check.Fail(absl::StrCat(at, ".min_cosine"), cosine, "a cosine in [-1, 1] or null");
+    return;
+  }
+  const json::Value* worst = json::Find(*gradients, "worst_group");
+  if (worst != nullptr && worst->is_string()) choice->worst_group = worst->get<std::string>();
+  if (const json::Value* below = check.Array(*gradients, "below_bound", at)) {
+    choice->groups_below_bound = below->size();
+  }
+}
+
 std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChecker& check) {
   const json::Value* section = FindSection(document, "planner", check);
   if (section == nullptr) return std::nullopt;
@@ -344,6 +371,7 @@ std::optional<PlannerProfile> ReadPlanner(const json::Value& document, FieldChec
       choice.per_sample_bytes = check.Count(member.value(), "per_sample_bytes", path);
       choice.max_batch_size = check.Count(member.value(), "max_batch_size", path);
       choice.headroom = check.FractionOrNull(member.value(), "headroom", path);
+      ReadGradients(check, member.value(), path, &choice);
       planner.choices.push_back(std::move(choice));
     }
   }
@@ -878,19 +906,57 @@ std::string VerifiedText(const PlannerProfile& planner) {
                       BytesOfBudget(*v.peak_bytes, planner.budget_bytes));
 }
 
+// The worst parameter group's gradient cosine against exact training, "!" when groups fell
+// below the plan's bound, "-" where it was not measured.
+std::string GradientCosineText(const PlannerChoice& choice) {
+  if (!choice.min_cosine.has_value()) return "-";
+  const std::string cosine = std::isnan(*choice.min_cosine)
+                                 ? std::string("non-finite")
+                                 : absl::StrFormat("%.3f", *choice.min_cosine);
+  return choice.groups_below_bound > 0 ? cosine + "!" : cosine;
+}
+
+// Whether the plan measured any choice's gradients (reports before it did not: no column).
+bool GradientsMeasured(const PlannerProfile& planner) {
+  return std::any_of(planner.choices.begin(), planner.choices.end(),
+                     [](const PlannerChoice& c) { return c.min_cosine.has_value(); });
+}
+
+// Under the table: which choices turned some groups' gradients (their worst group).
+std::string GradientNotes(const PlannerProfile& planner) {
+  std::string text;
+  for (const PlannerChoice& choice : planner.choices) {
+    if (choice.groups_below_bound == 0) continue;
+    absl::StrAppend(&text, "  ", choice.name, ": ", choice.groups_below_bound,
+                    " parameter group(s) below the gradient bound, worst ",
+                    choice.worst_group.empty() ? "(root)" : choice.worst_group, " (",
+                    std::isnan(*choice.min_cosine) ? std::string("non-finite")
+                                                   : absl::StrFormat("%.3f", *choice.min_cosine),
+                    ")\n");
+  }
+  return text;
+}
+
 std::string PlannerSection(const RunReport& report) {
   const PlannerProfile& planner = *report.planner;
   std::string text =
       absl::StrCat("\nbatch-size planner (budget ", FormatBytes(planner.budget_bytes),
                    "; profiled batch sizes: ", JoinCounts(planner.batch_sizes), ")\n");
-  TextTable table({1, 2, 3});
-  table.AddRow({"choice", "fixed", "per sample", "max batch"});
+  const bool gradients = GradientsMeasured(planner);
+  TextTable table({1, 2, 3, 4});
+  std::vector<std::string> header = {"choice", "fixed", "per sample", "max batch"};
+  if (gradients) header.push_back("grad cos");
+  table.AddRow(header);
   for (const PlannerChoice& choice : planner.choices) {
-    table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
-                  FormatBytes(choice.per_sample_bytes), absl::StrCat(choice.max_batch_size)});
+    std::vector<std::string> row = {choice.name, FormatBytes(choice.fixed_bytes),
+                                    FormatBytes(choice.per_sample_bytes),
+                                    absl::StrCat(choice.max_batch_size)};
+    if (gradients) row.push_back(GradientCosineText(choice));
+    table.AddRow(row);
   }
   if (planner.choices.empty()) table.AddRow({"(no choices recorded)"});
   absl::StrAppend(&text, table.Render());
+  absl::StrAppend(&text, GradientNotes(planner));
   absl::StrAppend(&text, "  verified: ", VerifiedText(planner), "\n");
   absl::StrAppend(&text, "  (actpack plan ", report.FileName(),
                   " --budget SIZE: the batch sizes at another budget)\n");
@@ -1689,9 +1755,13 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
                                   budget, "\n", "planner profile: budget ", recorded,
                                   ", profiled batch sizes: ", JoinCounts(planner.batch_sizes),
                                   "\n\n");
-  TextTable table({1, 2, 3, 4, 5});
-  table.AddRow({"choice", "fixed", "per sample", "headroom", absl::StrCat("max batch at ", budget),
-                absl::StrCat("recorded at ", recorded)});
+  const bool gradients = GradientsMeasured(planner);
+  TextTable table({1, 2, 3, 4, 5, 6});
+  std::vector<std::string> header = {"choice", "fixed", "per sample", "headroom"};
+  if (gradients) header.push_back("grad cos");
+  header.push_back(absl::StrCat("max batch at ", budget));
+  header.push_back(absl::StrCat("recorded at ", recorded));
+  table.AddRow(header);
   bool extrapolated = false;
   for (const PlannerChoice& choice : planner.choices) {
     const std::optional<uint64_t> batch =
@@ -1699,17 +1769,20 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
                      choice.per_sample_bytes);
     extrapolated = extrapolated || OutsideProfiled(planner, batch);
     // A share measured by real steps under the cap, or the section's default (marked *).
-    table.AddRow({choice.name, FormatBytes(choice.fixed_bytes),
-                  FormatBytes(choice.per_sample_bytes),
-                  absl::StrFormat("%.1f%%%s", 100 * choice.headroom.value_or(planner.headroom),
-                                  choice.headroom.has_value() ? "" : "*"),
-                  BatchText(batch), absl::StrCat(choice.max_batch_size)});
+    std::vector<std::string> row = {
+        choice.name, FormatBytes(choice.fixed_bytes), FormatBytes(choice.per_sample_bytes),
+        absl::StrFormat("%.1f%%%s", 100 * choice.headroom.value_or(planner.headroom),
+                        choice.headroom.has_value() ? "" : "*")};
+    if (gradients) row.push_back(GradientCosineText(choice));
+    row.push_back(BatchText(batch));
+    row.push_back(absl::StrCat(choice.max_batch_size));
+    table.AddRow(row);
   }
   if (planner.choices.empty()) {
     absl::StrAppend(&text, "  the planner profile records no choices\n");
     return text;
   }
-  absl::StrAppend(&text, table.Render(), "\n");
+  absl::StrAppend(&text, table.Render(), GradientNotes(planner), "\n");
   const PlannerChoice* best = BestChoice(planner, budget_bytes);
   const std::optional<uint64_t> best_batch =
       MaxBatchSize(planner.Usable(*best, budget_bytes), best->fixed_bytes, best->per_sample_bytes);

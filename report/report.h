@@ -118,6 +118,13 @@ struct PlannerChoice {
   // The share of the budget its answer left free, as real steps under the cap measured it;
   // nullopt where the report does not say (PlannerProfile::headroom then).
   std::optional<double> headroom;
+  // "gradients" (actpack.plan(gradients=True)): the worst parameter group's gradient cosine
+  // against exact training, its name and how many groups fell below the plan's bound; nullopt
+  // where not measured (auto, a step that does not repeat, older reports). A cosine of NaN
+  // stands for a gradient that was not finite.
+  std::optional<double> min_cosine;
+  std::string worst_group;
+  size_t groups_below_bound = 0;
 };
 
 // PlannerVerified

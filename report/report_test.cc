@@ -37,8 +37,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_replace.h"
 #include "allocator/units.h"
 #include "common/version.h"
 #include "gtest/gtest.h"
@@ -731,6 +731,56 @@ TEST(PlanTest, AChoicesMeasuredHeadroomReplacesTheSections) {
   EXPECT_EQ(bad.exit_code, kExitBadInput) << bad.out;
   EXPECT_TRUE(absl::StrContains(bad.err, "planner.choices.quant2.headroom")) << bad.err;
   EXPECT_TRUE(absl::StrContains(bad.err, "a fraction below 1")) << bad.err;
+}
+
+TEST(PlanTest, TheGradientsEachChoiceGaveAreShownWhereThePlanMeasuredThem) {
+  // As actpack.plan(gradients=True) writes them: quant2 turned two groups, none kept every
+  // one, auto was not measured (null), and a non-finite gradient is a null cosine.
+  json::Value document = ParseJsonFile(kFullReport);
+  auto gradients = [](json::Value min_cosine, const char* worst, std::vector<std::string> below) {
+    json::Value g = json::Value::object();
+    g["batch_size"] = 8;
+    g["min_cosine"] = std::move(min_cosine);
+    g["worst_group"] = worst;
+    g["below_bound"] = below;
+    g["groups"] = json::Value::object();
+    return g;
+  };
+  (*Member(document, {"planner", "choices", "quant2"}))["gradients"] =
+      gradients(0.075, "features.0", {"features.0", "features.3"});
+  (*Member(document, {"planner", "choices", "none"}))["gradients"] =
+      gradients(1.0, "head", {});
+  (*Member(document, {"planner", "choices", "auto"}))["gradients"] = nullptr;
+  const std::string path = WriteJsonTemp("gradients.json", document);
+
+  const CliResult plan = RunActpack({"plan", path, "--budget", "12GiB"});
+  ASSERT_EQ(plan.exit_code, kExitOk) << plan.err;
+  const CliResult report = RunActpack({"report", path});
+  ASSERT_EQ(report.exit_code, kExitOk) << report.err;
+  for (const std::string& text : {plan.out, report.out}) {
+    EXPECT_TRUE(absl::StrContains(text, "grad cos")) << text;
+    for (const auto& [choice, cell] : {std::pair<std::string, std::string>{"quant2", "0.075!"},
+                                       {"none", "1.000"}, {"auto", "-"}}) {
+      bool found = false;
+      for (absl::string_view line : absl::StrSplit(text, '\n')) {
+        const std::vector<std::string> cells =
+            absl::StrSplit(line, ' ', absl::SkipWhitespace());
+        if (cells.size() > 4 && cells[0] == choice) {
+          found = std::find(cells.begin(), cells.end(), cell) != cells.end();
+        }
+      }
+      EXPECT_TRUE(found) << choice << " without " << cell << " in\n" << text;
+    }
+    EXPECT_TRUE(absl::StrContains(
+        text, "quant2: 2 parameter group(s) below the gradient bound, worst features.0 (0.075)"))
+        << text;
+  }
+
+  (*Member(document, {"planner", "choices", "quant2", "gradients"}))["min_cosine"] = 1.5;
+  const CliResult bad =
+      RunActpack({"plan", WriteJsonTemp("bad_gradients.json", document), "--budget", "1GiB"});
+  EXPECT_EQ(bad.exit_code, kExitBadInput) << bad.out;
+  EXPECT_TRUE(absl::StrContains(bad.err, "planner.choices.quant2.gradients.min_cosine")) << bad.err;
 }
 
 TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {

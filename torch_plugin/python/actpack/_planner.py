@@ -34,7 +34,9 @@ batch size (and up to 3 more), then its tries. A default plan (five choices, bat
 at 128 MiB (39 and 34 on the demo models under the 2% share, 56 and 43 with 4 steps a try
 before that), and 63 on a batch-norm CNN at 16 MiB profiled at 4 and 8 (two more profiles per
 choice, its answers being 60x the profiled batches, and three tries per choice that ran out
-before one fitted); with auto+recompute, 65 on the suite's GPT at depth 4, width 64 and 24 MiB. Those steps train; plan() puts the training state back
+before one fitted); with auto+recompute, 65 on the suite's GPT at depth 4, width 64 and 24 MiB.
+Those counts are from before plan(gradients=True), which adds one step (an exact one, to compare
+each fixed codec's gradients against). Those steps train; plan() puts the training state back
 afterwards (see plan()).
 
 A model that marks regions with actpack.recompute gets a sixth choice, auto+recompute: the
@@ -53,7 +55,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _snapshot
+from actpack import _C, _args, _gradient_fidelity, _snapshot
 from actpack._budget import _error_text, _innermost, budget as _budget_context, outside_allowance
 from actpack._units import format_bytes, parse_budget
 
@@ -96,15 +98,35 @@ class Plan:
                  f"{', '.join(map(str, self.batch_sizes))}"
                  + (f"; {self.steps_run} steps run" if self.steps_run is not None else ""),
                  f"{'codec':<14} {'fixed':>12} {'per sample':>12} {'fragmentation':>14} "
-                 f"{'headroom':>9} {'max batch':>10}"]
+                 f"{'headroom':>9} {'max batch':>10} {'grad cos':>9}"]
         for name, c in self.choices.items():
             # The headroom measured by a capped step (see _calibrate), or the default's, marked.
             headroom = f"{c['headroom']:.1%}" + ("" if c["calibration"] else "*")
+            g = c.get("gradients")
+            cosine = "-" if not g else (_cosine_text(g["min_cosine"])
+                                        + ("!" if g["below_bound"] else ""))
             lines.append(f"{name:<14} {format_bytes(c['fixed_bytes']):>12} "
                          f"{format_bytes(c['per_sample_bytes']):>12} "
-                         f"{c['fragmentation']:>14.3f} {headroom:>9} {c['max_batch_size']:>10}")
+                         f"{c['fragmentation']:>14.3f} {headroom:>9} {c['max_batch_size']:>10} "
+                         f"{cosine:>9}")
         if any(not c["calibration"] for c in self.choices.values()):
             lines.append("* no batch tried fitted under the cap: the default headroom")
+        fidelity = self.report.get("planner", {}).get("gradients") if self.report else None
+        if fidelity and not fidelity["repeatable"]:
+            lines.append(f"grad cos: not measured: two exact runs of step({fidelity['batch_size']}) "
+                         "from the same state had different gradients (does it draw new data "
+                         "each call?)")
+        elif fidelity:
+            lines.append(f"grad cos: the worst parameter group's gradient cosine against exact "
+                         f"training at batch {fidelity['batch_size']}; ! below {fidelity['bound']}")
+            for name, c in self.choices.items():
+                g = c.get("gradients")
+                if g and g["below_bound"]:
+                    lines.append(f"  {name}: " + ", ".join(
+                        f"{group or '(root)'} {_cosine_text(g['groups'][group]['cosine'])}"
+                        for group in g["below_bound"][:6])
+                        + (f" and {len(g['below_bound']) - 6} more"
+                           if len(g["below_bound"]) > 6 else ""))
         if self.verified and self.verified["peak_bytes"] is not None:
             v = self.verified
             lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (estimated "
@@ -215,7 +237,7 @@ def _run_step(step, batch, choice):
 
 
 def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=None,
-         progress=True, restore=True):
+         progress=True, restore=True, gradients=True):
     """The largest batch size `budget` supports, for no packing and each codec choice, found by
     real training steps: profiled, then tried under the cap.
 
@@ -224,8 +246,9 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     the line's answer under the budget's cap: 2 steps a try for a fixed codec, 3 for auto, fewer
     when a try runs out (that is caught, not raised). With one warm-up step, a default plan
     (five choices, no verify) ran 32-39 steps on small CNNs and transformers and 63 on one whose
-    answers were 60x its profiled batches (see the module's docstring); verify=True adds 4 steps
-    per batch its search tries. `plan.steps_run` says how many a plan ran.
+    answers were 60x its profiled batches (see the module's docstring), and gradients=True adds
+    one; verify=True adds 4 steps per batch its search tries. `plan.steps_run` says how many a
+    plan ran.
 
     Those steps train: they move the weights, the optimizer's state, batch norm's statistics and
     the random streams. With restore=True (the default) the planner puts all of it back when it
@@ -257,6 +280,20 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         progress: print a progress bar to stderr, with the steps run so far.
         restore: put the training state back afterwards (above); False leaves it as the
             planner's steps left it and saves the host memory of the snapshot.
+        gradients: measure what each choice does to the gradients (one more step, and host
+            memory of a snapshot and of two copies of the gradients in float64). From the
+            state after the warm-up, the step runs exactly twice and then under each choice
+            (its first profile step), each run from that same state (weights, optimizer,
+            random streams), and the gradients the optimizer steps on are compared per
+            parameter group: plan.choices[c]["gradients"] has each group's cosine and
+            relative error against exact training, the worst group, and those below
+            _gradient_fidelity.COSINE_BOUND (0.95), which the table marks and a warning names.
+            A step whose two exact runs differ (it draws new data each call) is not measured,
+            and the table says so. auto is not measured: its profile steps pack with the
+            harshest codecs, before its policy's first plan, unlike its training steps. The
+            measurement is at the first profiled batch, where saved tensors under 64 KiB stay
+            exact: a larger batch packs more of them (profile at batches that save what
+            training saves, or read the cosines as an upper bound).
 
     Every argument is checked before the first step runs: a wrong type is a TypeError and a
     value out of range a ValueError, one line naming it.
@@ -269,13 +306,14 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     verify = _args.flag(verify, "verify", "actpack.plan")
     progress = _args.flag(progress, "progress", "actpack.plan")
     restore = _args.flag(restore, "restore", "actpack.plan")
+    gradients = _args.flag(gradients, "gradients", "actpack.plan")
     report = None if report is None else _args.path(report, "report", "actpack.plan")
     parsed = parse_budget(budget)
 
     saved = _snapshot.TrainingState() if restore else None
     counted = _CountedStep(step)
     try:
-        return _plan(counted, parsed, sizes, verify, codecs, report, progress)
+        return _plan(counted, parsed, sizes, verify, codecs, report, progress, gradients)
     except BaseException as error:
         if report is not None:
             _report_stopped(report, counted, error, restore)
@@ -389,7 +427,7 @@ def _default_choices(regions):
     return codecs + ([RECOMPUTE_CHOICE] if regions else [])
 
 
-def _plan(step, parsed, sizes, verify, codecs, report, progress):
+def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
     total = 1 + len(codecs or _default_choices(False)) * (len(sizes) + 1) + (1 if verify else 0)
     done = 0
 
@@ -404,12 +442,27 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress):
         codecs = _default_choices(regions)
         total = 1 + len(codecs) * (len(sizes) + 1) + (1 if verify else 0)
 
+    measured = [c for c in codecs if c not in _MEASURED_LATER]
+    fidelity = _Fidelity(step, sizes[0]) if gradients and measured else None
+    if fidelity is not None:
+        total += 1 if "none" in codecs else 2
+        say("exact gradients")
+        fidelity.run("exact")
+        done += 1
+        if "none" not in codecs:  # its first profile step is the second exact run
+            say("exact gradients again")
+            fidelity.run("none")
+            done += 1
+
     choices = {}
     for choice in codecs:
         peaks = []
         for b in sizes:
             say(f"{choice} at batch {b}")
-            reserved, allocated, last_report, _ = _run_step(step, b, choice)
+            if fidelity is not None and b == sizes[0] and choice in measured:
+                reserved, allocated, last_report, _ = fidelity.run(choice)
+            else:
+                reserved, allocated, last_report, _ = _run_step(step, b, choice)
             peaks.append((b, allocated, reserved))
             done += 1
         fixed, per_sample = _fit(peaks)
@@ -446,6 +499,9 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress):
                          for b, a, r in peaks],
         }
 
+    if fidelity is not None:
+        fidelity.conclude(choices)
+
     verified = None
     if verify:
         best = "auto" if "auto" in choices else max(choices, key=lambda c: choices[c]["max_batch_size"])
@@ -462,11 +518,78 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress):
     section = {"budget_bytes": budget_bytes, "headroom": HEADROOM, "batch_sizes": sizes,
                "choices": {name: {k: v for k, v in c.items()} for name, c in choices.items()},
                "verified": verified, "steps_run": step.calls}
+    if fidelity is not None:
+        section["gradients"] = fidelity.section()
     document = dict(last_report)
     document["planner"] = section
     if report is not None:
         _C.write_report(document, os.fspath(report))
     return Plan(budget_bytes, sizes, choices, verified, document, step.calls)
+
+
+# auto's profile steps pack with its harshest codecs (its policy plans after two steps), which is
+# not how it trains under a budget: its gradients are not measured from them (not yet otherwise).
+_MEASURED_LATER = ("auto", RECOMPUTE_CHOICE)
+
+
+class _Fidelity:
+    """The gradients of exact training and of each choice's first profile step, each run from
+    the state after the warm-up (see _gradient_fidelity)."""
+
+    def __init__(self, step, batch):
+        self._step, self.batch = step, batch
+        self._anchor = _snapshot.TrainingState()
+        self._roots = _gradient_fidelity.parameters_by_root(self._anchor.modules())
+        self._gradients = {}  # "exact" or a choice -> {id(parameter): vector}
+        self.repeatable = None
+
+    def run(self, choice):
+        """A profile step of `choice` (_run_step's answer) from the saved state, capturing its
+        gradients; "exact" is the reference run (no packing)."""
+        self._anchor.restore()
+        parameters = [p for _, named in self._roots for p, _ in named]
+        with _gradient_fidelity.Capture(parameters) as capture:
+            result = _run_step(self._step, self.batch, "none" if choice == "exact" else choice)
+        self._gradients[choice] = capture.gradients
+        return result
+
+    def conclude(self, choices):
+        """Puts each choice's comparison in its entry and warns of groups below the bound."""
+        grouped = {name: _gradient_fidelity.by_group(g, self._roots)
+                   for name, g in self._gradients.items() if g is not None}
+        exact = grouped.get("exact")
+        self.repeatable = exact is not None and _gradient_fidelity.repeatable(
+            exact, grouped.get("none"))
+        below = []
+        for name, entry in choices.items():
+            packed = grouped.get(name)
+            if not self.repeatable or packed is None:
+                entry["gradients"] = None
+                continue
+            entry["gradients"] = _gradient_fidelity.summary(
+                _gradient_fidelity.compare(exact, packed), self.batch)
+            worst = entry["gradients"]["below_bound"]
+            if worst:
+                groups = entry["gradients"]["groups"]
+                shown = ", ".join(f"{g or '(root)'} {_cosine_text(groups[g]['cosine'])}"
+                                  for g in worst[:4])
+                below.append(f"{name}: {shown}" + (f" and {len(worst) - 4} more"
+                                                    if len(worst) > 4 else ""))
+        if below:
+            warnings.warn(
+                "actpack.plan: under some choices the gradients of some parameter groups point "
+                f"elsewhere than exact training's (cosine below {_gradient_fidelity.COSINE_BOUND} "
+                f"at batch {self.batch}): " + "; ".join(below) + ". Training under them may end "
+                "above plain training's loss; a finer codec for those layers (budget(codec="
+                "{pattern: spec})) or more memory keeps them", RuntimeWarning, stacklevel=4)
+
+    def section(self):
+        return {"bound": _gradient_fidelity.COSINE_BOUND, "batch_size": self.batch,
+                "repeatable": bool(self.repeatable)}
+
+
+def _cosine_text(cosine):
+    return "non-finite" if cosine is None else f"{cosine:.3f}"
 
 
 # auto plans at the end of its second step; the steps before may go over the cap to measure

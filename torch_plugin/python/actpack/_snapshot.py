@@ -128,6 +128,10 @@ class TrainingState:
         self._stateful = [(obj, copy.deepcopy(obj.state_dict())) for obj in stateful]
         self._rng = _rng_states()
 
+    def modules(self):
+        """The modules found when the state was saved."""
+        return [entry[0] for entry in self._modules]
+
     def restore(self):
         """Puts everything saved back; a Ctrl-C meanwhile waits until it is done."""
         with _sigint_deferred():
