@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Renders the README's measured tables from the committed result files.
+
+Each table sits between `<!-- table NAME (benchmarks/readme_tables.py) -->` and
+`<!-- end table -->` in README.md and is made here from its result file (benchmarks/results/),
+which the command named beside the table wrote:
+
+  python3 benchmarks/readme_tables.py           # rewrite the tables in README.md
+  python3 benchmarks/readme_tables.py --check   # exit 1, naming them, if any differ
+
+tests/test_readme_tables.py runs the check, so a README figure cannot drift from its file.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+README = os.path.join(ROOT, "README.md")
+BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) \(benchmarks/readme_tables\.py\) -->\n)"
+                   r"(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def load(name):
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+def convergence():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from convergence import markdown
+    return markdown(load("convergence.json"))
+
+
+def diverging_lm():
+    data = load("diverging_lm.json")
+    lines = ["| run | ended | steps | last loss | largest gradient norm |",
+             "|---|---|---|---|---|"]
+    for name, r in data["rows"].items():
+        norm = r["largest_grad_norm"]
+        shown = "-" if norm is None else ("inf" if math.isinf(norm) else f"{norm:.3g}")
+        lines.append(f"| `{name}` | {r['ended']} | {r['steps']} | {r['last_loss']:.3f} | "
+                     f"{shown} |")
+    return "\n".join(lines)
+
+
+def planner():
+    data = load("planner.json")
+    lines = ["| model, budget, choice | planner | truth | planner / truth | steps | tries "
+             "| its measured headroom |",
+             "|---|---|---|---|---|---|---|"]
+    for r in (r for r in data["rows"] if "truth" in r):
+        lines.append(f"| {r['model']}, {r['budget']}, `{r['codec']}` | {r['estimate']} | "
+                     f"{r['truth']} | {r['estimate'] / r['truth']:.2f} | {r['steps_run']} | "
+                     f"{r['calibration_tries']} | {r['headroom']:.1%} |")
+    return "\n".join(lines)
+
+
+def planner_steps():
+    """The default plans' cost (every choice, no verify): the rows without a truth."""
+    data = load("planner.json")
+    lines = ["| model, budget | steps run | max batch per choice |", "|---|---|---|"]
+    for r in (r for r in data["rows"] if "truth" not in r):
+        batches = ", ".join(f"`{c}` {b}" for c, b in r["max_batch_size"].items())
+        lines.append(f"| {r['model']}, {r['budget']} | {r['steps_run']} | {batches} |")
+    return "\n".join(lines)
+
+
+TABLES = {"convergence": convergence, "diverging-lm": diverging_lm, "planner": planner,
+          "planner-steps": planner_steps}
+
+
+def rendered(text):
+    """README text with every table block made from its result file; the names that changed."""
+    changed = []
+
+    def replace(match):
+        name = match.group("name")
+        if name not in TABLES:
+            raise SystemExit(f"readme_tables: README.md has a table block {name!r}; expected one "
+                             f"of {', '.join(TABLES)}")
+        body = TABLES[name]() + "\n"
+        if body != match.group("body"):
+            changed.append(name)
+        return match.group(1) + body + match.group(4)
+
+    return BLOCK.sub(replace, text), changed
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a table differs from its result file")
+    args = parser.parse_args(argv)
+    with open(README) as f:
+        text = f.read()
+    new, changed = rendered(text)
+    found = [m.group("name") for m in BLOCK.finditer(text)]
+    missing = sorted(set(TABLES) - set(found))
+    if missing:
+        print(f"readme_tables: README.md has no block for {', '.join(missing)}", file=sys.stderr)
+        return 1
+    if args.check:
+        if changed:
+            print("readme_tables: README.md's tables differ from their result files: "
+                  f"{', '.join(changed)} (python3 benchmarks/readme_tables.py rewrites them)",
+                  file=sys.stderr)
+            return 1
+        print(f"readme_tables: {len(found)} tables match their result files")
+        return 0
+    if changed:
+        with open(README, "w") as f:
+            f.write(new)
+    print(f"readme_tables: {', '.join(changed) or 'nothing'} rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

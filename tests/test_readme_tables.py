@@ -1,0 +1,26 @@
+"""The README's measured tables are rendered from the committed result files
+(benchmarks/readme_tables.py): a figure changed in the README, or a result file rewritten without
+re-rendering, fails here."""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import readme_tables  # noqa: E402
+
+
+def test_the_readme_tables_match_their_result_files(capsys):
+    assert readme_tables.main(["--check"]) == 0, capsys.readouterr().err
+    with open(readme_tables.README) as f:
+        text = f.read()
+    assert {m.group("name") for m in readme_tables.BLOCK.finditer(text)} == set(readme_tables.TABLES)
+
+
+def test_a_figure_edited_by_hand_is_found():
+    with open(readme_tables.README) as f:
+        text = f.read()
+    edited = text.replace("| 2.992 |", "| 2.982 |", 1)
+    assert edited != text
+    fixed, changed = readme_tables.rendered(edited)
+    assert changed == ["diverging-lm"] and fixed == text
