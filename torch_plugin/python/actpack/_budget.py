@@ -642,9 +642,6 @@ class _ModuleTracker:
         self.modules.clear()
         self._output_norms.clear()
 
-    def current(self):
-        return self.name
-
     def _enter(self, module, args):
         # Under torch.compile the hooks are traced into the graph: keep them out of it (the
         # stack is Python state a graph cannot hold). A set attribute is replayed by the graph.
