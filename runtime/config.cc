@@ -26,9 +26,6 @@ constexpr Unit kUnits[] = {
     {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
 };
 
-// The largest size a byte count is read as (a little under 2^63: it fits an int64 with room).
-constexpr uint64_t kMaxSizeBytes = 9'200'000'000'000'000'000ull;
-
 absl::Status BadSize(absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(
       "actpack: invalid memory size '", text, "': ", why,

@@ -18,6 +18,10 @@
 
 namespace actpack::runtime {
 
+// The largest size a byte count is read as (a little under 2^63: it fits an int64 with room).
+// The Python front end holds int sizes to it too (actpack._C.MAX_SIZE_BYTES).
+inline constexpr uint64_t kMaxSizeBytes = 9'200'000'000'000'000'000ull;
+
 // Binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) units, or plain bytes ("B" optional).
 // kInvalidArgument naming the text and what was expected for anything else, negative or zero
 // sizes included.

@@ -197,6 +197,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("peak_allocated_bytes"), py::arg("peak_reserved_bytes"), py::arg("snapshot"));
   m.attr("__version__") = actpack::kVersion;
   m.def("parse_budget", &actpack::torch_plugin::ParseBudgetToDict, py::arg("text"));
+  m.attr("MAX_SIZE_BYTES") = actpack::runtime::kMaxSizeBytes;
   m.def("parse_size", [](const std::string& text) {
     absl::StatusOr<uint64_t> bytes = actpack::runtime::ParseByteSize(text);
     actpack::torch_plugin::ThrowIfError(bytes.status());

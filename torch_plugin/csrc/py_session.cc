@@ -159,11 +159,6 @@ py::tuple MakeHooks(const py::object& self) {
   return py::make_tuple(pack, unpack);
 }
 
-py::object Steal(PyObject* object) {
-  if (object == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(object);
-}
-
 py::dict PolicyDict(const PySession& s) {
   const runtime::PolicyState p = s.session().Policy();
   py::dict d;
@@ -237,29 +232,20 @@ void BindSession(py::module_& m) {
                        const std::vector<std::pair<std::string, std::string>>& rules,
                        int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes,
                        double headroom, int64_t profile_every,
-                       const std::vector<std::string>& ladder, double allowed_loss_increase,
+                       double allowed_loss_increase,
                        int64_t outside_allowance_bytes) {
              return std::make_unique<PySession>(SessionSettings{
                  codec, rules, min_bytes, seed, enabled, budget_bytes, headroom, profile_every,
-                 ladder, allowed_loss_increase, outside_allowance_bytes});
+                 allowed_loss_increase, outside_allowance_bytes});
            }),
            py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
            py::arg("min_bytes") = runtime::kDefaultMinBytes, py::arg("seed") = 0,
            py::arg("enabled") = true, py::arg("budget_bytes") = 0,
            py::arg("headroom") = runtime::kDefaultHeadroom,
            py::arg("profile_every") = runtime::kDefaultProfileEvery,
-           py::arg("ladder") = std::vector<std::string>{},
            py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0)
       .def("hooks", &MakeHooks,
            "(pack, unpack): the session's saved-tensor hooks as plain functions")
-      .def("pack",
-           [](PySession& s, const at::Tensor& tensor, const std::string& module) {
-             return Steal(s.Pack(tensor, module));
-           },
-           py::arg("tensor"), py::arg("module") = "")
-      .def("unpack", [](PySession& s, const py::object& handle) {
-        return Steal(s.Unpack(handle.ptr()));
-      })
       .def("hook_seconds", &PySession::HookSeconds)
       .def("relieve", [](PySession& s, size_t needed) { return s.session().Relieve(needed); },
            py::arg("needed"))
@@ -273,10 +259,7 @@ void BindSession(py::module_& m) {
            },
            py::arg("peak_bytes") = 0, py::arg("reserved_bytes") = 0, py::arg("system_bytes") = 0)
       .def("policy", &PolicyDict)
-      .def("totals", &TotalsDict)
-      .def("activation_report", [](const PySession& s) {
-        return ToPython(report::ActivationsSection(s.session().State()));
-      });
+      .def("totals", &TotalsDict);
   m.def(
       "build_report",
       [](py::handle run, const PySession& session) {

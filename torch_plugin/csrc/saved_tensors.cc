@@ -302,14 +302,6 @@ SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
       settings.outside_allowance_bytes, 0));
   options.profile_every = static_cast<int>(std::min<int64_t>(settings.profile_every, 1 << 30));
   options.allowed_loss_increase = loss_bound;
-  if (!settings.ladder.empty()) {
-    options.ladder.clear();
-    for (const std::string& spec : settings.ladder) {
-      absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
-      ThrowIfError(params.status());
-      options.ladder.push_back(*params);
-    }
-  }
   session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
   RegisterLeanBackwardKernels();
 }

@@ -63,7 +63,6 @@ struct SessionSettings {
   int64_t budget_bytes = 0;
   double headroom = runtime::kDefaultHeadroom;
   int64_t profile_every = runtime::kDefaultProfileEvery;
-  std::vector<std::string> ladder;  // candidate codec specs; empty: the default ladder
   double allowed_loss_increase = 0.0;  // 0: off
   int64_t outside_allowance_bytes = 0;  // see runtime::SessionOptions
 };

@@ -122,11 +122,7 @@ class Plan:
             for name, c in self.choices.items():
                 g = c.get("gradients")
                 if g and g["below_bound"]:
-                    lines.append(f"  {name}: " + ", ".join(
-                        f"{group or '(root)'} {_cosine_text(g['groups'][group]['cosine'])}"
-                        for group in g["below_bound"][:6])
-                        + (f" and {len(g['below_bound']) - 6} more"
-                           if len(g["below_bound"]) > 6 else ""))
+                    lines.append(f"  {name}: {_groups_below(g, 6)}")
         if self.verified and self.verified["peak_bytes"] is not None:
             v = self.verified
             lines.append(f"verified: {v['codec']} at batch {v['batch_size']} (estimated "
@@ -540,6 +536,7 @@ class _Fidelity:
         self._step, self.batch = step, batch
         self._anchor = _snapshot.TrainingState()
         self._roots = _gradient_fidelity.parameters_by_root(self._anchor.modules())
+        self._parameters = [p for _, named in self._roots for p, _ in named]
         self._gradients = {}  # "exact" or a choice -> {id(parameter): vector}
         self.repeatable = None
 
@@ -547,8 +544,7 @@ class _Fidelity:
         """A profile step of `choice` (_run_step's answer) from the saved state, capturing its
         gradients; "exact" is the reference run (no packing)."""
         self._anchor.restore()
-        parameters = [p for _, named in self._roots for p, _ in named]
-        with _gradient_fidelity.Capture(parameters) as capture:
+        with _gradient_fidelity.Capture(self._parameters) as capture:
             result = _run_step(self._step, self.batch, "none" if choice == "exact" else choice)
         self._gradients[choice] = capture.gradients
         return result
@@ -568,13 +564,8 @@ class _Fidelity:
                 continue
             entry["gradients"] = _gradient_fidelity.summary(
                 _gradient_fidelity.compare(exact, packed), self.batch)
-            worst = entry["gradients"]["below_bound"]
-            if worst:
-                groups = entry["gradients"]["groups"]
-                shown = ", ".join(f"{g or '(root)'} {_cosine_text(groups[g]['cosine'])}"
-                                  for g in worst[:4])
-                below.append(f"{name}: {shown}" + (f" and {len(worst) - 4} more"
-                                                    if len(worst) > 4 else ""))
+            if entry["gradients"]["below_bound"]:
+                below.append(f"{name}: {_groups_below(entry['gradients'], 4)}")
         if below:
             warnings.warn(
                 "actpack.plan: under some choices the gradients of some parameter groups point "
@@ -590,6 +581,15 @@ class _Fidelity:
 
 def _cosine_text(cosine):
     return "non-finite" if cosine is None else f"{cosine:.3f}"
+
+
+def _groups_below(gradients, shown):
+    """The first `shown` parameter groups below the bound with their cosines, and how many
+    more: "layer1 0.122, layer2 0.080 and 3 more"."""
+    worst, groups = gradients["below_bound"], gradients["groups"]
+    text = ", ".join(f"{g or '(root)'} {_cosine_text(groups[g]['cosine'])}"
+                     for g in worst[:shown])
+    return text + (f" and {len(worst) - shown} more" if len(worst) > shown else "")
 
 
 # auto plans at the end of its second step; the steps before may go over the cap to measure

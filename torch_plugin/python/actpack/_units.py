@@ -4,7 +4,7 @@ A size is an int of bytes or a str: a positive number and a unit (none or B: byt
 M, MiB, G, GiB, T, TiB: powers of 1024; KB, MB, GB, TB: powers of 1000; case does not
 matter). The number may be written in scientific notation: "1e9" and "1.5e9B" are bytes,
 "2e3MiB" is 2000 MiB. Sizes run from 1 byte to MAX_BYTES (9.2e18 bytes, the C++ parser's
-limit, runtime/config.cc), as an int too. A budget is a size or a share of the device
+limit, runtime/config.h), as an int too. A budget is a size or a share of the device
 ("80%", in (0%, 100%]). Anything else raises ValueError (TypeError for a value that is
 neither a str nor an int) with one line naming the value and what is expected.
 """
@@ -14,15 +14,16 @@ import numbers
 from actpack import _C
 from actpack._args import is_int, kind
 
-# The largest size runtime/config.cc's ParseByteSize takes; ints are held to it too.
-MAX_BYTES = 9_200_000_000_000_000_000
+# The largest size runtime/config.h's ParseByteSize takes; ints are held to it too.
+MAX_BYTES = _C.MAX_SIZE_BYTES
 # What the C++ parser strips around a size (absl's ASCII whitespace).
 _WHITESPACE = " \t\n\v\f\r"
 _EXPECTED = "expected a positive number with a unit, e.g. '6GiB', '512MiB', '1.5GB' or '80%'"
 
 
 def _range():
-    return f"expected 1 byte to 9.2e18 bytes ({_C.format_bytes(MAX_BYTES)})"
+    shown = f"{MAX_BYTES:.1e}".replace("e+", "e")  # 9.2e18, as the C++ parser says it
+    return f"expected 1 byte to {shown} bytes ({_C.format_bytes(MAX_BYTES)})"
 
 
 def _check_bytes(n, what):
