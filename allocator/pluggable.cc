@@ -1,7 +1,5 @@
 #include "allocator/pluggable.h"
 
-#include <unistd.h>
-
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -188,12 +186,6 @@ thread_local std::string last_error;
 
 void SetLastError(const absl::Status& status) { last_error = std::string(status.message()); }
 
-size_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * page_size : 0;
-}
-
 }  // namespace
 
 absl::Status ConfigureDeviceAllocator(const AllocatorConfig& config) {
@@ -251,6 +243,13 @@ void SetDeviceBudget(int device, size_t budget_bytes) {
       stack->budget().SetBudget(budget_bytes);
     }
   }
+}
+
+absl::StatusOr<size_t> DeviceTotalBytes(int device) {
+  if (device == kHostDevice || DeviceAllocatorConfig().backend == Backend::kHost) {
+    return PhysicalMemoryBytes();
+  }
+  return CudaDeviceTotalMemory(device);
 }
 
 namespace {
@@ -435,18 +434,12 @@ void actpack_memory_fraction(double fraction, int device) {
         absl::StrCat("actpack: memory fraction ", fraction, " is outside (0, 1]")));
     return;
   }
-  size_t total = 0;
-  if (DeviceAllocatorConfig().backend == Backend::kCuda) {
-    absl::StatusOr<size_t> device_total = CudaDeviceTotalMemory(device);
-    if (!device_total.ok()) {
-      SetLastError(device_total.status());
-      return;
-    }
-    total = *device_total;
-  } else {
-    total = PhysicalMemoryBytes();
+  absl::StatusOr<size_t> total = DeviceTotalBytes(device);
+  if (!total.ok()) {
+    SetLastError(total.status());
+    return;
   }
-  SetDeviceBudget(device, static_cast<size_t>(fraction * static_cast<double>(total)));
+  SetDeviceBudget(device, static_cast<size_t>(fraction * static_cast<double>(*total)));
 }
 
 void actpack_record_stream(void* ptr, void* stream) {

@@ -171,6 +171,13 @@ void SetDeviceBudget(int device, size_t budget_bytes);
 // A snapshot of every built device stack, shaped like torch.cuda.memory._snapshot().
 nlohmann::ordered_json DeviceSnapshot();
 
+// DeviceTotalBytes
+//
+// The memory a share of `device` ("80%") is taken of: the host's physical memory for
+// kHostDevice (and for devices whose stacks use the host backend), else the CUDA device's
+// total (kUnimplemented in a build without CUDA).
+absl::StatusOr<size_t> DeviceTotalBytes(int device);
+
 // ResetDeviceAllocatorForTesting
 //
 // Destroys every device stack and restores the default configuration. Only for tests: memory

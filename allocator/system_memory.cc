@@ -1,5 +1,7 @@
 #include "allocator/system_memory.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -64,6 +66,12 @@ size_t ResidentPeakMeter::TakePeak() {
   absl::StatusOr<size_t> peak = PeakResidentBytes();
   if (!peak.ok() || !ResetPeakResident().ok()) return 0;
   return *peak > start_ ? *peak - start_ : 0;
+}
+
+size_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * page_size : 0;
 }
 
 }  // namespace actpack::allocator

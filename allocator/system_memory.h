@@ -26,6 +26,11 @@ namespace actpack::allocator {
 // size at enter <= budget + this. Memory outside the pool counts against a budget beyond it.
 inline constexpr size_t kHostOutsideAllowanceBytes = size_t{32} << 20;
 
+// The host's physical memory: what a share of the host ("80%") is taken of. 0 where the
+// system cannot tell. (A CUDA device's total is CudaDeviceTotalMemory; pluggable.h's
+// DeviceTotalBytes answers for either.)
+size_t PhysicalMemoryBytes();
+
 // The process's resident set size now (VmRSS); kUnavailable where /proc is not Linux's.
 absl::StatusOr<size_t> ResidentBytes();
 

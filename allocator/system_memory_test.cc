@@ -1,6 +1,8 @@
 #include "allocator/system_memory.h"
 
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "allocator/host_memory_resource.h"
 #include "allocator/units.h"
@@ -46,6 +48,16 @@ TEST(SystemMemoryTest, MeterReadsEachWindowsPeakAboveTheStart) {
   const size_t second = meter.TakePeak();  // its own window: not the first one's 48 MiB
   EXPECT_GE(second, 14_MiB);
   EXPECT_LE(second, 24_MiB);
+}
+
+// What "80%" of the host is taken of: the kernel's MemTotal (/proc/meminfo), to the byte.
+TEST(SystemMemoryTest, PhysicalMemoryIsTheKernelsMemTotal) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key >> kib && key != "MemTotal:") meminfo.ignore(1 << 10, '\n');
+  ASSERT_EQ(key, "MemTotal:");
+  EXPECT_EQ(PhysicalMemoryBytes(), kib * 1024);
 }
 
 // Freed segments of every pool size class leave the process: each is its own mapping.

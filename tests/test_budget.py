@@ -1,5 +1,6 @@
 """actpack.budget(): parity with plain PyTorch, the demo's compression and loss, the report."""
 import json
+import os
 import statistics
 
 import pytest
@@ -86,6 +87,17 @@ def test_report_document(tmp_path):
     kept = {s["note"] for s in activations["saved_tensors"] if s["codec"] == "kept"}
     assert any("parameter" in note for note in kept)  # weights stay as they are
     assert activations["totals"]["ratio"] > 7
+
+
+def test_a_share_of_the_host_is_taken_of_its_physical_memory():
+    """budget("50%"), the planner and the CPU cap take a share of the same total: the host's
+    physical memory (one C++ home: allocator::DeviceTotalBytes)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with actpack.budget("50%", codec="identity"):
+        assert actpack.memory_budget("cpu") == physical // 2
+    assert actpack.memory.resolve_budget(actpack.parse_budget("25%"), actpack._C._HOST_DEVICE) \
+        == physical // 4
+    assert actpack.memory.resolve_budget(actpack.parse_budget("6GiB"), 0) == 6 << 30
 
 
 def test_a_tensor_saved_twice_is_packed_once():

@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/headeronly/version.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -136,11 +135,6 @@ class HostPeakMeter {
   std::optional<allocator::PressureCallbackId> pressure_id_;
 };
 
-uint64_t PhysicalMemoryBytes() {
-  return static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE)) *
-         static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES));
-}
-
 runtime::Budget ParseLimit(const std::string& limit) {
   absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(limit);
   torch_plugin::ThrowIfError(budget.status());
@@ -176,7 +170,7 @@ struct Budget::State {
   State(BudgetOptions opts, runtime::Budget parsed)
       : options(std::move(opts)),
         limit(parsed),
-        budget_bytes(parsed.Resolve(PhysicalMemoryBytes())),
+        budget_bytes(parsed.Resolve(allocator::PhysicalMemoryBytes())),
         session(SettingsFor(options, budget_bytes)) {
     meter.set_budget_bytes(budget_bytes);
   }

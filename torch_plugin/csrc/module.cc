@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/pluggable.h"
 #include "allocator/units.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
@@ -197,6 +198,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("peak_allocated_bytes"), py::arg("peak_reserved_bytes"), py::arg("snapshot"));
   m.attr("__version__") = actpack::kVersion;
   m.def("parse_budget", &actpack::torch_plugin::ParseBudgetToDict, py::arg("text"));
+  m.def(
+      "resolve_budget",
+      [](uint64_t bytes, double fraction, int device) {
+        // A share of the device is taken of allocator::DeviceTotalBytes.
+        const actpack::runtime::Budget budget{bytes, fraction};
+        if (bytes != 0) return budget.Resolve(0);
+        absl::StatusOr<size_t> total = actpack::allocator::DeviceTotalBytes(device);
+        actpack::torch_plugin::ThrowIfError(total.status());
+        return budget.Resolve(*total);
+      },
+      py::arg("bytes"), py::arg("fraction"), py::arg("device"));
   m.attr("MAX_SIZE_BYTES") = actpack::runtime::kMaxSizeBytes;
   m.def("parse_size", [](const std::string& text) {
     absl::StatusOr<uint64_t> bytes = actpack::runtime::ParseByteSize(text);

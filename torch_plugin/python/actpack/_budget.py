@@ -756,13 +756,8 @@ class _PeakMeter:
         self.run_allocated_peak = None
         self._cuda = torch.cuda.is_available()
         self.outside_allowance = outside_allowance()
-        if self._cuda:
-            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            self.device_name = torch.cuda.get_device_name()
-        else:
-            total = memory._physical_memory_bytes()
-            self.device_name = "cpu"
-        self.budget_bytes = parsed_budget["bytes"] or int(parsed_budget["fraction"] * total)
+        self.device_name = torch.cuda.get_device_name() if self._cuda else "cpu"
+        self.budget_bytes = memory.resolve_budget(parsed_budget, memory.budget_device())
         self._installed_here = False
         self._previous_cap = None
         self._capped = False

@@ -55,7 +55,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _gradient_fidelity, _snapshot
+from actpack import _C, _args, _gradient_fidelity, _snapshot, memory
 from actpack._budget import _error_text, _innermost, budget as _budget_context, outside_allowance
 from actpack._units import format_bytes, parse_budget
 
@@ -432,7 +432,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
 
     say("warm-up step")
     _, _, last_report, regions = _run_step(step, sizes[0], "none")  # optimizer state, caches
-    budget_bytes = parsed["bytes"] or int(parsed["fraction"] * _device_total(last_report))
+    budget_bytes = memory.resolve_budget(parsed, memory.budget_device())
     done += 1
     if codecs is None:
         codecs = _default_choices(regions)
@@ -768,9 +768,3 @@ def _planning_cap(budget_bytes):
     """The cap the planner's own steps run under: the budget less FRESH_PROCESS_SHARE."""
     return int(budget_bytes * (1.0 - FRESH_PROCESS_SHARE))
 
-
-def _device_total(report):
-    import torch
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -14,7 +14,6 @@ A `device` argument is "cpu" (the host pool behind install_cpu_allocator), "cuda
 an int N, or a torch.device; None means the current CUDA device when CUDA is available, else
 "cpu".
 """
-import os
 import pickle
 import warnings
 
@@ -26,20 +25,21 @@ from actpack._units import format_bytes, parse_budget
 _HOST = _C._HOST_DEVICE
 
 
-def _budget_bytes(budget, total_bytes):
-    """Bytes for `budget` ("6GiB", "80%" of `total_bytes`, an int), or None (no cap)."""
-    if budget is None:
-        return None
-    parsed = parse_budget(budget)
-    if parsed["bytes"]:
-        return parsed["bytes"]
-    if total_bytes is None:
-        raise ValueError(f"actpack: a budget of {budget!r} needs a byte size here, like '6GiB'")
-    return int(parsed["fraction"] * total_bytes)
+def resolve_budget(parsed, device):
+    """Bytes of a parsed budget (actpack.parse_budget) on `device` (an index; _HOST: the host's
+    physical memory): runtime::Budget::Resolve against allocator::DeviceTotalBytes."""
+    return _C.resolve_budget(parsed["bytes"], parsed["fraction"], device)
 
 
-def _physical_memory_bytes():
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def budget_device():
+    """The device a budget is for: the current CUDA device where CUDA is available, else the
+    host."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else _HOST
+
+
+def _host_budget_bytes(budget):
+    """Bytes for `budget` ("6GiB", "80%" of physical memory, an int), or None (no cap)."""
+    return None if budget is None else resolve_budget(parse_budget(budget), _HOST)
 
 
 def _device_index(device):
@@ -79,7 +79,7 @@ def install_cpu_allocator(budget=None):
     budget raises torch.OutOfMemoryError saying what was asked, what is in use, and the budget.
     Calling it again changes the budget.
     """
-    _C._set_host_budget(_budget_bytes(budget, _physical_memory_bytes()))
+    _C._set_host_budget(_host_budget_bytes(budget))
     _C._install_cpu_allocator()
 
 
@@ -102,7 +102,7 @@ def set_cpu_budget(budget):
     Memory already reserved above a lowered budget stays until it is freed; empty_cache("cpu")
     releases what is cached.
     """
-    _C._set_host_budget(_budget_bytes(budget, _physical_memory_bytes()))
+    _C._set_host_budget(_host_budget_bytes(budget))
 
 
 # ---- CUDA ----
