@@ -77,6 +77,7 @@ ActivationTotals ReadTotals(const json::Value* totals) {
   t.exact_fallbacks = FindBytes(totals, "exact_fallbacks");
   t.peak_live_stored_bytes = FindBytes(totals, "peak_live_stored_bytes");
   t.peak_live_raw_bytes = FindBytes(totals, "peak_live_raw_bytes");
+  t.steps = FindBytes(totals, "steps");
   return t;
 }
 
@@ -89,6 +90,7 @@ std::vector<StepUsage> ReadSteps(const json::Value* activations) {
     const std::optional<uint64_t> stored = FindBytes(&entry, "stored_bytes");
     if (!raw.has_value() || !stored.has_value()) continue;
     StepUsage step;
+    step.index = FindBytes(&entry, "step").value_or(steps.size());
     step.saved_raw_bytes = *raw;
     step.stored_bytes = *stored;
     step.peak_live_raw_bytes = FindBytes(&entry, "peak_live_raw_bytes");
@@ -1263,10 +1265,9 @@ Cli::Cli(Args* args) : app("actpack") {
 
 }  // namespace
 
-uint64_t RunReport::StepCountForAverages() const {
-  if (!steps.empty()) return steps.size();
-  return 1;
-}
+uint64_t RunReport::StepCount() const { return totals.steps.value_or(steps.size()); }
+
+uint64_t RunReport::StepCountForAverages() const { return std::max<uint64_t>(StepCount(), 1); }
 
 std::string RunReport::FileName() const {
   const size_t slash = file.find_last_of('/');
@@ -1416,7 +1417,7 @@ std::string FormatReportText(const RunReport& report, size_t max_consumers) {
   if (report.has_activations) {
     absl::StrAppend(&text, "\nactivations (codec ",
                     report.activation_codec.value_or(report.codec.value_or("?")), ", ",
-                    StepsText(report.steps.size()), ")\n");
+                    StepsText(report.StepCount()), ")\n");
     TextTable activations;
     if (const StepUsage* step = LargestStep(report)) {
       activations.AddRow({"saved per step (largest)",
@@ -1526,7 +1527,7 @@ json::Value SummarizeReport(const RunReport& report) {
   if (report.has_activations) {
     json::Value activations = json::Value::object();
     if (report.activation_codec) (activations["codec"] = *report.activation_codec);
-    activations["steps"] = report.steps.size();
+    activations["steps"] = report.StepCount();
     if (const StepUsage* step = LargestStep(report)) {
       json::Value largest = json::Value::object();
       largest["saved_raw_bytes"] = step->saved_raw_bytes;
@@ -1676,7 +1677,7 @@ std::string FormatDiffText(const RunReport& before, const RunReport& after) {
   add_count("packs", a.packs, b.packs);
   add_count("unpacks", a.unpacks, b.unpacks);
   add_count("exact fallbacks", a.exact_fallbacks, b.exact_fallbacks);
-  add_count("steps", before.steps.size(), after.steps.size());
+  add_count("steps", before.StepCount(), after.StepCount());
   // Allocator counters: rows appear when either report has an allocator section.
   auto allocator_field = [](const RunReport& report,
                             std::optional<uint64_t> AllocatorUsage::*field) {
@@ -1951,13 +1952,14 @@ std::string RenderMemorySvg(const RunReport& report) {
       const double x = plot_left + i * slot + slot * 0.14;
       AppendRect(&svg, x, y_of(step.saved_raw_bytes), bar,
                  plot_bottom - y_of(step.saved_raw_bytes), kRawColor,
-                 absl::StrCat("step ", i, ": saved raw ", FormatBytes(step.saved_raw_bytes)));
+                 absl::StrCat("step ", step.index, ": saved raw ",
+                              FormatBytes(step.saved_raw_bytes)));
       AppendRect(&svg, x + bar, y_of(step.stored_bytes), bar,
                  plot_bottom - y_of(step.stored_bytes), kStoredColor,
-                 absl::StrCat("step ", i, ": stored ", FormatBytes(step.stored_bytes)));
+                 absl::StrCat("step ", step.index, ": stored ", FormatBytes(step.stored_bytes)));
       if (i % label_every == 0) {
-        AppendText(&svg, plot_left + (i + 0.5) * slot, plot_bottom + 16, absl::StrCat(i),
-                   "middle");
+        AppendText(&svg, plot_left + (i + 0.5) * slot, plot_bottom + 16,
+                   absl::StrCat(step.index), "middle");
       }
     }
     // The step's peaks as lines through the slots' centres, a marker per step.

@@ -61,6 +61,7 @@ struct ActivationTotals {
   std::optional<uint64_t> exact_fallbacks;
   std::optional<uint64_t> peak_live_stored_bytes;
   std::optional<uint64_t> peak_live_raw_bytes;
+  std::optional<uint64_t> steps;  // every step the run ended (a longer run lists only some)
 };
 
 // StepUsage
@@ -68,6 +69,7 @@ struct ActivationTotals {
 // One entry of "activations.steps": what autograd saved in a training step (raw) and what
 // actpack held instead (packed buffers plus tensors kept as they are).
 struct StepUsage {
+  uint64_t index = 0;  // the step's number in the run ("step"; else its place in the list)
   uint64_t saved_raw_bytes = 0;
   uint64_t stored_bytes = 0;
   std::optional<uint64_t> peak_live_raw_bytes;
@@ -211,6 +213,9 @@ struct RunReport {
   std::optional<PlannerProfile> planner;    // "planner"
   std::optional<AllocatorUsage> allocator;  // "allocator"
 
+  // The steps the run ended: totals.steps, else the steps listed (a report written before
+  // totals counted them, when every step was listed).
+  uint64_t StepCount() const;
   // Steps the per-consumer sums are averaged over: the number of steps, or 1 when unknown.
   uint64_t StepCountForAverages() const;
   // The file name without its directory, for titles.

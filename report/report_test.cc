@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <limits>
 #include <map>
@@ -595,6 +596,38 @@ TEST(FullReportTest, NullSectionsAndNullErrorsReadAsAbsent) {
   EXPECT_FALSE(absl::StrContains(result.out, "\nallocator"));
   EXPECT_TRUE(absl::StrContains(result.out, "top consumers by module"));
   EXPECT_EQ(RunActpack({"plan", path, "--budget", "1GiB"}).exit_code, kExitBadInput);
+}
+
+// A run longer than the runtime keeps step records for lists its first and last steps,
+// numbered, and counts every step in totals.steps: counts and averages use that count; a report
+// written before totals counted steps (every step listed) counts its list.
+TEST(FullReportTest, ALongRunCountsEveryStepNotTheStepsListed) {
+  json::Value document = ParseJsonFile(kFullReport);
+  absl::StatusOr<RunReport> before = ReadRunReport(document, "old.json");
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_FALSE(before->steps.empty());
+  EXPECT_EQ(before->StepCount(), before->steps.size());
+  json::Value& steps = *Member(document, {"activations", "steps"});
+  const uint64_t listed = steps.size();
+  for (uint64_t i = 0; i < listed; ++i) steps[i]["step"] = 5000 - listed + i;
+  (*Member(document, {"activations", "totals"}))["steps"] = uint64_t{5000};
+  absl::StatusOr<RunReport> report = ReadRunReport(document, "long.json");
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->StepCount(), 5000u);
+  EXPECT_EQ(report->StepCountForAverages(), 5000u);
+  EXPECT_EQ(report->steps.back().index, 4999u);
+  const std::string path = WriteJsonTemp("long.json", document);
+  const CliResult text = RunActpack({"report", path});
+  ASSERT_EQ(text.exit_code, kExitOk) << text.err;
+  EXPECT_TRUE(absl::StrContains(text.out, "5000 steps")) << text.out;
+  const CliResult summary = RunActpack({"report", path, "--json"});
+  ASSERT_EQ(summary.exit_code, kExitOk) << summary.err;
+  EXPECT_TRUE(absl::StrContains(summary.out, "\"steps\": 5000")) << summary.out;
+  const std::string svg = TempPath("long.svg");
+  ASSERT_EQ(RunActpack({"plot", path, "-o", svg}).exit_code, kExitOk);
+  std::ifstream in(svg);
+  const std::string picture((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(picture, "step 4999: stored")) << "bars are labelled by index";
 }
 
 TEST(FullReportTest, AVerificationWhereNothingFittedReadsAndSaysSo) {

@@ -60,11 +60,13 @@ json::Value TotalsSection(const runtime::SessionTotals& totals) {
   section["exact_fallbacks"] = totals.exact_fallbacks;
   section["peak_live_stored_bytes"] = totals.peak_live_stored;
   section["peak_live_raw_bytes"] = totals.peak_live_raw;
+  section["steps"] = totals.steps;
   return section;
 }
 
 json::Value StepEntry(const runtime::StepRecord& step) {
   json::Value entry = json::Value::object();
+  entry["step"] = step.index;
   entry["peak_bytes"] = step.peak_bytes;
   entry["peak_reserved_bytes"] = step.peak_reserved_bytes;
   entry["system_peak_bytes"] = step.system_peak_bytes;

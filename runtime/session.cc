@@ -864,7 +864,14 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
     }
   }
   pressure_this_step_ = false;
-  steps_.push_back(current_step_);
+  current_step_.index = step_index_;
+  totals_.steps = step_index_ + 1;
+  if (first_steps_.size() < kStepsKept) {
+    first_steps_.push_back(current_step_);
+  } else {
+    last_steps_.push_back(current_step_);
+    if (last_steps_.size() > kStepsKept) last_steps_.pop_front();
+  }
   current_step_ = StepRecord{};
   step_records_.clear();
   ordinal_ = 0;
@@ -895,9 +902,15 @@ std::vector<SavedRecord> Session::Records() const {
   return records_;
 }
 
+std::vector<StepRecord> Session::KeptStepsLocked() const {
+  std::vector<StepRecord> steps(first_steps_);
+  steps.insert(steps.end(), last_steps_.begin(), last_steps_.end());
+  return steps;
+}
+
 std::vector<StepRecord> Session::Steps() const {
   absl::MutexLock lock(&mu_);
-  return steps_;
+  return KeptStepsLocked();
 }
 
 uint64_t Session::LiveStatusSlots() const {
@@ -909,7 +922,8 @@ uint64_t Session::LiveStatusSlots() const {
 
 SessionState Session::State() const {
   absl::MutexLock lock(&mu_);
-  SessionState state{options_, totals_, policy_, records_, steps_, gradients_.measured(), {}};
+  SessionState state{options_, totals_, policy_, records_, KeptStepsLocked(),
+                     gradients_.measured(), {}};
   if (state.gradient_sensitivity) {
     for (const SavedRecord& record : records_) {
       state.sensitivity.push_back(gradients_.WeightOf(record.module));

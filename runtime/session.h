@@ -224,6 +224,7 @@ struct SavedRecord {
 };
 
 struct StepRecord {
+  uint64_t index = 0;              // the step's number in the run, from 0
   uint64_t peak_bytes = 0;         // the allocator's allocated peak over the step (0: unknown)
   uint64_t peak_reserved_bytes = 0;  // its reserved peak: what a cap counts (0: unknown)
   // The peak as the operating system (resident set) or the CUDA driver counts it, above what
@@ -260,7 +261,12 @@ struct PolicyState {
   double fragmentation = 1.0;
 };
 
+// How many of a run's first steps, and of its last, the session keeps a StepRecord of (the
+// report's "steps"): 88 bytes a step would otherwise grow without end over a long run.
+inline constexpr size_t kStepsKept = 1024;
+
 struct SessionTotals {
+  uint64_t steps = 0;  // steps ended (Steps() keeps the first and the last kStepsKept of them)
   uint64_t packed_raw_bytes = 0;
   uint64_t packed_stored_bytes = 0;
   uint64_t kept_bytes = 0;
@@ -348,6 +354,8 @@ class Session {
   SessionTotals Totals() const;
   PolicyState Policy() const;
   std::vector<SavedRecord> Records() const;
+  // The first kStepsKept steps and the last kStepsKept, in order (StepRecord::index numbers
+  // them; Totals().steps counts every step).
   std::vector<StepRecord> Steps() const;
 
   // All of the above at one moment (for the report).
@@ -378,6 +386,7 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Replan(uint64_t peak_bytes, bool pool_full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The budget less what the system holds outside the allocator: what the pool may reserve.
+  std::vector<StepRecord> KeptStepsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t PoolBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PoolBudget divided by the measured fragmentation: what the policy plans for.
   uint64_t PlanningBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -432,7 +441,9 @@ class Session {
   // record is the same ordinal, producer and shape.
   std::vector<std::vector<int>> ordinal_records_ ABSL_GUARDED_BY(mu_);
   std::vector<SavedRecord> records_ ABSL_GUARDED_BY(mu_);
-  std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
+  // The first kStepsKept steps, then the last kStepsKept: a long run's history stays bounded.
+  std::vector<StepRecord> first_steps_ ABSL_GUARDED_BY(mu_);
+  std::deque<StepRecord> last_steps_ ABSL_GUARDED_BY(mu_);
   StepRecord current_step_ ABSL_GUARDED_BY(mu_);
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;

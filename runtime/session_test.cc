@@ -223,6 +223,28 @@ TEST(SessionTest, DisabledSessionKeepsEverythingAndRecordsStayBounded) {
   EXPECT_EQ(session.Steps().size(), 10u);
 }
 
+// A long run keeps the records of its first kStepsKept steps and its last kStepsKept, numbered,
+// and counts every step: the history of a run of any length stays bounded.
+TEST(SessionTest, KeepsTheFirstAndLastStepsOfALongRun) {
+  SessionOptions options = Options("identity");
+  options.enabled = false;
+  Session session(options, HostFactory());
+  const uint64_t total = 3 * kStepsKept + 5;
+  for (uint64_t step = 0; step < total; ++step) {
+    Saved saved = MakeSaved(4, 256, 1);
+    session.Plan(saved.info);
+    ASSERT_TRUE(session.EndStep().ok());
+  }
+  EXPECT_EQ(session.Totals().steps, total);
+  const std::vector<StepRecord> steps = session.Steps();
+  ASSERT_EQ(steps.size(), 2 * kStepsKept);
+  for (uint64_t i = 0; i < kStepsKept; ++i) {
+    ASSERT_EQ(steps[i].index, i);
+    ASSERT_EQ(steps[kStepsKept + i].index, total - kStepsKept + i);
+  }
+  EXPECT_EQ(session.State().steps.size(), 2 * kStepsKept);
+}
+
 TEST(SessionTest, SameStorageAsAnotherDtypeIsNotADuplicate) {
   Session session(Options("identity"), HostFactory());
   Saved saved = MakeSaved(64, 256, 9);

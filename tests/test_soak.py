@@ -72,6 +72,8 @@ def test_memory_is_flat_after_the_warm_up(codec, limit, tmp_path):
           f"MiB in the warm-up, {max(reserved[WARMUP:]) / 2**20:.2f} MiB after; resident set "
           f"{max(resident[:WARMUP]):.1f} MiB, then {max(resident[WARMUP:]):.1f} MiB at most and "
           f"{resident[-1]:.1f} MiB at the end; packed tensors alive between steps: {max(live)}")
+    marks = sorted({WARMUP, 50, STEPS // 4, STEPS // 2, STEPS} & set(range(1, STEPS + 1)))
+    print("  resident set after step " + ", ".join(f"{i}: {resident[i - 1]:.2f}" for i in marks))
     # The pool reserves at most one segment more than it did in the warm-up once the steps
     # repeat (under a cap it may give back cache and take it again, never past the cap).
     assert max(reserved[WARMUP:]) - max(reserved[:WARMUP]) <= SETTLING_BYTES, (codec, changes)
@@ -80,7 +82,10 @@ def test_memory_is_flat_after_the_warm_up(codec, limit, tmp_path):
     assert max(resident[WARMUP:]) - max(resident[:WARMUP]) < 8, (codec, resident)
     # Every packed tensor is released with its step.
     assert all(v == 0 for v in live), (codec, live)
-    assert len(run.report["activations"]["steps"]) == STEPS
-    # Every packed tensor was unpacked once, by its backward.
+    # The report keeps the first and the last 1,024 steps, numbered, and counts them all.
+    steps = run.report["activations"]["steps"]
     totals = run.report["activations"]["totals"]
+    assert totals["steps"] == STEPS and len(steps) == min(STEPS, 2048)
+    assert [s["step"] for s in steps[-3:]] == list(range(STEPS - 3, STEPS))
+    # Every packed tensor was unpacked once, by its backward.
     assert totals["packs"] == totals["unpacks"] > 0, totals
