@@ -65,8 +65,7 @@ from actpack._units import format_bytes, parse_budget
 # when the warm-up step ran such a region.
 CHOICES = ("none", "quant2", "division", "eb", "auto")
 RECOMPUTE_CHOICE = "auto+recompute"
-_SPECS = {"none": "none", "quant2": "quant2", "division": "division", "eb": "eb",
-          "auto": "auto", RECOMPUTE_CHOICE: "auto"}
+ALL_CHOICES = CHOICES + (RECOMPUTE_CHOICE,)
 # The budget's recompute= per choice, for the steps under the cap; its profile steps recompute
 # (recompute=True): past what codecs alone hold, that is what a step does.
 _RECOMPUTE = {RECOMPUTE_CHOICE: "auto"}
@@ -211,7 +210,7 @@ PROFILE_LIMIT = 1 << 50  # a profile step's budget: no cap
 def _run_step(step, batch, choice):
     """One step at `batch` under `choice`; returns (reserved peak, allocated peak, report,
     whether an actpack.recompute region ran)."""
-    spec = _SPECS[choice]
+    spec = _codec_of(choice)
     # Uncapped: the step's allocated bytes are the profile, whatever the budget. "auto" packs
     # its first step with the harshest codecs under any budget (its policy plans after two
     # steps); a one-byte budget, as before, let a step lift the cap to 1 GiB at most, so a
@@ -363,11 +362,11 @@ def _codec_choices(codecs):
     shown = _shown(given, codecs)
     if not codecs:
         raise ValueError(f"actpack.plan: codecs is empty ({shown}); expected some of "
-                         f"{', '.join(_SPECS)}, or None for the default ones")
+                         f"{', '.join(ALL_CHOICES)}, or None for the default ones")
     for choice in codecs:
-        if not isinstance(choice, str) or choice not in _SPECS:
+        if not isinstance(choice, str) or choice not in ALL_CHOICES:
             raise ValueError(f"actpack.plan: unknown codec choice {_args.show(choice)} in "
-                             f"{shown}; expected some of {', '.join(_SPECS)}")
+                             f"{shown}; expected some of {', '.join(ALL_CHOICES)}")
     return codecs
 
 
@@ -415,11 +414,16 @@ def _report_stopped(path, step, error, restored):
                       f"{os.fspath(path)}: {write_error}", RuntimeWarning, stacklevel=3)
 
 
+def _codec_of(choice):
+    """budget()'s codec for a plan's choice: its name, but auto+recompute's is auto."""
+    return "auto" if choice == RECOMPUTE_CHOICE else choice
+
+
 def _default_choices(regions):
     """Those built in, and auto+recompute for a model with recompute regions."""
     available = set(_C.codec_names())
     codecs = [c for c in CHOICES
-              if c in ("none", "auto") or re.sub(r"\d+$", "", _SPECS[c]) in available]
+              if c in ("none", "auto") or re.sub(r"\d+$", "", c) in available]
     return codecs + ([RECOMPUTE_CHOICE] if regions else [])
 
 
@@ -612,7 +616,7 @@ def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, reco
         recompute = _RECOMPUTE.get(choice, False)
     had_gradients = _parameters_with_gradients()
     try:
-        with _budget_context(budget_bytes, codec=_SPECS[choice], recompute=recompute) as run:
+        with _budget_context(budget_bytes, codec=_codec_of(choice), recompute=recompute) as run:
             for _ in range(steps):
                 step(batch)
         return run.report
