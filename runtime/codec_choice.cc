@@ -7,6 +7,7 @@
 namespace actpack::runtime {
 
 std::string CodecChoice::Name() const {
+  if (keep) return std::string(kNotPacked);
   return automatic ? std::string("auto") : codecs::FormatCodecSpec(params);
 }
 
@@ -16,10 +17,14 @@ absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text) {
     choice.automatic = true;
     return choice;
   }
+  if (absl::StripAsciiWhitespace(text) == kNotPacked) {
+    choice.keep = true;
+    return choice;
+  }
   absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(text);
   if (!params.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(params.status().message(), " (or 'auto': the policy chooses per tensor)"));
+        absl::StrCat(params.status().message(), " (or 'auto': the policy chooses per tensor; 'none': not packed)"));
   }
   if (params->codec == codecs::CodecId::kBitpack) {
     // It takes integers only: as a session's codec every float tensor would fail to pack.

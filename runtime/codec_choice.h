@@ -17,12 +17,17 @@
 
 namespace actpack::runtime {
 
-// A fixed codec, or "auto" (the policy chooses per tensor).
+// The one name of "not packed": a tensor so chosen is kept as it is (no copy, no codec), in
+// the user's settings ("none"), the planner's choices and the docs.
+inline constexpr absl::string_view kNotPacked = "none";
+
+// A fixed codec, "auto" (the policy chooses per tensor), or "none" (kept as they are).
 struct CodecChoice {
   bool automatic = false;
-  codecs::CodecParams params;  // when not automatic
+  bool keep = false;           // "none"
+  codecs::CodecParams params;  // when neither
 
-  // "auto" or the codec's spec ("quant:bits=2,group=256").
+  // "auto", "none" or the codec's spec ("quant:bits=2,group=256").
   std::string Name() const;
 };
 
@@ -33,7 +38,7 @@ struct CodecRule {
   CodecChoice choice;
 };
 
-// "auto", a codec spec ("quant2", "eb:rel=1e-2"), with the error naming the text.
+// "auto", "none" or a codec spec ("quant2", "eb:rel=1e-2"), with the error naming the text.
 absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text);
 
 // The first rule whose pattern matches `module`, else `fallback`.

@@ -95,6 +95,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
   switch (reason) {
     case KeepReason::kNone: return "";
     case KeepReason::kDisabled: return "packing disabled";
+    case KeepReason::kChosenNone: return "codec 'none' by the user's rule";
     case KeepReason::kParameter: return "parameter (or a view of one)";
     case KeepReason::kNotFloatingPoint: return "not floating point";
     case KeepReason::kTooSmall: return "below min_bytes";
@@ -174,6 +175,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   if (!info.is_parameter) largest_saved_this_step_ = std::max(largest_saved_this_step_, bytes);
   if (!options_.enabled) {
     plan.reason = KeepReason::kDisabled;
+  } else if (record.assigned.keep) {
+    plan.reason = KeepReason::kChosenNone;
   } else if (info.is_parameter) {
     plan.reason = KeepReason::kParameter;
   } else if (info.in_backward) {

@@ -117,7 +117,8 @@ enum class PackAction { kKeep, kReuse, kPack };
 
 // Why a tensor is kept as it is. Values are the report's strings.
 enum class KeepReason {
-  kNone, kDisabled, kParameter, kNotFloatingPoint, kTooSmall, kLossInput, kPolicyExact,
+  kNone, kDisabled, kChosenNone, kParameter, kNotFloatingPoint, kTooSmall, kLossInput,
+  kPolicyExact,
   kSavedInBackward, kAwaitingBound, kStatistics,
   // Its codec met values it cannot hold (non-finite values) in an earlier step on a GPU, where
   // it is packed without waiting to know: that step decoded NaN, the later ones keep it exact.

@@ -608,6 +608,31 @@ TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
   EXPECT_GT(records[0].error.count, 0u);  // profiled: the report carries the error
 }
 
+// A rule's "none" keeps the matching modules' tensors as they are (no codec, no copy), and
+// says why; the others follow the default.
+TEST(SessionTest, ARuleOfNoneKeepsItsModulesTensors) {
+  absl::StatusOr<CodecChoice> none = ParseCodecChoice(" none ");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->keep);
+  EXPECT_FALSE(none->automatic);
+  EXPECT_EQ(none->Name(), "none");
+  SessionOptions options = Options("quant2");
+  options.rules.push_back({"encoder.*", *none});
+  Session session(options, HostFactory());
+  Saved kept = MakeSaved(64, 256, 1);
+  kept.info.module = "encoder.layer0";
+  Saved packed = MakeSaved(64, 256, 2);
+  packed.info.module = "head";
+  const PackPlan keep_plan = session.Plan(kept.info);
+  EXPECT_EQ(keep_plan.action, PackAction::kKeep);
+  EXPECT_EQ(keep_plan.reason, KeepReason::kChosenNone);
+  EXPECT_EQ(session.Plan(packed.info).action, PackAction::kPack);
+  const std::vector<SavedRecord> records = session.Records();
+  EXPECT_EQ(records[0].codec, "kept");
+  EXPECT_EQ(records[0].note, "codec 'none' by the user's rule");
+  EXPECT_EQ(session.Totals().kept_bytes, 64u * 256 * 4);
+}
+
 // Error-bounded mode (AC-GC). The mean square of RunStep's data (standard normal samples).
 double MeanSquare(const Saved& s) {
   double sum = 0;

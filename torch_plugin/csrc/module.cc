@@ -26,6 +26,7 @@
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "common/version.h"
+#include "runtime/codec_choice.h"
 #include "runtime/config.h"
 #include "report/writer.h"
 #include "runtime/json.h"
@@ -210,6 +211,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("bytes"), py::arg("fraction"), py::arg("device"));
   m.attr("MAX_SIZE_BYTES") = actpack::runtime::kMaxSizeBytes;
+  m.attr("NOT_PACKED") = std::string(actpack::runtime::kNotPacked);
   m.def("parse_size", [](const std::string& text) {
     absl::StatusOr<uint64_t> bytes = actpack::runtime::ParseByteSize(text);
     actpack::torch_plugin::ThrowIfError(bytes.status());

@@ -61,8 +61,9 @@ class budget:
         codec: "auto" (default: the policy picks a codec and strength per saved tensor so the
             step's peak fits the budget with the least error, and keeps tensors exact when
             there is room), a codec spec ("quant2", "quant:bits=4,group=128", "identity", ...),
-            or a dict from module-name patterns ("layer1.*", "*attn*") to either; the first
-            matching pattern wins and unmatched tensors get "auto".
+            "none" (nothing packed: enabled=False), or a dict from module-name patterns
+            ("layer1.*", "*attn*") to any of these, "none" keeping those modules' tensors as
+            they are; the first matching pattern wins and unmatched tensors get "auto".
         report: a path; on exit the run report (JSON) is written there. Under
             torch.distributed, "{rank}" in it becomes the process's rank ("run-{rank}.json");
             a multi-process run without "{rank}" writes "<name>.rank<N><ext>" per rank.
@@ -536,16 +537,17 @@ def _automatic(codec):
     return not isinstance(codec, str) or codec == "auto"
 
 
-# The planner's name for packing nothing: every saved tensor as it is. As budget's codec it
-# is enabled=False; as a rule's codec, the identity.
-NONE = "none"
+# The one name of packing nothing (runtime/codec_choice.h kNotPacked): tensors kept as they
+# are. As budget's codec it is enabled=False (plain training under the cap); as a rule's codec,
+# the matching modules' tensors are kept.
+NONE = _C.NOT_PACKED
 
 
 def _codec_rules(codec):
     """(default codec, [(pattern, codec), ...]) for budget's `codec` argument."""
     if isinstance(codec, str):
         _args.printable(codec, "codec", "actpack.budget", "'auto' or 'quant2'")
-        return ("identity" if codec == NONE else codec), []
+        return codec, []
     if isinstance(codec, dict):
         rules = []
         for pattern, spec in codec.items():
@@ -555,7 +557,7 @@ def _codec_rules(codec):
                                 f"{_args.show(spec)}")
             _args.printable(pattern, "codec pattern", "actpack.budget", "'layer1.*'")
             _args.printable(spec, "codec", "actpack.budget", "'auto' or 'quant2'")
-            rules.append((pattern, "identity" if spec == NONE else spec))
+            rules.append((pattern, spec))
         return "auto", rules
     raise TypeError("actpack.budget: codec must be 'auto', a codec spec such as 'quant2', or a "
                     f"dict of module-name patterns to codecs, got {_args.kind(codec)}")

@@ -56,14 +56,15 @@ import sys
 import warnings
 
 from actpack import _C, _args, _gradient_fidelity, _snapshot, memory
-from actpack._budget import _error_text, _innermost, budget as _budget_context, outside_allowance
+from actpack._budget import (NONE, _error_text, _innermost, budget as _budget_context,
+                             outside_allowance)
 from actpack._units import format_bytes, parse_budget
 
 # "none" packs nothing; "auto" is the policy at its harshest (its largest batch);
 # "auto+recompute" is auto with budget(recompute="auto"): the regions the model marks with
 # actpack.recompute recompute once codecs alone cannot hold the step. The default plans it
 # when the warm-up step ran such a region.
-CHOICES = ("none", "quant2", "division", "eb", "auto")
+CHOICES = (NONE, "quant2", "division", "eb", "auto")
 RECOMPUTE_CHOICE = "auto+recompute"
 ALL_CHOICES = CHOICES + (RECOMPUTE_CHOICE,)
 # The budget's recompute= per choice, for the steps under the cap; its profile steps recompute
@@ -218,7 +219,7 @@ def _run_step(step, batch, choice):
     with _budget_context(PROFILE_LIMIT, codec=spec, min_bytes="64KiB",
                          recompute=choice in _RECOMPUTE) as run:
         step(batch)
-    if run.report["activations"]["totals"]["exact_fallbacks"] and spec != "none":
+    if run.report["activations"]["totals"]["exact_fallbacks"] and spec != NONE:
         # Non-finite activations are packed exactly: the profile would count them raw and
         # plan from a step unlike training's.
         warnings.warn(
@@ -423,7 +424,7 @@ def _default_choices(regions):
     """Those built in, and auto+recompute for a model with recompute regions."""
     available = set(_C.codec_names())
     codecs = [c for c in CHOICES
-              if c in ("none", "auto") or re.sub(r"\d+$", "", c) in available]
+              if c in (NONE, "auto") or re.sub(r"\d+$", "", c) in available]
     return codecs + ([RECOMPUTE_CHOICE] if regions else [])
 
 
@@ -435,7 +436,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
         _progress(done, total, what, progress, step.calls)
 
     say("warm-up step")
-    _, _, last_report, regions = _run_step(step, sizes[0], "none")  # optimizer state, caches
+    _, _, last_report, regions = _run_step(step, sizes[0], NONE)  # optimizer state, caches
     budget_bytes = memory.resolve_budget(parsed, memory.budget_device())
     done += 1
     if codecs is None:
@@ -445,13 +446,13 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
     measured = [c for c in codecs if c not in _MEASURED_LATER]
     fidelity = _Fidelity(step, sizes[0]) if gradients and measured else None
     if fidelity is not None:
-        total += 1 if "none" in codecs else 2
+        total += 1 if NONE in codecs else 2
         say("exact gradients")
         fidelity.run("exact")
         done += 1
-        if "none" not in codecs:  # its first profile step is the second exact run
+        if NONE not in codecs:  # its first profile step is the second exact run
             say("exact gradients again")
-            fidelity.run("none")
+            fidelity.run(NONE)
             done += 1
 
     choices = {}
@@ -549,7 +550,7 @@ class _Fidelity:
         gradients; "exact" is the reference run (no packing)."""
         self._anchor.restore()
         with _gradient_fidelity.Capture(self._parameters) as capture:
-            result = _run_step(self._step, self.batch, "none" if choice == "exact" else choice)
+            result = _run_step(self._step, self.batch, NONE if choice == "exact" else choice)
         self._gradients[choice] = capture.gradients
         return result
 
@@ -559,7 +560,7 @@ class _Fidelity:
                    for name, g in self._gradients.items() if g is not None}
         exact = grouped.get("exact")
         self.repeatable = exact is not None and _gradient_fidelity.repeatable(
-            exact, grouped.get("none"))
+            exact, grouped.get(NONE))
         below = []
         for name, entry in choices.items():
             packed = grouped.get(name)
