@@ -53,8 +53,6 @@ bool IsStatistics(const SavedTensorInfo& info, uint64_t bytes, uint64_t largest_
   return info.producer == "leaf" && !info.is_view && bytes * kStatisticsShare <= largest_so_far;
 }
 
-constexpr char kExact[] = "keep";
-
 // The integer dtypes `bitpack` packs.
 bool IsBitpackedInteger(codecs::DType dtype) {
   switch (dtype) {
@@ -360,7 +358,7 @@ PackPlan Session::ReliefPlan(int record_index) {
 void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, PackPlan& plan) {
   if (record.candidates.empty()) {
     // Until measured, a candidate's bytes are its bound and its error unknown (infinite).
-    record.candidates.push_back({kExact, info.Bytes(), 0.0});
+    record.candidates.push_back({std::string(kNotPacked), info.Bytes(), 0.0});
     for (const codecs::CodecParams& params : options_.ladder) {
       absl::StatusOr<size_t> bound = codecs::MaxEncodedSize({info.dtype, info.shape}, params);
       record.candidates.push_back({codecs::FormatCodecSpec(params),
