@@ -1,4 +1,6 @@
-// Tests of the actpack CLI over reports written by real runs of the runtime.
+// Tests of the actpack CLI over reports written by real runs of the runtime: reading (and
+// refusing) reports, `report`, `diff` and the command line. plan_test.cc, svg_test.cc and
+// snapshot_test.cc test `plan`, `plot` and `snapshot` over the same fixtures.
 //
 // report/testdata/run_quant2.json and run_quant4.json are version-1 reports (no module, planner
 // or allocator sections) from an earlier demo, kept to test that older reports still read:
@@ -15,100 +17,30 @@
 //   bazel run //tools:actpack -- report $PWD/report/testdata/run_quant2.json > report/testdata/report.golden
 //   bazel run //tools:actpack -- report $PWD/report/testdata/run_quant2_full.json > report/testdata/report_full.golden
 //   bazel run //tools:actpack -- plan $PWD/report/testdata/run_quant2_full.json --budget 12GiB > report/testdata/plan_full.golden
-#include "report/report.h"
-
-#include <algorithm>
-#include <cctype>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <functional>
-#include <limits>
 #include <map>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_replace.h"
-#include "allocator/units.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/version.h"
 #include "gtest/gtest.h"
+#include "report/cli.h"
+#include "report/cli_test_util.h"
+#include "report/reader.h"
 #include "runtime/json.h"
 
 namespace actpack::report {
 namespace {
-
-constexpr char kQuant2Report[] = "report/testdata/run_quant2.json";
-constexpr char kQuant4Report[] = "report/testdata/run_quant4.json";
-constexpr char kGolden[] = "report/testdata/report.golden";
-constexpr char kFullReport[] = "report/testdata/run_quant2_full.json";
-constexpr char kFullGolden[] = "report/testdata/report_full.golden";
-constexpr char kPlanGolden[] = "report/testdata/plan_full.golden";
-
-std::string ReadText(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  EXPECT_TRUE(file.good()) << "cannot open " << path;
-  std::stringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
-}
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
-}
-
-std::string WriteTemp(const std::string& name, const std::string& contents) {
-  const std::string path = TempPath(name);
-  std::ofstream(path, std::ios::binary) << contents;
-  return path;
-}
-
-struct CliResult {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
-
-CliResult RunActpack(const std::vector<std::string>& args) {
-  CliResult result;
-  result.exit_code = RunCli(args, &result.out, &result.err);
-  return result;
-}
-
-size_t LineCount(const std::string& text) {
-  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
-}
-
-json::Value ParseJsonFile(const std::string& path) {
-  absl::StatusOr<json::Value> document = json::Parse(ReadText(path));
-  EXPECT_TRUE(document.ok()) << document.status();
-  return document.ok() ? *std::move(document) : json::Value();
-}
-
-std::string WriteJsonTemp(const std::string& name, const json::Value& document) {
-  return WriteTemp(name, json::Serialize(document));
-}
-
-// The member at `keys` below `document` (each key an object member), or nullptr.
-json::Value* Member(json::Value& document, const std::vector<std::string>& keys) {
-  json::Value* value = &document;
-  for (const std::string& key : keys) {
-    value = json::Find(*value, key);
-    if (value == nullptr) return nullptr;
-  }
-  return value;
-}
 
 TEST(ReportTest, ReadsRealRunReport) {
   absl::StatusOr<RunReport> report = LoadRunReport(kQuant2Report);
@@ -222,30 +154,6 @@ TEST(DiffTest, SameReportHasNoChanges) {
     EXPECT_FALSE(absl::StrContains(line, "changed")) << line;
     EXPECT_FALSE(absl::StrContains(line, "%")) << line;
   }
-}
-
-TEST(PlotTest, WritesWellFormedSvgWithAxesAndLegend) {
-  const std::string path = TempPath("memory.svg");
-  const CliResult result = RunActpack({"plot", kQuant2Report, "-o", path});
-  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
-  const std::string svg = ReadText(path);
-  EXPECT_TRUE(absl::StartsWith(svg, "<?xml"));
-  for (const char* expected :
-       {"<svg xmlns=\"http://www.w3.org/2000/svg\"", "actpack memory: run_quant2.json",
-        "training step", "bytes per step", "saved raw (without actpack)", "stored by actpack",
-        "budget 256.00 MiB", "stroke-dasharray", "0 MiB", "MiB</text>", "ConvolutionBackward0",
-        "top consumers by producer"}) {
-    EXPECT_TRUE(absl::StrContains(svg, expected)) << expected;
-  }
-}
-
-TEST(PlanTest, WithoutPlannerProfileSaysSoAndInventsNothing) {
-  const CliResult result = RunActpack({"plan", kQuant2Report, "--budget", "12GiB"});
-  EXPECT_EQ(result.exit_code, kExitBadInput);
-  EXPECT_EQ(result.out, "");
-  EXPECT_EQ(LineCount(result.err), 1u) << result.err;
-  EXPECT_TRUE(absl::StrContains(result.err, "run report has no planner profile")) << result.err;
-  EXPECT_TRUE(absl::StrContains(result.err, kQuant2Report));
 }
 
 // Every unreadable or foreign file: exit 2, nothing on stdout, one line on stderr that names
@@ -658,311 +566,6 @@ TEST(FullReportTest, AVerificationWhereNothingFittedReadsAndSaysSo) {
   EXPECT_TRUE(absl::StrContains(summary.out, "\"peak_bytes\": null")) << summary.out;
 }
 
-TEST(PlanTest, MaxBatchSizeIsTheFloorOfWhatFitsAfterTheFixedPart) {
-  EXPECT_EQ(MaxBatchSize(1000, 100, 300), uint64_t{3});
-  EXPECT_EQ(MaxBatchSize(1000, 100, 900), uint64_t{1});  // exactly one sample
-  EXPECT_EQ(MaxBatchSize(999, 100, 900), uint64_t{0});   // one byte short
-  EXPECT_EQ(MaxBatchSize(50, 100, 1), uint64_t{0});      // not even the fixed part
-  EXPECT_EQ(MaxBatchSize(100, 100, 0), std::nullopt);    // nothing grows with the batch
-  EXPECT_EQ(MaxBatchSize(99, 100, 0), uint64_t{0});
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  EXPECT_EQ(MaxBatchSize(kMax, 1, 1), kMax - 1);  // no overflow
-  EXPECT_EQ(MaxBatchSize(kMax, kMax, kMax), uint64_t{0});
-  EXPECT_EQ(MaxBatchSize(kMax - 1, 0, kMax), uint64_t{0});
-}
-
-TEST(PlanTest, ReplansEveryChoiceForTheNewBudget) {
-  const CliResult result = RunActpack({"plan", kFullReport, "--budget", "12GiB"});
-  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
-  EXPECT_EQ(result.err, "");
-  EXPECT_EQ(result.out, ReadText(kPlanGolden))
-      << "regenerate with the command at the top of report/report_test.cc if intended";
-
-  // The numbers, recomputed here from the fixture: floor((budget - fixed) / per_sample).
-  const json::Value document = ParseJsonFile(kFullReport);
-  const uint64_t budget = uint64_t{12} << 30;
-  uint64_t best = 0;
-  std::string best_name;
-  for (const auto& choice : json::Find((*json::Find(document, "planner")), "choices")->items()) {
-    const uint64_t fixed = json::Find(choice.value(), "fixed_bytes")->get<int64_t>();
-    const uint64_t per_sample = json::Find(choice.value(), "per_sample_bytes")->get<int64_t>();
-    // The planner keeps its headroom free, as the runtime's policy does.
-    const double headroom =
-        json::Find((*json::Find(document, "planner")), "headroom")->get<double>();
-    const uint64_t usable = static_cast<uint64_t>(static_cast<double>(budget) * (1 - headroom));
-    const uint64_t batch = (usable - fixed) / per_sample;
-    if (batch > best) {
-      best = batch;
-      best_name = choice.key();
-    }
-    bool found_row = false;
-    for (absl::string_view line : absl::StrSplit(result.out, '\n')) {
-      const std::vector<std::string> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (cells.empty() || cells[0] != choice.key()) continue;
-      found_row = true;
-      ASSERT_GE(cells.size(), 3u);
-      EXPECT_EQ(cells[cells.size() - 2], absl::StrCat(batch)) << line;
-      EXPECT_EQ(cells.back(),
-                absl::StrCat(json::Find(choice.value(), "max_batch_size")->get<int64_t>()))
-          << line;
-    }
-    EXPECT_TRUE(found_row) << choice.key() << "\n" << result.out;
-  }
-  EXPECT_TRUE(absl::StrContains(result.out, absl::StrCat("largest batch at 12.00 GiB: ",
-                                                         best_name, " (", best, ")")))
-      << result.out;
-  // 12 GiB takes thousands of samples; the profile measured 8 to 32.
-  EXPECT_TRUE(absl::StrContains(result.out, "extrapolated")) << result.out;
-}
-
-TEST(PlanTest, AtTheRecordedBudgetReproducesTheRecordedBatchSizes) {
-  const CliResult result = RunActpack({"plan", kFullReport, "--budget=256MiB", "--json"});
-  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
-  absl::StatusOr<json::Value> plan = json::Parse(result.out);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(json::Find(*plan, "schema")->get_ref<const std::string&>(), "actpack.plan");
-  EXPECT_EQ(json::Find(*plan, "budget_bytes")->get<int64_t>(), int64_t{256} << 20);
-  EXPECT_EQ(json::Find(*plan, "recorded_budget_bytes")->get<int64_t>(), int64_t{256} << 20);
-  ASSERT_EQ(json::Find(*plan, "choices")->size(), 3u);  // none, quant2, auto
-  for (const auto& choice : json::Find(*plan, "choices")->items()) {
-    EXPECT_FALSE(json::Find(choice.value(), "unbounded")->get<bool>());
-    EXPECT_EQ(json::Find(choice.value(), "max_batch_size")->get<int64_t>(),
-              json::Find(choice.value(), "recorded_max_batch_size")->get<int64_t>())
-        << choice.key();
-  }
-  EXPECT_EQ(json::Find(*plan, "best")->get_ref<const std::string&>(),
-            "quant2");  // the first of equals (auto)
-  EXPECT_EQ(json::Find((*json::Find(*plan, "verified")), "codec")->get_ref<const std::string&>(),
-            "auto");
-}
-
-TEST(PlanTest, AChoicesMeasuredHeadroomReplacesTheSections) {
-  // What real steps under the cap measured for quant2 (its "headroom"); none says nothing
-  // (as reports before the planner measured it), so it keeps the section's 15%.
-  json::Value document = ParseJsonFile(kFullReport);
-  json::Value* quant2 = Member(document, {"planner", "choices", "quant2"});
-  ASSERT_NE(quant2, nullptr);
-  (*quant2)["headroom"] = 0.04;
-  const std::string path = WriteJsonTemp("measured_headroom.json", document);
-  const CliResult result = RunActpack({"plan", path, "--budget", "30MiB", "--json"});
-  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
-  absl::StatusOr<json::Value> plan = json::Parse(result.out);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  for (const auto& [name, headroom] : {std::pair<std::string, double>{"quant2", 0.04},
-                                       std::pair<std::string, double>{"none", 0.15}}) {
-    const json::Value* recorded = Member(document, {"planner", "choices", name});
-    const auto usable = static_cast<int64_t>((int64_t{30} << 20) * (1 - headroom));
-    EXPECT_EQ(Member(*plan, {"choices", name, "max_batch_size"})->get<int64_t>(),
-              (usable - json::Find(*recorded, "fixed_bytes")->get<int64_t>()) /
-                  json::Find(*recorded, "per_sample_bytes")->get<int64_t>())
-        << name;
-  }
-
-  (*quant2)["headroom"] = 1.5;
-  const CliResult bad =
-      RunActpack({"plan", WriteJsonTemp("bad_headroom.json", document), "--budget", "30MiB"});
-  EXPECT_EQ(bad.exit_code, kExitBadInput) << bad.out;
-  EXPECT_TRUE(absl::StrContains(bad.err, "planner.choices.quant2.headroom")) << bad.err;
-  EXPECT_TRUE(absl::StrContains(bad.err, "a fraction below 1")) << bad.err;
-}
-
-TEST(PlanTest, TheGradientsEachChoiceGaveAreShownWhereThePlanMeasuredThem) {
-  // As actpack.plan(gradients=True) writes them: quant2 turned two groups, none kept every
-  // one, auto was not measured (null), and a non-finite gradient is a null cosine.
-  json::Value document = ParseJsonFile(kFullReport);
-  auto gradients = [](json::Value min_cosine, const char* worst, std::vector<std::string> below) {
-    json::Value g = json::Value::object();
-    g["batch_size"] = 8;
-    g["min_cosine"] = std::move(min_cosine);
-    g["worst_group"] = worst;
-    g["below_bound"] = below;
-    g["groups"] = json::Value::object();
-    return g;
-  };
-  (*Member(document, {"planner", "choices", "quant2"}))["gradients"] =
-      gradients(0.075, "features.0", {"features.0", "features.3"});
-  (*Member(document, {"planner", "choices", "none"}))["gradients"] =
-      gradients(1.0, "head", {});
-  (*Member(document, {"planner", "choices", "auto"}))["gradients"] = nullptr;
-  const std::string path = WriteJsonTemp("gradients.json", document);
-
-  const CliResult plan = RunActpack({"plan", path, "--budget", "12GiB"});
-  ASSERT_EQ(plan.exit_code, kExitOk) << plan.err;
-  const CliResult report = RunActpack({"report", path});
-  ASSERT_EQ(report.exit_code, kExitOk) << report.err;
-  for (const std::string& text : {plan.out, report.out}) {
-    EXPECT_TRUE(absl::StrContains(text, "grad cos")) << text;
-    for (const auto& [choice, cell] : {std::pair<std::string, std::string>{"quant2", "0.075!"},
-                                       {"none", "1.000"}, {"auto", "-"}}) {
-      bool found = false;
-      for (absl::string_view line : absl::StrSplit(text, '\n')) {
-        const std::vector<std::string> cells =
-            absl::StrSplit(line, ' ', absl::SkipWhitespace());
-        if (cells.size() > 4 && cells[0] == choice) {
-          found = std::find(cells.begin(), cells.end(), cell) != cells.end();
-        }
-      }
-      EXPECT_TRUE(found) << choice << " without " << cell << " in\n" << text;
-    }
-    EXPECT_TRUE(absl::StrContains(
-        text, "quant2: 2 parameter group(s) below the gradient bound, worst features.0 (0.075)"))
-        << text;
-  }
-
-  (*Member(document, {"planner", "choices", "quant2", "gradients"}))["min_cosine"] = 1.5;
-  const CliResult bad =
-      RunActpack({"plan", WriteJsonTemp("bad_gradients.json", document), "--budget", "1GiB"});
-  EXPECT_EQ(bad.exit_code, kExitBadInput) << bad.out;
-  EXPECT_TRUE(absl::StrContains(bad.err, "planner.choices.quant2.gradients.min_cosine")) << bad.err;
-}
-
-TEST(PlanTest, InsideTheProfiledSizesNothingIsExtrapolated) {
-  // 30 MiB: 9 to 26 samples per choice, inside the profiled 8..32.
-  const CliResult json_result = RunActpack({"plan", kFullReport, "--budget", "30MiB", "--json"});
-  absl::StatusOr<json::Value> plan = json::Parse(json_result.out);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_FALSE(json::Find(*plan, "extrapolated")->get<bool>());
-  const json::Value document = ParseJsonFile(kFullReport);
-  const json::Value* none =
-      json::Find((*json::Find((*json::Find(document, "planner")), "choices")), "none");
-  const auto usable = static_cast<int64_t>((int64_t{30} << 20) * (1 - 0.15));
-  EXPECT_EQ(json::Find((*json::Find((*json::Find(*plan, "choices")), "none")), "max_batch_size")
-                ->get<int64_t>(),
-            (usable - json::Find(*none, "fixed_bytes")->get<int64_t>()) /
-                json::Find(*none, "per_sample_bytes")->get<int64_t>());
-  const CliResult text = RunActpack({"plan", kFullReport, "--budget", "30MiB"});
-  EXPECT_FALSE(absl::StrContains(text.out, "extrapolated")) << text.out;
-}
-
-TEST(PlanTest, TooSmallAndUnboundedBudgets) {
-  const CliResult small = RunActpack({"plan", kFullReport, "--budget", "4MiB"});
-  ASSERT_EQ(small.exit_code, kExitOk) << small.err;
-  EXPECT_TRUE(absl::StrContains(small.out, "no choice fits one sample in 4.00 MiB")) << small.out;
-  const CliResult small_json = RunActpack({"plan", kFullReport, "--budget", "4MiB", "--json"});
-  absl::StatusOr<json::Value> plan = json::Parse(small_json.out);
-  ASSERT_TRUE(plan.ok());
-  EXPECT_TRUE(json::Find(*plan, "best")->is_null());
-  EXPECT_EQ(json::Find((*json::Find((*json::Find(*plan, "choices")), "quant2")), "max_batch_size")
-                ->get<int64_t>(),
-            0);
-
-  json::Value document = ParseJsonFile(kFullReport);
-  json::Value* choices = Member(document, {"planner", "choices"});
-  json::Value free_choice = json::Value::object();
-  free_choice["fixed_bytes"] = int64_t{1} << 20;
-  free_choice["per_sample_bytes"] = 0;
-  free_choice["max_batch_size"] = 0;
-  (*choices)["my codec"] = std::move(free_choice);
-  const std::string path = WriteJsonTemp("unbounded.json", document);
-  const CliResult text = RunActpack({"plan", path, "--budget", "2GiB"});
-  ASSERT_EQ(text.exit_code, kExitOk) << text.err;
-  EXPECT_TRUE(absl::StrContains(text.out, "largest batch at 2.00 GiB: my codec (unbounded)"))
-      << text.out;
-  const CliResult json_result = RunActpack({"plan", path, "--budget", "2GiB", "--json"});
-  absl::StatusOr<json::Value> unbounded = json::Parse(json_result.out);
-  ASSERT_TRUE(unbounded.ok());
-  const json::Value* entry = json::Find((*json::Find(*unbounded, "choices")), "my codec");
-  EXPECT_TRUE(json::Find(*entry, "max_batch_size")->is_null());
-  EXPECT_TRUE(json::Find(*entry, "unbounded")->get<bool>());
-  EXPECT_EQ(json::Find(*unbounded, "best")->get_ref<const std::string&>(), "my codec");
-}
-
-TEST(PlanTest, AShareOfTheDeviceIsRefusedClearly) {
-  const CliResult result = RunActpack({"plan", kFullReport, "--budget", "80%"});
-  EXPECT_EQ(result.exit_code, kExitBadInput);
-  EXPECT_EQ(result.out, "");
-  EXPECT_TRUE(absl::StartsWith(
-      result.err, "actpack: plan --budget 80%: a share of the device needs the device's memory "
-                  "size"))
-      << result.err;
-  EXPECT_TRUE(absl::StrContains(result.err, "usage: actpack"));
-  // A malformed share is ParseBudget's error.
-  const CliResult bad = RunActpack({"plan", kFullReport, "--budget", "180%"});
-  EXPECT_EQ(bad.exit_code, kExitBadInput);
-  EXPECT_TRUE(absl::StrContains(bad.err, "(0%, 100%]")) << bad.err;
-}
-
-TEST(PickleTest, ScalarsUseTheProtocolTwoOpcodes) {
-  auto pickle = [](const json::Value& value) {
-    const std::string bytes = PickleJson(value);
-    EXPECT_TRUE(absl::StartsWith(bytes, std::string("\x80\x02", 2)));
-    EXPECT_TRUE(absl::EndsWith(bytes, "."));
-    return bytes.substr(2, bytes.size() - 3);  // without PROTO 2 and STOP
-  };
-  using std::string_literals::operator""s;
-  EXPECT_EQ(pickle(json::Value()), "N");
-  EXPECT_EQ(pickle(json::Value(true)), "\x88");
-  EXPECT_EQ(pickle(json::Value(false)), "\x89");
-  EXPECT_EQ(pickle(json::Value(0)), "K\x00"s);
-  EXPECT_EQ(pickle(json::Value(255)), "K\xff");
-  EXPECT_EQ(pickle(json::Value(256)), "M\x00\x01"s);
-  EXPECT_EQ(pickle(json::Value(65535)), "M\xff\xff");
-  EXPECT_EQ(pickle(json::Value(65536)), "J\x00\x00\x01\x00"s);
-  EXPECT_EQ(pickle(json::Value(-1)), "J\xff\xff\xff\xff");
-  EXPECT_EQ(pickle(json::Value(int64_t{2147483647})), "J\xff\xff\xff\x7f");
-  EXPECT_EQ(pickle(json::Value(int64_t{-2147483648})), "J\x00\x00\x00\x80"s);
-  // Past 32 bits: LONG1 with the shortest two's complement, a sign byte where needed.
-  EXPECT_EQ(pickle(json::Value(int64_t{2147483648})), "\x8a\x05\x00\x00\x00\x80\x00"s);
-  EXPECT_EQ(pickle(json::Value(int64_t{-2147483649})), "\x8a\x05\xff\xff\xff\x7f\xff"s);
-  EXPECT_EQ(pickle(json::Value(int64_t{1} << 40)), "\x8a\x06\x00\x00\x00\x00\x00\x01"s);
-  EXPECT_EQ(pickle(json::Value(std::numeric_limits<int64_t>::max())),
-            "\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f"s);
-  EXPECT_EQ(pickle(json::Value(std::numeric_limits<int64_t>::min())),
-            "\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80"s);
-  EXPECT_EQ(pickle(json::Value(1.5)), "G\x3f\xf8\x00\x00\x00\x00\x00\x00"s);
-  EXPECT_EQ(pickle(json::Value(-0.0)), "G\x80\x00\x00\x00\x00\x00\x00\x00"s);
-  EXPECT_EQ(pickle(json::Value(2.0)), "G\x40\x00\x00\x00\x00\x00\x00\x00"s);  // a float
-  EXPECT_EQ(pickle(json::Value("\xc3\xa9")), "X\x02\x00\x00\x00\xc3\xa9"s);
-  EXPECT_EQ(pickle(json::Value("")), "X\x00\x00\x00\x00"s);
-  EXPECT_EQ(pickle(json::Value::array()), "]");
-  EXPECT_EQ(pickle(json::Value::object()), "}");
-  json::Value list = json::Value::array();
-  list.emplace_back(1);
-  list.emplace_back(json::Value());
-  EXPECT_EQ(pickle(list), "](K\x01Ne"s);
-  json::Value dict = json::Value::object();
-  dict["a"] = json::Value();
-  EXPECT_EQ(pickle(dict), "}(X\x01\x00\x00\x00" "aNu"s);
-}
-
-TEST(SnapshotTest, WritesTheReportsSnapshotAsAPickle) {
-  const std::string path = TempPath("snap.pickle");
-  const CliResult result = RunActpack({"snapshot", kFullReport, "-o", path});
-  ASSERT_EQ(result.exit_code, kExitOk) << result.err;
-  EXPECT_TRUE(absl::StartsWith(result.out, absl::StrCat("wrote ", path, " (17 segments, ")))
-      << result.out;
-  // Its contents are read back by Python's pickle and torch's memory_viz in tests/test_cli.py.
-  const json::Value document = ParseJsonFile(kFullReport);
-  EXPECT_EQ(ReadText(path), PickleJson(*json::Find((*json::Find(document, "allocator")), "snapshot")));
-
-  // --output=FILE is the same option.
-  const std::string other = TempPath("snap2.pickle");
-  ASSERT_EQ(RunActpack({"snapshot", kFullReport, "--output=" + other}).exit_code, kExitOk);
-  EXPECT_EQ(ReadText(other), ReadText(path));
-}
-
-TEST(SnapshotTest, WithoutSnapshotSaysSo) {
-  const CliResult none = RunActpack({"snapshot", kQuant2Report, "-o", TempPath("n.pickle")});
-  EXPECT_EQ(none.exit_code, kExitBadInput);
-  EXPECT_EQ(none.out, "");
-  EXPECT_EQ(LineCount(none.err), 1u) << none.err;
-  EXPECT_TRUE(absl::StrContains(none.err, "no allocator section")) << none.err;
-  EXPECT_TRUE(absl::StrContains(none.err, "actpack.dump_snapshot")) << none.err;
-
-  json::Value document = ParseJsonFile(kFullReport);
-  (*Member(document, {"allocator"}))["snapshot"] = json::Value();
-  const std::string path = WriteJsonTemp("null_snapshot.json", document);
-  const CliResult null_snapshot = RunActpack({"snapshot", path, "-o", TempPath("n.pickle")});
-  EXPECT_EQ(null_snapshot.exit_code, kExitBadInput);
-  EXPECT_EQ(LineCount(null_snapshot.err), 1u) << null_snapshot.err;
-  EXPECT_TRUE(absl::StrContains(null_snapshot.err, "allocator section has no snapshot"))
-      << null_snapshot.err;
-  // The report itself still reads.
-  const CliResult report = RunActpack({"report", path});
-  EXPECT_EQ(report.exit_code, kExitOk) << report.err;
-  EXPECT_TRUE(absl::StrContains(report.out, "snapshot         none")) << report.out;
-}
-
 TEST(DiffTest, ComparesPlannerBatchSizesAndModules) {
   json::Value document = ParseJsonFile(kFullReport);
   // After: a larger budget, one choice gone, one new; one module stores twice as much.
@@ -1012,28 +615,6 @@ TEST(DiffTest, ComparesPlannerBatchSizesAndModules) {
   EXPECT_TRUE(absl::StartsWith(row_end["head"], "+")) << text;
   EXPECT_EQ(row_end["OOMs"], "+2") << text;
   EXPECT_EQ(row_end["allocator peak reserved"], "=") << text;
-}
-
-TEST(PlotTest, GroupsByModuleWhenTheReportNamesModules) {
-  const std::string path = TempPath("modules.svg");
-  ASSERT_EQ(RunActpack({"plot", kFullReport, "-o", path}).exit_code, kExitOk);
-  const std::string svg = ReadText(path);
-  EXPECT_TRUE(absl::StrContains(svg, "top consumers by module")) << svg;
-  EXPECT_TRUE(absl::StrContains(svg, ">convs.0</text>"));
-  // The steps record the allocator's peaks: a line each, a marker per step with its value.
-  EXPECT_TRUE(absl::StrContains(svg, ">step peak reserved</text>")) << svg;
-  EXPECT_TRUE(absl::StrContains(svg, ">step peak allocated</text>")) << svg;
-  const json::Value document = ParseJsonFile(kFullReport);
-  const json::Value& first = (*json::Find((*json::Find(document, "activations")), "steps"))[0];
-  EXPECT_TRUE(absl::StrContains(
-      svg,
-      absl::StrCat("<title>step 0: peak reserved ",
-                   allocator::FormatBytes(json::Find(first, "peak_reserved_bytes")->get<int64_t>()),
-                   "</title>")))
-      << svg;
-  // A report without them (version 1) draws neither.
-  ASSERT_EQ(RunActpack({"plot", kQuant2Report, "-o", path}).exit_code, kExitOk);
-  EXPECT_FALSE(absl::StrContains(ReadText(path), "step peak"));
 }
 
 // Ill-typed fields in the checked sections: exit 2 and one line naming the field, for every

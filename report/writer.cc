@@ -1,15 +1,13 @@
 #include "report/writer.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "codecs/registry.h"
 #include "common/version.h"
-#include "report/report.h"
+#include "report/files.h"
+#include "report/reader.h"
 
 namespace actpack::report {
 namespace {
@@ -183,21 +181,6 @@ absl::Status WriteRunReport(const json::Value& document, const std::string& path
         absl::StrCat("not writing an invalid run report: ", valid.status().message()));
   }
   return WriteFile(path, json::Serialize(document, 2) + "\n");
-}
-
-absl::Status WriteFile(const std::string& path, absl::string_view contents) {
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
-  }
-  const size_t written = std::fwrite(contents.data(), 1, contents.size(), file);
-  const bool closed = std::fclose(file) == 0;
-  if (written != contents.size() || !closed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace actpack::report

@@ -1,6 +1,7 @@
 // Writing the run report (report/FORMAT.md): the one place its envelope and its "activations"
-// section are made, and where a document is validated before it reaches a file. The reader,
-// the CLI and the format's checks are report.h.
+// section are made, and where a document is validated before it reaches a file. The reader and
+// the format's checks are reader.h (which this depends on, never the other way), the CLI is
+// cli.h.
 //
 // Usage:
 //   json::Value document = MakeRunReport(run_metadata, ActivationsSection(session.State()));
@@ -14,7 +15,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "runtime/json.h"
 #include "runtime/session.h"
 
@@ -42,13 +42,10 @@ json::Value AllocatorSection(AllocatorRun run);
 // run metadata and the activations section. The caller may add "allocator" and "planner".
 json::Value MakeRunReport(json::Value run, json::Value activations);
 
-// Validates `document` as ReadRunReport (report.h) does and writes it to `path`, indented,
+// Validates `document` as ReadRunReport (reader.h) does and writes it to `path`, indented,
 // ending with a newline. An invalid document is kInvalidArgument naming the problem, and
 // nothing is written.
 absl::Status WriteRunReport(const json::Value& document, const std::string& path);
-
-// Writes `contents` to `path`; kInvalidArgument naming the file and the system's reason.
-absl::Status WriteFile(const std::string& path, absl::string_view contents);
 
 }  // namespace actpack::report
 

@@ -14,7 +14,7 @@
 #include "codecs/registry.h"
 #include "common/version.h"
 #include "gtest/gtest.h"
-#include "report/report.h"
+#include "report/reader.h"
 
 namespace actpack::report {
 namespace {

@@ -49,6 +49,18 @@ uint64_t BudgetFor(uint64_t peak, double headroom) {
   return static_cast<uint64_t>(std::ceil(static_cast<double>(peak) / (1.0 - headroom)));
 }
 
+uint64_t UsableBytes(uint64_t budget_bytes, double headroom) {
+  return static_cast<uint64_t>(static_cast<double>(budget_bytes) * (1.0 - headroom));
+}
+
+std::optional<uint64_t> MaxBatchSize(uint64_t budget_bytes, uint64_t fixed_bytes,
+                                     uint64_t per_sample_bytes) {
+  if (budget_bytes < fixed_bytes) return 0;
+  if (per_sample_bytes == 0) return std::nullopt;
+  // (budget - fixed) / per_sample is 0 when not even one sample fits; no sum can overflow.
+  return (budget_bytes - fixed_bytes) / per_sample_bytes;
+}
+
 PolicyPlan SolvePolicy(const PolicyInput& input) {
   const size_t n = input.items.size();
   std::vector<std::vector<int>> hulls(n);

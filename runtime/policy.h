@@ -21,6 +21,7 @@
 #define ACTPACK_RUNTIME_POLICY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,19 @@ PolicyPlan SolvePolicy(const PolicyInput& input);
 
 // The budget under which `peak` bytes fit with `headroom` free: ceil(peak / (1 - headroom)).
 uint64_t BudgetFor(uint64_t peak, double headroom);
+
+// The bytes a plan may use of `budget_bytes` with `headroom` kept free:
+// floor(budget * (1 - headroom)), BudgetFor's inverse up to rounding.
+uint64_t UsableBytes(uint64_t budget_bytes, double headroom);
+
+// MaxBatchSize
+//
+// The largest batch that fits `budget_bytes` under the batch-size planner's model
+// fixed + per_sample * b: floor((budget - fixed) / per_sample), 0 when not even one sample
+// fits, and nullopt ("unbounded") when per_sample is 0 and the fixed part fits. The planner
+// (actpack.plan) and `actpack plan` both ask it, at UsableBytes of their budget.
+std::optional<uint64_t> MaxBatchSize(uint64_t budget_bytes, uint64_t fixed_bytes,
+                                     uint64_t per_sample_bytes);
 
 }  // namespace actpack::runtime
 

@@ -1,5 +1,8 @@
 #include "runtime/policy.h"
 
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -125,6 +128,30 @@ TEST(PolicyTest, GreedyMatchesBruteForceOnConvexLadders) {
     }
     EXPECT_LE(plan.weighted_error, best + worst_step) << "trial " << trial;
   }
+}
+
+TEST(BatchSizeTest, UsableBytesKeepsTheHeadroomFreeRoundingDown) {
+  EXPECT_EQ(UsableBytes(1000, 0.0), 1000u);
+  EXPECT_EQ(UsableBytes(1000, 0.15), 850u);
+  EXPECT_EQ(UsableBytes(999, 0.5), 499u);  // floor
+  EXPECT_EQ(UsableBytes(0, 0.15), 0u);
+  // The budget BudgetFor asks for leaves at least the peak usable.
+  for (uint64_t peak : {uint64_t{1}, uint64_t{777}, uint64_t{123456789}, uint64_t{6} << 30}) {
+    EXPECT_GE(UsableBytes(BudgetFor(peak, 0.15), 0.15), peak) << peak;
+  }
+}
+
+TEST(BatchSizeTest, MaxBatchSizeIsTheFloorOfWhatFitsAfterTheFixedPart) {
+  EXPECT_EQ(MaxBatchSize(1000, 100, 300), uint64_t{3});
+  EXPECT_EQ(MaxBatchSize(1000, 100, 900), uint64_t{1});  // exactly one sample
+  EXPECT_EQ(MaxBatchSize(999, 100, 900), uint64_t{0});   // one byte short
+  EXPECT_EQ(MaxBatchSize(50, 100, 1), uint64_t{0});      // not even the fixed part
+  EXPECT_EQ(MaxBatchSize(100, 100, 0), std::nullopt);    // nothing grows with the batch
+  EXPECT_EQ(MaxBatchSize(99, 100, 0), uint64_t{0});
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(MaxBatchSize(kMax, 1, 1), kMax - 1);  // no overflow
+  EXPECT_EQ(MaxBatchSize(kMax, kMax, kMax), uint64_t{0});
+  EXPECT_EQ(MaxBatchSize(kMax - 1, 0, kMax), uint64_t{0});
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 // Pack encodes into a buffer from the BufferFactory (the plugin's allocator) and returns a
 // PackedTensor; Unpack decodes it into an output the plugin allocated. The session counts
 // bytes raw vs stored per saved tensor and overall, the live and peak stored bytes, and turns
-// all of it into the run report (report.h).
+// all of it into the run report (report/writer.h).
 //
 // A step ends when the caller says so (EndStep; the plugin calls it when a backward pass
 // finishes); the ordinal of a saved tensor within its step keys it across steps.

@@ -1,4 +1,4 @@
-// The `actpack` command line as a Bazel binary; everything it does is report/report.h's RunCli.
+// The `actpack` command line as a Bazel binary; everything it does is report/cli.h's RunCli.
 //
 //   bazel run //tools:actpack -- report run.json
 //   bazel run //tools:actpack -- plot run.json -o memory.svg
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "report/report.h"
+#include "report/cli.h"
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);

@@ -67,7 +67,7 @@ python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "the kernels' memory traffic against codecs/cuda/traffic.tsv"
 python3 tools/traffic_check.py || failed+=("traffic table")
 # The reverse schedule reorders kernels' blocks, so it reruns the tests that can launch kernels
-# (those linking the emulated kernels: the codec, session and report tests; the allocator's
+# (those linking the emulated kernels: the codec, session and report-writer tests; the allocator's
 # launch none). random:SEED (the full run) also reorders the streams' progress: every test
 # that links the emulator.
 rerun_root=//codecs:cuda_kernels_emulated

@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "report/report.h"
+#include "report/cli.h"
+#include "runtime/policy.h"
 
 namespace actpack::torch_plugin {
 
@@ -27,15 +28,14 @@ void BindCli(pybind11::module& m) {
       pybind11::arg("args"),
       "Runs the actpack command line (report, diff, plot, plan, snapshot) on `args` (without "
       "the program name); returns (exit_code, stdout text, stderr text).");
-  // The planner's formula, once: actpack.plan answers with what `actpack plan` computes.
+  // The planner's formula, once (runtime/policy.h): actpack.plan answers with what
+  // `actpack plan` computes.
   m.def(
       "_max_batch_size",
       [](uint64_t budget_bytes, uint64_t fixed_bytes, uint64_t per_sample_bytes,
          double headroom) -> std::optional<uint64_t> {
-        report::PlannerChoice choice;
-        choice.headroom = headroom;
-        return report::MaxBatchSize(report::PlannerProfile().Usable(choice, budget_bytes),
-                                    fixed_bytes, per_sample_bytes);
+        return runtime::MaxBatchSize(runtime::UsableBytes(budget_bytes, headroom), fixed_bytes,
+                                     per_sample_bytes);
       },
       pybind11::arg("budget_bytes"), pybind11::arg("fixed_bytes"),
       pybind11::arg("per_sample_bytes"), pybind11::arg("headroom"),

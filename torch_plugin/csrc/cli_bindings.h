@@ -1,4 +1,4 @@
-// actpack._C.run_cli: the `actpack` command line (report/report.h's RunCli) for the pip
+// actpack._C.run_cli: the `actpack` command line (report/cli.h's RunCli) for the pip
 // package's console command, actpack.cli:main.
 //
 // Usage (inside PYBIND11_MODULE):

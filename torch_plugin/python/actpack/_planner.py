@@ -170,7 +170,8 @@ FRESH_PROCESS_SHARE = 0.03
 
 def max_batch(budget_bytes, fixed, per_sample, headroom=HEADROOM):
     """The largest batch whose modelled peak fixed + per_sample * b fits the budget's room, as
-    the CLI's `actpack plan` computes it (one formula, in C++)."""
+    the CLI's `actpack plan` computes it (one formula, in C++: runtime/policy.h's
+    MaxBatchSize at UsableBytes)."""
     batch = _C._max_batch_size(int(budget_bytes), max(0, int(fixed)), max(0, int(per_sample)),
                                float(headroom))
     return sys.maxsize if batch is None else batch

@@ -11,7 +11,7 @@ Exit code 0, or 2 with one line on stderr for a usage error, a file that is not 
 report, or a request the report cannot answer (plan without a planner profile, snapshot
 without a snapshot).
 
-The logic is C++ (report/report.h, shared with the Bazel binary //tools:actpack); this module
+The logic is C++ (report/cli.h, shared with the Bazel binary //tools:actpack); this module
 only hands it the arguments and prints what it returns.
 """
 import os

@@ -1,11 +1,5 @@
-// The `actpack` command line: read a run report (report/FORMAT.md) and tell a person where
-// the memory went, as text (`report`), as a comparison of two runs (`diff`), as a picture
-// (`plot`, an SVG written by hand), as a batch-size plan for another budget (`plan`), or as the
-// allocator's memory snapshot for pytorch.org/memory_viz (`snapshot`, a pickle written here).
-//
-// One implementation, two doors: the Bazel binary //tools:actpack (tools/actpack_main.cc) and
-// the `actpack` console command of the pip package (actpack.cli -> actpack._C.run_cli, bound in
-// torch_plugin/csrc/cli_bindings.cc). Both call RunCli.
+// Reading a run report (report/FORMAT.md): the types the `actpack` CLI computes with
+// (RunReport and its sections) and the reader that fills them from a document.
 //
 // A report is read defensively: the schema name and version must match (anything else is a
 // foreign file), and every section is optional. In the older sections ("run", "activations")
@@ -16,17 +10,17 @@
 // silently wrong plan. A null section counts as absent. Members a report adds beyond these
 // are ignored, so a report that grows new sections still reads.
 //
+// The writer (writer.h) validates every document it writes with ReadRunReport; the views are
+// text.h (report, diff), plan.h, svg.h and snapshot.h, and cli.h is the command line.
+//
 // Usage:
 //   absl::StatusOr<RunReport> report = LoadRunReport("run.json");
 //   if (!report.ok()) return report.status();          // names the file and the problem
-//   std::cout << FormatReportText(*report);
-//   std::string svg = RenderMemorySvg(*report);
-//
-//   std::string out, err;
-//   int exit_code = RunCli({"plan", "run.json", "--budget", "12GiB"}, &out, &err);
-#ifndef ACTPACK_REPORT_REPORT_H_
-#define ACTPACK_REPORT_REPORT_H_
+//   for (const ConsumerUsage& c : report->modules) ...
+#ifndef ACTPACK_REPORT_READER_H_
+#define ACTPACK_REPORT_READER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,14 +32,10 @@
 
 namespace actpack::report {
 
-// The schema a run report declares; RunCli reads exactly this name and version.
+// The schema a run report declares; the reader reads exactly this name and version, and the
+// writer writes them.
 inline constexpr absl::string_view kReportSchema = "actpack.report";
 inline constexpr int64_t kReportSchemaVersion = 1;
-
-// Exit codes of RunCli: 0 done, 2 a usage error, a file that cannot be read as a report, or a
-// request the report cannot answer.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitBadInput = 2;
 
 // ActivationTotals
 //
@@ -149,11 +139,9 @@ struct PlannerProfile {
   // choice does not say its own; a batch must fit budget * (1 - headroom). 0 when the report
   // does not say.
   double headroom = 0;
-  // The bytes a batch of `choice` may use at `budget`.
-  uint64_t Usable(const PlannerChoice& choice, uint64_t budget) const {
-    return static_cast<uint64_t>(static_cast<double>(budget) *
-                                 (1.0 - choice.headroom.value_or(headroom)));
-  }
+  // The bytes a batch of `choice` may use at `budget`: runtime::UsableBytes at the choice's
+  // headroom, else the section's.
+  uint64_t Usable(const PlannerChoice& choice, uint64_t budget) const;
   std::vector<uint64_t> batch_sizes;
   std::vector<PlannerChoice> choices;
   std::optional<PlannerVerified> verified;
@@ -222,6 +210,9 @@ struct RunReport {
   std::string FileName() const;
   // "allocator.snapshot" of the document, or nullptr when the report has none.
   const json::Value* Snapshot() const;
+  // The consumers a report's tables and plot show: `modules` when the report names modules,
+  // else `producers`; `*kind` is set to "module" or "producer".
+  const std::vector<ConsumerUsage>& ShownConsumers(absl::string_view* kind) const;
 };
 
 // ParseRunReport
@@ -245,71 +236,6 @@ absl::StatusOr<RunReport> ReadRunReport(json::Value document, absl::string_view 
 // it cannot be read, then as ParseRunReport.
 absl::StatusOr<RunReport> LoadRunReport(const std::string& path);
 
-// MaxBatchSize
-//
-// The largest batch that fits `budget_bytes` under the planner's model fixed + per_sample * b:
-// floor((budget - fixed) / per_sample), 0 when not even one sample fits, and nullopt
-// ("unbounded") when per_sample is 0 and the fixed part fits.
-std::optional<uint64_t> MaxBatchSize(uint64_t budget_bytes, uint64_t fixed_bytes,
-                                     uint64_t per_sample_bytes);
-
-// FormatReportText
-//
-// What `actpack report` prints: run metadata, budget and peak, activation bytes raw vs stored,
-// the top `max_consumers` consumers by module (by producer when no record names a module) with
-// their codecs and errors, the planner's batch sizes, the allocator's peaks, fragmentation,
-// retries and OOMs, and warnings.
-std::string FormatReportText(const RunReport& report, size_t max_consumers = 12);
-
-// SummarizeReport
-//
-// What `actpack report --json` prints: a compact, stable summary ("actpack.report_summary",
-// version 1) with the same facts as the text; absent facts are absent members.
-json::Value SummarizeReport(const RunReport& report);
-
-// FormatDiffText
-//
-// What `actpack diff a b` prints: run metadata that differs, peak, ratio, totals, allocator
-// counters with their change, the planner's largest batch size per choice, and stored bytes
-// per step by module (by producer when neither report names modules); consumers or choices
-// missing on one side are marked.
-std::string FormatDiffText(const RunReport& before, const RunReport& after);
-
-// FormatPlanText / SummarizePlan
-//
-// What `actpack plan RUN.json --budget SIZE` prints for `budget_bytes` (text, and with --json
-// an "actpack.plan" version 1 document): per choice the fixed and per-sample bytes, the largest
-// batch at the new budget and the one recorded at the planner's budget, the best choice, the
-// verification step, and a note when the new batch lies beyond the profiled sizes. Requires
-// report.planner.
-std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes);
-json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes);
-
-// RenderMemorySvg
-//
-// A standalone SVG (no scripts, no external fonts): per-step activation bytes saved raw vs
-// stored as bars, the budget as a dashed line when the report has one, and per-module (or
-// per-producer) horizontal bars of raw vs stored bytes per step. Axes are labelled in
-// KiB/MiB/GiB.
-std::string RenderMemorySvg(const RunReport& report);
-
-// PickleJson
-//
-// `value` as a Python pickle (protocol 2) of plain objects: null -> None, bool, integers ->
-// int, other numbers -> float, strings -> str, arrays -> list, objects -> dict in member
-// order. pickle.load of the result equals json.loads of json::Serialize(value), and needs no
-// class from any module, so it is what `actpack snapshot` writes for torch's memory_viz.
-std::string PickleJson(const json::Value& value);
-
-// RunCli
-//
-// The whole command line, without the program name: {"report", "run.json"}, ... (CLI11 parses
-// it). Writes what a terminal shows to `out` and `err` (files such as the SVG or the pickle are
-// written directly) and returns the exit code: kExitOk (also for -h/--help, the usage on `out`,
-// and --version), or kExitBadInput with one line on `err` for a usage error (followed by the
-// usage), an unreadable or foreign report, or a request the report cannot answer.
-int RunCli(const std::vector<std::string>& args, std::string* out, std::string* err);
-
 }  // namespace actpack::report
 
-#endif  // ACTPACK_REPORT_REPORT_H_
+#endif  // ACTPACK_REPORT_READER_H_
