@@ -217,8 +217,7 @@ def _run_step(step, batch, choice):
     # its first step with the harshest codecs under any budget (its policy plans after two
     # steps); a one-byte budget, as before, let a step lift the cap to 1 GiB at most, so a
     # batch that needed more ran out while planning.
-    with _budget_context(PROFILE_LIMIT, codec=spec, min_bytes="64KiB",
-                         recompute=choice in _RECOMPUTE) as run:
+    with _budget_context(PROFILE_LIMIT, codec=spec, recompute=choice in _RECOMPUTE) as run:
         step(batch)
     if run.report["activations"]["totals"]["exact_fallbacks"] and spec != NONE:
         # Non-finite activations are packed exactly: the profile would count them raw and
