@@ -14,8 +14,7 @@
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
 #   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
-#   6. pytest tests/                             (the installed package, two processes; GPU
-#                                                 tests skip)
+#   6. pytest tests/                             (the installed package; GPU tests skip)
 # then the time each stage took. ACTPACK_FULL=1 runs the long sweeps in full (see FULL below). Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -99,10 +98,7 @@ stage "pytest"
 # The soak (tests/test_soak.py): 200 steps per codec, 2,000 in the full run.
 [ "$FULL" = 1 ] && export ACTPACK_SOAK_STEPS=2000
 pytest_log=$(mktemp)
-# Two processes (pytest-xdist), each given whole files (a file's module fixtures run once) and
-# one intra-op thread, so the two do not contend for the two cores CI has.
-(cd tests && OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider -n "${ACTPACK_TEST_PROCESSES:-2}" \
-   --dist loadfile --durations=12 . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
+(cd tests && python3 -m pytest -q -p no:cacheprovider --durations=12 . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
   failed+=("pytest")
 stage ""
 
