@@ -13,18 +13,20 @@ std::string CodecChoice::Name() const {
 
 absl::StatusOr<CodecChoice> ParseCodecChoice(absl::string_view text) {
   CodecChoice choice;
-  if (absl::StripAsciiWhitespace(text) == "auto") {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  if (trimmed == "auto") {
     choice.automatic = true;
     return choice;
   }
-  if (absl::StripAsciiWhitespace(text) == kNotPacked) {
+  if (trimmed == kNotPacked) {
     choice.keep = true;
     return choice;
   }
   absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(text);
   if (!params.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(params.status().message(), " (or 'auto': the policy chooses per tensor; 'none': not packed)"));
+        absl::StrCat(params.status().message(),
+                     " (or 'auto': the policy chooses per tensor; 'none': not packed)"));
   }
   if (params->codec == codecs::CodecId::kBitpack) {
     // It takes integers only: as a session's codec every float tensor would fail to pack.

@@ -93,7 +93,7 @@ absl::string_view KeepReasonName(KeepReason reason) {
   switch (reason) {
     case KeepReason::kNone: return "";
     case KeepReason::kDisabled: return "packing disabled";
-    case KeepReason::kChosenNone: return "codec 'none' by the user's rule";
+    case KeepReason::kChosenNone: return "codec 'none': kept as it is";
     case KeepReason::kParameter: return "parameter (or a view of one)";
     case KeepReason::kNotFloatingPoint: return "not floating point";
     case KeepReason::kTooSmall: return "below min_bytes";

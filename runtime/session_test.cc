@@ -629,7 +629,7 @@ TEST(SessionTest, ARuleOfNoneKeepsItsModulesTensors) {
   EXPECT_EQ(session.Plan(packed.info).action, PackAction::kPack);
   const std::vector<SavedRecord> records = session.Records();
   EXPECT_EQ(records[0].codec, "kept");
-  EXPECT_EQ(records[0].note, "codec 'none' by the user's rule");
+  EXPECT_EQ(records[0].note, "codec 'none': kept as it is");
   EXPECT_EQ(session.Totals().kept_bytes, 64u * 256 * 4);
 }
 

@@ -95,9 +95,9 @@ def test_a_share_of_the_host_is_taken_of_its_physical_memory():
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     with actpack.budget("50%", codec="identity"):
         assert actpack.memory_budget("cpu") == physical // 2
-    assert actpack.memory.resolve_budget(actpack.parse_budget("25%"), actpack._C._HOST_DEVICE) \
+    assert actpack.memory._resolve_budget(actpack.parse_budget("25%"), actpack._C._HOST_DEVICE) \
         == physical // 4
-    assert actpack.memory.resolve_budget(actpack.parse_budget("6GiB"), 0) == 6 << 30
+    assert actpack.memory._resolve_budget(actpack.parse_budget("6GiB"), 0) == 6 << 30
 
 
 def test_a_tensor_saved_twice_is_packed_once():
@@ -209,7 +209,7 @@ def test_the_planners_none_is_a_codec_a_user_can_type():
     totals = run.report["activations"]["totals"]
     records = run.report["activations"]["saved_tensors"]
     first = [r for r in records if r.get("module") == "0"]
-    assert first and all(r["codec"] == "kept" and r["note"] == "codec 'none' by the user's rule"
+    assert first and all(r["codec"] == "kept" and r["note"] == "codec 'none': kept as it is"
                          for r in first), first
     assert totals["packs"] > 0 and totals["kept_bytes"] >= sum(r["raw_bytes"] for r in first)
     with actpack.budget("1GiB", codec={"*": "none"}, min_bytes=0) as run:

@@ -174,7 +174,7 @@ class budget:
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = enabled
         # Lossless packing cannot make the gradients run away.
-        lossy = not (isinstance(codec, str) and codec.split(":")[0] in ("none", "identity"))
+        lossy = not (isinstance(codec, str) and codec.split(":")[0] in (NONE, "identity"))
         self._guard = _GradientGuard(codec) if _args.flag(
             gradient_guard, "gradient_guard", "actpack.budget") and lossy else None
         self._headroom = headroom
@@ -759,7 +759,7 @@ class _PeakMeter:
         self._cuda = torch.cuda.is_available()
         self.outside_allowance = outside_allowance()
         self.device_name = torch.cuda.get_device_name() if self._cuda else "cpu"
-        self.budget_bytes = memory.resolve_budget(parsed_budget, memory.budget_device())
+        self.budget_bytes = memory._resolve_budget(parsed_budget, memory._budget_device())
         self._installed_here = False
         self._previous_cap = None
         self._capped = False

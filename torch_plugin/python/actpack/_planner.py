@@ -437,7 +437,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
 
     say("warm-up step")
     _, _, last_report, regions = _run_step(step, sizes[0], NONE)  # optimizer state, caches
-    budget_bytes = memory.resolve_budget(parsed, memory.budget_device())
+    budget_bytes = memory._resolve_budget(parsed, memory._budget_device())
     done += 1
     if codecs is None:
         codecs = _default_choices(regions)

@@ -25,13 +25,13 @@ from actpack._units import format_bytes, parse_budget
 _HOST = _C._HOST_DEVICE
 
 
-def resolve_budget(parsed, device):
+def _resolve_budget(parsed, device):
     """Bytes of a parsed budget (actpack.parse_budget) on `device` (an index; _HOST: the host's
     physical memory): runtime::Budget::Resolve against allocator::DeviceTotalBytes."""
     return _C.resolve_budget(parsed["bytes"], parsed["fraction"], device)
 
 
-def budget_device():
+def _budget_device():
     """The device a budget is for: the current CUDA device where CUDA is available, else the
     host."""
     return torch.cuda.current_device() if torch.cuda.is_available() else _HOST
@@ -39,7 +39,7 @@ def budget_device():
 
 def _host_budget_bytes(budget):
     """Bytes for `budget` ("6GiB", "80%" of physical memory, an int), or None (no cap)."""
-    return None if budget is None else resolve_budget(parse_budget(budget), _HOST)
+    return None if budget is None else _resolve_budget(parse_budget(budget), _HOST)
 
 
 def _device_index(device):
