@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU, a CUDA build of torch and no network: builds actpack
 # against that torch (with the CUDA kernels) and runs every GPU test and GPU benchmark,
-# writing results under $OUT (default ./gpu-results). What the machine lacks (Abseil, Highway,
+# writing results under $OUT (default ./gpu-results). ACTPACK_GPU_DEADLINE=SECONDS bounds the whole
+# run (a lent GPU comes for minutes): each stage gets at most what is left, and the stages that no
+# longer fit are skipped, named in the output. What the machine lacks (Abseil, Highway,
 # nlohmann/json, CLI11) comes from .deps/, filled beforehand by tools/fetch_gpu_deps.sh on a
 # machine with apt.
 set -uo pipefail
@@ -46,20 +48,30 @@ done
 status=0
 # Each stage has its own limit (sized for an H100, a few times what it should take), so that a
 # hang in one still leaves the rest their turn; the most telling stages come first.
+deadline="${ACTPACK_GPU_DEADLINE:-0}"
 stage() {  # stage SECONDS NAME OUTFILE COMMAND...
   local seconds=$1 name=$2 file=$3
   shift 3
+  if [ "$deadline" -gt 0 ]; then
+    local left=$((deadline - SECONDS))
+    if [ "$left" -lt 20 ]; then
+      echo "actpack: $name skipped: ${left} s of the ${deadline} s deadline left"
+      status=1
+      return
+    fi
+    [ "$left" -lt "$seconds" ] && seconds=$left
+  fi
   echo "== $name ($SECONDS s in) =="
   timeout "$seconds" "$@" 2>&1 | tee "$OUT/$file"
   local rc=${PIPESTATUS[0]}
   [ "$rc" = 124 ] && echo "actpack: $name ran past its $seconds s limit"
   [ "$rc" = 0 ] || status=1
 }
+# torch.profiler's CUDA API trace of the calls that block the host.
+stage 120 "host waits per training step" sync_check.txt python3 tools/gpu_sync_check.py
 stage 240 "GPU tests" gpu_tests.txt \
   bash -c 'cd tests && python3 -m pytest -q -p no:cacheprovider -m gpu -rs .'
 stage 120 "codec benchmark" benchmark.txt python3 tools/gpu_benchmark.py
-# torch.profiler's CUDA API trace of the calls that block the host.
-stage 120 "host waits per training step" sync_check.txt python3 tools/gpu_sync_check.py
 stage 180 "demo on the GPU" demo.txt \
   python3 tools/demo.py --device cuda --steps 200 --report "$OUT/run.json"
 # Recorded training steps (allocator/testdata/, tools/record_trace.py), each allocator in a

@@ -230,9 +230,14 @@ class budget:
         return pack, unpack
 
     def _end_step(self):
+        # The guard's norms are queued before the end of step's status read, which waits for
+        # the device once: read after it, they cost no wait of their own (a GPU profile counted
+        # one more cudaStreamSynchronize per step when they were read on their own).
+        pending = self._modules.gradient_norms() if self._guard is not None and self._enabled \
+            else None
         self._close_step()
-        if self._guard is not None and self._enabled:
-            norms = self._modules.gradient_norms()
+        if pending is not None:
+            norms = pending()
             if norms:
                 total = math.sqrt(sum(n * n for n in norms.values()))
                 self._guard.observe(self._steps, total, norms)
@@ -529,8 +534,34 @@ def _check_loss_bound(value):
 
 def _read_scalars(values):
     """0-d (or one-element) tensors as floats, in one read from the device."""
+    return _stacked(values).tolist()
+
+
+def _stacked(values):
     device = values[0].device
-    return torch.stack([v.reshape(()).to(device, torch.float64) for v in values]).tolist()
+    return torch.stack([v.reshape(()).to(device, torch.float64) for v in values])
+
+
+class _QueuedScalars:
+    """0-d tensors' values, copied to pinned host memory behind the work queued so far on a
+    CUDA device's current stream, read later: once a wait for that stream has happened anyway
+    (the end of step's status read), read() costs none of its own; before, it waits."""
+
+    def __init__(self, values):
+        stacked = _stacked(values)
+        self._done = None
+        if stacked.device.type == "cuda":
+            self._host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            self._host.copy_(stacked, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record(torch.cuda.current_stream(stacked.device))
+        else:
+            self._host = stacked
+
+    def read(self):
+        if self._done is not None and not self._done.query():
+            self._done.synchronize()
+        return self._host.tolist()
 
 
 def _automatic(codec):
@@ -590,8 +621,9 @@ class _ModuleTracker:
                     yield name, module, p
 
     def gradient_norms(self):
-        """{module name: the norm of its own parameters' gradients}, for the modules that ran
-        and have them (one read from the device)."""
+        """A callable giving {module name: the norm of its own parameters' gradients}, for the
+        modules that ran and have them: the norms are queued on the device now and read when
+        called (see _QueuedScalars)."""
         names, grads, seen = [], [], set()
         for name, _, p in self._own_gradients():
             # A tied weight (GPT's embedding and head) counts once, for its first module.
@@ -600,11 +632,15 @@ class _ModuleTracker:
                 names.append(name)
                 grads.append(_local(p.grad.detach()))
         if not grads:
-            return {}
-        norms = {}
-        for name, norm in zip(names, _read_scalars(torch._foreach_norm(grads))):
-            norms[name] = math.sqrt(norms.get(name, 0.0) ** 2 + norm ** 2)
-        return norms
+            return dict
+        queued = _QueuedScalars(torch._foreach_norm(grads))
+
+        def read():
+            norms = {}
+            for name, norm in zip(names, queued.read()):
+                norms[name] = math.sqrt(norms.get(name, 0.0) ** 2 + norm ** 2)
+            return norms
+        return read
 
     def gradient_statistics(self):
         """{module name: (sum of its own parameters' squared gradient norms, ||g_W||^2 of its
