@@ -301,9 +301,6 @@ class budget:
         if replanned:
             # The next step's peak must show the new plan's footprint, not this plan's cache.
             self._memory.release_cache()
-        # A fixed codec, or nothing packed (enabled=False), has no plan to wait for.
-        if replanned or not _automatic(self._codec) or not self._enabled:
-            self._memory.enforce()
 
     def _unplanned_steps(self):
         # The policy plans at the end of the second step (of the run, or since the regions
@@ -819,15 +816,17 @@ class _PeakMeter:
                     "the budget is a target, not a cap: actpack's CUDA allocator is not "
                     "installed (call actpack.install_allocator(budget=...) before any CUDA work, "
                     "or set ACTPACK_CONF); the peak comes from torch.cuda.max_memory_allocated")
-            self._reset()
-        else:
-            if not self._mem.cpu_allocator_installed():
-                self._mem.install_cpu_allocator()
-                self._installed_here = True
-            self._previous_cap = self._mem.memory_budget("cpu")
-            # Capped from the first step: what the operating system counts must hold then too.
+                self._reset()
+        elif not self._mem.cpu_allocator_installed():
+            self._mem.install_cpu_allocator()
+            self._installed_here = True
+        if self._ours():
+            # Capped from the first step, on the CPU and on the GPU alike: what the system
+            # counts must hold then too. (Until 2026-11-27 a CUDA budget set no cap at all: the
+            # first GPU run of the planner's test found every batch it tried "fits".)
+            self._previous_cap = self._cap()
             self._capped = True
-            self._mem.set_cpu_budget(self.budget_bytes)
+            self._set_cap(self.budget_bytes)
             self.release_cache()
         self._start_system_count()
         # What ran before the budget is not the run's.
@@ -879,6 +878,21 @@ class _PeakMeter:
     def _device(self):
         return "cuda" if self._cuda else "cpu"
 
+    def _ours(self):
+        """Whether actpack's allocator serves the budget's device (so the budget is a cap)."""
+        return not self._cuda or self._actpack_cuda
+
+    def _cap(self):
+        return self._mem.memory_budget(self._device())
+
+    def _set_cap(self, budget_bytes):
+        """The cap of the pool the budget is on (None: none): the host's, or actpack's CUDA
+        allocator's for the current device."""
+        if self._cuda:
+            _C._set_device_budget(torch.cuda.current_device(), budget_bytes)
+        else:
+            self._mem.set_cpu_budget(budget_bytes)
+
     def _reset(self):
         # The allocator has one peak counter, restarted per step; the run's peaks are the
         # maxima over every window, so fold the closing window in first.
@@ -921,26 +935,26 @@ class _PeakMeter:
     def watch_pressure(self, relieve):
         """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
         allocator only: torch's has no such hook)."""
-        if not self._cuda or self._actpack_cuda:
+        if self._ours():
             device = self._device() if not self._cuda else torch.cuda.current_device()
             self._pressure_id = self._mem.add_pressure_callback(relieve, device)
 
     def lift_cap(self, needed):
-        """Lets the current step go over the budget (CPU: the first step, to measure what it
-        needs); returns the room made. restore_cap() puts the cap back."""
-        if self._cuda or not self._capped:
+        """Lets the current step go over the budget (the first steps, to measure what they
+        need); returns the room made. restore_cap() puts the cap back."""
+        if not self._capped:
             return 0
         # By what this request lacks, not at once to the bound: the pool still gives back its
         # cache before it grows, so the step's segments lie as they would under a cap. Not
         # without bound: a batch far too large fails fast instead of taking the machine.
-        cap = self._mem.memory_budget("cpu") or self.budget_bytes
+        cap = self._cap() or self.budget_bytes
         # A quarter more at least: what the system counts outside the pool takes from the cap
         # too, and the request's shortfall does not show it.
         lifted = min(self.lifted_cap(), max(cap + int(needed) + LIFT_GRANULE, cap * 5 // 4))
         if lifted <= cap:
             return 0
         self._lifted = True
-        self._mem.set_cpu_budget(lifted)
+        self._set_cap(lifted)
         return lifted - cap
 
     def lifted_cap(self):
@@ -951,20 +965,13 @@ class _PeakMeter:
         if not self._lifted:
             return False
         self._lifted = False
-        self._mem.set_cpu_budget(self.budget_bytes)
+        self._set_cap(self.budget_bytes)
         self.release_cache()
         return True
 
-    def enforce(self):
-        """From now on allocations over the budget fail (CPU; CUDA caps at install)."""
-        if not self._cuda and not self._capped:
-            self._capped = True
-            self._mem.set_cpu_budget(self.budget_bytes)
-            # A cap binds new reservations only: give back what the uncapped steps cached.
-            self.release_cache()
-
     def stop(self, snapshot):
-        """The report's allocator section; the CPU allocator is left as start() found it."""
+        """The report's allocator section; the allocator and its cap are left as start() found
+        them."""
         if self._pressure_id is not None:
             self._mem.remove_pressure_callback(self._pressure_id)
             self._pressure_id = None
@@ -975,17 +982,17 @@ class _PeakMeter:
             self._reset()
             device = self._device()
             # backend: the device; allocator: whose allocator served it (the CLI's schema).
-            ours = not self._cuda or self._actpack_cuda
+            ours = self._ours()
             stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
             section = _C.allocator_section(
                 device, ours, self.budget_bytes, stats, self.run_allocated_peak, self.run_peak,
                 self._mem.memory_snapshot(device) if snapshot and ours else None)
         finally:
-            if not self._cuda:
-                self._mem.set_cpu_budget(self._previous_cap)
+            if self._capped:
+                self._set_cap(self._previous_cap)
                 self.lifted = self._lifted  # when the run stopped
                 self._capped = self._lifted = False
-                if self._installed_here:
-                    self._mem.uninstall_cpu_allocator()
-                    self._installed_here = False
+            if self._installed_here:
+                self._mem.uninstall_cpu_allocator()
+                self._installed_here = False
         return section
