@@ -110,6 +110,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       checksum += portable::ChecksumTerm(gp.packed, param_word);
       if (!gp.ok || any_overflow) ++overflow_groups;
     }
+    const uint64_t first_element = p * l.plane + j0;
+    const portable::UniformDraws draws(l.seed, first_element, first_element + n);
     const uint64_t first_word = division_math::PlaneCodeWord(l, p) + j0 / per_word;
     const uint64_t n_words = division_math::CeilDiv(n, per_word);
     for (uint64_t base = 0; base < n; base += 32) {
@@ -119,8 +121,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         float x;
         const float r = ResidualAt<K>(input, means, l, p, j0 + k, &x);
         if (portable::IsFinite(r)) {
-          const uint64_t i = p * l.plane + j0 + k;
-          code = quant_math::Quantize(r, gp, portable::UniformFloat(l.seed, i), levels);
+          code = quant_math::Quantize(r, gp, draws(first_element + k), levels);
         }
       }
       uint32_t word = code << ((lane % per_word) * l.bits);
