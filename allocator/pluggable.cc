@@ -245,6 +245,12 @@ void SetDeviceBudget(int device, size_t budget_bytes) {
   }
 }
 
+size_t DeviceBudget(int device) {
+  DeviceAllocatorState& state = DeviceState();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.budgets[device];
+}
+
 absl::StatusOr<size_t> DeviceTotalBytes(int device) {
   if (device == kHostDevice || DeviceAllocatorConfig().backend == Backend::kHost) {
     return PhysicalMemoryBytes();

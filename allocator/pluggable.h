@@ -166,6 +166,12 @@ AllocatorStack* FindDeviceAllocator(int device);
 // Changes the budget of `device` (-1: every device), built or not.
 void SetDeviceBudget(int device, size_t budget_bytes);
 
+// DeviceBudget
+//
+// The budget of `device` (0 <= device < kMaxDevices), built or not: what its stack caps at, or
+// will when it is built (kNoReserveLimit: none).
+size_t DeviceBudget(int device);
+
 // DeviceSnapshot
 //
 // A snapshot of every built device stack, shaped like torch.cuda.memory._snapshot().

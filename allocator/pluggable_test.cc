@@ -168,6 +168,20 @@ TEST_P(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
   actpack_free(p, 1_MiB, 2, kStream);
 }
 
+TEST_P(DeviceAllocatorTest, ABudgetSetBeforeTheStackIsBuiltIsItsBudget) {
+  ASSERT_EQ(FindDeviceAllocator(3), nullptr);
+  SetDeviceBudget(3, 48_MiB);
+  EXPECT_EQ(DeviceBudget(3), 48_MiB);  // read before the build, as actpack.memory_budget does
+  EXPECT_EQ(DeviceBudget(1), DeviceAllocatorConfig().budget_bytes);  // the others keep theirs
+  void* p = actpack_alloc(1_MiB, 3, kStream);
+  ASSERT_NE(p, nullptr) << actpack_last_error();
+  EXPECT_EQ(FindDeviceAllocator(3)->budget().budget(), 48_MiB);
+  SetDeviceBudget(3, 96_MiB);
+  EXPECT_EQ(DeviceBudget(3), 96_MiB);
+  EXPECT_EQ(FindDeviceAllocator(3)->budget().budget(), 96_MiB);
+  actpack_free(p, 1_MiB, 3, kStream);
+}
+
 TEST_P(DeviceAllocatorTest, RecordStreamFindsTheAllocation) {
   void* p = actpack_alloc(4_KiB, 1, kStream);
   ASSERT_NE(p, nullptr);

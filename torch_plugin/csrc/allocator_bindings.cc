@@ -106,11 +106,9 @@ std::optional<size_t> Budget(int device) {
   size_t budget = kNoReserveLimit;
   if (device == kHostDevice) {
     budget = HostPool().budget().budget();
-  } else if (AllocatorStack* stack = FindStack(device)) {
-    budget = stack->budget().budget();
   } else {
-    // Not built yet: its budget is still only in the configuration.
-    budget = allocator::DeviceAllocatorConfig().budget_bytes;
+    CheckDevice(device);
+    budget = allocator::DeviceBudget(device);  // built or not (a budget set before the build)
   }
   if (budget == kNoReserveLimit) return std::nullopt;
   return budget;
