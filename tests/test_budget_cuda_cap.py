@@ -23,7 +23,7 @@ def cuda_with_actpack(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "emulated")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(_C, "_device_allocator_in_use", lambda: True)
+    monkeypatch.setattr(actpack.memory, "_cuda_installed", True)  # install_allocator ran
     before = actpack.memory_budget(0)
     _C._set_device_budget(0, 512 * MiB)  # what install_allocator(budget="512MiB") sets
     yield
@@ -45,7 +45,7 @@ def test_the_budget_caps_the_cuda_allocator_from_its_start_and_restores_it(cuda_
 
 
 def test_without_actpacks_cuda_allocator_the_budget_is_a_target(cuda_with_actpack, monkeypatch):
-    monkeypatch.setattr(_C, "_device_allocator_in_use", lambda: False)
+    monkeypatch.setattr(actpack.memory, "_cuda_installed", False)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 0)
@@ -54,3 +54,42 @@ def test_without_actpacks_cuda_allocator_the_budget_is_a_target(cuda_with_actpac
     assert "the budget is a target, not a cap" in memory.warnings[0]
     assert actpack.memory_budget(0) == 512 * MiB  # torch's allocator: nothing of ours to cap
     assert memory.lift_cap(10 * MiB) == 0
+
+
+def test_making_a_budget_leaves_cuda_unstarted(monkeypatch):
+    """ACTPACK_CONF makes its budget, then installs the allocator, which must come before
+    anything starts torch's CUDA: making a budget asks nothing of the device (its name and
+    current device are read when it is entered)."""
+    def starts_cuda(*args):
+        raise AssertionError("torch's CUDA started")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", starts_cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_name", starts_cuda)
+    actpack.budget("64MiB", codec="quant2")
+
+
+def test_a_plan_on_cuda_without_actpacks_allocator_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(actpack.memory, "_cuda_installed", False)
+    steps = []
+    with pytest.raises(RuntimeError, match="actpack's CUDA allocator is not installed"):
+        actpack.plan(steps.append, "64MiB", progress=False)
+    assert steps == []  # refused before any step ran
+
+
+def test_the_system_peak_counts_cuda_memory_outside_the_pool(cuda_with_actpack, monkeypatch):
+    """The driver's used memory and the pool's reserved bytes are both taken above their values
+    at enter: the pool held 600 MiB then (weights), 900 at the step's end, and the driver's
+    count grew by 500 MiB: 200 MiB are outside the pool (a library's workspace, NCCL)."""
+    driver = {"used": 1000 * MiB}
+    pool = {"reserved": 600 * MiB}
+    monkeypatch.setattr(_C, "_device_used_bytes", lambda device: driver["used"])
+    monkeypatch.setattr(actpack.memory, "memory_reserved", lambda device=None: pool["reserved"])
+    monkeypatch.setattr(_C, "_count_system_memory", lambda *args: None)
+    monkeypatch.setattr(_C, "_stop_counting_system_memory", lambda *args: None)
+    memory = _budget._PeakMeter(parse_budget("2GiB"))
+    memory.start()
+    driver["used"] += 500 * MiB
+    pool["reserved"] += 300 * MiB
+    assert memory._system_peak(950 * MiB) == 950 * MiB + 200 * MiB

@@ -791,7 +791,7 @@ class _PeakMeter:
         self.run_allocated_peak = None
         self._cuda = torch.cuda.is_available()
         self.outside_allowance = outside_allowance()
-        self.device_name = torch.cuda.get_device_name() if self._cuda else "cpu"
+        self.device_name = "cpu"  # the GPU's name at start(): asking it here would start CUDA
         self.budget_bytes = memory._resolve_budget(parsed_budget, memory._budget_device())
         self._installed_here = False
         self._previous_cap = None
@@ -802,6 +802,7 @@ class _PeakMeter:
         # at start; None where it cannot be read.
         self._resident = None
         self._driver_start = None
+        self._pool_start = 0
         self._counting = None  # the device whose pool counts the system's memory
         self._lifted = False  # the cap lifted for the rest of a step (lift_cap)
         self.lifted = False  # whether it was when the run stopped
@@ -810,7 +811,8 @@ class _PeakMeter:
 
     def start(self):
         if self._cuda:
-            self._actpack_cuda = bool(_C._device_allocator_in_use())
+            self.device_name = torch.cuda.get_device_name()
+            self._actpack_cuda = self._mem.cuda_allocator_installed()
             if not self._actpack_cuda:
                 self.warnings.append(
                     "the budget is a target, not a cap: actpack's CUDA allocator is not "
@@ -845,6 +847,9 @@ class _PeakMeter:
         try:
             device = torch.cuda.current_device()
             self._driver_start = _C._device_used_bytes(device)
+            # The driver's count is taken above its value at enter; so is the pool's, which
+            # the driver's count holds (weights, optimizer state reserved before the run).
+            self._pool_start = self._reserved_now()
             self.system_memory = "CUDA driver's used memory above its value at enter " \
                                  "(cudaMemGetInfo, at step ends)"
             if self._actpack_cuda:
@@ -871,9 +876,12 @@ class _PeakMeter:
         # The driver only says what is in use now: the pool's peak plus what is in use outside
         # the pool at the step's end (the context, workspaces, other allocators).
         used = _C._device_used_bytes(torch.cuda.current_device()) - self._driver_start
-        reserved_now = (self._mem.memory_reserved(self._device()) if self._actpack_cuda
-                        else torch.cuda.memory_reserved())
-        return reserved_peak + max(0, used - reserved_now)
+        outside = used - (self._reserved_now() - self._pool_start)
+        return reserved_peak + max(0, outside)
+
+    def _reserved_now(self):
+        return (self._mem.memory_reserved(self._device()) if self._actpack_cuda
+                else torch.cuda.memory_reserved())
 
     def _device(self):
         return "cuda" if self._cuda else "cpu"

@@ -86,6 +86,8 @@ def activate(text):
     if allocator == "auto":
         allocator = "cuda" if torch.cuda.is_available() else "cpu"
     limit = options.pop("budget")
+    # The budget first, so that a bad option fails before anything is installed; making it
+    # leaves torch's CUDA unstarted, as install_allocator needs.
     budget = actpack.budget(limit, **options)
     if allocator == "cuda":
         actpack.install_allocator(budget=limit)

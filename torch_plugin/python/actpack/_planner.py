@@ -292,7 +292,9 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             training saves, or read the cosines as an upper bound).
 
     Every argument is checked before the first step runs: a wrong type is a TypeError and a
-    value out of range a ValueError, one line naming it.
+    value out of range a ValueError, one line naming it. On a machine with CUDA, actpack's
+    CUDA allocator must be installed (actpack.install_allocator() before any CUDA work, or
+    ACTPACK_CONF), or plan raises RuntimeError: its cap is what tells a batch that fits.
     """
     if not callable(step):
         raise TypeError("actpack.plan: step must be a function running one training step at "
@@ -305,6 +307,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     gradients = _args.flag(gradients, "gradients", "actpack.plan")
     report = None if report is None else _args.path(report, "report", "actpack.plan")
     parsed = parse_budget(budget)
+    _check_capped()
 
     saved = _snapshot.TrainingState() if restore else None
     counted = _CountedStep(step)
@@ -318,6 +321,21 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         # Also after an exception or a KeyboardInterrupt in a step.
         if saved is not None:
             saved.restore()
+
+
+def _check_capped():
+    """The planner's answers come from steps held to the budget's cap: on CUDA that cap is
+    actpack's allocator's. Under torch's, a budget is a target (actpack.budget's docstring),
+    every batch tried would seem to fit, and the plan would answer past the budget (the second
+    H100 run's planner test: its truth search found every batch up to its ceiling "fits")."""
+    import torch
+
+    if torch.cuda.is_available() and not memory.cuda_allocator_installed():
+        raise RuntimeError(
+            "actpack.plan: actpack's CUDA allocator is not installed, so no step can be held to "
+            "the budget and every batch would seem to fit; call actpack.install_allocator() "
+            "before any CUDA work (or set ACTPACK_CONF). On a machine with a GPU the budget is "
+            "the GPU's, also for a model trained on the CPU")
 
 
 def _iterable(value):

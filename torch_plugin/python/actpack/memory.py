@@ -33,8 +33,11 @@ def _resolve_budget(parsed, device):
 
 def _budget_device():
     """The device a budget is for: the current CUDA device where CUDA is available, else the
-    host."""
-    return torch.cuda.current_device() if torch.cuda.is_available() else _HOST
+    host. Without starting torch's CUDA (a budget made before install_allocator must leave it
+    possible): device 0 until CUDA is initialised."""
+    if not torch.cuda.is_available():
+        return _HOST
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
 def _host_budget_bytes(budget):
@@ -190,6 +193,20 @@ def install_allocator(budget=None):
             "region")
     _configure_cuda(budget)
     torch.cuda.memory.change_current_allocator(_pluggable_allocator())
+    global _cuda_installed
+    _cuda_installed = True
+
+
+# Whether install_allocator made actpack torch's CUDA allocator (torch cannot swap it back).
+# Not _C._device_allocator_in_use(): that is true only once a device's stack is built, on its
+# first allocation, and also for a mem_pool region, where torch's allocator serves the rest.
+_cuda_installed = False
+
+
+def cuda_allocator_installed():
+    """Whether torch's CUDA allocator is actpack's (install_allocator or ACTPACK_CONF), so that
+    a budget caps every CUDA allocation of the process."""
+    return _cuda_installed
 
 
 def mem_pool(budget=None):
