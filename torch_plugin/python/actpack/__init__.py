@@ -20,6 +20,7 @@ from actpack._recompute import recompute
 from actpack._units import format_bytes, parse_budget, parse_size
 from actpack.memory import (
     cpu_allocator_installed,
+    cuda_allocator_installed,
     dump_snapshot,
     empty_cache,
     install_allocator,
@@ -48,6 +49,7 @@ __all__ = [
     "budget",
     "codec_names",
     "cpu_allocator_installed",
+    "cuda_allocator_installed",
     "decode",
     "dump_snapshot",
     "empty_cache",
