@@ -1,0 +1,167 @@
+"""Where actpack's time goes in a training step: a suite model at one batch, side by side.
+
+Every row runs in actpack's host pool (installed once, uncapped outside a budget), so the
+allocator is the same for all and plain PyTorch is the fair baseline (issue: glibc's malloc
+against actpack's pool is not). In one process, on the same weights and batches:
+
+  plain        plain PyTorch, no hooks
+  none         actpack.budget(codec="none"): the hooks and the step's accounting, nothing packed
+  auto         actpack.budget(budget, codec="auto"): what the suite's auto row runs
+
+The auto step is split by actpack's own clocks: the codecs (the session's clock of its encode
+and decode calls), the rest of the saved-tensor hooks (Python and C++, the codecs taken off),
+the end of the step (gradient norms, the policy, the peaks: _end_step), and what is left, the
+model's own forward, backward and optimizer step, whose difference from plain's is what packing
+does to them (memory traffic, allocations). Medians over the timed steps (a step another
+process preempted does not set them); the budget's first steps (profiling, the first plan) are
+not timed.
+
+    python3 benchmarks/overhead.py --model gpt2-small --batch 42 --budget 192MiB
+    python3 benchmarks/overhead.py --model resnet50 --batch 47 --budget 320MiB
+
+--json FILE writes the figures (benchmarks/results/overhead_<model>.json are this command's).
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import actpack  # noqa: E402
+from benchmarks import models  # noqa: E402
+
+WARM_STEPS = 3  # under a budget: auto's two profiling steps and its first planned step
+
+
+def minor_faults():
+    """The process's minor page faults so far (first touches of memory the OS hands out)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def timed_steps(step, steps, first_index):
+    """(wall seconds, minor page faults) of `steps` steps on batches first_index, ..."""
+    rows = []
+    for i in range(steps):
+        faults = minor_faults()
+        start = time.perf_counter()
+        step(first_index + i)
+        rows.append((time.perf_counter() - start, minor_faults() - faults))
+    return rows
+
+
+def under_budget(step, budget, codec, steps):
+    """Per timed step: (wall, codec, hooks without codecs, end of step) seconds and the minor
+    page faults."""
+    context = actpack.budget(budget, codec=codec)
+    pack, unpack = context._make_hooks(*context._session.hooks())
+    clock = {"hooks": 0.0, "end": 0.0}
+
+    def timed(fn, key):
+        def run(*args):
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                clock[key] += time.perf_counter() - start
+        return run
+
+    context._hooks = torch.autograd.graph.saved_tensors_hooks(timed(pack, "hooks"),
+                                                              timed(unpack, "hooks"))
+    # The engine's end-of-backward callback looks the method up on the budget when it queues it.
+    context._end_step = timed(context._end_step, "end")
+    session = context._session
+    rows = []
+    with context:
+        for i in range(WARM_STEPS):
+            step(i)
+        for i in range(steps):
+            clock["hooks"] = clock["end"] = 0.0
+            codec_before = session.totals()["codec_seconds"]
+            faults = minor_faults()
+            start = time.perf_counter()
+            step(WARM_STEPS + i)
+            wall = time.perf_counter() - start
+            faults = minor_faults() - faults
+            codec = session.totals()["codec_seconds"] - codec_before
+            rows.append((wall, codec, clock["hooks"] - codec, clock["end"], faults))
+    return rows, context.run.report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt2-small",
+                        choices=[t.name for t in models.tasks("cpu")])
+    parser.add_argument("--size", default="cpu", choices=["cpu", "smoke"],
+                        help="the suite's model sizes (smoke: tiny, to try the tool)")
+    parser.add_argument("--batch", type=int, default=42)
+    parser.add_argument("--budget", default="192MiB")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per row")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    task = next(t for t in models.tasks(args.size) if t.name == args.model)
+    model = task.model("cpu")
+    optimizer = task.make_optimizer(model)
+    # Every row in the same pool. As in the suite, the budget counts everything a step
+    # allocates but the weights, built before it (gradients, optimizer state, activations).
+    actpack.install_cpu_allocator()
+
+    def step(index):
+        x, y = task.batch(args.batch, index, "cpu")
+        task.loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step(0)  # the optimizer's state, oneDNN's caches
+    median = statistics.median
+    plain_rows = timed_steps(step, args.steps, 1)
+    none_rows, _ = under_budget(step, 1 << 50, "none", args.steps)
+    auto_rows, report = under_budget(step, args.budget, "auto", args.steps)
+    plain_after = median(r[0] for r in timed_steps(step, args.steps, 1))  # drift, for scale
+    plain = median(r[0] for r in plain_rows)
+    plain_faults = median(r[1] for r in plain_rows)
+
+    def split(rows):
+        wall, codec, hooks, end, faults = (median(r[k] for r in rows) for k in range(5))
+        return {"wall": wall, "codec": codec, "hooks": hooks, "end_of_step": end,
+                "model": wall - codec - hooks - end, "minor_faults": faults}
+
+    none, auto = split(none_rows), split(auto_rows)
+    totals = report["activations"]["totals"]
+    print(f"{args.model} at batch {args.batch}, budget {args.budget}, {args.threads} threads, "
+          f"medians of {args.steps} steps; every row in actpack's pool")
+    print(f"plain PyTorch          {plain:7.3f} s   (again after the rest: {plain_after:.3f} s); "
+          f"{plain_faults:.0f} minor page faults a step")
+    for name, row in (("budget, codec none", none), ("budget, codec auto", auto)):
+        print(f"{name:<22} {row['wall']:7.3f} s = {row['wall'] / plain:.2f}x plain: model "
+              f"{row['model']:.3f}, codecs {row['codec']:.3f}, hooks {row['hooks']:.3f}, "
+              f"end of step {row['end_of_step']:.3f}; {row['minor_faults']:.0f} minor page "
+              "faults a step")
+    packed = totals["packed_raw_bytes"]
+    print(f"auto packed {packed / 2**20:.0f} MiB over the run ({totals['packs']} tensors) into "
+          f"{totals['packed_stored_bytes'] / 2**20:.0f} MiB, and kept "
+          f"{totals['kept_bytes'] / 2**20:.0f} MiB as they were")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "python3 benchmarks/overhead.py " + " ".join(sys.argv[1:]),
+                       "model": args.model, "batch": args.batch, "budget": args.budget,
+                       "steps": args.steps, "threads": args.threads,
+                       "plain_seconds": plain, "plain_seconds_after": plain_after,
+                       "plain_minor_faults": plain_faults,
+                       "none": none, "auto": auto,
+                       "auto_packed_raw_bytes": totals["packed_raw_bytes"],
+                       "auto_packed_stored_bytes": totals["packed_stored_bytes"],
+                       "auto_kept_bytes": totals["kept_bytes"],
+                       "machine": {"torch": torch.__version__, "python": platform.python_version(),
+                                   "cpus": os.cpu_count()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
