@@ -1,0 +1,23 @@
+"""benchmarks/overhead.py's smoke run: every row runs, and the clocks say what ran."""
+import json
+import os
+import subprocess
+import sys
+
+TOOL = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "overhead.py")
+
+
+def test_the_split_adds_up_and_auto_packs(tmp_path):
+    out = tmp_path / "overhead.json"
+    run = subprocess.run([sys.executable, TOOL, "--size", "smoke", "--model", "gpt2-small",
+                          "--batch", "8", "--budget", "4MiB", "--steps", "2", "--json", str(out)],
+                         text=True, capture_output=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "budget, codec auto" in run.stdout and "minor page faults" in run.stdout
+    data = json.loads(out.read_text())
+    for row in ("none", "auto"):  # the codecs run inside the hooks: never more than them
+        assert data[row]["hooks"] >= 0 and data[row]["model"] > 0, data[row]
+    assert data["none"]["codec"] == 0  # nothing packed
+    # auto under 4 MiB packs (the smoke GPT saves more than that), and its codecs took time.
+    assert data["auto_packed_stored_bytes"] < data["auto_packed_raw_bytes"]
+    assert data["auto"]["codec"] > 0
