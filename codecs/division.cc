@@ -210,12 +210,8 @@ void EncodeGroup(const void* input, const Layout& l, uint64_t p, uint64_t q,
     const uint32_t code = quant_math::Quantize(finite ? r : gp.min, gp, u, kLevels);
     codes[i] = finite ? code : 0u;
   };
-  if ((first >> 32) == ((first + n - 1) >> 32)) {
-    const uint32_t key = portable::UniformKey(l.seed, first);
-    for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFromKey(key, first + i));
-  } else {
-    for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFloat(l.seed, first + i));
-  }
+  const portable::UniformDraws draws(l.seed, first, first + n);
+  for (uint32_t i = 0; i < n; ++i) quantize(i, draws(first + i));
   const uint64_t n_words = division_math::CeilDiv(n, kPerWord);
   for (uint64_t i = n; i < n_words * kPerWord; ++i) codes[i] = 0;
   const uint64_t first_word = division_math::PlaneCodeWord(l, p) + j0 / kPerWord;

@@ -101,14 +101,8 @@ Partial EncodeGroups(const void* input, const Layout& l, uint32_t* words, uint64
       const uint32_t code = quant_math::Quantize(finite ? v : p.min, p, u, kLevels);
       group_codes[i] = finite ? code : 0u;
     };
-    if ((first >> 32) == ((first + n - 1) >> 32)) {
-      const uint32_t key = portable::UniformKey(l.seed, first);
-      for (uint32_t i = 0; i < n; ++i) {
-        quantize(i, portable::UniformFromKey(key, first + i));
-      }
-    } else {
-      for (uint32_t i = 0; i < n; ++i) quantize(i, portable::UniformFloat(l.seed, first + i));
-    }
+    const portable::UniformDraws draws(l.seed, first, first + n);
+    for (uint32_t i = 0; i < n; ++i) quantize(i, draws(first + i));
     for (uint32_t i = n; i < l.group_size; ++i) group_codes[i] = 0;
     uint32_t* out = words + l.CodeWord(g, 0);
     for (uint64_t w = 0; w < l.words_per_group; ++w) {

@@ -195,22 +195,16 @@ ACTPACK_HD uint32_t UniformKey(uint64_t seed, uint64_t index) {
   return static_cast<uint32_t>(SplitMix64(seed ^ ((index >> 32) * 0xd1b54a32d192ed03ull)));
 }
 
-// A uniform draw in [0, 1) for element `index` under the key of its stream, with 24 random
-// bits so that the result is exact in float. Counter-based: any thread can draw any element's
-// number, and the CPU and the GPU draw the same one.
+// A uniform draw in [0, 1) for element `index` under its stream's key, hashed (Hash32), with
+// 24 random bits so that the result is exact in float. Counter-based: any thread can draw any
+// element's number, and the CPU and the GPU draw the same one.
 ACTPACK_HD float UniformFromHashedKey(uint32_t hashed_key, uint64_t index) {
   const uint32_t r = Hash32(static_cast<uint32_t>(index) ^ hashed_key);
   return static_cast<float>(r >> 8) * (1.0f / 16777216.0f);
 }
 
-// The same draw from the key itself; a kernel that draws many elements of one stream hashes
-// the key once (Hash32(key)) and calls UniformFromHashedKey.
-ACTPACK_HD float UniformFromKey(uint32_t key, uint64_t index) {
-  return UniformFromHashedKey(Hash32(key), index);
-}
-
 ACTPACK_HD float UniformFloat(uint64_t seed, uint64_t index) {
-  return UniformFromKey(UniformKey(seed, index), index);
+  return UniformFromHashedKey(Hash32(UniformKey(seed, index)), index);
 }
 
 // The draws UniformFloat(seed, i) of elements i in [first, last), with the stream's key hashed
