@@ -5,6 +5,11 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# How long a child process (a subprocess, a spawned rank, a gloo collective) may run before a test
+# calls it hung. A guard against hangs, not a time limit: the slowest child takes a few minutes on
+# an idle 2-core machine, and a machine running other work may take several times that.
+HANG_GUARD_S = 1800
+
 # The demo (tools/demo.py) is imported by tests as a module.
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 

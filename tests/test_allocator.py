@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import actpack
+from conftest import HANG_GUARD_S
 
 MiB = 1 << 20
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allocator_child.py")
@@ -37,7 +38,7 @@ def run_child(scenario):
     site = os.path.dirname(os.path.dirname(os.path.abspath(actpack.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, CHILD, scenario], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, f"{scenario} failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 

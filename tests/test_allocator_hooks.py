@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import actpack
+from conftest import HANG_GUARD_S
 
 MiB = 1 << 20
 
@@ -40,7 +41,7 @@ def run_script(body):
     site = os.path.dirname(os.path.dirname(os.path.abspath(actpack.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 

@@ -16,6 +16,7 @@ from actpack import _C
 
 import gpu_allocator_benchmark as bench  # tools/, on the path through conftest.py
 import record_trace
+from conftest import HANG_GUARD_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTDATA = os.path.join(ROOT, "allocator", "testdata")
@@ -106,7 +107,7 @@ def test_record_trace_writes_a_trace_of_a_real_step(tmp_path):
     done = subprocess.run(
         [sys.executable, os.path.join(TOOLS, "record_trace.py"), "--model", "cnn", "--steps", "1",
          "--warmup", "1", "--batch", "4", "--context", "32", "--out", str(out)],
-        env=child_env(), capture_output=True, text=True, timeout=300)
+        env=child_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr
     trace = bench.read_trace(str(out))
     # Forward, backward and Adam of a 6-layer network: hundreds of allocations, each freed.
@@ -156,7 +157,7 @@ def test_worker_replays_through_actpacks_device_stack_on_the_host():
         [sys.executable, os.path.join(TOOLS, "gpu_allocator_benchmark.py"), "--worker",
          "actpack", "--backend", "host", "--trace", os.path.join(TESTDATA, "cnn_step.trace"),
          "--repeats", "10"],
-        env=child_env(), capture_output=True, text=True, timeout=300)
+        env=child_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     trace = bench.read_trace(os.path.join(TESTDATA, "cnn_step.trace"))
@@ -188,7 +189,7 @@ def test_format_table_shows_allocators_side_by_side():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_gpu_comparison_without_cuda_says_it_needs_cuda():
     done = subprocess.run([sys.executable, os.path.join(TOOLS, "gpu_allocator_benchmark.py")],
-                          env=child_env(), capture_output=True, text=True, timeout=120)
+                          env=child_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode != 0
     assert "gpu_allocator_benchmark: needs CUDA" in done.stderr
 
@@ -199,7 +200,7 @@ def test_gpu_comparison_runs_every_allocator(tmp_path):
     done = subprocess.run(
         [sys.executable, os.path.join(TOOLS, "gpu_allocator_benchmark.py"), "--repeats", "3",
          "--trace", os.path.join(TESTDATA, "cnn_step.trace"), "--json", str(out)],
-        env=child_env(), capture_output=True, text=True, timeout=600)
+        env=child_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads(out.read_text())["results"]
     assert [r["allocator"] for r in results] == ["actpack", "torch", "cudaMallocAsync"]

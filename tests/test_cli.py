@@ -30,6 +30,7 @@ import torch.nn as nn
 
 import actpack
 from actpack import _C
+from conftest import HANG_GUARD_S
 
 pytestmark = pytest.mark.skipif(
     not hasattr(_C, "run_cli"),
@@ -44,7 +45,7 @@ FIXTURES = [p.name for p in (REPO / "report" / "testdata").glob("*.json")]
 def actpack_cli(*args):
     """Runs `python -m actpack.cli ARGS` in a child process, as the console script would."""
     return subprocess.run([sys.executable, "-m", "actpack.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def run_cli(*args):
@@ -129,7 +130,7 @@ def test_plot_renders_to_png(run_report, tmp_path):
     if rsvg is None:
         pytest.skip("rsvg-convert not installed (Debian package librsvg2-bin)")
     png = tmp_path / "memory.png"
-    subprocess.run([rsvg, str(svg), "-o", str(png)], check=True, timeout=60)
+    subprocess.run([rsvg, str(svg), "-o", str(png)], check=True, timeout=HANG_GUARD_S)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
@@ -162,7 +163,7 @@ def test_every_plot_is_well_formed_svg(source, tmp_path):
     if rsvg is None:
         pytest.skip("rsvg-convert not installed (Debian package librsvg2-bin)")
     png = tmp_path / "memory.png"
-    subprocess.run([rsvg, str(svg), "-o", str(png)], check=True, timeout=60)
+    subprocess.run([rsvg, str(svg), "-o", str(png)], check=True, timeout=HANG_GUARD_S)
     assert struct.unpack(">II", png.read_bytes()[16:24]) == (int(root.get("width")),
                                                             int(root.get("height")))
 
@@ -362,7 +363,7 @@ def test_snapshot_of_a_live_allocator_matches_python_pickle(run_report, tmp_path
     pickle of the same dict (actpack.dump_snapshot) reads back as."""
     allocator_json, python_pickle = tmp_path / "allocator.json", tmp_path / "python.pickle"
     subprocess.run([sys.executable, "-c", LIVE_ALLOCATOR, allocator_json, python_pickle, device],
-                   check=True, timeout=300)
+                   check=True, timeout=HANG_GUARD_S)
     report = json.loads(run_report.read_text())
     report["allocator"] = json.loads(allocator_json.read_text())
     path = tmp_path / "run_with_allocator.json"

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import HANG_GUARD_S
 
 SCRIPT = textwrap.dedent("""
     import torch, torch.nn as nn, torch.nn.functional as F
@@ -36,7 +37,7 @@ def run(script_path, conf):
     if conf is not None:
         env["ACTPACK_CONF"] = conf
     return subprocess.run([sys.executable, str(script_path)], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_GUARD_S)
 
 
 def test_unmodified_script_is_packed_and_reported(tmp_path):

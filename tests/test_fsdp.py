@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import actpack
 from test_integrations import _free_port, mlp, run_ranks, teacher_batch
 from training_checks import check_budgeted_run
+from conftest import HANG_GUARD_S
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
 
@@ -55,7 +56,7 @@ def train(rank, budget=None, **budget_args):
 def _worker(rank, port, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD_SIZE, timeout=timedelta(seconds=60))
+                            world_size=WORLD_SIZE, timeout=timedelta(seconds=HANG_GUARD_S))
     try:
         plain, _, _ = train(rank)
         # Packing off: the same losses, and this rank's plain peak.
@@ -72,7 +73,7 @@ def _worker(rank, port, out_dir):
 
 
 def test_fsdp2_two_gloo_ranks_each_under_its_own_budget(tmp_path):
-    run_ranks(_worker, (_free_port(), str(tmp_path)), WORLD_SIZE, 240)
+    run_ranks(_worker, (_free_port(), str(tmp_path)), WORLD_SIZE, HANG_GUARD_S)
     for rank in range(WORLD_SIZE):
         result = torch.load(tmp_path / f"rank{rank}.pt")
         plain, packed = result["plain"], result["packed"]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import actpack
+from conftest import HANG_GUARD_S
 
 BACKWARD_NOTE = "saved during backward (create_graph or recomputation)"
 
@@ -185,7 +186,7 @@ def _free_port():
 def _ddp_worker(rank, world_size, port, out_dir, steps):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=60))
+                            world_size=world_size, timeout=timedelta(seconds=HANG_GUARD_S))
     try:
         results = {}
         for name in ("plain", "actpack"):
@@ -224,7 +225,7 @@ def run_ranks(worker, args, world_size, timeout_s):
 
 def test_ddp_two_gloo_ranks_each_with_a_budget(tmp_path):
     world_size, steps = 2, 30
-    run_ranks(_ddp_worker, (world_size, _free_port(), str(tmp_path), steps), world_size, 120)
+    run_ranks(_ddp_worker, (world_size, _free_port(), str(tmp_path), steps), world_size, HANG_GUARD_S)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     for a, b in zip(ranks[0]["actpack"]["params"], ranks[1]["actpack"]["params"]):
         assert torch.equal(a, b)  # gradients are all-reduced: the replicas stay identical

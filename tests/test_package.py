@@ -11,13 +11,14 @@ import sys
 import torch
 
 import actpack
+from conftest import HANG_GUARD_S
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def python(code, **kwargs):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, **kwargs)
+                          timeout=HANG_GUARD_S, **kwargs)
 
 
 def test_one_version_in_the_source_the_metadata_the_cli_and_every_report(tmp_path):
@@ -26,7 +27,7 @@ def test_one_version_in_the_source_the_metadata_the_cli_and_every_report(tmp_pat
     assert actpack.__version__ == written
     assert importlib.metadata.version("actpack") == written
     cli = subprocess.run([sys.executable, "-m", "actpack.cli", "--version"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=HANG_GUARD_S)
     assert (cli.returncode, cli.stdout, cli.stderr) == (0, f"actpack {written}\n", "")
     with actpack.budget("1GiB", report=tmp_path / "run.json") as run:
         torch.randn(64, 64, requires_grad=True).tanh().sum().backward()

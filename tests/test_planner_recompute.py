@@ -22,6 +22,7 @@ from actpack import _planner
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 import models  # noqa: E402  (the benchmark's GPT, its blocks marked with actpack.recompute)
+from conftest import HANG_GUARD_S
 
 BUDGET = 16 << 20
 
@@ -46,7 +47,7 @@ def gpt_step():
 def in_a_fresh_process(*args):
     """This file run as a script with `args`: its last line, as JSON."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *map(str, args)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr[-3000:]
     print(out.stdout)
     return json.loads(out.stdout.strip().splitlines()[-1])

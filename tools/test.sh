@@ -5,12 +5,13 @@
 #      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel)
 #   3. bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //report/...
 #                 //testing/...                   (the CUDA code paths on the CUDA emulator, and
-#                                                 the CPU paths, under AddressSanitizer + UBSan)
-#      python3 tools/cudaemu_coverage.py         (the emulated tests with the race checker, and
-#                                                 kernel line coverage >= 95%, mode branches)
+#                                                 the CPU paths, under AddressSanitizer + UBSan,
+#                                                 blocks in the reverse schedule)
+#      python3 tools/cudaemu_coverage.py         (the emulated tests with the race checker in the
+#                                                 forward schedule, and kernel line coverage
+#                                                 >= 95%, mode branches)
 #      python3 tools/traffic_check.py            (each kernel's memory traffic, as the race
 #                                                 checker sees it, against codecs/cuda/traffic.tsv)
-#      ... the emulated tests with the race checker again, under the reverse schedule
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
 #   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
@@ -54,33 +55,31 @@ fi
 
 # The emulated configs leave out //torch_plugin: it builds against the wheel's CPU LibTorch,
 # and its CUDA paths are the codecs' and the allocator's, emulated below. Each emulated build
-# is one that checks something more: the forward schedule runs under the sanitizers (the
-# CUDA-enabled build runs the CPU paths too; only the "CUDA is not compiled in" branches are
-# left to the plain build above) and under the race checker; the other schedules reuse the
-# race checker's build.
-stage "emulated CUDA and CPU paths under AddressSanitizer + UBSan (forward schedule)"
-bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //report/... //testing/... ||
+# is one that checks something more, and each runs the emulated tests in a different order of
+# blocks, so every test runs in two schedules without a third pass: the sanitizers' build in the
+# reverse schedule (the CUDA-enabled build runs the CPU paths too; only the "CUDA is not
+# compiled in" branches are left to the plain build above), the race checker's in the forward
+# one. The full run adds random schedules on the race checker's build.
+stage "emulated CUDA and CPU paths under AddressSanitizer + UBSan (reverse schedule)"
+bazel test --config=cudaemu_asan --test_env=CUDAEMU_SCHEDULE=reverse \
+  //codecs/... //runtime/... //allocator/... //report/... //testing/... ||
   failed+=("asan")
-stage "emulated tests with the race checker, and the kernels' coverage"
+stage "emulated tests with the race checker (forward schedule), and the kernels' coverage"
 python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "the kernels' memory traffic against codecs/cuda/traffic.tsv"
 python3 tools/traffic_check.py || failed+=("traffic table")
-# The reverse schedule reorders kernels' blocks, so it reruns the tests that can launch kernels
-# (those linking the emulated kernels: the codec, session and report-writer tests; the allocator's
-# launch none). random:SEED (the full run) also reorders the streams' progress: every test
-# that links the emulator.
-rerun_root=//codecs:cuda_kernels_emulated
-[ "$FULL" = 1 ] && rerun_root=//testing/cudaemu:runtime
-emulated=$(bazel cquery --config=cudaemu_race "kind(\".*_test\", rdeps(//... except //torch_plugin/..., $rerun_root))" \
-           2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
-schedules="reverse"
-[ "$FULL" = 1 ] && schedules="reverse random:7 random:11"
-for schedule in $schedules; do
-  stage "emulated tests with the race checker, schedule $schedule"
-  # shellcheck disable=SC2086
-  [ -n "$emulated" ] && bazel test --config=cudaemu_race --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
-    failed+=("cudaemu $schedule")
-done
+# The full run: random:SEED reorders the blocks and the streams' progress, on every test that
+# links the emulator, with the race checker.
+if [ "$FULL" = 1 ]; then
+  emulated=$(bazel cquery --config=cudaemu_race "kind(\".*_test\", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))" \
+             2>/dev/null | cut -d' ' -f1 | tr '\n' ' ')
+  for schedule in random:7 random:11; do
+    stage "emulated tests with the race checker, schedule $schedule"
+    # shellcheck disable=SC2086
+    [ -n "$emulated" ] && bazel test --config=cudaemu_race --test_env=CUDAEMU_SCHEDULE="$schedule" $emulated ||
+      failed+=("cudaemu $schedule")
+  done
+fi
 stage "kernel mutation tests"
 if [ "$FULL" = 1 ]; then
   python3 tools/mutate_kernels.py || failed+=("kernel mutations")
