@@ -31,6 +31,15 @@ def bazel(*args):
     return subprocess.run(["bazel", *args], check=False, text=True, capture_output=True)
 
 
+def gcov_test_env():
+    """The --test_env flags that send every test's gcov counts beside the objects. The objects
+    name their counts file /proc/self/cwd/bazel-out/... (Bazel compiles in /proc/self/cwd): strip
+    those 3 components and put the execution root in front. tools/mutate_kernels.py passes the
+    same flags, so that its unmutated run is this run's cached result, not a second run."""
+    execroot = bazel("info", f"--config={CONFIG}", "execution_root").stdout.strip()
+    return [f"--test_env=GCOV_PREFIX={execroot}", "--test_env=GCOV_PREFIX_STRIP=3"]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-lines", type=float, default=95.0)
@@ -48,12 +57,8 @@ def main():
             os.remove(stale)
         targets = [line.split()[0] for line in
                    bazel("cquery", f"--config={CONFIG}", EMULATED).stdout.splitlines() if line]
-        # The objects name their counts file /proc/self/cwd/bazel-out/... (Bazel compiles in
-        # /proc/self/cwd): strip those 3 components and put the execution root in front, so that
-        # every test adds to the counts beside the objects.
         run = subprocess.run(["bazel", "test", f"--config={CONFIG}", "--nocache_test_results",
-                              f"--test_env=GCOV_PREFIX={execroot}", "--test_env=GCOV_PREFIX_STRIP=3",
-                              *targets], text=True)
+                              *gcov_test_env(), *targets], text=True)
         if run.returncode != 0:
             print("cudaemu coverage: the emulated tests failed under the race checker",
                   file=sys.stderr)

@@ -61,7 +61,7 @@ fi
 # compiled in" branches are left to the plain build above), the race checker's in the forward
 # one. The full run adds random schedules on the race checker's build.
 stage "emulated CUDA and CPU paths under AddressSanitizer + UBSan (reverse schedule)"
-bazel test --config=cudaemu_asan --test_env=CUDAEMU_SCHEDULE=reverse \
+bazel test --config=cudaemu_asan --build_tests_only --test_env=CUDAEMU_SCHEDULE=reverse \
   //codecs/... //runtime/... //allocator/... //report/... //testing/... ||
   failed+=("asan")
 stage "emulated tests with the race checker (forward schedule), and the kernels' coverage"
