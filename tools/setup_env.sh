@@ -13,9 +13,10 @@ TORCH="torch==2.13.0"
 # are installed too, so their tests run. torch is named with them, pinned: pip then keeps the
 # installed CPU torch instead of resolving one of its own.
 # tqdm and matplotlib: the benchmark suite's progress bar and picture (benchmarks/).
-# hypothesis: the property tests of tests/test_edge_inputs.py.
+# hypothesis: the property tests of tests/test_edge_inputs.py. pytest-xdist: the test command
+# runs a test per core.
 # scikit-learn: the handwritten digits it ships, the convergence benchmark's image data.
-PIP_PACKAGES=("$TORCH" pytest hypothesis numpy ninja setuptools wheel build tqdm matplotlib
+PIP_PACKAGES=("$TORCH" pytest pytest-xdist hypothesis numpy ninja setuptools wheel build tqdm matplotlib
               jsonschema scikit-learn "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
 
 SUDO=""

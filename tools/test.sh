@@ -15,7 +15,8 @@
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
 #   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
-#   6. pytest tests/                             (the installed package; GPU tests skip)
+#   6. pytest -n auto tests/                     (the installed package, a test per core; GPU
+#                                                 tests skip)
 # then the time each stage took. ACTPACK_FULL=1 runs the long sweeps in full (see FULL below). Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -97,7 +98,13 @@ stage "pytest"
 # The soak (tests/test_soak.py): 200 steps per codec, 2,000 in the full run.
 [ "$FULL" = 1 ] && export ACTPACK_SOAK_STEPS=2000
 pytest_log=$(mktemp)
-(cd tests && python3 -m pytest -q -p no:cacheprovider --durations=12 . 2>&1 | tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
+# Two tests at a time per two cores (pytest-xdist), each worker with one intra-op thread: two
+# workers with torch's default of one thread per core would oversubscribe the cores, and
+# OpenMP's waits at every parallel region then cost more than the second worker gains
+# (measured on 2 cores: 1,876 s so, 633 s with one thread each). The tests that pack with
+# several threads set torch's thread count themselves (tests/test_codec.py).
+(cd tests && OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider -n auto --durations=12 . 2>&1 |
+   tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
   failed+=("pytest")
 stage ""
 
