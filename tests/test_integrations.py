@@ -211,21 +211,21 @@ def _ddp_worker(rank, world_size, port, out_dir, steps):
         dist.destroy_process_group()
 
 
-def run_ranks(worker, args, world_size, timeout_s):
+def run_ranks(worker, args, world_size):
     """Runs worker(rank, *args) in `world_size` spawned processes; fails the test after
-    `timeout_s` seconds (a hung collective would otherwise hang the suite)."""
+    HANG_GUARD_S seconds (a hung collective would otherwise hang the suite)."""
     context = mp.spawn(worker, args=args, nprocs=world_size, join=False)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + HANG_GUARD_S
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail(f"the ranks did not finish within {timeout_s} s")
+            pytest.fail(f"the ranks did not finish within {HANG_GUARD_S} s")
 
 
 def test_ddp_two_gloo_ranks_each_with_a_budget(tmp_path):
     world_size, steps = 2, 30
-    run_ranks(_ddp_worker, (world_size, _free_port(), str(tmp_path), steps), world_size, HANG_GUARD_S)
+    run_ranks(_ddp_worker, (world_size, _free_port(), str(tmp_path), steps), world_size)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
     for a, b in zip(ranks[0]["actpack"]["params"], ranks[1]["actpack"]["params"]):
         assert torch.equal(a, b)  # gradients are all-reduced: the replicas stay identical

@@ -31,12 +31,15 @@ def bazel(*args):
     return subprocess.run(["bazel", *args], check=False, text=True, capture_output=True)
 
 
-def gcov_test_env():
+def execution_root():
+    return bazel("info", f"--config={CONFIG}", "execution_root").stdout.strip()
+
+
+def gcov_test_env(execroot):
     """The --test_env flags that send every test's gcov counts beside the objects. The objects
     name their counts file /proc/self/cwd/bazel-out/... (Bazel compiles in /proc/self/cwd): strip
     those 3 components and put the execution root in front. tools/mutate_kernels.py passes the
     same flags, so that its unmutated run is this run's cached result, not a second run."""
-    execroot = bazel("info", f"--config={CONFIG}", "execution_root").stdout.strip()
     return [f"--test_env=GCOV_PREFIX={execroot}", "--test_env=GCOV_PREFIX_STRIP=3"]
 
 
@@ -49,7 +52,7 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.chdir(root)
 
-    execroot = bazel("info", f"--config={CONFIG}", "execution_root").stdout.strip()
+    execroot = execution_root()
     bin_dir = bazel("info", f"--config={CONFIG}", "bazel-bin").stdout.strip()
     objects = os.path.join(bin_dir, "codecs", "_objs", "cuda_kernels_emulated")
     if not args.skip_run:
@@ -58,7 +61,7 @@ def main():
         targets = [line.split()[0] for line in
                    bazel("cquery", f"--config={CONFIG}", EMULATED).stdout.splitlines() if line]
         run = subprocess.run(["bazel", "test", f"--config={CONFIG}", "--nocache_test_results",
-                              *gcov_test_env(), *targets], text=True)
+                              *gcov_test_env(execroot), *targets], text=True)
         if run.returncode != 0:
             print("cudaemu coverage: the emulated tests failed under the race checker",
                   file=sys.stderr)

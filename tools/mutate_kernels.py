@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cudaemu_coverage import CONFIG, gcov_test_env
+from cudaemu_coverage import CONFIG, execution_root, gcov_test_env
 
 TARGET = "//codecs:cuda_identity_test"
 DEFERRED = "//codecs:deferred_test"
@@ -261,7 +261,7 @@ def main():
     # The unmutated suite must pass first, or a "killed" mutant would mean nothing. With the
     # coverage run's test environment: after tools/cudaemu_coverage.py (the test command runs it
     # first) this is its cached pass.
-    base = run_bazel(["test", f"--config={CONFIG}", *gcov_test_env(), TARGET, DEFERRED])
+    base = run_bazel(["test", f"--config={CONFIG}", *gcov_test_env(execution_root()), TARGET, DEFERRED])
     if base.returncode != 0:
         print(base.stdout[-3000:] + base.stderr[-3000:])
         print("mutate_kernels: the unmutated emulated suite fails; fix that first")
