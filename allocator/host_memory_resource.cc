@@ -12,6 +12,42 @@
 #include "allocator/units.h"
 
 namespace actpack::allocator {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// `size` bytes of fresh pages, page aligned (so also kAllocationAlignment aligned), or nullptr.
+// From kHugePage up they start on a huge-page boundary and ask the kernel for transparent huge
+// pages (honoured when /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise"):
+// under a budget the pool releases and reserves segments every step, and the first touch of a
+// fresh segment costs a page fault per 4 KiB, 64,000 a step on the suite's ResNet-50 (0.15 s of
+// its 1.1 s), against one per 2 MiB in huge pages. The resident size is what was touched, as
+// before: a segment's blocks are written once handed out. PyTorch's own CPU allocator does the
+// same behind THP_MEM_ALLOC_ENABLE.
+void* MapPages(size_t size) {
+  constexpr int kProtection = PROT_READ | PROT_WRITE;
+  constexpr int kFlags = MAP_PRIVATE | MAP_ANONYMOUS;
+  if (size < kHugePage) {
+    void* ptr = mmap(nullptr, size, kProtection, kFlags, -1, 0);
+    return ptr == MAP_FAILED ? nullptr : ptr;
+  }
+  // Map a huge page more than asked and unmap the ends outside the aligned range.
+  const size_t mapped = size + kHugePage;
+  void* raw = mmap(nullptr, mapped, kProtection, kFlags, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = RoundUp(begin, kHugePage);
+  if (aligned > begin) munmap(raw, aligned - begin);
+  const uintptr_t end = begin + mapped;
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  void* ptr = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+  madvise(ptr, size, MADV_HUGEPAGE);  // advice: refused or ignored, the pages are small ones
+#endif
+  return ptr;
+}
+
+}  // namespace
 
 absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream,
                                                      size_t reserve_limit) {
@@ -28,9 +64,7 @@ absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream
   }
   void* ptr = nullptr;
   if (size >= kMapThreshold) {
-    // Page aligned, so also kAllocationAlignment aligned.
-    ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (ptr == MAP_FAILED) ptr = nullptr;
+    ptr = MapPages(size);
   } else if (posix_memalign(&ptr, kAllocationAlignment, size) != 0) {
     ptr = nullptr;
   }

@@ -20,9 +20,12 @@
 #include "runtime/json.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
 #include "torch_plugin/csrc/lean_backward.h"
+#include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack {
 namespace {
+
+using torch_plugin::ToChannelsLastInPlace;
 
 using ::testing::HasSubstr;
 
@@ -142,6 +145,34 @@ std::vector<torch::Tensor> ConvNetGradients(bool lean, int64_t* taken) {
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : net->parameters()) grads.push_back(p.grad().clone());
   return grads;
+}
+
+// Decoded activations go channels_last in their own memory (saved_tensors.cc): the same values
+// as torch's copy, for every element width, odd tile edges, one channel or one pixel, and a
+// tensor that shares its storage (copied, never overwritten).
+TEST(ToChannelsLastInPlaceTest, MatchesTorchsChannelsLastCopy) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {3, 5, 7, 9}, {2, 64, 33, 31}, {4, 3, 32, 32}, {2, 1, 5, 5}, {2, 8, 1, 1}, {0, 4, 2, 2}};
+  for (const at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble, at::kByte}) {
+    for (const std::vector<int64_t>& shape : shapes) {
+      const at::Tensor source = torch::arange(
+          c10::multiply_integers(shape), torch::TensorOptions().dtype(torch::kLong))
+          .remainder(251).to(dtype).reshape(shape);
+      const at::Tensor expected = source.contiguous(at::MemoryFormat::ChannelsLast);
+      at::Tensor t = source.clone();
+      const void* const data = t.data_ptr();
+      const at::Tensor result = ToChannelsLastInPlace(t);
+      EXPECT_EQ(result.data_ptr(), data) << "in place";
+      EXPECT_TRUE(result.is_contiguous(at::MemoryFormat::ChannelsLast));
+      EXPECT_TRUE(torch::equal(result, expected)) << dtype << " " << source.sizes();
+    }
+  }
+  const at::Tensor whole = torch::randn({2, 4, 6, 6});
+  const at::Tensor view = whole.narrow(0, 1, 1);  // shares the storage with sample 0
+  const at::Tensor copy = ToChannelsLastInPlace(view);
+  EXPECT_NE(copy.data_ptr(), view.data_ptr());
+  EXPECT_TRUE(torch::equal(copy, view));
+  EXPECT_TRUE(view.is_contiguous());
 }
 
 // LibTorch's autograd nodes take the offers as Python's do: both batch norms, the first ReLU

@@ -240,23 +240,6 @@ bool WantsChannelsLast(const runtime::PackedTensor& packed, const at::Tensor& de
   return kConvNetBackward->contains(node->name());
 }
 
-// `t` (contiguous NCHW) rewritten channels_last in its own memory. Each sample's elements lie
-// in the same bytes in both layouts, so a one-sample buffer transposes them in place, where a
-// second tensor of the whole batch would raise the step's peak by the decoded tensor's bytes.
-at::Tensor ToChannelsLastInPlace(const at::Tensor& t) {
-  if (t.storage_offset() != 0 ||
-      t.storage().nbytes() != static_cast<size_t>(t.numel() * t.element_size())) {
-    return t.contiguous(at::MemoryFormat::ChannelsLast);  // not alone on its storage
-  }
-  at::Tensor channels_last = t.as_strided(t.sizes(), c10::get_channels_last_strides_2d(t.sizes()));
-  at::Tensor sample = at::empty(t.sizes().slice(1), t.options());
-  for (int64_t n = 0; n < t.size(0); ++n) {
-    sample.copy_(t[n]);
-    channels_last[n].copy_(sample);
-  }
-  return channels_last;
-}
-
 runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
   absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
   ThrowIfError(choice.status());

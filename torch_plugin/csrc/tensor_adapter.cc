@@ -1,9 +1,12 @@
 #include "torch_plugin/csrc/tensor_adapter.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty_native.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #ifdef ACTPACK_WITH_CUDA
@@ -79,6 +82,38 @@ class TorchCudaScratch final : public codecs::ScratchAllocator {
 };
 #endif
 
+
+// One sample, [C, HW] in `in`, written as [HW, C] to `out` in square tiles, so that the lines
+// read and the lines written stay in cache while a tile is done: a copy through a permuted view
+// (TensorIterator) walks one side at stride C or HW, a cache line per element.
+template <typename T>
+void TransposeSample(const T* in, T* out, int64_t channels, int64_t pixels) {
+  constexpr int64_t kTile = 32;
+  for (int64_t p0 = 0; p0 < pixels; p0 += kTile) {
+    const int64_t p1 = std::min(pixels, p0 + kTile);
+    for (int64_t c0 = 0; c0 < channels; c0 += kTile) {
+      const int64_t c1 = std::min(channels, c0 + kTile);
+      for (int64_t p = p0; p < p1; ++p) {
+        for (int64_t c = c0; c < c1; ++c) out[p * channels + c] = in[c * pixels + p];
+      }
+    }
+  }
+}
+
+// Samples in parallel, each copied to its thread's row of `scratch` and transposed back.
+template <typename T>
+void TransposeSamplesInPlace(T* data, int64_t samples, int64_t channels, int64_t pixels,
+                             T* scratch) {
+  const int64_t sample_size = channels * pixels;
+  at::parallel_for(0, samples, 1, [&](int64_t begin, int64_t end) {
+    T* buffer = scratch + at::get_thread_num() * sample_size;
+    for (int64_t n = begin; n < end; ++n) {
+      T* sample = data + n * sample_size;
+      std::memcpy(buffer, sample, static_cast<size_t>(sample_size) * sizeof(T));
+      TransposeSample(buffer, sample, channels, pixels);
+    }
+  });
+}
 }  // namespace
 
 codecs::TensorView ToView(const at::Tensor& contiguous) {
@@ -143,6 +178,34 @@ void ThrowIfError(const absl::Status& status) {
     default:
       TORCH_CHECK(false, message);
   }
+}
+
+at::Tensor ToChannelsLastInPlace(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 4 && t.is_contiguous() && t.is_cpu(),
+              "actpack: ToChannelsLastInPlace takes a contiguous 4-D CPU tensor, got sizes ",
+              t.sizes(), " and strides ", t.strides());
+  if (t.storage_offset() != 0 ||
+      t.storage().nbytes() != static_cast<size_t>(t.numel() * t.element_size())) {
+    return t.contiguous(at::MemoryFormat::ChannelsLast);  // not alone on its storage
+  }
+  const int64_t samples = t.size(0), channels = t.size(1), pixels = t.size(2) * t.size(3);
+  at::Tensor channels_last = t.as_strided(t.sizes(), c10::get_channels_last_strides_2d(t.sizes()));
+  if (channels == 1 || pixels == 1 || samples == 0) return channels_last;  // the same order
+  at::Tensor scratch = Empty({at::get_num_threads(), channels * pixels}, t.options());
+  void* data = t.data_ptr();
+  void* buffer = scratch.data_ptr();
+  switch (t.element_size()) {  // a transposition moves bytes: only the width matters
+    case 1: TransposeSamplesInPlace(static_cast<uint8_t*>(data), samples, channels, pixels,
+                                    static_cast<uint8_t*>(buffer)); break;
+    case 2: TransposeSamplesInPlace(static_cast<uint16_t*>(data), samples, channels, pixels,
+                                    static_cast<uint16_t*>(buffer)); break;
+    case 4: TransposeSamplesInPlace(static_cast<uint32_t*>(data), samples, channels, pixels,
+                                    static_cast<uint32_t*>(buffer)); break;
+    case 8: TransposeSamplesInPlace(static_cast<uint64_t*>(data), samples, channels, pixels,
+                                    static_cast<uint64_t*>(buffer)); break;
+    default: return t.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  return channels_last;
 }
 
 }  // namespace actpack::torch_plugin

@@ -30,6 +30,13 @@ at::TensorOptions BufferOptions(const codecs::ExecContext& context);
 // allocate for every saved tensor, and that round trip costs more than a small codec.
 at::Tensor Empty(at::IntArrayRef sizes, const at::TensorOptions& options);
 
+// `t` (a contiguous 4-D NCHW tensor) rewritten channels_last in its own memory, returned as a
+// channels_last view of the same storage. Each sample's elements lie in the same bytes in both
+// layouts, so a one-sample buffer per thread transposes them in place, where a second tensor
+// of the whole batch would raise the step's peak by the decoded tensor's bytes. A tensor that
+// does not own its whole storage gets a channels_last copy instead.
+at::Tensor ToChannelsLastInPlace(const at::Tensor& t);
+
 // The device and current stream of `tensor`, and on CUDA the scratch allocator (torch's CUDA
 // allocator) its codecs take their counters from.
 codecs::ExecContext ContextFor(const at::Tensor& tensor);
