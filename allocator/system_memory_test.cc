@@ -1,7 +1,9 @@
 #include "allocator/system_memory.h"
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "allocator/host_memory_resource.h"
@@ -58,6 +60,44 @@ TEST(SystemMemoryTest, PhysicalMemoryIsTheKernelsMemTotal) {
   while (meminfo >> key >> kib && key != "MemTotal:") meminfo.ignore(1 << 10, '\n');
   ASSERT_EQ(key, "MemTotal:");
   EXPECT_EQ(PhysicalMemoryBytes(), kib * 1024);
+}
+
+// The VmFlags line of the mapping that holds `address` (/proc/self/smaps), or "" if none does.
+std::string MappingFlags(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto target = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (range >> std::hex >> begin >> dash >> end && dash == '-') {
+      inside = begin <= target && target < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// Segments of 2 MiB and more start on a huge-page boundary and are advised for transparent huge
+// pages, so a fresh segment costs a page fault per 2 MiB, not per 4 KiB (host_memory_resource.cc).
+// Whether the kernel then backs them with huge pages depends on its setting and its free memory,
+// so the test checks the request: the alignment, and the advice in the mapping's flags ("hg").
+TEST(SystemMemoryTest, SegmentsFromTwoMiBUpStartOnAHugePageAndAskForHugePages) {
+  HostMemoryResource host;
+  const bool kernel_has_thp =
+      std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
+  for (size_t bytes : {2_MiB, 4_MiB, 6_MiB + 256, 25_MiB}) {
+    void* p = *host.Allocate(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 2_MiB, 0u) << bytes;
+    std::memset(p, 3, bytes);
+    if (kernel_has_thp) EXPECT_NE(MappingFlags(p).find(" hg"), std::string::npos) << bytes;
+    host.Deallocate(p, bytes);
+  }
+  void* small = *host.Allocate(1_MiB);  // below a huge page: plain pages, no advice
+  EXPECT_EQ(MappingFlags(small).find(" hg"), std::string::npos);
+  host.Deallocate(small, 1_MiB);
 }
 
 // Freed segments of every pool size class leave the process: each is its own mapping.
