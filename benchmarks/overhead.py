@@ -12,12 +12,14 @@ The auto step is split by actpack's own clocks: the codecs (the session's clock 
 and decode calls), the rest of the saved-tensor hooks (Python and C++, the codecs taken off),
 the end of the step (gradient norms, the policy, the peaks: _end_step), and what is left, the
 model's own forward, backward and optimizer step, whose difference from plain's is what packing
-does to them (memory traffic, allocations). Medians over the timed steps (a step another
-process preempted does not set them); the budget's first steps (profiling, the first plan) are
-not timed.
+does to them (memory traffic, allocations). The rows take turns, --rounds times (plain, none,
+auto, plain, none, auto, ...; each budget row a fresh budget), so that a machine whose speed
+drifts (shared cores: 15-25% within minutes here) slows every row alike: the figures are medians
+over every round's steps, and auto's ratio is also given per round, against that round's plain.
+The budget's first steps (profiling, the first plan) are not timed.
 
-    python3 benchmarks/overhead.py --model gpt2-small --batch 42 --budget 192MiB
-    python3 benchmarks/overhead.py --model resnet50 --batch 47 --budget 320MiB
+    python3 benchmarks/overhead.py --model gpt2-small --batch 42 --budget 192MiB --rounds 3
+    python3 benchmarks/overhead.py --model resnet50 --batch 47 --budget 320MiB --rounds 3
 
 --json FILE writes the figures (benchmarks/results/overhead_<model>.json are this command's).
 """
@@ -101,7 +103,9 @@ def main():
                         help="the suite's model sizes (smoke: tiny, to try the tool)")
     parser.add_argument("--batch", type=int, default=42)
     parser.add_argument("--budget", default="192MiB")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per row")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per row and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="turns of the three rows (each budget row a fresh budget)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -121,10 +125,15 @@ def main():
 
     step(0)  # the optimizer's state, oneDNN's caches
     median = statistics.median
-    plain_rows = timed_steps(step, args.steps, 1)
-    none_rows, _ = under_budget(step, 1 << 50, "none", args.steps)
-    auto_rows, report = under_budget(step, args.budget, "auto", args.steps)
-    plain_after = median(r[0] for r in timed_steps(step, args.steps, 1))  # drift, for scale
+    plain_rows, none_rows, auto_rows, ratios = [], [], [], []
+    for _ in range(args.rounds):
+        plain_round = timed_steps(step, args.steps, 1)
+        none_round, _ = under_budget(step, 1 << 50, "none", args.steps)
+        auto_round, report = under_budget(step, args.budget, "auto", args.steps)
+        ratios.append(median(r[0] for r in auto_round) / median(r[0] for r in plain_round))
+        plain_rows += plain_round
+        none_rows += none_round
+        auto_rows += auto_round
     plain = median(r[0] for r in plain_rows)
     plain_faults = median(r[1] for r in plain_rows)
 
@@ -136,26 +145,25 @@ def main():
     none, auto = split(none_rows), split(auto_rows)
     totals = report["activations"]["totals"]
     print(f"{args.model} at batch {args.batch}, budget {args.budget}, {args.threads} threads, "
-          f"medians of {args.steps} steps; every row in actpack's pool")
-    print(f"plain PyTorch          {plain:7.3f} s   (again after the rest: {plain_after:.3f} s); "
-          f"{plain_faults:.0f} minor page faults a step")
+          f"medians of {args.rounds} rounds of {args.steps} steps; every row in actpack's pool")
+    print(f"plain PyTorch          {plain:7.3f} s; {plain_faults:.0f} minor page faults a step")
     for name, row in (("budget, codec none", none), ("budget, codec auto", auto)):
         print(f"{name:<22} {row['wall']:7.3f} s = {row['wall'] / plain:.2f}x plain: model "
               f"{row['model']:.3f}, codecs {row['codec']:.3f}, hooks {row['hooks']:.3f}, "
               f"end of step {row['end_of_step']:.3f}; {row['minor_faults']:.0f} minor page "
               "faults a step")
+    print("auto against plain, round by round: " + ", ".join(f"{r:.2f}x" for r in ratios))
     packed = totals["packed_raw_bytes"]
-    print(f"auto packed {packed / 2**20:.0f} MiB over the run ({totals['packs']} tensors) into "
-          f"{totals['packed_stored_bytes'] / 2**20:.0f} MiB, and kept "
+    print(f"auto packed {packed / 2**20:.0f} MiB over its last run ({totals['packs']} tensors) "
+          f"into {totals['packed_stored_bytes'] / 2**20:.0f} MiB, and kept "
           f"{totals['kept_bytes'] / 2**20:.0f} MiB as they were")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": "python3 benchmarks/overhead.py " + " ".join(sys.argv[1:]),
                        "model": args.model, "batch": args.batch, "budget": args.budget,
-                       "steps": args.steps, "threads": args.threads,
-                       "plain_seconds": plain, "plain_seconds_after": plain_after,
-                       "plain_minor_faults": plain_faults,
-                       "none": none, "auto": auto,
+                       "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
+                       "plain_seconds": plain, "plain_minor_faults": plain_faults,
+                       "none": none, "auto": auto, "auto_over_plain_per_round": ratios,
                        "auto_packed_raw_bytes": totals["packed_raw_bytes"],
                        "auto_packed_stored_bytes": totals["packed_stored_bytes"],
                        "auto_kept_bytes": totals["kept_bytes"],
