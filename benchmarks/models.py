@@ -2,7 +2,10 @@
 
 Each model runs its blocks through `self.run_block`, so one flag (`model.checkpointed = True`)
 wraps every block in non-reentrant `torch.utils.checkpoint` — per-block checkpointing, the
-baseline actpack is measured against. `SIZES[name]` holds the CPU-sized configuration (the
+baseline actpack is measured against — and `model.checkpointed = "selective"` checkpoints each
+block selectively (`create_selective_checkpoint_contexts`, the policy of PyTorch's docs: the
+outputs of compute-intensive ops, matrix products, convolutions and attention, are saved, the
+rest is recomputed). `SIZES[name]` holds the CPU-sized configuration (the
 default) and the GPU-sized one (`--full`); `Task` pairs a model with its data and loss.
 """
 import glob
@@ -12,7 +15,26 @@ import actpack
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
+
+# Selective checkpointing's saved ops: what is expensive to recompute.
+_aten = torch.ops.aten
+COMPUTE_INTENSIVE = {
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.convolution.default,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    _aten._scaled_dot_product_flash_attention.default,
+    _aten._scaled_dot_product_efficient_attention.default,
+}
+
+
+def _save_compute_intensive(ctx, op, *args, **kwargs):
+    return (CheckpointPolicy.MUST_SAVE if op in COMPUTE_INTENSIVE
+            else CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def selective_context():
+    return create_selective_checkpoint_contexts(_save_compute_intensive)
 
 
 
@@ -25,6 +47,8 @@ class Blocks(nn.Module):
     micro_batch = None
 
     def run_block(self, block, *args):
+        if self.checkpointed == "selective" and torch.is_grad_enabled():
+            return checkpoint(block, *args, use_reentrant=False, context_fn=selective_context)
         if self.checkpointed and torch.is_grad_enabled():
             return checkpoint(block, *args, use_reentrant=False)
         return actpack.recompute(block, *args, micro_batch=self.micro_batch)
