@@ -88,8 +88,93 @@ def overhead():
     return "\n".join(lines)
 
 
+SUITE_MODELS = {"resnet50": "ResNet-50", "gpt2-small": "GPT-2-small-like",
+                "vit-b16": "ViT-B/16-like", "unet": "UNet"}
+SUITE_METHODS = {
+    "plain": "plain PyTorch",
+    "checkpoint": "per-block checkpointing",
+    "selective_checkpoint": "selective checkpointing (per block)",
+    "actpack:none": "actpack `none` (plain under the cap)",
+    "actpack:quant2": "actpack `quant2`",
+    "actpack:division": "actpack `division`",
+    "actpack:eb": "actpack `eb`",
+    "actpack:auto": "actpack `auto`",
+    "actpack:auto+checkpoint": "actpack `auto` + checkpointing",
+    "actpack:auto+recompute": "actpack `auto`, `recompute=\"auto\"`",
+    "bf16_autocast": "bf16 autocast",
+    "actpack:auto+bf16": "actpack `auto` + bf16 autocast",
+}
+
+
+def _mib(n):
+    return f"{n / 2**20:.0f} MiB"
+
+
+def suite_table(model):
+    """benchmarks/results/suite_cpu_<model>.json (benchmarks/suite.py --models <model>)."""
+    data = load(f"suite_cpu_{model}.json")
+    entry = data["models"][model]
+    rows = {r["method"]: r for r in data["rows"] if r["model"] == model}
+
+    def f(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    lines = [f"| {SUITE_MODELS[model]}, {_mib(entry['budget_bytes'])} | largest batch "
+             f"(first failing - 1) | × plain | × checkpointing | time at batch "
+             f"{entry['time_batch']} | grad cosine at batch {entry['time_batch']} (worst group) "
+             f"| grad cosine at its own largest batch | loss after "
+             f"{len(entry['methods']['plain']['losses'])} steps |",
+             "|---|---|---|---|---|---|---|---|"]
+    for method, name in SUITE_METHODS.items():
+        if method not in rows:
+            continue
+        r, m = rows[method], entry["methods"][method]
+        low, high = m["max_batch"], m["max_batch_upper"]
+        batch = f"{low}" if high == low else f"{low} ({high})"
+        own = r.get("min_cosine_at_max_batch")
+        if own is None and method in ("plain", "checkpoint", "selective_checkpoint",
+                                      "actpack:none"):
+            own = r.get("min_cosine")  # exact methods: the same gradients at any batch
+        time = f(r.get("time_vs_plain"), ".2f") if not r.get("error") else "out of memory"
+        lines.append(f"| {name} | {batch} | {f(r.get('vs_plain'), '.2f')} | "
+                     f"{f(r.get('vs_checkpoint'), '.2f')} | {time} | "
+                     f"{f(r.get('min_cosine'), '.4f')} | {f(own, '.4f')} | "
+                     f"{f(r.get('final_loss'), '.3f')} |")
+    return "\n".join(lines)
+
+
+def suite_limits():
+    """The limits of packing alone, per model, from the same result files."""
+    lines = ["| model | limit | × plain | set by | packed + working set a sample | `auto` reaches "
+             "| with `recompute=\"auto\"` | planner `auto` (verified) / `auto+recompute` |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, name in SUITE_MODELS.items():
+        path = os.path.join(RESULTS, f"suite_cpu_{model}.json")
+        if not os.path.exists(path):
+            continue
+        entry = load(f"suite_cpu_{model}.json")["models"][model]
+        limit, worst, methods = entry["limit"], entry["limit"]["worst"], entry["methods"]
+        part = (f"block {worst['block']}" if isinstance(worst["block"], int) else worst["block"])
+        plain = methods["plain"]["max_batch"]
+        auto = methods["actpack:auto"]["max_batch"]
+        recomputed = methods.get("actpack:auto+recompute", {}).get("max_batch")
+        plan = entry["plan"]
+        lines.append(
+            f"| {name} | {limit['batch']} | {limit['batch'] / plain:.1f} | {part}, {worst['pass']} "
+            f"| {worst['packed_per_sample_bytes'] / 1024:.0f} KiB + "
+            f"{worst['working_set_per_sample_bytes'] / 1024:.0f} KiB | "
+            f"{auto / limit['batch']:.0%} | "
+            + (f"{recomputed / limit['batch']:.0%}" if recomputed else "-")
+            + f" | {plan['estimate'].get('auto')} ({plan['verified_auto']}) / "
+            f"{plan['estimate'].get('auto+recompute', '-')} |")
+    return "\n".join(lines)
+
+
 TABLES = {"convergence": convergence, "diverging-lm": diverging_lm, "planner": planner,
-          "planner-steps": planner_steps, "overhead": overhead}
+          "planner-steps": planner_steps, "overhead": overhead,
+          "suite-limits": suite_limits}
+TABLES.update({f"suite-{model}": (lambda model=model: suite_table(model))
+               for model in SUITE_MODELS})
 
 
 def rendered(text):

@@ -56,6 +56,8 @@ METHODS = {
     "checkpoint": (None, True, False, False),
     # torch's selective checkpointing per block: matmul, convolution and attention outputs kept.
     "selective_checkpoint": (None, "selective", False, False),
+    # bf16 autocast (torch.autocast's documented use: forward and loss inside, backward out).
+    "bf16_autocast": (None, False, False, False),
     "save_on_cpu": (None, False, True, False),
     "actpack:none": ("none", False, False, False),
     "actpack:quant2": ("quant2", False, False, False),
@@ -67,7 +69,12 @@ METHODS = {
     # actpack's own: the blocks recomputed once the codecs alone cannot hold the step, their
     # inputs packed by the policy (the transformers' blocks in micro-batches of 8 samples).
     "actpack:auto+recompute": ("auto", False, False, "auto"),
+    # actpack composed with bf16 autocast: the saved bf16 activations packed by the policy.
+    "actpack:auto+bf16": ("auto", False, False, False),
 }
+# The methods whose forward runs under bf16 autocast; their gradients are compared with the
+# float32 ones, so the cosine says what bf16 itself costs.
+BF16 = {"bf16_autocast", "actpack:auto+bf16"}
 
 # Per size: the budget per model, the steps of the loss run (the last two and those after are
 # timed), the largest batch searched and the precision of the search.
@@ -99,11 +106,13 @@ class Bench:
         model.checkpointed = checkpointed
         return model, self.task.make_optimizer(model)
 
-    def step_fn(self, model, optimizer, offload=False):
+    def step_fn(self, model, optimizer, offload=False, bf16=False):
         """step(batch, index=0): one training step on batch `index`; returns the loss."""
         def step(batch, index=0, update=True):
             x, y = self.task.batch(batch, index, self.device)
             with (torch.autograd.graph.save_on_cpu(pin_memory=True) if offload
+                  else contextlib.nullcontext()), \
+                 (torch.autocast(self.device, dtype=torch.bfloat16) if bf16
                   else contextlib.nullcontext()):
                 loss = self.task.loss(model(x), y)
             loss.backward()
@@ -148,7 +157,7 @@ class Bench:
         codec, checkpointed, offload, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         # save_on_cpu's tries offload too (they had not: its max batch repeated plain's).
-        step = self.step_fn(model, optimizer, offload)
+        step = self.step_fn(model, optimizer, offload, method in BF16)
         warm_up(step)
         steps = 3 if codec == "auto" else 2
         if recompute == "auto":
@@ -311,7 +320,7 @@ class Bench:
         the same weights; the median time of the `time_steps` steps before the last."""
         codec, checkpointed, offload, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
-        step = self.step_fn(model, optimizer, offload)
+        step = self.step_fn(model, optimizer, offload, method in BF16)
         # The first step (batch 0) warms up as the max-batch search does (the optimizer's state in
         # actpack's allocator), in every method alike.
         losses, times = [warm_up(step, batch)], []

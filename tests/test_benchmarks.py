@@ -30,10 +30,12 @@ def test_every_model_and_method_is_measured(results):
     data, stdout, out = results
     assert set(data["models"]) == {"resnet50", "vit-b16", "gpt2-small", "unet"}
     for name, entry in data["models"].items():
-        assert set(entry["methods"]) == {"plain", "checkpoint", "actpack:none", "actpack:quant2",
+        assert set(entry["methods"]) == {"plain", "checkpoint", "selective_checkpoint",
+                                         "actpack:none", "actpack:quant2",
                                          "actpack:division", "actpack:eb", "actpack:auto",
                                          "actpack:auto+checkpoint",
-                                         "actpack:auto+recompute"}, name
+                                         "actpack:auto+recompute", "bf16_autocast",
+                                         "actpack:auto+bf16"}, name
         assert name in stdout
         for method, m in entry["methods"].items():
             assert m["max_batch"] >= 2, (name, method)
@@ -46,6 +48,7 @@ def test_checkpointing_and_packing_fit_more_than_plain(results):
     for name, entry in data["models"].items():
         m = {k: v["max_batch"] for k, v in entry["methods"].items()}
         assert m["checkpoint"] > m["plain"], name
+        assert m["selective_checkpoint"] >= m["plain"], name  # keeps more than per-block does
         assert m["actpack:quant2"] > m["plain"], name
         # "none" is plain training under the same cap: the same batch, to the search's 10%.
         assert abs(m["actpack:none"] - m["plain"]) <= 0.1 * m["plain"] + 1, name
@@ -57,8 +60,9 @@ def test_gradient_figures(results):
     data = results[0]
     for name, entry in data["models"].items():
         methods = entry["methods"]
-        for group in methods["checkpoint"]["gradients"].values():
-            assert group["cosine"] > 0.99999 and group["relative_norm"] < 1e-4, name
+        for exact in ("checkpoint", "selective_checkpoint"):  # both recompute exactly
+            for group in methods[exact]["gradients"].values():
+                assert group["cosine"] > 0.99999 and group["relative_norm"] < 1e-4, (name, exact)
         eb = [g["cosine"] for g in methods["actpack:eb"]["gradients"].values()]
         assert min(eb) > 0.9, (name, eb)
         quant2 = [g["relative_norm"] for g in methods["actpack:quant2"]["gradients"].values()]
@@ -69,8 +73,9 @@ def test_losses_and_limit(results):
     data = results[0]
     for name, entry in data["models"].items():
         plain = entry["methods"]["plain"]["losses"]
-        checkpointed = entry["methods"]["checkpoint"]["losses"]
-        assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(plain, checkpointed)), name
+        for exact in ("checkpoint", "selective_checkpoint"):
+            checkpointed = entry["methods"][exact]["losses"]
+            assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(plain, checkpointed)), name
         for method, m in entry["methods"].items():
             if "losses" in m:
                 assert len(m["losses"]) == 4 and all(l == l for l in m["losses"]), (name, method)
@@ -90,7 +95,8 @@ def test_losses_and_limit(results):
 
 def test_every_method_s_tries_run_as_its_rows_do(monkeypatch):
     """A try in the max-batch search runs the method's own step: save_on_cpu's offloads (its
-    tries had dropped the flag, so on CUDA its max batch repeated plain's)."""
+    tries had dropped the flag, so on CUDA its max batch repeated plain's), the bf16 methods'
+    run under autocast."""
     sys.path.insert(0, os.path.dirname(SUITE))
     import suite
     seen = []
@@ -98,14 +104,14 @@ def test_every_method_s_tries_run_as_its_rows_do(monkeypatch):
     bench.budget_bytes = 1 << 30
     monkeypatch.setattr(bench, "fresh", lambda checkpointed: (None, None), raising=False)
     monkeypatch.setattr(bench, "step_fn",
-                        lambda model, optimizer, offload=False: seen.append(offload) or
-                        (lambda *a, **k: 0.0), raising=False)
+                        lambda model, optimizer, offload=False, bf16=False:
+                        seen.append((offload, bf16)) or (lambda *a, **k: 0.0), raising=False)
     monkeypatch.setattr(suite, "warm_up", lambda step: None)
     monkeypatch.setattr(suite._planner, "trains_under_cap", lambda *a, **k: {})
     for method, (_, _, offload, _) in suite.METHODS.items():
         seen.clear()
         assert bench.trial(method, 4)
-        assert seen == [offload], method
+        assert seen == [(offload, method in suite.BF16)], method
 
 
 def test_gradients_are_measured_at_each_packing_method_s_own_batch(results):
