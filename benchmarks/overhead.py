@@ -7,6 +7,10 @@ against actpack's pool is not). In one process, on the same weights and batches:
   plain        plain PyTorch, no hooks
   none         actpack.budget(codec="none"): the hooks and the step's accounting, nothing packed
   auto         actpack.budget(budget, codec="auto"): what the suite's auto row runs
+  accumulate   (--accumulate MICRO) plain PyTorch reaching the same batch the way it would
+               under the budget without actpack: gradient accumulation over micro-batches of
+               MICRO samples (the largest batch plain trains under the budget), one optimizer
+               step (batch norm then normalizes over each micro-batch, not the batch)
 
 The auto step is split by actpack's own clocks: the codecs (the session's clock of its encode
 and decode calls), the rest of the saved-tensor hooks (Python and C++, the codecs taken off),
@@ -107,6 +111,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3,
                         help="turns of the three rows (each budget row a fresh budget)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--accumulate", type=int, metavar="MICRO",
+                        help="add plain PyTorch reaching --batch by gradient accumulation over "
+                             "micro-batches of MICRO samples")
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -123,10 +130,19 @@ def main():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    def accumulation_step(index):
+        x, y = task.batch(args.batch, index, "cpu")
+        for xs, ys in zip(x.split(args.accumulate), y.split(args.accumulate)):
+            (task.loss(model(xs), ys) * (len(xs) / args.batch)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     step(0)  # the optimizer's state, oneDNN's caches
     median = statistics.median
-    plain_rows, none_rows, auto_rows, ratios = [], [], [], []
+    plain_rows, none_rows, auto_rows, accumulate_rows, ratios = [], [], [], [], []
     for _ in range(args.rounds):
+        if args.accumulate:
+            accumulate_rows += timed_steps(accumulation_step, args.steps, 1)
         plain_round = timed_steps(step, args.steps, 1)
         none_round, _ = under_budget(step, 1 << 50, "none", args.steps)
         auto_round, report = under_budget(step, args.budget, "auto", args.steps)
@@ -152,6 +168,15 @@ def main():
               f"{row['model']:.3f}, codecs {row['codec']:.3f}, hooks {row['hooks']:.3f}, "
               f"end of step {row['end_of_step']:.3f}; {row['minor_faults']:.0f} minor page "
               "faults a step")
+    accumulate = None
+    if args.accumulate:
+        micro_steps = -(-args.batch // args.accumulate)
+        accumulate = {"micro_batch": args.accumulate, "micro_steps": micro_steps,
+                      "wall": median(r[0] for r in accumulate_rows),
+                      "minor_faults": median(r[1] for r in accumulate_rows)}
+        print(f"{'plain, accumulating':<22} {accumulate['wall']:7.3f} s = "
+              f"{accumulate['wall'] / plain:.2f}x plain: {micro_steps} micro-batches of "
+              f"{args.accumulate} a step")
     print("auto against plain, round by round: " + ", ".join(f"{r:.2f}x" for r in ratios))
     packed = totals["packed_raw_bytes"]
     print(f"auto packed {packed / 2**20:.0f} MiB over its last run ({totals['packs']} tensors) "
@@ -164,6 +189,7 @@ def main():
                        "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
                        "plain_seconds": plain, "plain_minor_faults": plain_faults,
                        "none": none, "auto": auto, "auto_over_plain_per_round": ratios,
+                       "accumulate": accumulate,
                        "auto_packed_raw_bytes": totals["packed_raw_bytes"],
                        "auto_packed_stored_bytes": totals["packed_stored_bytes"],
                        "auto_kept_bytes": totals["kept_bytes"],

@@ -72,17 +72,21 @@ def planner_steps():
 def overhead():
     """benchmarks/overhead.py's rows, one line per model (every row in actpack's pool)."""
     names = {"gpt2-small": "GPT-2-small-like", "resnet50": "ResNet-50"}
-    lines = ["| model, batch, budget | plain | `none` | `auto` | `auto` per round | auto: codecs "
+    lines = ["| model, batch, budget | plain | `none` | `auto` | `auto` per round "
+             "| plain accumulating micro-batches | auto: codecs "
              "| hooks (no codecs) | end of step | the model's own work "
              "| page faults a step (plain / auto) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in names:
         d = load(f"overhead_{model}.json")
         plain, none, auto = d["plain_seconds"], d["none"], d["auto"]
         rounds = ", ".join(f"{r:.2f}x" for r in d["auto_over_plain_per_round"])
+        acc = d.get("accumulate")
+        accumulated = (f"{acc['wall'] / plain:.2f}x ({acc['micro_steps']} of "
+                       f"{acc['micro_batch']})" if acc else "-")
         lines.append(f"| {names[model]}, {d['batch']}, {d['budget'].replace('MiB', ' MiB')} "
                      f"| {plain:.3f} s | {none['wall'] / plain:.2f}x | {auto['wall'] / plain:.2f}x "
-                     f"| {rounds} | {auto['codec']:.3f} s | {auto['hooks']:.3f} s "
+                     f"| {rounds} | {accumulated} | {auto['codec']:.3f} s | {auto['hooks']:.3f} s "
                      f"| {auto['end_of_step']:.3f} s | {auto['model']:.3f} s "
                      f"| {d['plain_minor_faults']:,.0f} / {auto['minor_faults']:,.0f} |")
     return "\n".join(lines)

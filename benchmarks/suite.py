@@ -589,9 +589,23 @@ def main(argv=None):
     parser.add_argument("--trials", choices=["fresh", "in-process"], default="fresh",
                         help="each try of the max-batch search in a fresh process (default; "
                              "the truth) or in this one (faster, for the smoke run)")
+    parser.add_argument("--picture", nargs="+", metavar="RESULTS",
+                        help="only draw the bar chart of these benchmark.json files, merged, "
+                             "to OUT/benchmark.svg (the README's picture from its result files)")
     parser.add_argument("--trial", nargs=3, metavar=("MODEL", "METHOD", "BATCH"),
                         help=argparse.SUPPRESS)  # one try of the search, in its own process
     args = parser.parse_args(argv)
+    if args.picture:
+        merged = None
+        for path in args.picture:
+            with open(path) as f:
+                data = json.load(f)
+            merged = merged or {"machine": data["machine"], "size": data["size"], "models": {}}
+            merged["models"].update(data["models"])
+        os.makedirs(args.out, exist_ok=True)
+        picture(merged, os.path.join(args.out, "benchmark.svg"))
+        print(f"wrote {args.out}/benchmark.svg from {len(args.picture)} result files")
+        return None
     if args.trial:
         trial(args)
         return None

@@ -11,12 +11,14 @@ def test_the_split_adds_up_and_auto_packs(tmp_path):
     out = tmp_path / "overhead.json"
     run = subprocess.run([sys.executable, TOOL, "--size", "smoke", "--model", "gpt2-small",
                           "--batch", "8", "--budget", "4MiB", "--steps", "2", "--rounds", "2",
-                          "--json", str(out)],
+                          "--accumulate", "3", "--json", str(out)],
                          text=True, capture_output=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "budget, codec auto" in run.stdout and "minor page faults" in run.stdout
     data = json.loads(out.read_text())
     assert len(data["auto_over_plain_per_round"]) == 2  # the rows took turns twice
+    # Plain reaching batch 8 by accumulation over micro-batches of 3: 3, 3 and 2.
+    assert data["accumulate"]["micro_steps"] == 3 and data["accumulate"]["wall"] > 0
     for row in ("none", "auto"):  # the codecs run inside the hooks: never more than them
         assert data[row]["hooks"] >= 0 and data[row]["model"] > 0, data[row]
     assert data["none"]["codec"] == 0  # nothing packed
