@@ -71,7 +71,17 @@ METHODS = {
     "actpack:auto+recompute": ("auto", False, False, "auto"),
     # actpack composed with bf16 autocast: the saved bf16 activations packed by the policy.
     "actpack:auto+bf16": ("auto", False, False, False),
+    # torch.compile, and its min-cut partitioner's activation memory budget: the share of the
+    # activations the compiled backward may keep, the rest recomputed (0: as few as it can).
+    "compile": (None, False, False, False),
+    "compile:budget=0.5": (None, False, False, False),
+    "compile:budget=0": (None, False, False, False),
+    # actpack's policy packing what the compiled graph saves.
+    "actpack:auto+compile": ("auto", False, False, False),
 }
+# torch._functorch.config.activation_memory_budget of the compiled methods.
+COMPILED = {"compile": 1.0, "compile:budget=0.5": 0.5, "compile:budget=0": 0.0,
+            "actpack:auto+compile": 1.0}
 # The methods whose forward runs under bf16 autocast; their gradients are compared with the
 # float32 ones, so the cosine says what bf16 itself costs.
 BF16 = {"bf16_autocast", "actpack:auto+bf16"}
@@ -157,7 +167,7 @@ class Bench:
         codec, checkpointed, offload, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
         # save_on_cpu's tries offload too (they had not: its max batch repeated plain's).
-        step = self.step_fn(model, optimizer, offload, method in BF16)
+        step = self.step_fn(compiled(model, method), optimizer, offload, method in BF16)
         warm_up(step)
         steps = 3 if codec == "auto" else 2
         if recompute == "auto":
@@ -320,7 +330,7 @@ class Bench:
         the same weights; the median time of the `time_steps` steps before the last."""
         codec, checkpointed, offload, recompute = METHODS[method]
         model, optimizer = self.fresh(checkpointed)
-        step = self.step_fn(model, optimizer, offload, method in BF16)
+        step = self.step_fn(compiled(model, method), optimizer, offload, method in BF16)
         # The first step (batch 0) warms up as the max-batch search does (the optimizer's state in
         # actpack's allocator), in every method alike.
         losses, times = [warm_up(step, batch)], []
@@ -357,6 +367,26 @@ def _part(block):
     return f"block {block}" if isinstance(block, int) else block
 
 
+def default_methods(named, compile_too):
+    """The methods a run measures: those `named`, else all but the compiled ones, which
+    compile each try's model afresh (a minute a model on 2 cores) unless `compile_too`."""
+    return [m for m in METHODS if m in (named or [])
+            or not named and (m not in COMPILED or compile_too)]
+
+
+def compiled(model, method):
+    """`model` as `method` runs it: torch.compile'd (dynamic batch, so the tries' batch sizes
+    share one graph) under its activation memory budget, or as it is. The gradients and the
+    exact reference read the parameters of `model` itself."""
+    if method not in COMPILED:
+        return model
+    import torch._dynamo
+    import torch._functorch.config
+    torch._dynamo.reset()  # a graph compiled under another method's budget is not reused
+    torch._functorch.config.activation_memory_budget = COMPILED[method]
+    return torch.compile(model, dynamic=True)
+
+
 def warm_up(step, batch=2):
     """One step under a budget that caps nothing and packs nothing: what it allocates to stay
     (the optimizer's state) comes from actpack's allocator, which every later budget counts."""
@@ -388,7 +418,7 @@ def run(args, save=lambda results: None):
         torch.set_num_threads(args.threads)
     settings = SETTINGS[args.size]
     tasks = [t for t in models.tasks(args.size) if not args.models or t.name in args.models]
-    methods = [m for m in METHODS if not args.methods or m in args.methods]
+    methods = default_methods(args.methods, args.compile)
     if args.device != "cuda":
         methods = [m for m in methods if not METHODS[m][2]]  # save_on_cpu offloads device memory
         # Every row in actpack's host pool (uncapped outside a budget), so plain PyTorch and
@@ -580,6 +610,9 @@ def main(argv=None):
     parser.add_argument("--models", nargs="*", help="a subset of the models")
     parser.add_argument("--methods", nargs="*", choices=list(METHODS),
                         help="a subset of the methods")
+    parser.add_argument("--compile", action="store_true",
+                        help="also the torch.compile methods (compile, its activation memory "
+                             "budget at 0.5 and 0, actpack auto inside the compiled model)")
     parser.add_argument("--budget", help="one budget for every model (default: per model)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmark-results")

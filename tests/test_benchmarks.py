@@ -130,3 +130,26 @@ def test_gradients_are_measured_at_each_packing_method_s_own_batch(results):
                 (name, method)
             for group in m.get("gradients_at_max_batch", {}).values():
                 assert -1.0 <= group["cosine"] <= 1.0 + 1e-6
+
+
+def test_compiled_methods_compile_under_their_activation_memory_budget():
+    """The torch.compile rows (opt-in: --compile) run the model compiled, each under its own
+    activation_memory_budget; the other rows run it as it is. torch.compile is lazy: nothing
+    compiles here."""
+    sys.path.insert(0, os.path.dirname(SUITE))
+    import suite
+    import torch
+    import torch._functorch.config as functorch_config
+    model = torch.nn.Linear(2, 2)
+    try:
+        for method, fraction in suite.COMPILED.items():
+            runner = suite.compiled(model, method)
+            assert runner is not model and runner._orig_mod is model, method
+            assert functorch_config.activation_memory_budget == fraction, method
+        assert suite.compiled(model, "checkpoint") is model
+    finally:
+        functorch_config.activation_memory_budget = 1.0
+    # Not in the default run (a compile per try), but there with --compile or by name.
+    assert not set(suite.COMPILED) & set(suite.default_methods([], compile_too=False))
+    assert set(suite.COMPILED) <= set(suite.default_methods([], compile_too=True))
+    assert suite.default_methods(["compile:budget=0"], compile_too=False) == ["compile:budget=0"]

@@ -114,6 +114,17 @@ void StoredLayout(const at::Tensor& tensor, Layout& layout, std::vector<int64_t>
     }
     layout.order = std::move(order);
   }
+  // Dense in memory order, or skipping memory: the stored view's strides against its own
+  // contiguous ones (dims of size 1 have any stride).
+  int64_t expected = 1;
+  for (size_t i = dims; i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) {
+      layout.strides = tensor_strides.vec();
+      break;
+    }
+    expected *= sizes[i];
+  }
 }
 
 // `tensor` as stored, as StoredLayout described it: a view, contiguous unless `tensor` skips
@@ -240,6 +251,23 @@ bool WantsChannelsLast(const runtime::PackedTensor& packed, const at::Tensor& de
   return kConvNetBackward->contains(node->name());
 }
 
+// Whether the backward running is a torch.compile'd graph's (AOTAutograd's compiled function):
+// its generated code checks each saved tensor's sizes and strides (assert_size_stride), where
+// eager kernels take any layout.
+bool InCompiledBackward() {
+  const auto node = torch::autograd::get_current_node();
+  return node && node->name() == "CompiledFunctionBackward";
+}
+
+// `dense` copied into a tensor with `strides` (those of the saved tensor, which skipped memory):
+// its storage spans the gaps, which are left unwritten. Only for compiled graphs: the span of a
+// slice of a fused tensor is a multiple of the slice (q of a fused qkv: 3x).
+at::Tensor RestoreStrides(const at::Tensor& dense, const std::vector<int64_t>& strides) {
+  at::Tensor exact = at::empty_strided(dense.sizes(), strides, dense.options());
+  exact.copy_(dense);
+  return exact;
+}
+
 runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
   absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
   ThrowIfError(choice.status());
@@ -350,7 +378,11 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
   at::Tensor output = Empty(packed.shape(), h.options);
   ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
   at::Tensor restored = Restore(output, h.layout);
-  if (WantsChannelsLast(packed, restored)) restored = ToChannelsLastInPlace(restored);
+  if (!h.layout.strides.empty() && InCompiledBackward()) {
+    restored = RestoreStrides(restored, h.layout.strides);
+  } else if (WantsChannelsLast(packed, restored)) {
+    restored = ToChannelsLastInPlace(restored);
+  }
   // Fresh memory only this node reads: its op may write its result there (lean_backward.h).
   // Not for `identity`, whose decoded tensors must give plain training's gradients bit for bit.
   if (packed.codec() != codecs::CodecId::kIdentity) OfferAsScratch(restored);

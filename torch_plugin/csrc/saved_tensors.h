@@ -34,6 +34,9 @@ namespace actpack::torch_plugin {
 struct Layout {
   std::vector<int64_t> order;  // stored dim i is the saved tensor's dim order[i]; empty: same
   std::vector<int64_t> sizes;  // the saved tensor's sizes, when broadcast dims were dropped
+  // The saved tensor's strides when it skips memory (a slice, such as q of a fused qkv): what
+  // a compiled graph's backward checks its saved tensors against (see Unpack).
+  std::vector<int64_t> strides;
 };
 
 struct KeptTensor;
