@@ -136,7 +136,7 @@ class Bench:
         """auto under the budget (what it picks depends on it); a fixed codec packs the same
         under any budget, so it runs uncapped and fits whatever batch plain PyTorch does."""
         if codec is None:
-            return contextlib.nullcontext()
+            return in_host_pool() if self.device == "cpu" else contextlib.nullcontext()
         return actpack.budget(self.budget_bytes if codec == "auto" else 1 << 50, codec=codec,
                               recompute=recompute)
 
@@ -367,6 +367,23 @@ def _part(block):
     return f"block {block}" if isinstance(block, int) else block
 
 
+@contextlib.contextmanager
+def in_host_pool():
+    """PyTorch's own methods' steps in actpack's host pool, uncapped, as the budget rows' steps
+    are, so that time compares on one allocator: under glibc's malloc they paid page faults the
+    pool does not (`none` ran at 0.48-0.64x plain's time). Only around the steps: the weights,
+    built before, stay outside the pool, as the budget rows' do (a budget counts what the step
+    allocates, not the weights)."""
+    installed_here = not actpack.cpu_allocator_installed()
+    if installed_here:
+        actpack.install_cpu_allocator()
+    try:
+        yield
+    finally:
+        if installed_here:
+            actpack.uninstall_cpu_allocator()
+
+
 def default_methods(named, compile_too):
     """The methods a run measures: those `named`, else all but the compiled ones, which
     compile each try's model afresh (a minute a model on 2 cores) unless `compile_too`."""
@@ -421,16 +438,18 @@ def run(args, save=lambda results: None):
     methods = default_methods(args.methods, args.compile)
     if args.device != "cuda":
         methods = [m for m in methods if not METHODS[m][2]]  # save_on_cpu offloads device memory
-        # Every row in actpack's host pool (uncapped outside a budget), so plain PyTorch and
-        # checkpointing are timed on the allocator actpack's rows run on: under glibc's malloc
-        # they paid page faults the pool does not (`none` ran at 0.48-0.64x plain's time).
-        actpack.install_cpu_allocator()
     else:
         actpack.install_allocator()
     stages = len(tasks) * (2 + 2 * len(methods))
     progress = tqdm(total=stages, desc="actpack benchmarks", unit="stage", file=sys.stderr,
                     disable=args.quiet)
     results = {"machine": machine(args), "size": args.size, "models": {}}
+    # --max-batch-from: the searches of an earlier run (fresh processes each, the slow part),
+    # taken as they are for the methods it searched; the rest of the run is measured anew.
+    searched = {}
+    if args.max_batch_from:
+        with open(args.max_batch_from) as f:
+            searched = json.load(f)["models"]
     for task in tasks:
         budget = args.budget or settings["budget"][task.name]
         bench = Bench(task, args.device, budget, progress, args.size,
@@ -446,11 +465,17 @@ def run(args, save=lambda results: None):
             entry["limit"] = bench.limit(entry["plan"], 8)
             results["models"][task.name] = entry
             continue
+        earlier = searched.get(task.name, {}).get("methods", {})
         for method in methods:
             progress.set_description(f"{task.name}: {method} max batch")
-            guess = entry["plan"]["estimate"].get(METHODS[method][0] or "none", 8)
-            entry["methods"][method] = bench.largest_batch(
-                method, guess, settings["max_batch"], settings["precision"])
+            if method in earlier and earlier[method].get("max_batch") is not None:
+                entry["methods"][method] = {
+                    k: earlier[method][k] for k in ("max_batch", "max_batch_upper")}
+                entry["methods"][method]["max_batch_from"] = args.max_batch_from
+            else:
+                guess = entry["plan"]["estimate"].get(METHODS[method][0] or "none", 8)
+                entry["methods"][method] = bench.largest_batch(
+                    method, guess, settings["max_batch"], settings["precision"])
             progress.update()
             gc.collect()
         plain = entry["methods"].get("plain", {}).get("max_batch")
@@ -610,6 +635,9 @@ def main(argv=None):
     parser.add_argument("--models", nargs="*", help="a subset of the models")
     parser.add_argument("--methods", nargs="*", choices=list(METHODS),
                         help="a subset of the methods")
+    parser.add_argument("--max-batch-from", metavar="RESULTS",
+                        help="take each method's largest batch from this earlier "
+                             "benchmark.json (its search) instead of searching again")
     parser.add_argument("--compile", action="store_true",
                         help="also the torch.compile methods (compile, its activation memory "
                              "budget at 0.5 and 0, actpack auto inside the compiled model)")
