@@ -473,7 +473,12 @@ def run(args, save=lambda results: None):
                     k: earlier[method][k] for k in ("max_batch", "max_batch_upper")}
                 entry["methods"][method]["max_batch_from"] = args.max_batch_from
             else:
-                guess = entry["plan"]["estimate"].get(METHODS[method][0] or "none", 8)
+                # From the planner's answer for the method's own choice (auto+recompute's is
+                # its own: from auto's, the search bracketed below where recomputation pays).
+                codec, recompute = METHODS[method][0] or "none", METHODS[method][3]
+                estimates = entry["plan"]["estimate"]
+                guess = estimates.get(f"{codec}+recompute" if recompute == "auto" else codec,
+                                      estimates.get(codec, 8))
                 entry["methods"][method] = bench.largest_batch(
                     method, guess, settings["max_batch"], settings["precision"])
             progress.update()
