@@ -10,6 +10,10 @@ import pytest
 
 SUITE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "suite.py")
 
+# One worker runs this module (tools/test.sh: --dist loadgroup), so the smoke suite below runs
+# once, not once per pytest-xdist worker that takes one of its tests.
+pytestmark = pytest.mark.xdist_group("benchmark_suite")
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):

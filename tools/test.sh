@@ -103,7 +103,7 @@ pytest_log=$(mktemp)
 # OpenMP's waits at every parallel region then cost more than the second worker gains
 # (measured on 2 cores: 1,876 s so, 633 s with one thread each). The tests that pack with
 # several threads set torch's thread count themselves (tests/test_codec.py).
-(cd tests && OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider -n auto --durations=12 . 2>&1 |
+(cd tests && OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider -n auto --dist loadgroup --durations=12 . 2>&1 |
    tee "$pytest_log"; exit "${PIPESTATUS[0]}") ||
   failed+=("pytest")
 stage ""
