@@ -168,7 +168,17 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
                     codecs::FindCodec(codecs::CodecId::kMask) != nullptr;
   const bool bitpack = info.supported_dtype && IsBitpackedInteger(info.dtype) &&
                        codecs::FindCodec(codecs::CodecId::kBitpack) != nullptr;
-  record.lossless_by_dtype = mask || bitpack;
+  // ReLU's own save of its output, which its backward reads only as `output <= 0`
+  // (threshold_backward): a 1-bit mask of that holds all it reads, exactly. Packed by value,
+  // 2 bits turned small positive outputs into zeros and dropped their gradients: a ResNet-50's
+  // first blocks got gradients of cosine ~0 against exact training (quant2; 0.27 under
+  // quant4). ActNN saves ReLU the same way. Whenever the tensor would be packed lossily,
+  // automatic or fixed; `identity` stays exact.
+  const bool sign = info.sign_only && info.supported_dtype && codecs::IsLossyFloat(info.dtype) &&
+                    (record.assigned.automatic ||
+                     record.assigned.params.codec != codecs::CodecId::kIdentity) &&
+                    codecs::FindCodec(codecs::CodecId::kMask) != nullptr;
+  record.lossless = mask || bitpack || sign;
   const uint64_t largest_so_far = largest_saved_this_step_;
   if (!info.is_parameter) largest_saved_this_step_ = std::max(largest_saved_this_step_, bytes);
   if (!options_.enabled) {
@@ -202,7 +212,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     return plan;
   }
 
-  auto it = dedup_.find(DedupKey{info.storage, info.storage_offset, info.version, info.dtype});
+  auto it = sign ? dedup_.end()
+                 : dedup_.find(DedupKey{info.storage, info.storage_offset, info.version, info.dtype});
   if (it != dedup_.end()) {
     std::vector<DedupEntry>& entries = it->second;
     const auto entry = DedupEntry::Find(entries, info);
@@ -226,8 +237,9 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     return due && record.measured_step != step_index_;
   };
   plan.action = PackAction::kPack;
-  if (mask) {
+  if (mask || sign) {
     plan.params.codec = codecs::CodecId::kMask;
+    plan.sign_mask = sign;
   } else if (bitpack) {
     plan.params.codec = codecs::CodecId::kBitpack;
   } else if (record.assigned.automatic) {
@@ -526,6 +538,8 @@ void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
     policy_.relieved_bytes += packed->raw_bytes_;
   }
   packed->codec_ = params.codec;
+  packed->sign_mask_ = plan.sign_mask;
+  if (plan.sign_mask) record.note = "ReLU's output as its backward reads it: output <= 0";
   ++totals_.packs;
   totals_.packed_raw_bytes += packed->raw_bytes_;
   totals_.packed_stored_bytes += packed->stored_bytes_;
@@ -535,13 +549,14 @@ void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
   totals_.peak_live_raw = std::max(totals_.peak_live_raw, totals_.live_raw);
   current_step_.stored_bytes += packed->stored_bytes_;
   // What the dtype's codec stores is no choice of the policy: the rest of the step, to it.
-  if (record.assigned.automatic && !record.lossless_by_dtype) {
+  if (record.assigned.automatic && !record.lossless) {
     current_step_.automatic_bytes += packed->stored_bytes_;
   }
   if (totals_.live_stored > current_step_.peak_live_stored) {
     current_step_.peak_live_stored = totals_.live_stored;
     current_step_.peak_live_raw = totals_.live_raw;
   }
+  if (plan.sign_mask) return;  // other readers of the tensor need its values
   std::vector<DedupEntry>& entries =
       dedup_[DedupKey{info.storage, info.storage_offset, info.version, info.dtype}];
   const auto entry = DedupEntry::Find(entries, info);
@@ -569,7 +584,7 @@ absl::Status Session::Resolve(PackedTensor& packed, const codecs::DeviceStatus& 
   if (packed.record_ >= 0 && static_cast<size_t>(packed.record_) < records_.size()) {
     SavedRecord& record = records_[packed.record_];
     record.stored_bytes = after;
-    if (record.assigned.automatic && !record.lossless_by_dtype) {
+    if (record.assigned.automatic && !record.lossless) {
       current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, freed);
     }
   }

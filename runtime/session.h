@@ -107,7 +107,11 @@ struct SavedTensorInfo {
   std::shared_ptr<const void> storage_guard;
   int64_t storage_offset = 0;
   uint32_t version = 0;
-  std::string producer;  // the autograd node that saved it, e.g. "ConvolutionBackward0"
+  std::string producer;  // the autograd node of the op that made it, e.g. "ConvolutionBackward0"
+  // Saved by ReLU for its own backward, which reads it only as `output <= 0`: packed as that
+  // mask (PackPlan::sign_mask). The plugin knows it from the node saving it; `producer` names
+  // the node that made the tensor, and the next layer's save of it has the same one.
+  bool sign_only = false;
   std::string module;    // the module running when it was saved, e.g. "layer1.0.conv1"
 
   uint64_t Bytes() const;
@@ -139,6 +143,11 @@ struct PackPlan {
   // Re-packing, under memory pressure, a tensor this step kept exact (ReliefPlan): Pack moves
   // its bytes from kept to packed.
   bool relief = false;
+  // kPack of a tensor its reader sees only as `value <= 0` (ReLU's output, read by
+  // threshold_backward): the plugin packs the bool tensor `saved <= 0` with `mask` and
+  // unpacks it as 0 where set, 1 elsewhere, in the saved dtype. Never shared by dedup: another
+  // reader of the same tensor (the next convolution) needs its values.
+  bool sign_mask = false;
 };
 
 class Session;
@@ -158,6 +167,7 @@ class PackedTensor {
   const uint8_t* data() const { return buffer_->data(); }
   size_t encoded_size() const { return encoded_size_; }
   codecs::CodecId codec() const { return codec_; }  // identity for an exact fallback
+  bool sign_mask() const { return sign_mask_; }  // see PackPlan::sign_mask
 
  private:
   friend class Session;
@@ -174,6 +184,7 @@ class PackedTensor {
   size_t encoded_size_ = 0;
   void* stream_ = nullptr;  // the stream it was packed on (its buffer's allocation stream)
   codecs::CodecId codec_ = codecs::CodecId::kIdentity;
+  bool sign_mask_ = false;
   // A CUDA tensor's: packed without waiting (codecs/deferred.h), with its header as the host
   // knows it and its DeviceStatus.
   bool deferred_ = false;
@@ -201,9 +212,9 @@ struct SavedRecord {
   // (index 0 is exact, then `codecs`: the ladder, and in the error-bounded mode eb at the
   // record's bound; bytes and error as last measured).
   CodecChoice assigned;
-  // Packed with the lossless codec its dtype takes (`mask` for bool under auto, `bitpack` for
-  // integers), whatever `assigned` says: no item of the policy.
-  bool lossless_by_dtype = false;
+  // Packed losslessly whatever `assigned` says (`mask` for bool under auto, `bitpack` for
+  // integers, the sign mask of ReLU's output): no item of the policy.
+  bool lossless = false;
   std::vector<PolicyCandidate> candidates;
   std::vector<codecs::CodecParams> codecs;  // candidates[i + 1]'s codec
   int choice = -1;  // -1: not planned yet (the safe default: the harshest candidate)

@@ -191,6 +191,61 @@ TEST(SessionTest, IntegerTensorsArePackedWithBitpackAndUnpackExactly) {
   }
 }
 
+// ReLU's saved output is packed as the one bit its backward reads (`output <= 0`), under a
+// fixed lossy codec and under auto; `identity` keeps it. The next layer saving the same tensor
+// needs its values: it gets its own copy, by its own codec, and the mask is not reused for it.
+TEST(SessionTest, ReluOutputIsPackedAsItsSignMaskAndNotSharedWithOtherReaders) {
+  for (const char* codec : {"quant2", "auto", "identity"}) {
+    SCOPED_TRACE(codec);
+    SessionOptions options = Options(codec);
+    if (std::string(codec) == "auto") options.budget_bytes = 1 << 30;
+    Session session(options, HostFactory());
+    Saved relu = MakeSaved(64, 256, 21);
+    relu.info.producer = "ReluBackward0";
+    relu.info.sign_only = true;  // the ReLU's own save
+    for (float& v : relu.values) v = std::max(v, 0.0f);
+    const PackPlan plan = session.Plan(relu.info);
+    ASSERT_EQ(plan.action, PackAction::kPack);
+    if (std::string(codec) == "identity") {
+      EXPECT_FALSE(plan.sign_mask);
+      EXPECT_EQ(plan.params.codec, codecs::CodecId::kIdentity);
+      continue;
+    }
+    EXPECT_TRUE(plan.sign_mask);
+    EXPECT_EQ(plan.params.codec, codecs::CodecId::kMask);
+    EXPECT_TRUE(plan.measure.empty());  // lossless for its reader: nothing to measure
+    // What the plugin encodes: saved <= 0.
+    std::vector<uint8_t> zeroed(relu.values.size());
+    for (size_t i = 0; i < zeroed.size(); ++i) zeroed[i] = relu.values[i] <= 0.0f;
+    const codecs::TensorView bools{zeroed.data(), codecs::DType::kBool, relu.info.shape,
+                                   codecs::Device::kCpu};
+    absl::StatusOr<std::shared_ptr<PackedTensor>> packed =
+        session.Pack(relu.info, plan, bools, {});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_TRUE((*packed)->sign_mask());
+    EXPECT_EQ((*packed)->raw_bytes(), 64u * 256 * 4);  // the float tensor it stands for
+    EXPECT_EQ((*packed)->stored_bytes(), codecs::kHeaderSize + 64u * 256 / 8);
+    std::vector<uint8_t> out(zeroed.size(), 2);
+    ASSERT_TRUE(session
+                    .Unpack(**packed, {out.data(), codecs::DType::kBool, relu.info.shape,
+                                       codecs::Device::kCpu},
+                            {})
+                    .ok());
+    EXPECT_EQ(out, zeroed);
+    // The convolution after it saves the same tensor (same producer, not the ReLU's save):
+    // packed anew, with the values.
+    relu.info.sign_only = false;
+    const PackPlan next = session.Plan(relu.info);
+    EXPECT_NE(next.action, PackAction::kReuse);
+    EXPECT_FALSE(next.sign_mask);
+    EXPECT_NE(next.params.codec, codecs::CodecId::kMask);
+    const std::vector<SavedRecord> records = session.Records();
+    EXPECT_EQ(records[0].codec, "mask");
+    EXPECT_EQ(records[0].note, "ReLU's output as its backward reads it: output <= 0");
+    EXPECT_TRUE(records[0].candidates.empty());  // no item of the policy
+  }
+}
+
 // Where any tensor stays as it is, an integer one does too.
 TEST(SessionTest, IntegerTensorsAreKeptWhereEveryTensorIs) {
   Session session(Options("quant2", 1 << 20), HostFactory());

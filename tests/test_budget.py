@@ -82,8 +82,10 @@ def test_report_document(tmp_path):
     assert report["run"]["budget_bytes"] == 256 << 20
     activations = report["activations"]
     assert len(activations["steps"]) == 3
+    # quant4's tensors, and ReLU's outputs as the masks their backward reads.
     assert activations["totals"]["packs"] == 3 * sum(
-        1 for s in activations["saved_tensors"] if s["codec"].startswith("quant4"))
+        1 for s in activations["saved_tensors"] if s["codec"].startswith("quant4")
+        or s["codec"] == "mask")
     kept = {s["note"] for s in activations["saved_tensors"] if s["codec"] == "kept"}
     assert any("parameter" in note for note in kept)  # weights stay as they are
     assert activations["totals"]["ratio"] > 7

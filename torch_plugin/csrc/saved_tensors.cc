@@ -1,8 +1,11 @@
 #include "torch_plugin/csrc/saved_tensors.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/le.h>
+#include <ATen/ops/logical_not.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>  // Node (torch 2.11 has no node.h)
+#include <torch/csrc/autograd/generated/Functions.h>  // ReluBackward0
 #include <torch/csrc/autograd/graph_task.h>
 #ifdef ACTPACK_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -171,6 +174,18 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
   return runtime::MeasureOnHost(ToView(sample), static_cast<uint64_t>(contiguous.numel()), params);
 }
 
+// Whether `node`, the tensor's producer, is a ReLU saving it now: its one saved variable is
+// still unset while the save runs (the pack hook runs before it is assigned), set once saved.
+// A later reader of the same tensor (the next convolution) sees it set. A ReLU whose save no
+// hooks of actpack's saw (a checkpointed region's) left it set as well.
+bool IsReluSavingItsOutput(torch::autograd::Node* node) {
+  if (node->name() != "ReluBackward0") return false;
+  const auto* relu = dynamic_cast<const torch::autograd::generated::ReluBackward0*>(node);
+  if (relu == nullptr || relu->result_.has_hooks()) return false;
+  const std::optional<at::Tensor> data = relu->result_.get_raw_data();
+  return !(data.has_value() && data->defined());
+}
+
 // `tensor` as autograd saved it, described as stored (StoredLayout fills `layout`): shape,
 // strides and bytes are those of what is kept. The storage guard is left to GuardStorage: only
 // what is packed needs one.
@@ -199,6 +214,7 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
   info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   if (const auto node = tensor.grad_fn()) {
     info.producer = node->name();
+    info.sign_only = IsReluSavingItsOutput(node.get());
   } else {
     info.producer = tensor.is_leaf() ? "leaf" : "";
   }
@@ -345,8 +361,10 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string modul
     return Keep(tensor, info, plan, std::move(handle));
   }
   GuardStorage(tensor, info);
+  // What the reader of a sign mask reads (see PackPlan::sign_mask), alive until encoded.
+  const at::Tensor encoded = plan.sign_mask ? at::le(contiguous, 0) : contiguous;
   absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
-      session_->Pack(info, plan, ToView(contiguous), ContextFor(contiguous));
+      session_->Pack(info, plan, ToView(encoded), ContextFor(encoded));
   ThrowIfError(packed.status());
   handle.packed = std::move(*packed);
   return handle;
@@ -376,7 +394,22 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
   const runtime::PackedTensor& packed = *h.Packed();
   const c10::OptionalDeviceGuard device_guard(GuardedDevice(h.options.device()));
   at::Tensor output = Empty(packed.shape(), h.options);
-  ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
+  if (packed.sign_mask()) {
+    // `saved <= 0`, back as the values threshold_backward reads the same way: 0 and 1. Only
+    // ReLU's backward may read them.
+    const auto node = torch::autograd::get_current_node();
+    TORCH_CHECK(node && node->name() == "ReluBackward0",
+                "actpack: this ReLU output was saved as the mask its backward reads "
+                "(output <= 0), not its values; it was read by ",
+                node ? node->name() : std::string("code outside a backward pass"),
+                ". Keep the ReLU's module exact (codec={'<relu module>': 'none'}) to read it "
+                "elsewhere");
+    at::Tensor zeroed = Empty(packed.shape(), h.options.dtype(at::kBool));
+    ThrowIfError(session_->Unpack(packed, ToMutableView(zeroed), ContextFor(zeroed)));
+    at::logical_not_out(output, zeroed);
+  } else {
+    ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
+  }
   at::Tensor restored = Restore(output, h.layout);
   if (!h.layout.strides.empty() && InCompiledBackward()) {
     restored = RestoreStrides(restored, h.layout.strides);
