@@ -4,8 +4,8 @@ compared per parameter group (actpack/_gradient_fidelity.py).
 
 Measured on the MLP below (8 blocks of batch norm, ReLU and Linear, width 256, batch 64; the
 first test prints its table): under quant2 and division the worst group's cosine against exact
-training was 0.122 and 0.080 (the gradient points elsewhere, from the first blocks on), under eb
-0.998.
+training is 0.66 and below (0.122 and 0.080 while ReLU's outputs were packed by value, which
+dropped the gradients of small positive ones), under eb 0.998.
 """
 import json
 import warnings
@@ -58,10 +58,10 @@ def test_a_codec_that_turns_the_gradients_is_named_and_a_faithful_one_is_not(tmp
     # model that trained is the only one, so no class name in front).
     assert set(quant2["groups"]) == {str(i) for i in range(len(model)) if list(model[i].parameters())}
     assert len(quant2["groups"]) == 8 + 8 + 2 and bystander is not None
-    assert quant2["min_cosine"] < 0.5 and quant2["below_bound"], quant2
+    assert quant2["min_cosine"] < 0.8 and quant2["below_bound"], quant2
     assert quant2["worst_group"] == quant2["below_bound"][0]
     division = plan.choices["division"]["gradients"]
-    assert division["min_cosine"] < 0.5 and division["below_bound"], division
+    assert division["min_cosine"] < 0.9 and division["below_bound"], division
     assert eb["min_cosine"] >= _gradient_fidelity.COSINE_BOUND and not eb["below_bound"], eb
     # No packing: the same gradients as the exact run.
     assert none["min_cosine"] > 1 - 1e-9 and max(

@@ -1,6 +1,8 @@
 #include "torch_plugin/csrc/saved_tensors.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/accumulate.h>
 #include <ATen/ops/le.h>
 #include <ATen/ops/logical_not.h>
 #include <c10/core/DeviceGuard.h>
@@ -173,6 +175,22 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
   if (!sample.is_cpu()) sample = sample.to(at::kCPU);
   return runtime::MeasureOnHost(ToView(sample), static_cast<uint64_t>(contiguous.numel()), params);
 }
+
+// The bool tensor a sign mask is encoded from or decoded into (`saved <= 0`), alive while this
+// lives. A host one is malloc'd outside torch's allocator: a quarter of the tensor's bytes
+// for a moment, which in the budget's pool split segments (a 14 MiB budget then failed a
+// 1 MiB request with 5.4 MiB cached in pieces); glibc maps a large one and unmaps it on free.
+class SignScratch {
+ public:
+  at::Tensor Bools(at::IntArrayRef shape, const at::TensorOptions& options) {
+    if (!options.device().is_cpu()) return Empty(shape, options.dtype(at::kBool));
+    bytes_.reset(new uint8_t[std::max<int64_t>(1, c10::multiply_integers(shape))]);
+    return at::from_blob(bytes_.get(), shape, options.dtype(at::kBool));
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> bytes_;
+};
 
 // Whether `node`, the tensor's producer, is a ReLU saving it now: its one saved variable is
 // still unset while the save runs (the pack hook runs before it is assigned), set once saved.
@@ -362,7 +380,12 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string modul
   }
   GuardStorage(tensor, info);
   // What the reader of a sign mask reads (see PackPlan::sign_mask), alive until encoded.
-  const at::Tensor encoded = plan.sign_mask ? at::le(contiguous, 0) : contiguous;
+  SignScratch scratch;
+  at::Tensor encoded = contiguous;
+  if (plan.sign_mask) {
+    encoded = scratch.Bools(contiguous.sizes(), contiguous.options());
+    at::le_out(encoded, contiguous, 0);
+  }
   absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
       session_->Pack(info, plan, ToView(encoded), ContextFor(encoded));
   ThrowIfError(packed.status());
@@ -404,7 +427,8 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
                 node ? node->name() : std::string("code outside a backward pass"),
                 ". Keep the ReLU's module exact (codec={'<relu module>': 'none'}) to read it "
                 "elsewhere");
-    at::Tensor zeroed = Empty(packed.shape(), h.options.dtype(at::kBool));
+    SignScratch scratch;
+    at::Tensor zeroed = scratch.Bools(packed.shape(), h.options);
     ThrowIfError(session_->Unpack(packed, ToMutableView(zeroed), ContextFor(zeroed)));
     at::logical_not_out(output, zeroed);
   } else {
