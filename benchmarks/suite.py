@@ -64,6 +64,8 @@ METHODS = {
     "actpack:division": ("division", False, False, False),
     "actpack:eb": ("eb", False, False, False),
     "actpack:auto": ("auto", False, False, False),
+    # auto without its fidelity floor (budget(max_rel_rms=None)): any codec, 2 bits included.
+    "actpack:auto,no floor": ("auto", False, False, False),
     # torch's checkpointing inside a budget: its own hooks shadow actpack's in the blocks.
     "actpack:auto+checkpoint": ("auto", True, False, False),
     # actpack's own: the blocks recomputed once the codecs alone cannot hold the step, their
@@ -82,6 +84,8 @@ METHODS = {
 # torch._functorch.config.activation_memory_budget of the compiled methods.
 COMPILED = {"compile": 1.0, "compile:budget=0.5": 0.5, "compile:budget=0": 0.0,
             "actpack:auto+compile": 1.0}
+# The methods whose budget takes more options.
+BUDGET_OPTIONS = {"actpack:auto,no floor": {"max_rel_rms": None}}
 # The methods whose forward runs under bf16 autocast; their gradients are compared with the
 # float32 ones, so the cosine says what bf16 itself costs.
 BF16 = {"bf16_autocast", "actpack:auto+bf16"}
@@ -132,13 +136,14 @@ class Bench:
             return loss.item()
         return step
 
-    def context(self, codec, recompute=False):
+    def context(self, codec, recompute=False, options=None):
         """auto under the budget (what it picks depends on it); a fixed codec packs the same
-        under any budget, so it runs uncapped and fits whatever batch plain PyTorch does."""
+        under any budget, so it runs uncapped and fits whatever batch plain PyTorch does.
+        `options`: more of actpack.budget's (BUDGET_OPTIONS)."""
         if codec is None:
             return in_host_pool() if self.device == "cpu" else contextlib.nullcontext()
         return actpack.budget(self.budget_bytes if codec == "auto" else 1 << 50, codec=codec,
-                              recompute=recompute)
+                              recompute=recompute, **(options or {}))
 
     # ---- max batch under the cap ----
 
@@ -173,7 +178,8 @@ class Bench:
         if recompute == "auto":
             steps += 2  # the step that switches recomputation on plans afresh
         return _planner.trains_under_cap(step, self.budget_bytes, codec or "none", batch,
-                                         steps=steps, recompute=recompute) is not None
+                                         steps=steps, recompute=recompute,
+                                         **BUDGET_OPTIONS.get(method, {})) is not None
 
     def largest_batch(self, method, guess, ceiling, precision):
         """The largest batch in [2, ceiling] that trains under the cap (0 if none), to within
@@ -334,7 +340,7 @@ class Bench:
         # The first step (batch 0) warms up as the max-batch search does (the optimizer's state in
         # actpack's allocator), in every method alike.
         losses, times = [warm_up(step, batch)], []
-        with self.context(codec, recompute):
+        with self.context(codec, recompute, BUDGET_OPTIONS.get(method)):
             for i in range(1, steps - 1):
                 start = time.perf_counter()
                 losses.append(step(batch, i))
@@ -468,7 +474,8 @@ def run(args, save=lambda results: None):
         earlier = searched.get(task.name, {}).get("methods", {})
         for method in methods:
             progress.set_description(f"{task.name}: {method} max batch")
-            if method in earlier and earlier[method].get("max_batch") is not None:
+            if (method in earlier and earlier[method].get("max_batch") is not None
+                    and method not in (args.search_again or ())):
                 entry["methods"][method] = {
                     k: earlier[method][k] for k in ("max_batch", "max_batch_upper")}
                 entry["methods"][method]["max_batch_from"] = args.max_batch_from
@@ -499,7 +506,8 @@ def run(args, save=lambda results: None):
             progress.update()
             gc.collect()
         # The gradients at the batch each packing method claims (auto packs harder there than
-        # at the shared batch above): 3 steps, the last against the exact gradient.
+        # at the shared batch above): 6 steps, the last (after auto's first plans, as in
+        # training) against the exact gradient.
         for method in methods:
             m = entry["methods"][method]
             own = m.get("max_batch")
@@ -507,7 +515,7 @@ def run(args, save=lambda results: None):
                 continue  # nothing lossy, or measured above
             progress.set_description(f"{task.name}: {method} gradients at batch {own}")
             try:
-                m["gradients_at_max_batch"] = bench.train(method, own, 3, 0)["gradients"]
+                m["gradients_at_max_batch"] = bench.train(method, own, 6, 0)["gradients"]
             except torch.OutOfMemoryError as e:
                 m["gradients_at_max_batch_error"] = str(e).splitlines()[0]
             gc.collect()
@@ -643,6 +651,9 @@ def main(argv=None):
     parser.add_argument("--max-batch-from", metavar="RESULTS",
                         help="take each method's largest batch from this earlier "
                              "benchmark.json (its search) instead of searching again")
+    parser.add_argument("--search-again", nargs="*", metavar="METHOD", choices=list(METHODS),
+                        help="with --max-batch-from: these methods are searched anew (what "
+                             "changed since that run)")
     parser.add_argument("--compile", action="store_true",
                         help="also the torch.compile methods (compile, its activation memory "
                              "budget at 0.5 and 0, actpack auto inside the compiled model)")

@@ -41,6 +41,9 @@ json::Value PolicySection(const runtime::SessionState& state) {
   section["relieved_bytes"] = policy.relieved_bytes;
   if (options.allowed_loss_increase > 0) {
     section["allowed_loss_increase"] = options.allowed_loss_increase;
+  }
+  if (options.max_rel_rms > 0) section["max_rel_rms"] = options.max_rel_rms;
+  if (options.allowed_loss_increase > 0 || options.max_rel_rms > 0) {
     section["capped_candidates"] = policy.capped_candidates;
   }
   return section;

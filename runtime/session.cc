@@ -293,10 +293,15 @@ int Session::HarshestCandidate(const SavedRecord& record) const {
 }
 
 bool Session::Allowed(const SavedRecord& record, int candidate) const {
-  // Exact always; eb at the bound by construction; the rest when measured within the cap. An
-  // unknown cap (the data not measured yet) rules nothing out: the first step's safe default.
-  if (candidate == 0 || candidate == record.bound_candidate) return true;
-  return record.candidates[candidate].error <= record.error_cap;
+  // Exact always; a measured error over the fidelity floor never; eb at the bound by
+  // construction; the rest when measured within the cap. An unknown error or cap (the data not
+  // measured yet) rules nothing out: the first step's safe default.
+  if (candidate == 0) return true;
+  const double error = record.candidates[candidate].error;
+  const double floor = options_.max_rel_rms;
+  if (floor > 0 && std::isfinite(error) && error > floor * floor) return false;
+  if (candidate == record.bound_candidate) return true;
+  return error <= record.error_cap;
 }
 
 void Session::UpdateErrorBound(SavedRecord& record) {
@@ -827,6 +832,11 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
       options_.allowed_loss_increase > 0
           ? absl::StrCat(" and allowed_loss_increase=", options_.allowed_loss_increase,
                          "; a larger allowed increase permits harsher codecs")
+          : std::string(),
+      options_.max_rel_rms > 0 && capped > 0
+          ? absl::StrCat(" and max_rel_rms=", options_.max_rel_rms,
+                         ", the error each saved tensor may carry; max_rel_rms=None permits "
+                         "every codec, 2-bit ones included, at the cost of gradient fidelity")
           : std::string(),
       "), or use a smaller batch"));
 }

@@ -441,10 +441,13 @@ uint64_t RunStep(Session& session, std::vector<PackAction>* actions = nullptr) {
   return held;
 }
 
+// The policy's mechanics, with no fidelity floor (TheFidelityFloorRulesOutCodecsMeasuredAboveIt
+// has the default one).
 SessionOptions AutoOptions(uint64_t budget) {
   SessionOptions options = Options("auto");
   options.budget_bytes = budget;
   options.headroom = 0.0;
+  options.max_rel_rms = 0.0;
   return options;
 }
 
@@ -780,6 +783,48 @@ TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
   ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find("allowed_loss_increase=0.01"), std::string::npos)
       << status.message();
+}
+
+// The fidelity floor (max_rel_rms, 0.2 by default): once measured, a codec whose relative
+// RMS error on a tensor is above it is not taken for it (quant2 on Gaussian data: ~0.6), and
+// a budget only such codecs would fit is infeasible, saying so; 0 lifts the floor.
+TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
+  const uint64_t other = 1 << 20;
+  const uint64_t raw = 4u * 64 * 256 * 4;
+  SessionOptions options = AutoOptions(other + raw / 6);  // quant4 fits, not exact or quant8
+  options.max_rel_rms = SessionOptions().max_rel_rms;
+  EXPECT_EQ(options.max_rel_rms, kDefaultMaxRelRms);
+  Session session(options, HostFactory());
+  const uint64_t first = RunStep(session);
+  EXPECT_LT(first * 10, raw);  // before anything is measured: the harshest, quant2
+  ASSERT_TRUE(session.EndStep(other + first).ok());
+  ASSERT_TRUE(StepWithPeak(session, other).ok());
+  RunStep(session);
+  for (const SavedRecord& record : session.Records()) {
+    ASSERT_GE(record.choice, 1) << "the budget needs every tensor packed";
+    const PolicyCandidate& chosen = record.candidates[record.choice];
+    EXPECT_LE(chosen.error, kDefaultMaxRelRms * kDefaultMaxRelRms) << chosen.spec;
+    EXPECT_NE(record.codec, "quant2");
+  }
+  EXPECT_GT(session.Policy().capped_candidates, 0u);
+  EXPECT_TRUE(session.Policy().feasible);
+
+  for (const double floor : {kDefaultMaxRelRms, 0.0}) {
+    SCOPED_TRACE(floor);
+    SessionOptions tight = AutoOptions(other + raw / 12);  // only quant2 fits
+    tight.max_rel_rms = floor;
+    Session capped(tight, HostFactory());
+    ASSERT_TRUE(StepWithPeak(capped, other).ok());
+    const absl::Status status = StepWithPeak(capped, other);
+    if (floor > 0) {
+      ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+      EXPECT_NE(status.message().find("max_rel_rms=0.2"), std::string::npos) << status.message();
+    } else {
+      ASSERT_TRUE(status.ok()) << status;
+      RunStep(capped);
+      for (const SavedRecord& record : capped.Records()) EXPECT_EQ(record.codec, "quant2");
+    }
+  }
 }
 
 TEST(SessionErrorBoundTest, WithoutABudgetAutoPacksAsSmallAsTheCapAllows) {

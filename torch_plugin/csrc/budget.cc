@@ -160,6 +160,7 @@ torch_plugin::SessionSettings SettingsFor(const BudgetOptions& options, uint64_t
   settings.headroom = options.headroom;
   settings.profile_every = options.profile_every;
   settings.allowed_loss_increase = options.allowed_loss_increase;
+  settings.max_rel_rms = options.max_rel_rms;
   settings.outside_allowance_bytes = static_cast<int64_t>(allocator::kHostOutsideAllowanceBytes);
   return settings;
 }
@@ -225,6 +226,11 @@ struct Budget::State {
       run["allowed_loss_increase"] = options.allowed_loss_increase;
     } else {
       run["allowed_loss_increase"] = json::Value();
+    }
+    if (options.max_rel_rms > 0) {
+      run["max_rel_rms"] = options.max_rel_rms;
+    } else {
+      run["max_rel_rms"] = json::Value();
     }
     run["peak_allocated_bytes"] = meter.run_allocated_peak();
     run["peak_reserved_bytes"] = meter.run_reserved_peak();

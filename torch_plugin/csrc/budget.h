@@ -68,6 +68,8 @@ struct BudgetOptions {
   int64_t profile_every = runtime::kDefaultProfileEvery;
   bool snapshot = false;  // put the allocator's snapshot into the report
   double allowed_loss_increase = 0.0;  // the error-bounded mode; 0: off
+  // The relative RMS error `auto` lets a saved tensor carry (see actpack.budget); 0: no floor.
+  double max_rel_rms = runtime::kDefaultMaxRelRms;
 };
 
 // Open on construction, closed by Close() or the destructor. Not copyable or movable: the hooks

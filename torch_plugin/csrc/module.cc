@@ -181,6 +181,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("DEFAULT_HEADROOM") = actpack::runtime::kDefaultHeadroom;
   m.attr("DEFAULT_PROFILE_EVERY") = actpack::runtime::kDefaultProfileEvery;
   m.attr("DEFAULT_MIN_BYTES") = actpack::runtime::kDefaultMinBytes;
+  m.attr("DEFAULT_MAX_REL_RMS") = actpack::runtime::kDefaultMaxRelRms;
   m.def("is_profile_step", &actpack::runtime::IsProfileStep, py::arg("step"),
         py::arg("profile_every"));
   actpack::torch_plugin::BindSession(m);

@@ -233,17 +233,18 @@ void BindSession(py::module_& m) {
                        int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes,
                        double headroom, int64_t profile_every,
                        double allowed_loss_increase,
-                       int64_t outside_allowance_bytes) {
+                       int64_t outside_allowance_bytes, double max_rel_rms) {
              return std::make_unique<PySession>(SessionSettings{
                  codec, rules, min_bytes, seed, enabled, budget_bytes, headroom, profile_every,
-                 allowed_loss_increase, outside_allowance_bytes});
+                 allowed_loss_increase, outside_allowance_bytes, max_rel_rms});
            }),
            py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
            py::arg("min_bytes") = runtime::kDefaultMinBytes, py::arg("seed") = 0,
            py::arg("enabled") = true, py::arg("budget_bytes") = 0,
            py::arg("headroom") = runtime::kDefaultHeadroom,
            py::arg("profile_every") = runtime::kDefaultProfileEvery,
-           py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0)
+           py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0,
+           py::arg("max_rel_rms") = runtime::kDefaultMaxRelRms)
       .def("hooks", &MakeHooks,
            "(pack, unpack): the session's saved-tensor hooks as plain functions")
       .def("hook_seconds", &PySession::HookSeconds)

@@ -347,6 +347,10 @@ SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
       settings.outside_allowance_bytes, 0));
   options.profile_every = static_cast<int>(std::min<int64_t>(settings.profile_every, 1 << 30));
   options.allowed_loss_increase = loss_bound;
+  TORCH_CHECK_VALUE(std::isfinite(settings.max_rel_rms) && settings.max_rel_rms >= 0.0,
+                    "actpack: max_rel_rms is the relative RMS error a saved tensor may carry, a "
+                    "number >= 0 (0 or None: no floor), got ", settings.max_rel_rms);
+  options.max_rel_rms = settings.max_rel_rms;
   session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
   RegisterLeanBackwardKernels();
 }

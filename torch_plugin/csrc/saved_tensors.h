@@ -68,6 +68,7 @@ struct SessionSettings {
   int64_t profile_every = runtime::kDefaultProfileEvery;
   double allowed_loss_increase = 0.0;  // 0: off
   int64_t outside_allowance_bytes = 0;  // see runtime::SessionOptions
+  double max_rel_rms = runtime::kDefaultMaxRelRms;  // 0: off
 };
 
 class SavedTensorSession {

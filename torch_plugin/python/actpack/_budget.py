@@ -86,6 +86,15 @@ class budget:
             while the bounds are measured); with "auto" the policy never picks a codec whose
             measured error is over the cap and adds eb at the bound to its candidates. When no
             plan within the caps fits the budget, the error says so.
+        max_rel_rms: the fidelity floor of "auto": the largest relative RMS error
+            ||x - x_hat|| / ||x|| the policy lets a saved tensor carry, each codec's error
+            measured on the tensor (profile steps); a codec over it is not taken for that
+            tensor (the report's policy.capped_candidates counts them). The default, 0.2,
+            admits quant4 (0.06-0.18 on the benchmark's models) and division where it is that
+            precise, and rules out 2 bits (quant2: 0.28-0.91), under which the ResNet-50's
+            first layers' gradients fell to cosine ~0.75 against exact training. None (or 0)
+            lets the policy take any codec: larger batches, noisier gradients. When no plan
+            within it fits the budget, the out-of-memory error says so. Fixed codecs ignore it.
         recompute: True makes the regions the model marks with actpack.recompute(fn, ...)
             recompute in backward: each keeps only its inputs, packed by the policy, and may
             run in micro-batches (see actpack.recompute). False runs them as plain calls.
@@ -136,7 +145,8 @@ class budget:
     def __init__(self, limit, codec="auto", report=None, min_bytes=_C.DEFAULT_MIN_BYTES, seed=0,
                  enabled=True, headroom=_C.DEFAULT_HEADROOM,
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
-                 allowed_loss_increase=None, recompute=False, gradient_guard=True):
+                 allowed_loss_increase=None, recompute=False, gradient_guard=True,
+                 max_rel_rms=_C.DEFAULT_MAX_REL_RMS):
         self._budget = parse_budget(limit)
         if not (isinstance(recompute, bool) or isinstance(recompute, str) and recompute == "auto"):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
@@ -162,6 +172,7 @@ class budget:
         if codec == NONE:
             enabled = False  # what the planner's "none" measures: plain training
         self._loss_bound = _check_loss_bound(allowed_loss_increase)
+        self._max_rel_rms = _check_max_rel_rms(max_rel_rms)
         # 0 packs every saved tensor, however small.
         if not (_args.is_int(min_bytes) and min_bytes == 0):
             min_bytes = parse_size(min_bytes, "min_bytes")
@@ -170,7 +181,8 @@ class budget:
                                    enabled=enabled, budget_bytes=self._memory.budget_bytes,
                                    headroom=headroom, profile_every=profile_every,
                                    allowed_loss_increase=self._loss_bound,
-                                   outside_allowance_bytes=self._memory.outside_allowance)
+                                   outside_allowance_bytes=self._memory.outside_allowance,
+                                   max_rel_rms=self._max_rel_rms)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = enabled
         # Lossless packing cannot make the gradients run away.
@@ -429,6 +441,7 @@ class budget:
             "budget_bytes": budget_bytes,
             "codec": self._codec,
             "allowed_loss_increase": self._loss_bound or None,
+            "max_rel_rms": self._max_rel_rms or None,
             "peak_allocated_bytes": self._memory.run_allocated_peak,
             "peak_reserved_bytes": peak,
             "peak_system_bytes": self._memory.run_system_peak,
@@ -516,6 +529,18 @@ def _rank_path(path):
         root, ext = os.path.splitext(path)
         return f"{root}.rank{rank}{ext}"
     return path
+
+
+def _check_max_rel_rms(value):
+    """max_rel_rms as a float (0.0: no floor)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ValueError("actpack.budget: max_rel_rms is the relative RMS error a saved tensor "
+                         "may carry, a number >= 0 such as 0.2 (None or 0: no floor), got "
+                         f"{_args.show(value)}")
+    return float(value)
 
 
 def _check_loss_bound(value):

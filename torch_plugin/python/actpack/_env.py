@@ -16,7 +16,7 @@ import os
 import sys
 
 KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator",
-        "allowed_loss_increase", "recompute"]
+        "allowed_loss_increase", "recompute", "max_rel_rms"]
 _RECOMPUTE = {"true": True, "1": True, "false": False, "0": False, "auto": "auto"}
 _ALLOCATORS = ("auto", "cpu", "cuda", "none")
 _active = None
@@ -69,6 +69,13 @@ def _parse(text):
         except ValueError:
             raise ValueError("actpack: ACTPACK_CONF: key 'allowed_loss_increase' is "
                              f"{value!r}; expected a fraction such as 0.01") from None
+    if "max_rel_rms" in options:
+        value = options["max_rel_rms"]
+        try:
+            options["max_rel_rms"] = None if value == "none" else float(value)
+        except ValueError:
+            raise ValueError("actpack: ACTPACK_CONF: key 'max_rel_rms' is "
+                             f"{value!r}; expected a number such as 0.2, or none") from None
     if options.get("min_bytes") == "0":
         options["min_bytes"] = 0  # as budget(min_bytes=0): pack every saved tensor
     return options

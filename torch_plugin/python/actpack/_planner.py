@@ -621,12 +621,14 @@ VERIFY_STEPS = 4
 CAPPED_FROM = 2
 
 
-def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, recompute=None):
+def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, recompute=None,
+                     **budget_options):
     """The run report of `steps` real steps at `batch` under the budget's cap, or None when
     they ran out of it: the truth the planner's answer is checked against. A step before the
     policy's first plan may lift the cap (two for "auto", one for a fixed codec, two more
     after auto+recompute switches recomputation on), so `steps` needs one more than that to
-    have run one capped step. `recompute`: the budget's (None: the choice's)."""
+    have run one capped step. `recompute`: the budget's (None: the choice's); `budget_options`
+    go to actpack.budget as they are (max_rel_rms=None, say)."""
     import gc
 
     import torch
@@ -635,7 +637,8 @@ def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, reco
         recompute = _RECOMPUTE.get(choice, False)
     had_gradients = _parameters_with_gradients()
     try:
-        with _budget_context(budget_bytes, codec=_codec_of(choice), recompute=recompute) as run:
+        with _budget_context(budget_bytes, codec=_codec_of(choice), recompute=recompute,
+                             **budget_options) as run:
             for _ in range(steps):
                 step(batch)
         return run.report
