@@ -1,0 +1,73 @@
+"""auto's fidelity floor (budget(max_rel_rms=0.2) by default): the policy never takes a codec
+whose measured relative RMS error on a tensor is above it, and says so when no plan within it
+fits the budget; max_rel_rms=None lifts it."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import actpack
+
+
+def deep_mlp(depth=8, width=256):
+    torch.manual_seed(0)
+    layers = [nn.Linear(64, width)]
+    for _ in range(depth):
+        layers += [nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width)]
+    return nn.Sequential(*layers, nn.ReLU(), nn.Linear(width, 10))
+
+
+def train(budget, steps=5, **options):
+    """`steps` steps of the MLP at batch 512 under `budget`; the run."""
+    model = deep_mlp()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(512, 64, generator=g), torch.randint(0, 10, (512,), generator=g)
+    with actpack.budget(budget, **options) as run:
+        for _ in range(steps):
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+    return run
+
+
+def automatic(run):
+    """The tensors the policy chose a lossy codec for (the ReLUs' masks are no choice)."""
+    return [t for t in run.report["activations"]["saved_tensors"]
+            if t["codec"] not in ("kept", "mask", "reused")]
+
+
+def test_the_policy_takes_no_codec_above_the_floor():
+    # 4 MiB: the activations (512 x 256 floats, 512 KiB each) must be packed harshly.
+    floored = train("4MiB")
+    assert floored.report["run"]["max_rel_rms"] == actpack._C.DEFAULT_MAX_REL_RMS == 0.2
+    assert floored.report["activations"]["policy"]["max_rel_rms"] == 0.2
+    assert floored.report["activations"]["policy"]["capped_candidates"] > 0
+    packed = automatic(floored)
+    assert len(packed) >= 9  # every Linear's input, and batch norms' inputs
+    for t in packed:
+        assert t["error"]["rel_rms"] <= 0.2, t
+    # Without the floor the same budget gets the harshest codec, at its error.
+    free = train("4MiB", max_rel_rms=None)
+    assert free.report["run"]["max_rel_rms"] is None
+    packed = automatic(free)
+    assert {t["codec"] for t in packed} == {"quant2"}
+    assert min(t["error"]["rel_rms"] for t in packed) > 0.2
+
+
+def test_a_budget_only_two_bits_fit_names_the_floor():
+    with pytest.raises(torch.OutOfMemoryError, match=r"max_rel_rms=0\.2.*max_rel_rms=None"):
+        train("3MiB")
+
+
+@pytest.mark.parametrize("value", [-0.1, float("nan"), "0.2", True])
+def test_a_bad_floor_is_refused_naming_it(value):
+    with pytest.raises(ValueError, match="max_rel_rms"):
+        actpack.budget("1GiB", max_rel_rms=value)
+
+
+def test_the_floor_from_the_environment(monkeypatch):
+    from actpack import _env
+    assert _env._parse("budget=1GiB,max_rel_rms=0.3")["max_rel_rms"] == 0.3
+    assert _env._parse("budget=1GiB,max_rel_rms=none")["max_rel_rms"] is None
+    with pytest.raises(ValueError, match="max_rel_rms"):
+        _env._parse("budget=1GiB,max_rel_rms=high")
