@@ -53,6 +53,26 @@ bool IsStatistics(const SavedTensorInfo& info, uint64_t bytes, uint64_t largest_
   return info.producer == "leaf" && !info.is_view && bytes * kStatisticsShare <= largest_so_far;
 }
 
+// "; the error caps hold X more than the harshest codecs would, most in m1 (X1), m2 (X2)...":
+// which layers a looser bound (or recomputing them) would fit.
+std::string CapCostText(const std::map<std::string, uint64_t>& cost) {
+  if (cost.empty()) return "";
+  std::vector<std::pair<uint64_t, std::string>> ranked;
+  uint64_t total = 0;
+  for (const auto& [module, bytes] : cost) {
+    ranked.push_back({bytes, module.empty() ? "(no module)" : module});
+    total += bytes;
+  }
+  std::sort(ranked.rbegin(), ranked.rend());
+  std::string text = absl::StrCat("; the error caps hold ", allocator::FormatBytes(total),
+                                  " more than the harshest codecs would, most in ");
+  for (size_t i = 0; i < std::min<size_t>(3, ranked.size()); ++i) {
+    absl::StrAppend(&text, i ? ", " : "", ranked[i].second, " (",
+                    allocator::FormatBytes(ranked[i].first), ")");
+  }
+  return text;
+}
+
 // The integer dtypes `bitpack` packs.
 bool IsBitpackedInteger(codecs::DType dtype) {
   switch (dtype) {
@@ -752,6 +772,7 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
   std::vector<int> planned;
   std::vector<std::vector<int>> allowed;  // per planned record, its candidates within the cap
   uint64_t capped = 0;
+  std::map<std::string, uint64_t> cap_cost;  // per module: bytes the caps and floor keep
   PolicyInput input;
   input.budget_bytes = PlanningBudget();
   input.headroom = options_.headroom;
@@ -780,14 +801,18 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
     planned.push_back(index);
     PolicyItem item{{}, gradients_.WeightOf(record.module)};
     allowed.emplace_back();
+    uint64_t smallest = UINT64_MAX, smallest_allowed = UINT64_MAX;
     for (size_t i = 0; i < record.candidates.size(); ++i) {
+      smallest = std::min(smallest, record.candidates[i].bytes);
       if (!Allowed(record, static_cast<int>(i))) {
         ++capped;
         continue;
       }
+      smallest_allowed = std::min(smallest_allowed, record.candidates[i].bytes);
       allowed.back().push_back(static_cast<int>(i));
       item.candidates.push_back(record.candidates[i]);
     }
+    if (smallest_allowed > smallest) cap_cost[record.module] += smallest_allowed - smallest;
     input.items.push_back(std::move(item));
   }
   input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
@@ -838,6 +863,7 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
                          ", the error each saved tensor may carry; max_rel_rms=None permits "
                          "every codec, 2-bit ones included, at the cost of gradient fidelity")
           : std::string(),
+      CapCostText(cap_cost),
       "), or use a smaller batch"));
 }
 

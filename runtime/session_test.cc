@@ -819,6 +819,10 @@ TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
     if (floor > 0) {
       ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
       EXPECT_NE(status.message().find("max_rel_rms=0.2"), std::string::npos) << status.message();
+      // Which layers the floor holds above the harshest codecs, most first.
+      EXPECT_NE(status.message().find("the error caps hold "), std::string::npos)
+          << status.message();
+      EXPECT_NE(status.message().find("encoder.layer0 ("), std::string::npos) << status.message();
     } else {
       ASSERT_TRUE(status.ok()) << status;
       RunStep(capped);
