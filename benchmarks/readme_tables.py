@@ -130,9 +130,15 @@ def suite_table(model):
              f"| grad cosine at its own largest batch | loss after "
              f"{len(entry['methods']['plain']['losses'])} steps |",
              "|---|---|---|---|---|---|---|---|"]
+    # A run without the no-floor row predates auto's fidelity floor (max_rel_rms): its auto
+    # packed as auto with max_rel_rms=None does now, and ReLU's outputs by value.
+    floored = "actpack:auto,no floor" in rows
     for method, name in SUITE_METHODS.items():
         if method not in rows:
             continue
+        if not floored and method.startswith("actpack:auto"):
+            name = (name.split(" (fidelity floor")[0]
+                    + " (measured before the fidelity floor: as `max_rel_rms=None`)")
         r, m = rows[method], entry["methods"][method]
         low, high = m["max_batch"], m["max_batch_upper"]
         batch = f"{low}" if high == low else f"{low} ({high})"
