@@ -37,7 +37,7 @@ def test_every_model_and_method_is_measured(results):
         assert set(entry["methods"]) == {"plain", "checkpoint", "selective_checkpoint",
                                          "actpack:none", "actpack:quant2",
                                          "actpack:division", "actpack:eb", "actpack:auto",
-                                         "actpack:auto+checkpoint",
+                                         "actpack:auto,no floor", "actpack:auto+checkpoint",
                                          "actpack:auto+recompute", "bf16_autocast",
                                          "actpack:auto+bf16"}, name
         assert name in stdout
