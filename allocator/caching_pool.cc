@@ -61,8 +61,12 @@ size_t RoundBlockSize(size_t bytes) {
   return bytes < kMinBlockSize ? kMinBlockSize : RoundUp(bytes, kMinBlockSize);
 }
 
+bool InSmallPool(size_t block_size, bool under_budget) {
+  return block_size <= (under_budget ? kLargestSharedUnderBudget : kSmallSize);
+}
+
 size_t SegmentSizeFor(size_t block_size, bool under_budget) {
-  if (block_size <= kSmallSize) return kSmallSegmentSize;
+  if (InSmallPool(block_size, under_budget)) return kSmallSegmentSize;
   if (block_size < kMinLargeAlloc) return under_budget ? block_size : kLargeSegmentSize;
   return RoundUp(block_size, kRoundLarge);
 }
@@ -81,12 +85,15 @@ CachingPool::~CachingPool() {
 
 absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) {
   const size_t size = RoundBlockSize(bytes);
-  const bool is_small = size <= kSmallSize;
+  const bool under_budget = reserve_limit != kNoReserveLimit;
+  const bool is_small = InSmallPool(size, under_budget);
+  // The smallest tail of a large block worth a block of its own: one the large pool can serve.
+  const size_t large_split = under_budget ? kLargestSharedUnderBudget : kSmallSize;
   std::lock_guard<std::mutex> lock(mutex_);
   if (pending_event_count_ > 0) ProcessCompletedEvents();
 
   Block* block = nullptr;
-  if (!is_small && reserve_limit != kNoReserveLimit) {
+  if (!is_small && under_budget) {
     // Under a budget, a block carved from a larger free one strands the rest of that segment
     // for as long as it lives (a segment is released whole): a packed activation cut from a
     // freed 4 MiB gradient buffer keeps 2.6 MiB unusable for the 4 MiB buffers that follow.
@@ -96,15 +103,18 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
     // request reserves 14 MiB, and once its block has merged back with its segment's free tail
     // only a 14 MiB block is there to reuse (refusing it grew the cache by every step's such
     // requests: 84 MiB a step on a 2-layer transformer under a generous budget).
-    const size_t fits = std::max(size + kSmallSize, SegmentSizeFor(size, /*under_budget=*/true));
+    const size_t fits = std::max(size + large_split, SegmentSizeFor(size, /*under_budget=*/true));
     block = TakeBestFit(size, stream, /*is_small=*/false, /*max_size=*/fits);
     if (block == nullptr) {
       absl::StatusOr<Block*> segment = ReserveSegment(size, bytes, stream, false, reserve_limit);
       if (segment.ok()) {
         block = *segment;
-      } else if (!IsReserveLimitExceeded(segment.status()) ||
-                 (block = TakeBestFit(size, stream, /*is_small=*/false)) == nullptr) {
-        return segment.status();
+      } else {
+        if (!IsReserveLimitExceeded(segment.status())) return segment.status();
+        // At the limit: a piece of any free large block, else a hole in a small segment.
+        block = TakeBestFit(size, stream, /*is_small=*/false);
+        if (block == nullptr) block = TakeBestFit(size, stream, /*is_small=*/true);
+        if (block == nullptr) return segment.status();
       }
     }
   } else {
@@ -124,10 +134,10 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
   }
 
   // Split off the tail when it is big enough to serve another request of the same pool. Large
-  // remainders of <= 1 MiB are not worth a block: they would only serve small requests, which
-  // the large pool never does.
+  // remainders no larger than the small pool's largest request are not worth a block: they
+  // would only serve small requests, which the large pool never does.
   const size_t remaining = block->size - size;
-  if (block->is_small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+  if (block->is_small ? remaining >= kMinBlockSize : remaining > large_split) {
     auto* tail = new Block;
     tail->address = block->address + size;
     tail->size = remaining;

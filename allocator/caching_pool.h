@@ -55,6 +55,17 @@ inline constexpr size_t kSmallSegmentSize = 2 * kMiB;  // segment size of the sm
 inline constexpr size_t kMinLargeAlloc = 10 * kMiB;    // requests below share 20 MiB segments
 inline constexpr size_t kLargeSegmentSize = 20 * kMiB;
 inline constexpr size_t kRoundLarge = 2 * kMiB;  // larger requests are rounded up to this
+// Under a budget, requests above a quarter of a small segment leave the small pool (below).
+inline constexpr size_t kLargestSharedUnderBudget = kSmallSegmentSize / 4;
+
+// InSmallPool
+//
+// Whether a block of `block_size` comes from the small pool's shared 2 MiB segments. Under a
+// budget only blocks of up to 512 KiB do: a 768 KiB or 1 MiB block leaves a hole in its segment
+// that the small blocks living beside it pin, and a cap of a few segments runs out with the
+// holes (a 2-layer LM under 14 MiB failed a 1 MiB request with 4.5 MiB cached in such pieces
+// and 9.5 MiB in use). Above that they get segments of their own, released whole.
+bool InSmallPool(size_t block_size, bool under_budget);
 
 // RoundBlockSize
 //
@@ -64,7 +75,7 @@ size_t RoundBlockSize(size_t bytes);
 // SegmentSizeFor
 //
 // The segment the pool reserves when no cached block fits a block of `block_size`. Under a
-// budget a mid-size block (1-10 MiB) gets a segment of exactly its size, not a shared 20 MiB
+// budget a mid-size block (512 KiB-10 MiB) gets a segment of exactly its size, not a shared 20 MiB
 // one: tails of shared segments that later requests cannot use count against the budget (two
 // 8 MiB attention blocks a segment stranded ~20% of a transformer step's budget in 4 MiB
 // tails), and so would a rounding remainder too small for the large pool to split off.

@@ -51,8 +51,14 @@ TEST(CachingPoolSizesTest, RoundsLikePyTorch) {
   EXPECT_EQ(SegmentSizeFor(1_MiB + 512), 20_MiB);
   EXPECT_EQ(SegmentSizeFor(10_MiB - 512), 20_MiB);
   EXPECT_EQ(SegmentSizeFor(10_MiB), 10_MiB);
-  // Under a budget, mid-size blocks do not share segments; the small pool does.
-  EXPECT_EQ(SegmentSizeFor(1_MiB, /*under_budget=*/true), 2_MiB);
+  // Under a budget, mid-size blocks (above 512 KiB) do not share segments; the small pool does.
+  EXPECT_TRUE(InSmallPool(1_MiB, /*under_budget=*/false));
+  EXPECT_FALSE(InSmallPool(1_MiB + 512, /*under_budget=*/false));
+  EXPECT_TRUE(InSmallPool(512_KiB, /*under_budget=*/true));
+  EXPECT_FALSE(InSmallPool(512_KiB + 512, /*under_budget=*/true));
+  EXPECT_EQ(SegmentSizeFor(512_KiB, /*under_budget=*/true), 2_MiB);
+  EXPECT_EQ(SegmentSizeFor(512_KiB + 512, /*under_budget=*/true), 512_KiB + 512);
+  EXPECT_EQ(SegmentSizeFor(1_MiB, /*under_budget=*/true), 1_MiB);
   EXPECT_EQ(SegmentSizeFor(1_MiB + 512, /*under_budget=*/true), 1_MiB + 512);
   EXPECT_EQ(SegmentSizeFor(8_MiB, /*under_budget=*/true), 8_MiB);
   EXPECT_EQ(SegmentSizeFor(9_MiB - 512, /*under_budget=*/true), 9_MiB - 512);
@@ -251,6 +257,40 @@ TEST_F(CachingPoolTest, UnderABudgetRepeatedRequestsReuseTheirMergedSegments) {
     EXPECT_EQ(pool_.GetUsage().reserved_bytes, 14_MiB + 4_MiB) << "step " << step;
     ExpectConsistent();
   }
+}
+
+// A small block living between two holes of a small segment keeps either from serving a 1 MiB
+// request; under a 3 MiB limit (one small segment and a 1 MiB one) a second 1 MiB block then
+// finds no room though 2 MiB + 4 KiB are in use. With 768 KiB and 1 MiB blocks in segments of
+// their own, and the small pool's holes left to them only at the limit, it fits.
+TEST_F(CachingPoolTest, UnderABudgetSmallBlocksDoNotPinTheHolesOfMidSizeOnes) {
+  const size_t limit = 3_MiB;
+  auto alloc = [&](size_t bytes) {
+    absl::StatusOr<void*> p = pool_.AllocateWithin(bytes, kStreamA, limit);
+    EXPECT_TRUE(p.ok()) << bytes << ": " << p.status();
+    EXPECT_LE(pool_.GetUsage().reserved_bytes, limit);
+    return p.ok() ? *p : nullptr;
+  };
+  void* a = alloc(768_KiB);
+  void* s = alloc(256_KiB);
+  void* c = alloc(1_MiB);
+  pool_.Deallocate(s, 256_KiB, kStreamA);
+  void* t = alloc(4_KiB);  // lives on, where `s` was
+  pool_.Deallocate(a, 768_KiB, kStreamA);
+  pool_.Deallocate(c, 1_MiB, kStreamA);
+  void* x = alloc(1_MiB);
+  void* y = alloc(1_MiB);
+  ExpectConsistent();
+  for (auto [p, bytes] : {std::pair{x, 1_MiB}, {y, 1_MiB}}) {
+    if (p != nullptr) pool_.Deallocate(p, bytes, kStreamA);
+  }
+  pool_.EmptyCache();
+  // At the limit a block above the small pool's sizes takes a hole of a small segment too.
+  void* big = alloc(2_MiB - 8_KiB);
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 2_MiB);
+  ExpectConsistent();
+  pool_.Deallocate(big, 2_MiB - 8_KiB, kStreamA);
+  pool_.Deallocate(t, 4_KiB, kStreamA);
 }
 
 TEST_F(CachingPoolTest, UpstreamFailureReleasesCachedSegmentsAndRetries) {

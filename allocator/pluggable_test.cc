@@ -305,10 +305,10 @@ TEST_P(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
 
 TEST_P(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
   actpack_init(2);
-  void* a = actpack_alloc(1_MiB, 0, kStream);
-  void* b = actpack_alloc(1_MiB, 5, kStream);
-  actpack_free(a, 1_MiB, 0, kStream);
-  actpack_free(b, 1_MiB, 5, kStream);
+  void* a = actpack_alloc(256_KiB, 0, kStream);
+  void* b = actpack_alloc(256_KiB, 5, kStream);
+  actpack_free(a, 256_KiB, 0, kStream);
+  actpack_free(b, 256_KiB, 5, kStream);
   EXPECT_EQ(FindDeviceAllocator(5)->pool().GetUsage().reserved_bytes, 2_MiB);
   actpack_empty_cache();
   EXPECT_EQ(FindDeviceAllocator(0)->pool().GetUsage().reserved_bytes, 0u);
