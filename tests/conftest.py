@@ -10,8 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # an idle 2-core machine, and a machine running other work may take several times that.
 HANG_GUARD_S = 1800
 
-# The demo (tools/demo.py) is imported by tests as a module.
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+# The workloads in benchmarks/ (the demo's, the GPU checks') are imported by tests as modules.
+sys.path.insert(0, ROOT)
 
 
 def pytest_collection_modifyitems(config, items):

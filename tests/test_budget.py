@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import actpack
-import demo
+from benchmarks import demo
 
 
 def small_cnn():

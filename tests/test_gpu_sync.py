@@ -3,15 +3,11 @@ end of backward), plus once more where eb tensors are unpacked before their size
 and never in a pack or an unpack: the CUDA runtime's own API trace (torch.profiler) counts the
 blocking calls, less a plain run's (the profiler's own sync). The CUDA emulator checks the
 session and the codecs the same way in CI (runtime/session_cuda_test); this checks the whole
-plugin on hardware, with tools/gpu_sync_check.py's models and counting. Skipped without CUDA;
+plugin on hardware, with benchmarks/gpu_sync.py's models and counting. Skipped without CUDA;
 tools/gpu_check.sh runs it."""
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-import gpu_sync_check  # noqa: E402
+from benchmarks import gpu_sync as gpu_sync_check
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import actpack
-import demo
+from benchmarks import demo
 from actpack._units import parse_size
 
 CONTEXT = 128
@@ -146,8 +146,9 @@ def test_planner_predicts_the_largest_batch_on_cuda(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     script = ("import pathlib, sys, torch, actpack\n"
               "actpack.install_allocator()\n"
-              f"sys.path[:0] = [{here!r}, {os.path.join(here, '..', 'tools')!r}]\n"
-              "import demo, test_policy\n"
+              f"sys.path[:0] = [{here!r}, {os.path.join(here, '..')!r}]\n"
+              "import test_policy\n"
+              "from benchmarks import demo\n"
               "test_policy.check_planner_against_binary_search(\n"
               "    demo.load_corpus(), pathlib.Path(sys.argv[1]), torch.device('cuda'))\n")
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,

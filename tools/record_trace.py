@@ -21,8 +21,8 @@ import torch
 import actpack
 from actpack import _C
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import demo  # noqa: E402  (tools/demo.py: the models and the data)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks import demo  # noqa: E402  (the demo's models and data)
 
 HEADER = "# actpack allocation trace v1"
 
