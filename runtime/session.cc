@@ -766,6 +766,32 @@ void Session::RecordMeasurement(int record_index, size_t index,
   if (record.codec == codecs::FormatCodecSpec(record.codecs[index])) record.error = measurement;
 }
 
+void Session::ChooseMeasured(PackPlan& plan) {
+  absl::MutexLock lock(&mu_);
+  if (plan.action != PackAction::kPack || plan.record < 0 ||
+      static_cast<size_t>(plan.record) >= records_.size()) {
+    return;
+  }
+  const SavedRecord& record = records_[plan.record];
+  const bool safe_default =
+      record.choice < 0 || (pressure_this_step_ && options_.budget_bytes > 0);
+  if (!record.assigned.automatic || !safe_default) return;
+  const std::string chosen = codecs::FormatCodecSpec(plan.params);
+  for (size_t i = 0; i < record.codecs.size(); ++i) {
+    if (codecs::FormatCodecSpec(record.codecs[i]) != chosen) continue;
+    if (Allowed(record, static_cast<int>(i + 1))) return;
+    break;
+  }
+  // Exact is never the harshest while a packed candidate is allowed; with none allowed the
+  // default stands for this step (its keeping would be a different action), and the plan at
+  // the step's end rules it out.
+  const int harshest = HarshestCandidate(record);
+  if (harshest == 0) return;
+  const uint64_t seed = plan.params.seed;
+  plan.params = record.codecs[harshest - 1];
+  plan.params.seed = seed;
+}
+
 absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
   // The policy's tensors of this step that have measured candidates are the items; the peak
   // minus what they held is the rest of the step. Tensors not measured yet stay as they are.

@@ -359,6 +359,12 @@ class Session {
   // What the plugin measured for candidate `index` of plan.measure.
   void RecordMeasurement(int record, size_t index, const CodecMeasurement& measurement);
 
+  // After the plugin measured `plan`'s candidates: the safe default (the harshest candidate,
+  // taken before the policy's first plan or under pressure) becomes the harshest one the
+  // measurements allow, so that a tensor's first step already holds the fidelity floor (and a
+  // profile of the step, as actpack.plan takes, packs as training will). Other plans stand.
+  void ChooseMeasured(PackPlan& plan);
+
   // Closes the current step (a forward and its backward): records its totals and restarts the
   // ordinals. A step in which nothing was saved is not recorded. `peak_bytes` is the
   // allocator's allocated peak over the step (0 when unknown): the policy plans tensors'

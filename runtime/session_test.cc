@@ -430,6 +430,7 @@ uint64_t RunStep(Session& session, std::vector<PackAction>* actions = nullptr) {
     for (size_t c = 0; c < plan.measure.size(); ++c) {
       session.RecordMeasurement(plan.record, c, Measure(s, plan.measure[c]));
     }
+    if (!plan.measure.empty()) session.ChooseMeasured(plan);
     if (actions != nullptr) actions->push_back(plan.action);
     if (plan.action == PackAction::kKeep) {
       held += s.info.Bytes();
@@ -796,7 +797,11 @@ TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
   EXPECT_EQ(options.max_rel_rms, kDefaultMaxRelRms);
   Session session(options, HostFactory());
   const uint64_t first = RunStep(session);
-  EXPECT_LT(first * 10, raw);  // before anything is measured: the harshest, quant2
+  // The first step's safe default is the harshest codec its own measurement allows: quant4
+  // (~7.8x smaller), not quant2 (~15x).
+  EXPECT_LT(first * 6, raw);
+  EXPECT_GT(first * 10, raw);
+  for (const SavedRecord& record : session.Records()) EXPECT_EQ(record.codec, "quant4");
   ASSERT_TRUE(session.EndStep(other + first).ok());
   ASSERT_TRUE(StepWithPeak(session, other).ok());
   RunStep(session);

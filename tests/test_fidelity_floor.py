@@ -54,6 +54,22 @@ def test_the_policy_takes_no_codec_above_the_floor():
     assert min(t["error"]["rel_rms"] for t in packed) > 0.2
 
 
+def test_the_first_step_packs_with_the_harshest_codec_its_measurement_allows():
+    # Before the policy's first plan (the end of step 2) every tensor gets the safe default:
+    # the harshest codec, chosen once the step measured the candidates on it, so not quant2
+    # (rel_rms ~0.6 here) but a codec within the floor. A profile for actpack.plan is this step.
+    run = train("4MiB", steps=1)
+    assert run.report["activations"]["policy"]["plans"] == 0
+    packed = automatic(run)
+    assert len(packed) >= 9
+    for t in packed:
+        measured = {c["codec"]: c["rel_error"] for c in t["candidates"]}
+        assert measured["quant2"] > 0.2 ** 2, t  # relative squared errors
+        assert t["codec"] != "quant2" and measured[t["codec"]] <= 0.2 ** 2, t
+    free = train("4MiB", steps=1, max_rel_rms=None)
+    assert {t["codec"] for t in automatic(free)} == {"quant2"}
+
+
 def test_a_budget_only_two_bits_fit_names_the_floor():
     with pytest.raises(torch.OutOfMemoryError, match=r"max_rel_rms=0\.2.*max_rel_rms=None"):
         train("3MiB")

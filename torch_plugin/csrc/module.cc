@@ -30,6 +30,7 @@
 #include "runtime/config.h"
 #include "report/writer.h"
 #include "runtime/json.h"
+#include "runtime/policy.h"
 #include "runtime/session.h"
 #include "torch_plugin/csrc/allocator_bindings.h"
 #include "torch_plugin/csrc/cli_bindings.h"
@@ -184,6 +185,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("DEFAULT_MAX_REL_RMS") = actpack::runtime::kDefaultMaxRelRms;
   m.def("is_profile_step", &actpack::runtime::IsProfileStep, py::arg("step"),
         py::arg("profile_every"));
+  m.def("budget_for", &actpack::runtime::BudgetFor, py::arg("peak"), py::arg("headroom"));
   actpack::torch_plugin::BindSession(m);
   m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
   m.def(

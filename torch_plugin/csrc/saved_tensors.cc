@@ -379,6 +379,7 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string modul
   for (size_t i = 0; i < plan.measure.size(); ++i) {
     session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
   }
+  if (!plan.measure.empty()) session_->ChooseMeasured(plan);
   if (plan.action == runtime::PackAction::kKeep) {
     return Keep(tensor, info, plan, std::move(handle));
   }

@@ -301,7 +301,7 @@ class budget:
             allocator, system = peaks[1], peaks[2] - self._memory.outside_allowance
             measured = max(allocator, system)
             # As the policy sizes a budget: the peak is what it may use, less the headroom.
-            needed = math.ceil(measured / (1.0 - self._headroom))
+            needed = _C.budget_for(measured, self._headroom)
             what = "plain training (enabled=False)" if not self._enabled else \
                 f"codec {self._codec!r}"
             raise torch.OutOfMemoryError(

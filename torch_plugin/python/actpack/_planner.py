@@ -60,7 +60,8 @@ from actpack._budget import (NONE, _error_text, _innermost, budget as _budget_co
                              outside_allowance)
 from actpack._units import format_bytes, parse_budget
 
-# "none" packs nothing; "auto" is the policy at its harshest (its largest batch);
+# "none" packs nothing; "auto" is the policy at its harshest within its fidelity floor (its
+# largest batch);
 # "auto+recompute" is auto with budget(recompute="auto"): the regions the model marks with
 # actpack.recompute recompute once codecs alone cannot hold the step. The default plans it
 # when the warm-up step ran such a region.
@@ -214,7 +215,7 @@ def _run_step(step, batch, choice):
     whether an actpack.recompute region ran)."""
     spec = _codec_of(choice)
     # Uncapped: the step's allocated bytes are the profile, whatever the budget. "auto" packs
-    # its first step with the harshest codecs under any budget (its policy plans after two
+    # its first step with the harshest codecs its floor allows under any budget (its policy plans after two
     # steps); a one-byte budget, as before, let a step lift the cap to 1 GiB at most, so a
     # batch that needed more ran out while planning.
     with _budget_context(PROFILE_LIMIT, codec=spec, recompute=choice in _RECOMPUTE) as run:
@@ -286,7 +287,8 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
             _gradient_fidelity.COSINE_BOUND (0.95), which the table marks and a warning names.
             A step whose two exact runs differ (it draws new data each call) is not measured,
             and the table says so. auto is not measured: its profile steps pack with the
-            harshest codecs, before its policy's first plan, unlike its training steps. The
+            harshest codecs its fidelity floor allows, before its policy's first plan, unlike
+            its training steps. The
             measurement is at the first profiled batch, where saved tensors under 64 KiB stay
             exact: a larger batch packs more of them (profile at batches that save what
             training saves, or read the cosines as an upper bound).
@@ -546,8 +548,9 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
     return Plan(budget_bytes, sizes, choices, verified, document, step.calls)
 
 
-# auto's profile steps pack with its harshest codecs (its policy plans after two steps), which is
-# not how it trains under a budget: its gradients are not measured from them (not yet otherwise).
+# auto's profile steps pack with the harshest codecs its floor allows (its policy plans after two
+# steps), which is not how it trains under a budget: its gradients are not measured from them
+# (not yet otherwise).
 _MEASURED_LATER = ("auto", RECOMPUTE_CHOICE)
 
 
