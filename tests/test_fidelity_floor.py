@@ -71,8 +71,27 @@ def test_the_first_step_packs_with_the_harshest_codec_its_measurement_allows():
 
 
 def test_a_budget_only_two_bits_fit_names_the_floor():
-    with pytest.raises(torch.OutOfMemoryError, match=r"max_rel_rms=0\.2.*max_rel_rms=None"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"max_rel_rms=0\.2.*max_rel_rms=None") as e:
         train("3MiB")
+    # ... and what recomputation would do instead (this model marks no regions).
+    assert "or recompute: blocks marked with actpack.recompute" in str(e.value)
+    assert "smallest budget that would work is" in str(e.value)
+
+
+def test_a_budget_no_plan_fits_says_the_marked_regions_would_recompute():
+    model = deep_mlp()
+    blocks = list(model)
+    x = torch.randn(512, 64, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=r"regions this model marks with actpack\.recompute would "
+                             r"recompute instead under budget\(recompute=\"auto\"\)"):
+        with actpack.budget("3MiB"):
+            for _ in range(5):
+                h = blocks[0](x)
+                for i in range(1, len(blocks) - 2, 3):
+                    h = actpack.recompute(nn.Sequential(*blocks[i:i + 3]), h)
+                F.cross_entropy(blocks[-1](blocks[-2](h)), torch.zeros(512, dtype=torch.long)
+                                ).backward()
 
 
 @pytest.mark.parametrize("value", [-0.1, float("nan"), "0.2", True])

@@ -241,6 +241,16 @@ class budget:
 
         return pack, unpack
 
+    def _recompute_hint(self):
+        """What recomputation would do for a step no plan fits, said after the policy's error."""
+        if self.recomputing:
+            return ""
+        if self._regions_seen:
+            return ("; the regions this model marks with actpack.recompute would recompute "
+                    "instead under budget(recompute=\"auto\")")
+        return ("; or recompute: blocks marked with actpack.recompute, under "
+                "budget(recompute=\"auto\"), recompute their activations instead of holding them")
+
     def _end_step(self):
         # The guard's norms are queued before the end of step's status read, which waits for
         # the device once: read after it, they cost no wait of their own (a GPU profile counted
@@ -272,9 +282,9 @@ class budget:
         try:
             self._session.end_step(*peaks)  # raises when no plan fits the budget
             no_plan_fits = False
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as e:
             if not can_switch:
-                raise
+                raise torch.OutOfMemoryError(str(e) + self._recompute_hint()) from None
             no_plan_fits = True
         policy = self._session.policy()
         replanned = policy["plans"] != plans
