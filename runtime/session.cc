@@ -122,6 +122,8 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kSavedInBackward: return "saved during backward (create_graph or recomputation)";
     case KeepReason::kAwaitingBound: return "exact until its error bound is known (first step)";
     case KeepReason::kStatistics: return "an op's statistics (mean, rstd, logsumexp)";
+    case KeepReason::kCheckpointInput:
+      return "a checkpointed region's input (its recomputation would carry a codec's error)";
     case KeepReason::kFlaggedOnDevice: return "its codec met values it cannot hold on the GPU";
   }
   return "";
@@ -209,6 +211,8 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.reason = KeepReason::kParameter;
   } else if (info.in_backward) {
     plan.reason = KeepReason::kSavedInBackward;
+  } else if (info.checkpoint_input) {
+    plan.reason = KeepReason::kCheckpointInput;
   } else if (!mask && !bitpack && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {

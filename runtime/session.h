@@ -122,6 +122,12 @@ struct SavedTensorInfo {
   // mask (PackPlan::sign_mask). The plugin knows it from the node saving it; `producer` names
   // the node that made the tensor, and the next layer's save of it has the same one.
   bool sign_only = false;
+  // An input of a checkpointed region (torch.utils.checkpoint), saved so that backward can run
+  // the region's forward again from it. Kept exact: a codec's error here would run through
+  // every op of the recomputed region (batch norm's statistics among them) instead of reaching
+  // one backward (ResNet-50 blocks checkpointed with their inputs at quant4: worst group's
+  // gradient cosine 0.31).
+  bool checkpoint_input = false;
   std::string module;    // the module running when it was saved, e.g. "layer1.0.conv1"
 
   uint64_t Bytes() const;
@@ -133,7 +139,7 @@ enum class PackAction { kKeep, kReuse, kPack };
 enum class KeepReason {
   kNone, kDisabled, kChosenNone, kParameter, kNotFloatingPoint, kTooSmall, kLossInput,
   kPolicyExact,
-  kSavedInBackward, kAwaitingBound, kStatistics,
+  kSavedInBackward, kAwaitingBound, kStatistics, kCheckpointInput,
   // Its codec met values it cannot hold (non-finite values) in an earlier step on a GPU, where
   // it is packed without waiting to know: that step decoded NaN, the later ones keep it exact.
   kFlaggedOnDevice

@@ -191,6 +191,27 @@ TEST(SessionTest, IntegerTensorsArePackedWithBitpackAndUnpackExactly) {
   }
 }
 
+// A checkpointed region's input is kept exact under any codec, auto included, with the reason
+// in the record: its recomputation would run a codec's error through the whole region.
+TEST(SessionTest, CheckpointInputsAreKeptExact) {
+  for (const char* codec : {"quant4", "auto"}) {
+    SCOPED_TRACE(codec);
+    SessionOptions options = Options(codec);
+    if (std::string(codec) == "auto") options.budget_bytes = 1 << 30;
+    Session session(options, HostFactory());
+    Saved input = MakeSaved(64, 256, 31);
+    input.info.checkpoint_input = true;
+    const PackPlan kept = session.Plan(input.info);
+    EXPECT_EQ(kept.action, PackAction::kKeep);
+    EXPECT_EQ(kept.reason, KeepReason::kCheckpointInput);
+    EXPECT_TRUE(kept.measure.empty());
+    EXPECT_NE(session.Records()[kept.record].note.find("checkpointed region's input"),
+              std::string::npos);
+    Saved other = MakeSaved(64, 256, 32);  // the same tensor saved by an op: packed
+    EXPECT_EQ(session.Plan(other.info).action, PackAction::kPack);
+  }
+}
+
 // ReLU's saved output is packed as the one bit its backward reads (`output <= 0`), under a
 // fixed lossy codec and under auto; `identity` keeps it. The next layer saving the same tensor
 // needs its values: it gets its own copy, by its own codec, and the mask is not reused for it.

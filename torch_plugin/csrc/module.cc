@@ -37,6 +37,7 @@
 #include "torch_plugin/csrc/lean_backward.h"
 #include "torch_plugin/csrc/py_json.h"
 #include "torch_plugin/csrc/py_session.h"
+#include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -186,6 +187,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("is_profile_step", &actpack::runtime::IsProfileStep, py::arg("step"),
         py::arg("profile_every"));
   m.def("budget_for", &actpack::runtime::BudgetFor, py::arg("peak"), py::arg("headroom"));
+  m.def("_saving_checkpoint_inputs", &actpack::torch_plugin::SetSavingCheckpointInputs,
+        py::arg("saving"));
   actpack::torch_plugin::BindSession(m);
   m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
   m.def(

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "codecs/codec.h"
@@ -207,6 +208,8 @@ bool IsReluSavingItsOutput(torch::autograd::Node* node) {
 // `tensor` as autograd saved it, described as stored (StoredLayout fills `layout`): shape,
 // strides and bytes are those of what is kept. The storage guard is left to GuardStorage: only
 // what is packed needs one.
+thread_local bool saving_checkpoint_inputs = false;
+
 runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
   runtime::SavedTensorInfo info;
   const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());
@@ -230,6 +233,7 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
   info.version = static_cast<uint32_t>(tensor._version());
   info.is_view = tensor.is_view();
   info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  info.checkpoint_input = saving_checkpoint_inputs;
   if (const auto node = tensor.grad_fn()) {
     info.producer = node->name();
     info.sign_only = IsReluSavingItsOutput(node.get());
@@ -309,6 +313,10 @@ runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
 }
 
 }  // namespace
+
+bool SetSavingCheckpointInputs(bool saving) {
+  return std::exchange(saving_checkpoint_inputs, saving);
+}
 
 SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
   runtime::SessionOptions options;

@@ -71,6 +71,11 @@ struct SessionSettings {
   double max_rel_rms = runtime::kDefaultMaxRelRms;  // 0: off
 };
 
+// Whether the saves this thread makes now are a checkpointed region's inputs
+// (runtime::SavedTensorInfo::checkpoint_input): the Python front end sets it around
+// torch.utils.checkpoint's saving of them (actpack/_checkpoint.py). Returns the previous value.
+bool SetSavingCheckpointInputs(bool saving);
+
 class SavedTensorSession {
  public:
   // Throws ValueError (c10::ValueError) naming a bad setting.

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-from actpack import _C, _args, _recompute
+from actpack import _C, _args, _checkpoint, _recompute
 from actpack._gradient_guard import GradientGuard as _GradientGuard
 from actpack._units import format_bytes, parse_budget, parse_size
 
@@ -364,6 +364,7 @@ class budget:
             self._memory.watch_pressure(self._relieve)
             self._modules.start()
             self._modules.watch_outputs = self._loss_bound > 0
+            _checkpoint.install()  # checkpoint's inputs are kept exact
             self._hooks.__enter__()
             _recompute._active.append(self)
         except BaseException:
