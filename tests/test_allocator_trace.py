@@ -1,5 +1,5 @@
-"""Allocation traces: tools/record_trace.py records real training steps, the parser of
-tools/gpu_allocator_benchmark.py reads them (the same rules and messages as
+"""Allocation traces: tools/record_trace.py (benchmarks/record_trace.py) records real training
+steps, the parser of benchmarks/alloc_replay.py (tools/gpu_allocator_benchmark.py) reads them (the same rules and messages as
 allocator/testing/alloc_trace.cc), and actpack._C._replay_trace replays them; the GPU
 comparison runs only with CUDA but its CPU parts run here.
 """
@@ -14,8 +14,8 @@ import torch
 import actpack
 from actpack import _C
 
-import gpu_allocator_benchmark as bench  # tools/, on the path through conftest.py
-import record_trace
+from benchmarks import alloc_replay as bench
+from benchmarks import record_trace
 from conftest import HANG_GUARD_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
