@@ -1,6 +1,6 @@
 """Allocation traces: tools/record_trace.py (benchmarks/record_trace.py) records real training
-steps, the parser of benchmarks/alloc_replay.py (tools/gpu_allocator_benchmark.py) reads them (the same rules and messages as
-allocator/testing/alloc_trace.cc), and actpack._C._replay_trace replays them; the GPU
+steps, the parser of benchmarks/alloc_replay.py (tools/gpu_allocator_benchmark.py) reads them
+(the same rules and messages as allocator/testing/alloc_trace.cc), and actpack._C._replay_trace replays them; the GPU
 comparison runs only with CUDA but its CPU parts run here.
 """
 import json

@@ -205,11 +205,12 @@ bool IsReluSavingItsOutput(torch::autograd::Node* node) {
   return !(data.has_value() && data->defined());
 }
 
+// Set around torch.utils.checkpoint's saving of a region's inputs (SetSavingCheckpointInputs).
+thread_local bool saving_checkpoint_inputs = false;
+
 // `tensor` as autograd saved it, described as stored (StoredLayout fills `layout`): shape,
 // strides and bytes are those of what is kept. The storage guard is left to GuardStorage: only
 // what is packed needs one.
-thread_local bool saving_checkpoint_inputs = false;
-
 runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
   runtime::SavedTensorInfo info;
   const std::optional<codecs::DType> dtype = ToCodecDType(tensor.scalar_type());

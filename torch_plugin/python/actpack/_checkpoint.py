@@ -33,22 +33,16 @@ def _flagging(save):
 
 
 def install():
-    """Wrap torch.utils.checkpoint's input saving, once per process (idempotent); returns the
-    names wrapped."""
+    """Wrap torch.utils.checkpoint's input saving, once per process (idempotent)."""
     global _installed
-    wrapped = []
+    if _installed:
+        return
     frame = getattr(_checkpoint, "_CheckpointFrame", None)
+    if frame is not None and callable(getattr(frame, "save_inputs", None)):
+        frame.save_inputs = _flagging(frame.save_inputs)
     function = getattr(_checkpoint, "CheckpointFunction", None)
-    if not _installed:
-        if frame is not None and callable(getattr(frame, "save_inputs", None)):
-            frame.save_inputs = _flagging(frame.save_inputs)
-        if function is not None and callable(getattr(function, "apply", None)):
-            # A plain function on the class: CheckpointFunction.apply(...) calls it unbound,
-            # and it calls the original classmethod.
-            function.apply = _flagging(function.apply)
-        _installed = True
-    if frame is not None and hasattr(frame, "save_inputs"):
-        wrapped.append("_CheckpointFrame.save_inputs")
-    if function is not None:
-        wrapped.append("CheckpointFunction.apply")
-    return wrapped
+    if function is not None and callable(getattr(function, "apply", None)):
+        # A plain function on the class: CheckpointFunction.apply(...) calls it unbound, and it
+        # calls the original classmethod.
+        function.apply = _flagging(function.apply)
+    _installed = True

@@ -215,9 +215,9 @@ def _run_step(step, batch, choice):
     whether an actpack.recompute region ran)."""
     spec = _codec_of(choice)
     # Uncapped: the step's allocated bytes are the profile, whatever the budget. "auto" packs
-    # its first step with the harshest codecs its floor allows under any budget (its policy plans after two
-    # steps); a one-byte budget, as before, let a step lift the cap to 1 GiB at most, so a
-    # batch that needed more ran out while planning.
+    # its first step with the harshest codecs its floor allows under any budget (its policy
+    # plans after two steps); a one-byte budget, as before, let a step lift the cap to 1 GiB
+    # at most, so a batch that needed more ran out while planning.
     with _budget_context(PROFILE_LIMIT, codec=spec, recompute=choice in _RECOMPUTE) as run:
         step(batch)
     if run.report["activations"]["totals"]["exact_fallbacks"] and spec != NONE:
