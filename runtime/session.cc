@@ -162,6 +162,7 @@ int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
   record.ordinal = ordinal;
   record.producer = info.producer;
   record.module = info.module;
+  record.recompute_input = info.region_input == RegionInput::kRecompute;
   record.shape = info.shape;
   record.dtype = info.dtype;
   record.assigned = ChoiceFor(options_.rules, options_.codec, info.module);
@@ -211,7 +212,7 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     plan.reason = KeepReason::kParameter;
   } else if (info.in_backward) {
     plan.reason = KeepReason::kSavedInBackward;
-  } else if (info.checkpoint_input) {
+  } else if (info.region_input == RegionInput::kCheckpoint) {
     plan.reason = KeepReason::kCheckpointInput;
   } else if (!mask && !bitpack && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
@@ -322,7 +323,8 @@ bool Session::Allowed(const SavedRecord& record, int candidate) const {
   // measured yet) rules nothing out: the first step's safe default.
   if (candidate == 0) return true;
   const double error = record.candidates[candidate].error;
-  const double floor = options_.max_rel_rms;
+  const double floor =
+      options_.max_rel_rms * (record.recompute_input ? kRecomputeInputFloorShare : 1.0);
   if (floor > 0 && std::isfinite(error) && error > floor * floor) return false;
   if (candidate == record.bound_candidate) return true;
   return error <= record.error_cap;

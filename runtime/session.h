@@ -94,6 +94,27 @@ struct SessionOptions {
   static std::vector<codecs::CodecParams> DefaultLadder();
 };
 
+// A tensor saved so that backward can run a region's forward again from it. A codec's error on
+// it runs through every op of the recomputed region (batch norm's batch statistics, ReLU's
+// masks) instead of reaching one backward: a 4-block residual CNN with batch norm, one step at
+// quant4, worst parameter group's gradient cosine 0.97 with its activations packed, 0.85 with
+// its blocks recomputed from packed inputs (0.99 at quant8).
+enum class RegionInput {
+  kNone,
+  // torch.utils.checkpoint's: kept exact. What checkpointing keeps, it keeps whole (ResNet-50
+  // blocks checkpointed with their inputs at quant4: worst group's cosine 0.31).
+  kCheckpoint,
+  // actpack.recompute's: packed, since they are all such a region keeps, but within
+  // kRecomputeInputFloorShare of the fidelity floor.
+  kRecompute,
+};
+
+// The share of max_rel_rms a recompute region's input may carry. On the CNN above, with its
+// blocks as regions: inputs at quant8 (relative RMS error 0.005) held cosine 0.99, at
+// eb:rel=1e-2 (0.029) 0.94, at quant4 (0.082) 0.85. A tenth of the default 0.2 admits the first
+// and rules out the others.
+inline constexpr double kRecomputeInputFloorShare = 0.1;
+
 // Everything the session needs to know about a saved tensor, gathered before any copy.
 struct SavedTensorInfo {
   codecs::DType dtype = codecs::DType::kFloat32;
@@ -122,12 +143,8 @@ struct SavedTensorInfo {
   // mask (PackPlan::sign_mask). The plugin knows it from the node saving it; `producer` names
   // the node that made the tensor, and the next layer's save of it has the same one.
   bool sign_only = false;
-  // An input of a checkpointed region (torch.utils.checkpoint), saved so that backward can run
-  // the region's forward again from it. Kept exact: a codec's error here would run through
-  // every op of the recomputed region (batch norm's statistics among them) instead of reaching
-  // one backward (ResNet-50 blocks checkpointed with their inputs at quant4: worst group's
-  // gradient cosine 0.31).
-  bool checkpoint_input = false;
+  // An input of a region that backward runs again from it (RegionInput).
+  RegionInput region_input = RegionInput::kNone;
   std::string module;    // the module running when it was saved, e.g. "layer1.0.conv1"
 
   uint64_t Bytes() const;
@@ -231,6 +248,8 @@ struct SavedRecord {
   // Packed losslessly whatever `assigned` says (`mask` for bool under auto, `bitpack` for
   // integers, the sign mask of ReLU's output): no item of the policy.
   bool lossless = false;
+  // An actpack.recompute region's input: its floor is kRecomputeInputFloorShare of the rest's.
+  bool recompute_input = false;
   std::vector<PolicyCandidate> candidates;
   std::vector<codecs::CodecParams> codecs;  // candidates[i + 1]'s codec
   int choice = -1;  // -1: not planned yet (the safe default: the harshest candidate)

@@ -8,59 +8,10 @@
 #include "codecs/codec.h"
 #include "codecs/registry.h"
 #include "gtest/gtest.h"
+#include "runtime/session_test_util.h"
 
 namespace actpack::runtime {
 namespace {
-
-class VectorBuffer : public Buffer {
- public:
-  explicit VectorBuffer(size_t n) : bytes_(n) {}
-  uint8_t* data() override { return bytes_.data(); }
-  size_t size() const override { return bytes_.size(); }
-  // As the plugin's buffers do: a variable-size codec (eb) encodes into its worst case.
-  absl::Status ShrinkTo(size_t n) override {
-    bytes_.resize(n);
-    bytes_.shrink_to_fit();
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<uint8_t> bytes_;
-};
-
-BufferFactory HostFactory() {
-  return [](size_t bytes, const codecs::ExecContext&) -> absl::StatusOr<std::unique_ptr<Buffer>> {
-    return std::unique_ptr<Buffer>(new VectorBuffer(bytes));
-  };
-}
-
-SessionOptions Options(const char* codec, uint64_t min_bytes = 1024) {
-  SessionOptions options;
-  options.codec = *ParseCodecChoice(codec);
-  options.min_bytes = min_bytes;
-  return options;
-}
-
-struct Saved {
-  std::vector<float> values;
-  SavedTensorInfo info;
-  codecs::TensorView view() const {
-    return {values.data(), codecs::DType::kFloat32, info.shape, codecs::Device::kCpu};
-  }
-};
-
-Saved MakeSaved(int64_t rows, int64_t cols, uintptr_t storage, uint32_t seed = 1) {
-  Saved s;
-  s.values.resize(rows * cols);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  for (float& v : s.values) v = dist(rng);
-  s.info.shape = {rows, cols};
-  s.info.strides = {cols, 1};
-  s.info.storage = storage;
-  s.info.producer = "MmBackward0";
-  return s;
-}
 
 TEST(SessionTest, PacksDecodesAndCountsBytes) {
   Session session(Options("quant2"), HostFactory());
@@ -200,7 +151,7 @@ TEST(SessionTest, CheckpointInputsAreKeptExact) {
     if (std::string(codec) == "auto") options.budget_bytes = 1 << 30;
     Session session(options, HostFactory());
     Saved input = MakeSaved(64, 256, 31);
-    input.info.checkpoint_input = true;
+    input.info.region_input = RegionInput::kCheckpoint;
     const PackPlan kept = session.Plan(input.info);
     EXPECT_EQ(kept.action, PackAction::kKeep);
     EXPECT_EQ(kept.reason, KeepReason::kCheckpointInput);
@@ -430,47 +381,6 @@ TEST(SessionTest, PackedTensorMayOutliveTheSession) {
   live.reset();
   EXPECT_EQ(session->Totals().live_stored, 0u);
   EXPECT_EQ(session->Totals().live_raw, 0u);
-}
-
-// What the plugin does on a profile step: encode and decode with each candidate, measure.
-CodecMeasurement Measure(const Saved& saved, const codecs::CodecParams& params) {
-  return MeasureOnHost(saved.view(), saved.values.size(), params);
-}
-
-// One step of four 64 KiB tensors; returns the bytes held for them.
-uint64_t RunStep(Session& session, std::vector<PackAction>* actions = nullptr) {
-  std::vector<Saved> saved;
-  std::vector<std::shared_ptr<PackedTensor>> live;
-  uint64_t held = 0;
-  for (int i = 0; i < 4; ++i) {
-    saved.push_back(MakeSaved(64, 256, 200 + i, i));
-    saved.back().info.module = i < 2 ? "encoder.layer" + std::to_string(i) : "head";
-  }
-  for (const Saved& s : saved) {
-    PackPlan plan = session.Plan(s.info);
-    for (size_t c = 0; c < plan.measure.size(); ++c) {
-      session.RecordMeasurement(plan.record, c, Measure(s, plan.measure[c]));
-    }
-    if (!plan.measure.empty()) session.ChooseMeasured(plan);
-    if (actions != nullptr) actions->push_back(plan.action);
-    if (plan.action == PackAction::kKeep) {
-      held += s.info.Bytes();
-      continue;
-    }
-    live.push_back(*session.Pack(s.info, plan, s.view(), {}));
-    held += live.back()->stored_bytes();
-  }
-  return held;
-}
-
-// The policy's mechanics, with no fidelity floor (TheFidelityFloorRulesOutCodecsMeasuredAboveIt
-// has the default one).
-SessionOptions AutoOptions(uint64_t budget) {
-  SessionOptions options = Options("auto");
-  options.budget_bytes = budget;
-  options.headroom = 0.0;
-  options.max_rel_rms = 0.0;
-  return options;
 }
 
 // The first step is a warm-up (its peak misses the optimizer state): the first plan comes at
@@ -810,6 +720,30 @@ TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
 // The fidelity floor (max_rel_rms, 0.2 by default): once measured, a codec whose relative
 // RMS error on a tensor is above it is not taken for it (quant2 on Gaussian data: ~0.6), and
 // a budget only such codecs would fit is infeasible, saying so; 0 lifts the floor.
+TEST(SessionPolicyTest, ARecomputeRegionsInputsCarryATenthOfTheFloor) {
+  SessionOptions options = AutoOptions(10 << 20);
+  options.max_rel_rms = kDefaultMaxRelRms;
+  Session plain(options, HostFactory());
+  RunStep(plain);
+  for (const SavedRecord& record : plain.Records()) EXPECT_EQ(record.codec, "quant4");
+  Session regions(options, HostFactory());
+  RunStep(regions, nullptr, RegionInput::kRecompute);
+  const double floor = kDefaultMaxRelRms * kRecomputeInputFloorShare;
+  for (const SavedRecord& record : regions.Records()) {
+    EXPECT_TRUE(record.recompute_input);
+    // The harshest codec whose measured error is within a tenth of the floor (quant4's is
+    // not), with no choice made yet: the first step's safe default.
+    EXPECT_NE(record.codec, "quant4");
+    EXPECT_NE(record.codec, "quant2");
+    EXPECT_NE(record.codec, "kept");
+    for (const PolicyCandidate& candidate : record.candidates) {
+      if (candidate.spec == record.codec) {
+        EXPECT_LE(candidate.error, floor * floor);
+      }
+    }
+  }
+}
+
 TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
   const uint64_t other = 1 << 20;
   const uint64_t raw = 4u * 64 * 256 * 4;

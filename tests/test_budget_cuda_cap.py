@@ -1,8 +1,8 @@
 """actpack.budget's cap on actpack's CUDA allocator, driven on a machine without a GPU.
 
 The second H100 run found that a CUDA budget set no cap at all (the planner's truth search
-called every batch a fit). The budget's memory side (_budget._PeakMeter) now caps the CUDA
-allocator as it caps the host pool. Here torch is told a CUDA device exists and actpack's CUDA
+called every batch a fit). The budget's memory side (_peak_meter.PeakMeter, driven by the C++
+budget run) now caps the CUDA allocator as it caps the host pool. Here torch is told a CUDA device exists and actpack's CUDA
 allocator serves it; every allocator call is the real one (the C++ keeps device 0's budget in
 its configuration until the device's stack is built), so what is checked is the cap the
 allocator holds at each point of a run: set at start, lifted by a step that measures, put back,
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import actpack
-from actpack import _C, _budget
+from actpack import _C, _peak_meter
 from actpack._units import parse_budget
 
 MiB = 1 << 20
@@ -30,30 +30,47 @@ def cuda_with_actpack(monkeypatch):
     _C._set_device_budget(0, before)
 
 
+def _run(memory, automatic):
+    """The C++ budget run over `memory`, as actpack.budget makes it."""
+    session = _C.Session(codec="auto" if automatic else "quant2")
+    return _C.BudgetRun(session, memory, memory.budget_bytes, 0.15, automatic=automatic,
+                        capped=memory.capped, recompute="off", outside_allowance_bytes=0,
+                        packing="codec 'auto'")
+
+
 def test_the_budget_caps_the_cuda_allocator_from_its_start_and_restores_it(cuda_with_actpack):
-    memory = _budget._PeakMeter(parse_budget("64MiB"))
+    memory = _peak_meter.PeakMeter(parse_budget("64MiB"))
     memory.start()
     assert not memory.warnings  # actpack's allocator is in use: a cap, not a target
+    run = _run(memory, automatic=True)
+    run.start()
     assert actpack.memory_budget(0) == 64 * MiB
     # A step before the first plan may go over to measure; the cap comes back after it.
-    room = memory.lift_cap(10 * MiB)
+    room = run.relieve(10 * MiB)
     assert room > 0 and actpack.memory_budget(0) == 64 * MiB + room
-    assert memory.restore_cap()
+    assert run.end_step() is None  # auto's first step: its plan comes at the second's end
     assert actpack.memory_budget(0) == 64 * MiB
-    memory.stop(snapshot=False)
+    run.stop()
+    memory.stop_watching()
+    memory.stop(snapshot=False, run_peaks=run.run_peaks)
     assert actpack.memory_budget(0) == 512 * MiB  # the install's cap, as start() found it
 
 
 def test_without_actpacks_cuda_allocator_the_budget_is_a_target(cuda_with_actpack, monkeypatch):
     monkeypatch.setattr(actpack.memory, "_cuda_installed", False)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 0)
-    memory = _budget._PeakMeter(parse_budget("64MiB"))
+    memory = _peak_meter.PeakMeter(parse_budget("64MiB"))
     memory.start()
     assert "the budget is a target, not a cap" in memory.warnings[0]
+    run = _run(memory, automatic=False)
+    run.start()
     assert actpack.memory_budget(0) == 512 * MiB  # torch's allocator: nothing of ours to cap
-    assert memory.lift_cap(10 * MiB) == 0
+    assert run.relieve(10 * MiB) == 0
+    run.stop()
+    assert actpack.memory_budget(0) == 512 * MiB
 
 
 def test_making_a_budget_leaves_cuda_unstarted(monkeypatch):
@@ -88,7 +105,7 @@ def test_the_system_peak_counts_cuda_memory_outside_the_pool(cuda_with_actpack, 
     monkeypatch.setattr(actpack.memory, "memory_reserved", lambda device=None: pool["reserved"])
     monkeypatch.setattr(_C, "_count_system_memory", lambda *args: None)
     monkeypatch.setattr(_C, "_stop_counting_system_memory", lambda *args: None)
-    memory = _budget._PeakMeter(parse_budget("2GiB"))
+    memory = _peak_meter.PeakMeter(parse_budget("2GiB"))
     memory.start()
     driver["used"] += 500 * MiB
     pool["reserved"] += 300 * MiB

@@ -20,27 +20,14 @@ import re
 import subprocess
 import sys
 
-CONFIG = "cudaemu_race"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "testing", "cudaemu"))
+from race_config import CONFIG, bazel, execution_root, gcov_test_env  # noqa: E402
+
 # Every test that links the emulator (the codec, allocator and session tests with CUDA cases);
 # //torch_plugin builds against the wheel's CPU LibTorch and stays out of emulated builds.
 EMULATED = 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))'
 MARKER = "coverage: every branch"
-
-
-def bazel(*args):
-    return subprocess.run(["bazel", *args], check=False, text=True, capture_output=True)
-
-
-def execution_root():
-    return bazel("info", f"--config={CONFIG}", "execution_root").stdout.strip()
-
-
-def gcov_test_env(execroot):
-    """The --test_env flags that send every test's gcov counts beside the objects. The objects
-    name their counts file /proc/self/cwd/bazel-out/... (Bazel compiles in /proc/self/cwd): strip
-    those 3 components and put the execution root in front. tools/mutate_kernels.py passes the
-    same flags, so that its unmutated run is this run's cached result, not a second run."""
-    return [f"--test_env=GCOV_PREFIX={execroot}", "--test_env=GCOV_PREFIX_STRIP=3"]
 
 
 def main():

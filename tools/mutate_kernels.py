@@ -23,7 +23,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cudaemu_coverage import CONFIG, execution_root, gcov_test_env
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "testing", "cudaemu"))
+from race_config import CONFIG, execution_root, gcov_test_env  # noqa: E402
 
 TARGET = "//codecs:cuda_identity_test"
 DEFERRED = "//codecs:deferred_test"
@@ -259,7 +261,7 @@ def main():
     atexit.register(restore)
 
     # The unmutated suite must pass first, or a "killed" mutant would mean nothing. With the
-    # coverage run's test environment: after tools/cudaemu_coverage.py (the test command runs it
+    # coverage run's test environment (testing/cudaemu/race_config.py): after tools/cudaemu_coverage.py (the test command runs it
     # first) this is its cached pass.
     base = run_bazel(["test", f"--config={CONFIG}", *gcov_test_env(execution_root()), TARGET, DEFERRED])
     if base.returncode != 0:

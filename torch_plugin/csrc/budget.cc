@@ -20,6 +20,7 @@
 #include "allocator/system_memory.h"
 #include "allocator/units.h"
 #include "report/writer.h"
+#include "runtime/budget_run.h"
 #include "runtime/config.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
 #include "torch_plugin/csrc/saved_tensors.h"
@@ -36,49 +37,34 @@ using torch_plugin::SavedTensor;
 thread_local std::vector<std::shared_ptr<Budget::State>> open_budgets;
 thread_local std::vector<std::string> module_names;
 
-// The memory side of a budget on the CPU: actpack's host pool under torch's CPU allocator,
-// per-step peaks, and the cap (as actpack.budget's _PeakMeter does for the CPU).
-class HostPeakMeter {
+// actpack's host pool under torch's CPU allocator, as a budget run measures and caps it.
+class HostMemory final : public runtime::BudgetMemory {
  public:
   void Start() {
     installed_here_ = !torch_plugin::CpuAllocatorInstalled();
     if (installed_here_) torch_plugin::InstallCpuAllocator();
-    previous_cap_ = HostPool().budget().budget();
-    capped_ = previous_cap_ != kNoReserveLimit;
-    ReleaseCache();
-    run_reserved_peak_ = run_allocated_peak_ = 0;
     // The pool counts against its cap what the resident set holds outside it.
-    torch_plugin::ThrowIfError(allocator::CountSystemMemory(allocator::kHostDevice, allocator::kHostOutsideAllowanceBytes));
+    torch_plugin::ThrowIfError(allocator::CountSystemMemory(
+        allocator::kHostDevice, allocator::kHostOutsideAllowanceBytes));
     resident_.Start();
   }
 
-  // (allocated, reserved, resident) peaks since the last call (or Start): the pool's, and the
-  // process's resident set above its size at Start. Restarts measuring.
-  std::tuple<uint64_t, uint64_t, uint64_t> StepPeaks() {
+  runtime::MemoryPeaks TakePeaks() override {
     const allocator::MemoryStats stats = HostPool().stats().GetStats();
-    Reset();
-    const uint64_t resident = resident_.TakePeak();
-    run_resident_peak_ = std::max(run_resident_peak_, resident);
+    HostPool().stats().ResetPeak();
     return {static_cast<uint64_t>(stats.allocated_bytes.peak),
-            static_cast<uint64_t>(stats.reserved_bytes.peak), resident};
+            static_cast<uint64_t>(stats.reserved_bytes.peak), resident_.TakePeak()};
   }
 
-  uint64_t run_resident_peak() const { return run_resident_peak_; }
+  void ReleaseCache() override { HostPool().EmptyCache(); }
 
-
-  // The next step's peak must show a new plan's footprint, not the last plan's cache.
-  void ReleaseCache() {
-    HostPool().EmptyCache();
-    Reset();
+  uint64_t Cap() override {
+    const size_t cap = HostPool().budget().budget();
+    return cap == kNoReserveLimit ? runtime::kNoCap : cap;
   }
 
-  // From now on allocations over the budget fail.
-  void Enforce(uint64_t budget_bytes) {
-    if (capped_) return;
-    capped_ = true;
-    HostPool().budget().SetBudget(budget_bytes);
-    // A cap binds new reservations only: give back what the uncapped steps cached.
-    ReleaseCache();
+  void SetCap(uint64_t bytes) override {
+    HostPool().budget().SetBudget(bytes == runtime::kNoCap ? kNoReserveLimit : bytes);
   }
 
   void WatchPressure(allocator::BudgetAdaptor::PressureCallback relieve) {
@@ -88,49 +74,30 @@ class HostPeakMeter {
     pressure_id_ = *id;
   }
 
-  // The report's allocator section; the CPU allocator and its cap are left as Start found them.
-  json::Value Stop(bool snapshot) {
+  void StopWatching() {
     allocator::StopCountingSystemMemory(allocator::kHostDevice);
     if (pressure_id_.has_value()) {
       (void)allocator::UnregisterPressureCallback(*pressure_id_);
       pressure_id_.reset();
     }
-    Reset();
-    report::AllocatorRun run{"cpu", true, budget_bytes_, json::Value::object(),
-                             run_allocated_peak_, run_reserved_peak_, json::Value()};
+  }
+
+  // The report's allocator section (after the run stopped: the cap is back); the CPU
+  // allocator as Start found it.
+  json::Value Stop(bool snapshot, const runtime::MemoryPeaks& run_peaks, uint64_t budget_bytes) {
+    report::AllocatorRun run{"cpu", true, budget_bytes, json::Value::object(),
+                             run_peaks.allocated, run_peaks.reserved, json::Value()};
     for (const auto& [name, value] : allocator::ToTorchMemoryStats(HostPool().stats().GetStats())) {
       run.stats[name] = value;
     }
     if (snapshot) run.snapshot = allocator::HostSnapshot();
-    json::Value section = report::AllocatorSection(std::move(run));
-    HostPool().budget().SetBudget(previous_cap_);
-    capped_ = false;
     if (installed_here_) torch_plugin::UninstallCpuAllocator();
     installed_here_ = false;
-    return section;
+    return report::AllocatorSection(std::move(run));
   }
-
-  void set_budget_bytes(uint64_t bytes) { budget_bytes_ = bytes; }
-  uint64_t run_reserved_peak() const { return run_reserved_peak_; }
-  uint64_t run_allocated_peak() const { return run_allocated_peak_; }
 
  private:
-  // The pool has one peak counter, restarted per step; the run's peaks are the maxima over
-  // every window, so fold the closing window in first.
-  void Reset() {
-    const allocator::MemoryStats stats = HostPool().stats().GetStats();
-    run_reserved_peak_ = std::max<uint64_t>(run_reserved_peak_, stats.reserved_bytes.peak);
-    run_allocated_peak_ = std::max<uint64_t>(run_allocated_peak_, stats.allocated_bytes.peak);
-    HostPool().stats().ResetPeak();
-  }
-
   bool installed_here_ = false;
-  bool capped_ = false;
-  size_t previous_cap_ = kNoReserveLimit;
-  uint64_t budget_bytes_ = 0;
-  uint64_t run_reserved_peak_ = 0;
-  uint64_t run_allocated_peak_ = 0;
-  uint64_t run_resident_peak_ = 0;
   allocator::ResidentPeakMeter resident_;
   std::optional<allocator::PressureCallbackId> pressure_id_;
 };
@@ -165,6 +132,21 @@ torch_plugin::SessionSettings SettingsFor(const BudgetOptions& options, uint64_t
   return settings;
 }
 
+bool Automatic(const BudgetOptions& options) {
+  return options.enabled && (options.codec == "auto" || !options.rules.empty());
+}
+
+runtime::BudgetRunOptions RunOptions(const BudgetOptions& options, uint64_t budget_bytes) {
+  runtime::BudgetRunOptions run;
+  run.budget_bytes = budget_bytes;
+  run.headroom = options.headroom;
+  run.automatic = Automatic(options);
+  run.outside_allowance_bytes = allocator::kHostOutsideAllowanceBytes;
+  run.packing = options.enabled ? absl::StrCat("codec '", options.codec, "'")
+                                : std::string("plain training (enabled=false)");
+  return run;
+}
+
 }  // namespace
 
 struct Budget::State {
@@ -172,11 +154,9 @@ struct Budget::State {
       : options(std::move(opts)),
         limit(parsed),
         budget_bytes(parsed.Resolve(allocator::PhysicalMemoryBytes())),
-        session(SettingsFor(options, budget_bytes)) {
-    meter.set_budget_bytes(budget_bytes);
-  }
-
-  bool Automatic() const { return options.codec == "auto" || !options.rules.empty(); }
+        session(SettingsFor(options, budget_bytes)),
+        run(RunOptions(options, budget_bytes), session.runtime_session(), memory,
+            [this](size_t needed) { return session.Relieve(needed); }) {}
 
   SavedTensor Pack(const at::Tensor& tensor) {
     // No backward is running: one that raised never ran its queued end of step.
@@ -198,67 +178,48 @@ struct Budget::State {
   void EndStep() {
     end_queued = false;
     if (!open) return;
-    ++steps;
-    const uint64_t plans = session.Policy().plans;
-    const auto [allocated, reserved, resident] = meter.StepPeaks();
-    session.EndStep(allocated, reserved, resident);  // throws when no plan fits the budget
-    const bool replanned = session.Policy().plans != plans;
-    if (replanned) meter.ReleaseCache();
-    if (replanned || !Automatic()) meter.Enforce(budget_bytes);
+    // Throws c10::OutOfMemoryError when no plan fits the budget.
+    torch_plugin::ThrowIfError(run.EndStep().status());
   }
 
   json::Value RunMetadata(double wall_seconds) const {
-    json::Value run = json::Value::object();
-    run["torch"] = TORCH_VERSION;
-    run["python"] = json::Value();  // a C++ program
-    (run["device"] = "cpu");
-    run["budget"] = limit.ToString();
-    run["budget_bytes"] = budget_bytes;
+    json::Value facts = json::Value::object();
+    facts["torch"] = TORCH_VERSION;
+    facts["python"] = json::Value();  // a C++ program
+    facts["device"] = "cpu";
+    facts["budget"] = limit.ToString();
+    facts["budget_bytes"] = json::Value();  // RunSection fills these in place
     if (options.rules.empty()) {
-      run["codec"] = options.codec;
+      facts["codec"] = options.codec;
     } else {
       json::Value codec = json::Value::object();
-      for (const auto& [pattern, spec] : options.rules) (codec[pattern] = spec);
+      for (const auto& [pattern, spec] : options.rules) codec[pattern] = spec;
       codec["*"] = options.codec;
-      run["codec"] = std::move(codec);
+      facts["codec"] = std::move(codec);
     }
-    if (options.allowed_loss_increase > 0) {
-      run["allowed_loss_increase"] = options.allowed_loss_increase;
-    } else {
-      run["allowed_loss_increase"] = json::Value();
+    facts["allowed_loss_increase"] = options.allowed_loss_increase > 0
+                                         ? json::Value(options.allowed_loss_increase)
+                                         : json::Value();
+    facts["max_rel_rms"] =
+        options.max_rel_rms > 0 ? json::Value(options.max_rel_rms) : json::Value();
+    for (const char* peak : {"peak_allocated_bytes", "peak_reserved_bytes", "peak_system_bytes"}) {
+      facts[peak] = json::Value();
     }
-    if (options.max_rel_rms > 0) {
-      run["max_rel_rms"] = options.max_rel_rms;
-    } else {
-      run["max_rel_rms"] = json::Value();
-    }
-    run["peak_allocated_bytes"] = meter.run_allocated_peak();
-    run["peak_reserved_bytes"] = meter.run_reserved_peak();
-    run["peak_system_bytes"] = meter.run_resident_peak();
-    run["system_memory"] = "resident set above its size at enter (VmHWM)";
-    run["wall_seconds"] = wall_seconds;
-    run["rank"] = 0;
-    run["world_size"] = 1;
-    json::Value list = json::Value::array();
-    for (const std::string& warning : warnings) list.emplace_back(warning);
-    if (meter.run_reserved_peak() > budget_bytes) {
-      list.emplace_back(
-          absl::StrCat("peak memory ", allocator::FormatBytes(meter.run_reserved_peak()),
-                       " exceeded the budget ", allocator::FormatBytes(budget_bytes)));
-    }
-    run["warnings"] = std::move(list);
-    return run;
+    facts["system_memory"] = "resident set above its size at enter (VmHWM)";
+    facts["wall_seconds"] = wall_seconds;
+    facts["rank"] = 0;
+    facts["world_size"] = 1;
+    return run.RunSection(std::move(facts));
   }
 
   const BudgetOptions options;
   const runtime::Budget limit;
   const uint64_t budget_bytes;
   torch_plugin::SavedTensorSession session;
-  HostPeakMeter meter;
+  HostMemory memory;
+  runtime::BudgetRun run;
   std::atomic<bool> end_queued{false};
   std::atomic<bool> open{false};
-  int64_t steps = 0;
-  std::vector<std::string> warnings;
   std::chrono::steady_clock::time_point started;
   json::Value report;
 };
@@ -320,15 +281,15 @@ Budget::Budget(BudgetOptions options) : uncaught_at_open_(std::uncaught_exceptio
   state_ = std::make_shared<State>(std::move(options), parsed);
   UseBudgetEngine();
   state_->started = std::chrono::steady_clock::now();
-  state_->meter.Start();
-  if (state_->Automatic()) {
-    // Out of budget mid-step: re-pack what the plan kept exact rather than fail.
-    std::weak_ptr<State> weak = state_;
-    state_->meter.WatchPressure([weak](size_t needed) -> size_t {
-      std::shared_ptr<State> state = weak.lock();
-      return state ? state->session.Relieve(needed) : 0;
-    });
-  }
+  state_->memory.Start();
+  // Out of budget mid-step: re-pack what the plan kept exact, or let a step before the first
+  // plan finish over the cap to measure what it needs.
+  std::weak_ptr<State> weak = state_;
+  state_->memory.WatchPressure([weak](size_t needed) -> size_t {
+    std::shared_ptr<State> state = weak.lock();
+    return state ? state->run.Relieve(needed) : 0;
+  });
+  state_->run.Start();
   state_->open = true;
   open_budgets.push_back(state_);
 }
@@ -336,7 +297,7 @@ Budget::Budget(BudgetOptions options) : uncaught_at_open_(std::uncaught_exceptio
 Budget::~Budget() {
   try {
     if (std::uncaught_exceptions() > uncaught_at_open_) {
-      state_->warnings.push_back("the run stopped on an exception");
+      state_->run.Warn("the run stopped on an exception");
     }
     Close();
   } catch (const std::exception& error) {
@@ -352,7 +313,10 @@ void Budget::Close() {
               "before a budget opened inside it was closed");
   open_budgets.pop_back();
   state_->open = false;
-  json::Value allocator_section = state_->meter.Stop(state_->options.snapshot);
+  state_->memory.StopWatching();
+  state_->run.Stop();
+  json::Value allocator_section = state_->memory.Stop(
+      state_->options.snapshot, state_->run.run_peaks(), state_->budget_bytes);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - state_->started).count();
   state_->report = report::MakeRunReport(state_->RunMetadata(wall),
@@ -368,7 +332,7 @@ const json::Value& Budget::report() const { return state_->report; }
 
 uint64_t Budget::budget_bytes() const { return state_->budget_bytes; }
 
-int64_t Budget::steps() const { return state_->steps; }
+int64_t Budget::steps() const { return state_->run.steps(); }
 
 ModuleScope::ModuleScope(const std::string& name) {
   module_names.push_back(module_names.empty() ? name

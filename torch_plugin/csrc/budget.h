@@ -3,8 +3,11 @@
 // The C++ counterpart of the Python context actpack.budget: while a Budget lives, every tensor
 // autograd saves for backward on its thread goes through actpack's session (packed with the
 // codec the policy or the options choose, and unpacked for backward), the CPU allocator is
-// actpack's host pool, capped at the budget once the first plan is made, and when it is closed
-// the run report (the same JSON document, read by `actpack report`) is built and written.
+// actpack's host pool, capped at the budget from the first step on, and when it is closed the
+// run report (the same JSON document, read by `actpack report`) is built and written. What a
+// budget does over the run (the cap, the lift that lets a step before the first plan measure
+// what it needs, the end of a step, the errors, the report's run section) is
+// runtime::BudgetRun, which the Python context drives too: one behaviour.
 //
 //   actpack::BudgetOptions options;
 //   options.limit = "512MiB";       // or "80%" of physical memory
@@ -34,7 +37,7 @@
 // Differences from the Python context: module names come from ModuleScope (C++ modules have no
 // global forward hooks), so the policy weighs every saved tensor alike (no gradient
 // sensitivity) and the error-bounded mode uses the relative caps; memory is measured and capped
-// on the CPU only; the report path takes no "{rank}".
+// on the CPU only; the report path takes no "{rank}"; LibTorch has no actpack.recompute regions.
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_BUDGET_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_BUDGET_H_
 

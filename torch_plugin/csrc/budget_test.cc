@@ -1,7 +1,8 @@
 // actpack::Budget in LibTorch C++ training loops on the CPU: the hooks really pack (identity is
 // bitwise plain training, other codecs store fewer bytes), a budget holds every step after the
 // first plan with the loss close to plain training, the report matches the Python context's,
-// module scopes and rules apply, and bad options fail before training.
+// module scopes and rules apply, bad options fail before training, and the scenarios the
+// Python context runs too (torch_plugin/testdata/budget_scenarios.json) hold here alike.
 #include "torch_plugin/csrc/budget.h"
 
 #include <torch/torch.h>
@@ -321,18 +322,85 @@ TEST(BudgetTest, AnExceptionInsideTheBudgetStillWritesTheReport) {
   EXPECT_THAT(warnings[0].get_ref<const std::string&>(), HasSubstr("exception"));
 }
 
-TEST(BudgetTest, ABudgetNoPlanFitsFailsNamingTheSmallestThatWould) {
-  BudgetOptions options;
-  options.limit = "256KiB";
-  options.min_bytes = "0";
-  try {
-    Train(&options, 3, 256, 256);
-    FAIL() << "trained under 256 KiB";
-  } catch (const c10::Error& error) {
-    EXPECT_THAT(error.what(), HasSubstr("smallest budget"));
-  }
-  EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+// ---- The scenarios both front ends run (torch_plugin/testdata/budget_scenarios.json; the
+// Python context runs them in tests/test_budget_scenarios.py) ----
+
+const json::Value& Scenarios() {
+  static const json::Value* scenarios = [] {
+    std::ifstream file("torch_plugin/testdata/budget_scenarios.json");
+    std::stringstream text;
+    text << file.rdbuf();
+    absl::StatusOr<json::Value> parsed = json::Parse(text.str());
+    if (!parsed.ok()) {
+      std::cerr << "budget_scenarios.json: " << parsed.status() << "\n";
+      std::abort();
+    }
+    return new json::Value(*std::move(parsed));
+  }();
+  return *scenarios;
 }
+
+std::vector<std::string> ScenarioNames() {
+  std::vector<std::string> names;
+  for (const json::Value& scenario : Scenarios()["scenarios"]) {
+    names.push_back(scenario["name"].get<std::string>());
+  }
+  return names;
+}
+
+const json::Value& ScenarioNamed(const std::string& name) {
+  for (const json::Value& scenario : Scenarios()["scenarios"]) {
+    if (scenario["name"] == name) return scenario;
+  }
+  std::abort();
+}
+
+class BudgetScenarioTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BudgetScenarioTest, RunsAsThePythonContextDoes) {
+  const json::Value& model = Scenarios()["model"];
+  // Net and Train have these built in.
+  ASSERT_EQ(model["inputs"], 32);
+  ASSERT_EQ(model["classes"], 10);
+  ASSERT_EQ(model["lr"], 0.003);
+  const json::Value& scenario = ScenarioNamed(GetParam());
+  BudgetOptions options;
+  options.limit = scenario["limit"].get<std::string>();
+  options.codec = scenario["codec"].get<std::string>();
+  options.min_bytes = scenario["min_bytes"].get<std::string>();
+  options.enabled = options.codec != "none";
+  const json::Value& expect = scenario["expect"];
+  const int steps = model["steps"].get<int>();
+  const int64_t width = model["width"].get<int64_t>();
+  const int64_t batch = model["batch"].get<int64_t>();
+  json::Value report;
+  if (const json::Value* errors = json::Find(expect, "error")) {
+    try {
+      Train(&options, steps, width, batch, &report);
+      FAIL() << "trained under " << options.limit;
+    } catch (const c10::OutOfMemoryError& error) {
+      for (const json::Value& text : *errors) {
+        EXPECT_THAT(error.what(), HasSubstr(text.get<std::string>()));
+      }
+    }
+    EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+    return;
+  }
+  Train(&options, steps, width, batch, &report);
+  const json::Value& run = Get(report, "run");
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : run.items()) keys.push_back(key);
+  EXPECT_EQ(keys, Scenarios()["run_keys"].get<std::vector<std::string>>());
+  EXPECT_EQ(Get(run, "budget_bytes"), expect["budget_bytes"]);
+  EXPECT_LE(Get(run, "peak_reserved_bytes").get<uint64_t>(), expect["budget_bytes"].get<uint64_t>());
+  EXPECT_TRUE(Get(run, "warnings").empty()) << Get(run, "warnings");
+  EXPECT_EQ(Get(report, "activations")["totals"]["steps"], steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, BudgetScenarioTest, ::testing::ValuesIn(ScenarioNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 TEST(BudgetTest, BadOptionsFailBeforeTrainingNamingTheValue) {
   BudgetOptions options;

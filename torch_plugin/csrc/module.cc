@@ -186,9 +186,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("DEFAULT_MAX_REL_RMS") = actpack::runtime::kDefaultMaxRelRms;
   m.def("is_profile_step", &actpack::runtime::IsProfileStep, py::arg("step"),
         py::arg("profile_every"));
-  m.def("budget_for", &actpack::runtime::BudgetFor, py::arg("peak"), py::arg("headroom"));
-  m.def("_saving_checkpoint_inputs", &actpack::torch_plugin::SetSavingCheckpointInputs,
-        py::arg("saving"));
+  // "checkpoint", "recompute" or "none": whose region's inputs this thread saves now.
+  m.def(
+      "_saving_region_inputs",
+      [](const std::string& kind) {
+        using actpack::runtime::RegionInput;
+        static const std::map<std::string, RegionInput> kinds = {
+            {"none", RegionInput::kNone},
+            {"checkpoint", RegionInput::kCheckpoint},
+            {"recompute", RegionInput::kRecompute}};
+        const auto it = kinds.find(kind);
+        if (it == kinds.end()) {
+          throw py::value_error("actpack._C._saving_region_inputs: \"none\", \"checkpoint\" "
+                                "or \"recompute\", got \"" + kind + "\"");
+        }
+        const RegionInput previous = actpack::torch_plugin::SetSavingRegionInputs(it->second);
+        for (const auto& [name, value] : kinds) {
+          if (value == previous) return name;
+        }
+        return std::string("none");
+      },
+      py::arg("kind"));
   actpack::torch_plugin::BindSession(m);
   m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
   m.def(

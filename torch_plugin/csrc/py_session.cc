@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "report/writer.h"
+#include "runtime/budget_run.h"
 #include "runtime/session.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/py_json.h"
+#include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
 namespace {
@@ -221,6 +223,116 @@ PyObject* PySession::Unpack(PyObject* handle) {
   return result;
 }
 
+// actpack._C.BudgetMemory: the memory side of a budget run, written in Python (_budget.py's
+// _PeakMeter: actpack's host pool, its CUDA allocator or torch's).
+class PyBudgetMemory final : public runtime::BudgetMemory {
+ public:
+  // Each holds the GIL while it has Python objects (a pressure callback may come without it).
+  runtime::MemoryPeaks TakePeaks() override {
+    py::gil_scoped_acquire gil;
+    const auto [allocated, reserved, system] =
+        Call("take_peaks").cast<std::tuple<uint64_t, uint64_t, uint64_t>>();
+    return {allocated, reserved, system};
+  }
+  void ReleaseCache() override {
+    py::gil_scoped_acquire gil;
+    Call("release_cache");
+  }
+  uint64_t Cap() override {
+    py::gil_scoped_acquire gil;
+    py::object cap = Call("cap");
+    return cap.is_none() ? runtime::kNoCap : cap.cast<uint64_t>();
+  }
+  void SetCap(uint64_t bytes) override {
+    py::gil_scoped_acquire gil;
+    Call("set_cap", bytes == runtime::kNoCap ? py::object(py::none()) : py::int_(bytes));
+  }
+
+ private:
+  // Under the GIL.
+  template <typename... Args>
+  py::object Call(const char* name, Args&&... args) {
+    py::function method = py::get_override(this, name);
+    if (!method) {
+      throw py::type_error(std::string("actpack._C.BudgetMemory: a subclass must define ") +
+                           name);
+    }
+    return method(std::forward<Args>(args)...);
+  }
+};
+
+runtime::RecomputeMode ParseRecompute(const std::string& mode) {
+  if (mode == "off") return runtime::RecomputeMode::kOff;
+  if (mode == "on") return runtime::RecomputeMode::kOn;
+  if (mode == "auto") return runtime::RecomputeMode::kAuto;
+  throw py::value_error("actpack._C.BudgetRun: recompute is \"off\", \"on\" or \"auto\", got \"" +
+                        mode + "\"");
+}
+
+void BindBudgetRun(py::module_& m) {
+  m.attr("_LIFTED_CAP_EXTRA_BYTES") = runtime::kLiftedCapExtraBytes;
+  py::class_<runtime::BudgetMemory, PyBudgetMemory>(m, "BudgetMemory").def(py::init<>());
+  using runtime::BudgetRun;
+  py::class_<BudgetRun>(m, "BudgetRun",
+                        "One run under a memory budget over a session and a BudgetMemory "
+                        "(runtime/budget_run.h): actpack.budget drives it")
+      .def(py::init([](PySession& session, runtime::BudgetMemory& memory, uint64_t budget_bytes,
+                       double headroom, bool automatic, bool capped,
+                       const std::string& recompute, uint64_t outside_allowance_bytes,
+                       std::string packing, uint64_t lifted_cap_extra_bytes) {
+             runtime::BudgetRunOptions options;
+             options.budget_bytes = budget_bytes;
+             options.headroom = headroom;
+             options.automatic = automatic;
+             options.capped = capped;
+             options.recompute = ParseRecompute(recompute);
+             options.outside_allowance_bytes = outside_allowance_bytes;
+             options.packing = std::move(packing);
+             options.lifted_cap_extra_bytes = lifted_cap_extra_bytes;
+             return std::make_unique<BudgetRun>(
+                 options, session.session().runtime_session(), memory,
+                 [&session](size_t needed) { return session.session().Relieve(needed); });
+           }),
+           py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::arg("session"),
+           py::arg("memory"), py::arg("budget_bytes"), py::arg("headroom"),
+           py::arg("automatic"), py::arg("capped"), py::arg("recompute"),
+           py::arg("outside_allowance_bytes"), py::arg("packing"),
+           py::arg("lifted_cap_extra_bytes") = runtime::kLiftedCapExtraBytes)
+      .def("start", &BudgetRun::Start)
+      .def("relieve", &BudgetRun::Relieve, py::arg("needed"))
+      .def("note_region", &BudgetRun::NoteRegion)
+      .def_property_readonly("recomputing", &BudgetRun::recomputing)
+      .def_property_readonly("steps", &BudgetRun::steps)
+      .def_property_readonly("lifted_cap_bytes", &BudgetRun::LiftedCapBytes)
+      .def(
+          "end_step",
+          [](BudgetRun& run) -> py::object {
+            absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep();
+            ThrowIfError(end.status());  // torch.OutOfMemoryError when it does not fit
+            return end->warning ? py::object(py::str(*end->warning)) : py::object(py::none());
+          },
+          "Ends a step: None, or the warning that the regions recompute from the next step")
+      .def("stop", &BudgetRun::Stop)
+      .def(
+          "out_of_memory_while_measuring",
+          [](const BudgetRun& run, const std::string& cause) -> py::object {
+            std::optional<std::string> text = run.OutOfMemoryWhileMeasuring(cause);
+            return text ? py::object(py::str(*text)) : py::object(py::none());
+          },
+          py::arg("cause"))
+      .def("warn", &BudgetRun::Warn, py::arg("message"))
+      .def(
+          "run_section",
+          [](const BudgetRun& run, py::handle facts) {
+            return ToPython(run.RunSection(FromPython(facts)));
+          },
+          py::arg("facts"))
+      .def_property_readonly("run_peaks", [](const BudgetRun& run) {
+        const runtime::MemoryPeaks& peaks = run.run_peaks();
+        return std::make_tuple(peaks.allocated, peaks.reserved, peaks.system);
+      });
+}
+
 }  // namespace
 
 void BindSession(py::module_& m) {
@@ -254,13 +366,9 @@ void BindSession(py::module_& m) {
            [](PySession& s, const std::map<std::string, std::tuple<double, double, double, double>>&
                                 gradients) { s.session().SetModuleGradients(gradients); },
            py::arg("gradients"))
-      .def("end_step",
-           [](PySession& s, uint64_t peak, uint64_t reserved, uint64_t system) {
-             s.session().EndStep(peak, reserved, system);
-           },
-           py::arg("peak_bytes") = 0, py::arg("reserved_bytes") = 0, py::arg("system_bytes") = 0)
       .def("policy", &PolicyDict)
       .def("totals", &TotalsDict);
+  BindBudgetRun(m);
   m.def(
       "build_report",
       [](py::handle run, const PySession& session) {

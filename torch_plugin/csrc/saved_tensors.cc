@@ -205,8 +205,8 @@ bool IsReluSavingItsOutput(torch::autograd::Node* node) {
   return !(data.has_value() && data->defined());
 }
 
-// Set around torch.utils.checkpoint's saving of a region's inputs (SetSavingCheckpointInputs).
-thread_local bool saving_checkpoint_inputs = false;
+// Set around the saving of a region's inputs (SetSavingRegionInputs).
+thread_local runtime::RegionInput saving_region_inputs = runtime::RegionInput::kNone;
 
 // `tensor` as autograd saved it, described as stored (StoredLayout fills `layout`): shape,
 // strides and bytes are those of what is kept. The storage guard is left to GuardStorage: only
@@ -234,7 +234,7 @@ runtime::SavedTensorInfo Describe(const at::Tensor& tensor, Layout& layout) {
   info.version = static_cast<uint32_t>(tensor._version());
   info.is_view = tensor.is_view();
   info.in_backward = torch::autograd::get_current_graph_task_id() != -1;
-  info.checkpoint_input = saving_checkpoint_inputs;
+  info.region_input = saving_region_inputs;
   if (const auto node = tensor.grad_fn()) {
     info.producer = node->name();
     info.sign_only = IsReluSavingItsOutput(node.get());
@@ -315,8 +315,8 @@ runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
 
 }  // namespace
 
-bool SetSavingCheckpointInputs(bool saving) {
-  return std::exchange(saving_checkpoint_inputs, saving);
+runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind) {
+  return std::exchange(saving_region_inputs, kind);
 }
 
 SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
@@ -507,11 +507,6 @@ size_t SavedTensorSession::Relieve(size_t needed) {
     kept->tensor = at::Tensor();
   }
   return freed;
-}
-
-void SavedTensorSession::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
-                                 uint64_t system_bytes) {
-  ThrowIfError(session_->EndStep(peak_bytes, reserved_bytes, system_bytes));
 }
 
 

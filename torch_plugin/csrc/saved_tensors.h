@@ -9,7 +9,8 @@
 //   SavedTensorSession session(settings);
 //   SavedTensor saved = session.Pack(tensor, "layer1.conv");  // in the pack hook
 //   at::Tensor back = session.Unpack(saved);                   // in the unpack hook
-//   session.EndStep(allocated_peak, reserved_peak);            // when the backward pass ends
+//   budget_run.EndStep();  // when the backward pass ends (runtime::BudgetRun, over
+//                          // session.runtime_session())
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
 
@@ -71,10 +72,10 @@ struct SessionSettings {
   double max_rel_rms = runtime::kDefaultMaxRelRms;  // 0: off
 };
 
-// Whether the saves this thread makes now are a checkpointed region's inputs
-// (runtime::SavedTensorInfo::checkpoint_input): the Python front end sets it around
-// torch.utils.checkpoint's saving of them (actpack/_checkpoint.py). Returns the previous value.
-bool SetSavingCheckpointInputs(bool saving);
+// Whose region's inputs the saves this thread makes now are (runtime::RegionInput): the Python
+// front end sets it around torch.utils.checkpoint's saving of them (actpack/_checkpoint.py) and
+// around actpack.recompute's (actpack/_recompute.py). Returns the previous value.
+runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind);
 
 class SavedTensorSession {
  public:
@@ -94,12 +95,8 @@ class SavedTensorSession {
   // freed. Returns the bytes freed.
   size_t Relieve(size_t needed);
 
-  // The allocator's allocated and reserved peaks over the step and the system's count of it
-  // (the resident set, the CUDA driver), 0 when unknown (see runtime::Session::EndStep). Throws
-  // torch.OutOfMemoryError (c10::OutOfMemoryError) when even the harshest plan cannot fit.
-  void EndStep(uint64_t peak_bytes, uint64_t reserved_bytes, uint64_t system_bytes);
-
-
+  // The session under the tensors: a budget run ends its steps (runtime::BudgetRun).
+  runtime::Session& runtime_session() { return *session_; }
   runtime::PolicyState Policy() const { return session_->Policy(); }
   runtime::SessionTotals Totals() const { return session_->Totals(); }
   runtime::SessionState State() const { return session_->State(); }

@@ -3,18 +3,17 @@ import functools
 import math
 import os
 import platform
-import sys
 import threading
 import time
 import warnings
 
 import torch
 
-from actpack import _C, _args, _checkpoint, _recompute
+from actpack import _C, _args, _checkpoint, _peak_meter, _recompute
 from actpack._gradient_guard import GradientGuard as _GradientGuard
-from actpack._units import format_bytes, parse_budget, parse_size
-
-_HOST = _C._HOST_DEVICE
+from actpack._module_tracker import ModuleTracker
+from actpack._peak_meter import PeakMeter
+from actpack._units import parse_budget, parse_size
 
 
 class Run:
@@ -163,11 +162,7 @@ class budget:
                              "expected a share of the budget in [0, 0.5)")
         profile_every = _args.integer(profile_every, "profile_every", where, 1)
         report = None if report is None else _args.path(report, "report", where)
-        self._recompute_mode = recompute
-        self.recomputing = recompute is True  # "auto": from the first step codecs cannot fit
-        self._regions_seen = False
-        self._recompute_from_step = 0
-        self._plans_before_recompute = 0
+        self._recompute_mode = {False: "off", True: "on", "auto": "auto"}[recompute]
         default, rules = _codec_rules(codec)
         if codec == NONE:
             enabled = False  # what the planner's "none" measures: plain training
@@ -176,7 +171,7 @@ class budget:
         # 0 packs every saved tensor, however small.
         if not (_args.is_int(min_bytes) and min_bytes == 0):
             min_bytes = parse_size(min_bytes, "min_bytes")
-        self._memory = _PeakMeter(self._budget)
+        self._memory = PeakMeter(self._budget)
         self._session = _C.Session(codec=default, rules=rules, min_bytes=int(min_bytes), seed=seed,
                                    enabled=enabled, budget_bytes=self._memory.budget_bytes,
                                    headroom=headroom, profile_every=profile_every,
@@ -185,6 +180,9 @@ class budget:
                                    max_rel_rms=self._max_rel_rms)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = enabled
+        # What the step packs with, as the out-of-memory errors say it.
+        self._packing = f"codec {codec!r}" if enabled else "plain training (enabled=False)"
+        self._run = None  # the C++ run (runtime/budget_run.h), from __enter__ on
         # Lossless packing cannot make the gradients run away.
         lossy = not (isinstance(codec, str) and codec.split(":")[0] in (NONE, "identity"))
         self._guard = _GradientGuard(codec) if _args.flag(
@@ -192,15 +190,12 @@ class budget:
         self._headroom = headroom
         self._snapshot = snapshot
         self._report_path = report
-        self._modules = _ModuleTracker()
+        self._modules = ModuleTracker()
         self._pack, self._unpack = self._make_hooks(*self._session.hooks())
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._end_of_backward_queued = False
-        self._steps = 0
-        self._planned = False  # the policy has made its first plan
         self._profile_every = int(profile_every)
         self._hooks_traced = False
-        self._warnings = []
         self.run = Run(self._budget, self._session)
         self._started = None
         self._entered = False  # a budget is entered once
@@ -241,16 +236,6 @@ class budget:
 
         return pack, unpack
 
-    def _recompute_hint(self):
-        """What recomputation would do for a step no plan fits, said after the policy's error."""
-        if self.recomputing:
-            return ""
-        if self._regions_seen:
-            return ("; the regions this model marks with actpack.recompute would recompute "
-                    "instead under budget(recompute=\"auto\")")
-        return ("; or recompute: blocks marked with actpack.recompute, under "
-                "budget(recompute=\"auto\"), recompute their activations instead of holding them")
-
     def _end_step(self):
         # The guard's norms are queued before the end of step's status read, which waits for
         # the device once: read after it, they cost no wait of their own (a GPU profile counted
@@ -262,93 +247,38 @@ class budget:
             norms = pending()
             if norms:
                 total = math.sqrt(sum(n * n for n in norms.values()))
-                self._guard.observe(self._steps, total, norms)
+                self._guard.observe(self._run.steps, total, norms)
 
     def _close_step(self):
         self._end_of_backward_queued = False
         self._check_compiled()
         # Gradient statistics weigh each module's codec error (the policy's sensitivity) and set
         # the error caps, on the steps whose end may re-plan from new measurements.
-        if self._statistics_step(self._steps):
+        step = self._run.steps
+        if self._statistics_step(step):
             self._session.set_module_gradients(self._modules.gradient_statistics())
-        self._steps += 1
         # The next step's output gradients, for the error caps.
-        self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(self._steps)
-        plans = self._session.policy()["plans"]
-        peaks = self._memory.step_peaks()
-        overflowed = self._memory.restore_cap()  # after the peaks: it releases the cache
-        can_switch = self._regions_seen and self._recompute_mode == "auto" and \
-            not self.recomputing
-        try:
-            self._session.end_step(*peaks)  # raises when no plan fits the budget
-            no_plan_fits = False
-        except torch.OutOfMemoryError as e:
-            if not can_switch:
-                raise torch.OutOfMemoryError(str(e) + self._recompute_hint()) from None
-            no_plan_fits = True
-        policy = self._session.policy()
-        replanned = policy["plans"] != plans
-        self._planned = policy["plans"] > self._plans_before_recompute
-        # Over the cap with nothing (more) to plan: the same step will not fit the next time.
-        overflowed_unplanned = (overflowed and not self._planned and
-                                self._steps >= self._unplanned_steps())
-        # Not a plan that only eats into the headroom: that runs, and a region that cannot
-        # micro-batch (a convolutional block) can need more memory recomputed than packed.
-        if can_switch and (no_plan_fits or overflowed_unplanned):
-            # Codecs alone do not fit: the regions recompute from the next step on, which
-            # plans afresh (its first steps may lift the cap again to measure).
-            self.recomputing = True
-            self._recompute_from_step = self._steps
-            self._plans_before_recompute = policy["plans"]
-            self._planned = False
-            self._warn(f"the budget does not hold step {self._steps} with codecs alone: the "
-                       f"regions marked with actpack.recompute recompute from step "
-                       f"{self._steps + 1} on")
-            self._memory.release_cache()
-            return
-        self._regions_seen = False
-        if overflowed_unplanned:
-            allocator, system = peaks[1], peaks[2] - self._memory.outside_allowance
-            measured = max(allocator, system)
-            # As the policy sizes a budget: the peak is what it may use, less the headroom.
-            needed = _C.budget_for(measured, self._headroom)
-            what = "plain training (enabled=False)" if not self._enabled else \
-                f"codec {self._codec!r}"
-            raise torch.OutOfMemoryError(
-                f"actpack: a budget of {format_bytes(self._memory.budget_bytes)} cannot hold "
-                f"this training step with {what}: step {self._steps} went over it and peaked "
-                f"at {format_bytes(measured)}; the smallest budget that would work is "
-                f"{format_bytes(needed)} (with {round(self._headroom * 100)}% headroom), or "
-                f"use another codec or a smaller batch")
-        if replanned:
-            # The next step's peak must show the new plan's footprint, not this plan's cache.
-            self._memory.release_cache()
+        self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(step + 1)
+        # The cap, the plan, the errors and the switch to recomputation: runtime::BudgetRun.
+        switched = self._run.end_step()  # raises torch.OutOfMemoryError when it cannot fit
+        if switched is not None:
+            warnings.warn(f"actpack.budget: {switched}", stacklevel=3)
 
-    def _unplanned_steps(self):
-        # The policy plans at the end of the second step (of the run, or since the regions
-        # began to recompute); a fixed codec has nothing to plan.
-        return self._recompute_from_step + (2 if _automatic(self._codec) and self._enabled
-                                            else 1)
+    @property
+    def recomputing(self):
+        """Whether the regions marked with actpack.recompute recompute now."""
+        return self._run.recomputing if self._run is not None else self._recompute_mode == "on"
 
     def _recomputes(self):
         """Whether a region (actpack.recompute) recomputes now; notes that one ran."""
-        self._regions_seen = True
         self.run.regions = True
-        return self.recomputing
+        return self._run.note_region()
 
     def _relieve(self, needed):
         """The allocator's pressure callback: bytes freed (or made room for) toward `needed`."""
         if self._inner_open:
             return 0  # a budget opened inside this one governs the allocator until it exits
-        if _automatic(self._codec) and self._enabled:
-            freed = self._session.relieve(needed)
-            if freed:
-                return freed
-        if self._steps < self._unplanned_steps() and not self._planned:
-            # A step before the first plan does not fit even packed at the harshest: let it
-            # finish over the cap so that its end measures it and says what budget it needs.
-            return self._memory.lift_cap(needed)
-        return 0
+        return self._run.relieve(needed)
 
     def _statistics_step(self, step):
         wanted = _automatic(self._codec) or self._loss_bound > 0
@@ -360,7 +290,17 @@ class budget:
         try:
             self._started = time.perf_counter()
             self._memory.start()
-            # Out of budget mid-step: re-pack what the plan kept exact rather than fail.
+            self._run = _C.BudgetRun(
+                self._session, self._memory, self._memory.budget_bytes, self._headroom,
+                automatic=_automatic(self._codec) and self._enabled,
+                capped=self._memory.capped, recompute=self._recompute_mode,
+                outside_allowance_bytes=self._memory.outside_allowance, packing=self._packing,
+                lifted_cap_extra_bytes=_peak_meter.LIFTED_CAP_EXTRA)
+            for warning in self._memory.warnings:
+                self._run.warn(warning)
+            self._run.start()  # capped from the first step on
+            # Out of budget mid-step: re-pack what the plan kept exact, or let a step before
+            # the first plan go over to measure what it needs (BudgetRun::Relieve).
             self._memory.watch_pressure(self._relieve)
             self._modules.start()
             self._modules.watch_outputs = self._loss_bound > 0
@@ -384,21 +324,19 @@ class budget:
                 self._modules.stop()
             finally:
                 try:
-                    allocator = self._memory.stop(self._snapshot)
+                    self._memory.stop_watching()
+                    self._run.stop()  # the cap as the run found it
+                    allocator = self._memory.stop(self._snapshot, self._run.run_peaks)
                 finally:
                     _unregister(self)
         self._check_compiled()
         error = None
-        if (exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError)
-                and self._memory.lifted):
-            error = torch.OutOfMemoryError(
-                f"actpack: a budget of {format_bytes(self._memory.budget_bytes)} cannot hold "
-                f"this training step: step {self._steps + 1} ran out even at "
-                f"{format_bytes(self._memory.lifted_cap())}, the most a step before the first "
-                f"plan may take to measure what it needs ({exc}); use a smaller batch")
-            self._warnings.append(f"the run stopped on an exception: {error}")
-        elif exc_type is not None:
-            self._warnings.append(f"the run stopped on an exception: {_error_text(exc_type, exc)}")
+        if exc_type is not None and issubclass(exc_type, torch.OutOfMemoryError):
+            measuring = self._run.out_of_memory_while_measuring(str(exc))
+            error = torch.OutOfMemoryError(measuring) if measuring is not None else None
+        if exc_type is not None:
+            self._run.warn("the run stopped on an exception: " +
+                           (str(error) if error is not None else _error_text(exc_type, exc)))
         wall = time.perf_counter() - self._started
         self._started = None
         self.run.report = _C.build_report(self._run_metadata(wall), self._session)
@@ -424,44 +362,32 @@ class budget:
                        "only")
 
     def _warn(self, message):
+        """Warns once, and puts the warning into the report."""
         message = f"actpack.budget: {message}"
-        if message not in self._warnings:
-            self._warnings.append(message)
+        if self._run.warn(message):
             warnings.warn(message, stacklevel=3)
 
     def _run_metadata(self, wall_seconds):
-        peak = self._memory.run_peak
-        budget_bytes = self._memory.budget_bytes or None
-        warnings = list(self._memory.warnings) + self._warnings
+        """The report's run section: what Python knows, with the run's peaks, budget and
+        warnings (BudgetRun::RunSection fills the None placeholders, keeping their order)."""
         rank, world_size = _distributed()
-        if peak is not None and budget_bytes is not None and peak > budget_bytes:
-            warnings.append(f"peak memory {format_bytes(peak)} exceeded the budget "
-                            f"{format_bytes(budget_bytes)}")
-        system = self._memory.run_system_peak
-        allowance = self._memory.outside_allowance
-        if system is not None and budget_bytes is not None and system > budget_bytes + allowance:
-            warnings.append(f"the system counted {format_bytes(system)} at the peak "
-                            f"({self._memory.system_memory}), over the budget "
-                            f"{format_bytes(budget_bytes)} and the "
-                            f"{format_bytes(allowance)} allowed outside it")
-        return {
+        return self._run.run_section({
             "torch": torch.__version__,
             "python": platform.python_version(),
             "device": self._memory.device_name,
             "budget": self._budget["text"],
-            "budget_bytes": budget_bytes,
+            "budget_bytes": None,
             "codec": self._codec,
             "allowed_loss_increase": self._loss_bound or None,
             "max_rel_rms": self._max_rel_rms or None,
-            "peak_allocated_bytes": self._memory.run_allocated_peak,
-            "peak_reserved_bytes": peak,
-            "peak_system_bytes": self._memory.run_system_peak,
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+            "peak_system_bytes": None,
             "system_memory": self._memory.system_memory,
             "wall_seconds": wall_seconds,
             "rank": rank,
             "world_size": world_size,
-            "warnings": warnings,
-        }
+        })
 
 
 # The budgets entered and not yet exited, outermost first (all of one thread), and the lock that
@@ -543,15 +469,12 @@ def _rank_path(path):
 
 
 def _check_max_rel_rms(value):
-    """max_rel_rms as a float (0.0: no floor)."""
+    """max_rel_rms as a float (0.0: no floor); its range is the session's to check (C++)."""
     if value is None:
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 0):
-        raise ValueError("actpack.budget: max_rel_rms is the relative RMS error a saved tensor "
-                         "may carry, a number >= 0 such as 0.2 (None or 0: no floor), got "
-                         f"{_args.show(value)}")
-    return float(value)
+    return _args.real(value, "max_rel_rms", "actpack.budget",
+                      "the relative RMS error a saved tensor may carry, such as 0.2 (None: no "
+                      "floor)")
 
 
 def _check_loss_bound(value):
@@ -563,38 +486,6 @@ def _check_loss_bound(value):
         raise ValueError("actpack.budget: allowed_loss_increase is the fraction the loss may rise "
                          f"over an exact step, in (0, 1) (e.g. 0.01), got {_args.show(value)}")
     return float(value)
-
-
-def _read_scalars(values):
-    """0-d (or one-element) tensors as floats, in one read from the device."""
-    return _stacked(values).tolist()
-
-
-def _stacked(values):
-    device = values[0].device
-    return torch.stack([v.reshape(()).to(device, torch.float64) for v in values])
-
-
-class _QueuedScalars:
-    """0-d tensors' values, copied to pinned host memory behind the work queued so far on a
-    CUDA device's current stream, read later: once a wait for that stream has happened anyway
-    (the end of step's status read), read() costs none of its own; before, it waits."""
-
-    def __init__(self, values):
-        stacked = _stacked(values)
-        self._done = None
-        if stacked.device.type == "cuda":
-            self._host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-            self._host.copy_(stacked, non_blocking=True)
-            self._done = torch.cuda.Event()
-            self._done.record(torch.cuda.current_stream(stacked.device))
-        else:
-            self._host = stacked
-
-    def read(self):
-        if self._done is not None and not self._done.query():
-            self._done.synchronize()
-        return self._host.tolist()
 
 
 def _automatic(codec):
@@ -625,418 +516,3 @@ def _codec_rules(codec):
         return "auto", rules
     raise TypeError("actpack.budget: codec must be 'auto', a codec spec such as 'quant2', or a "
                     f"dict of module-name patterns to codecs, got {_args.kind(codec)}")
-
-
-class _ModuleTracker:
-    """The dotted name of the module running now ("layer1.0.conv1"), from global forward hooks.
-
-    A module's name is its attribute path from the outermost module running, as
-    named_modules() gives it; the outermost module itself is "".
-    """
-
-    def __init__(self):
-        self._stack = []
-        self.name = ""  # the module running now, as current() gives it
-        self._names = {}  # (id(parent), id(module)) -> module's name under parent
-        self._walks = {}  # id(parent) -> {id(descendant): its name}, from one named_modules()
-        self._handles = []
-        self.modules = {}  # name -> module, as seen running
-        self.compiled = False  # torch.compile'd code ran: modules inside it are not seen
-        # Record ||g_y||^2 of Linear and convolution outputs in this step's backward.
-        self.watch_outputs = False
-        self._output_norms = []  # (name, 0-d tensor), filled by the output-gradient hooks
-
-    def _own_gradients(self):
-        """(name, module, parameter) for each module's own parameters with a dense gradient."""
-        for name, module in self.modules.items():
-            for p in module.parameters(recurse=False):
-                if p.grad is not None and not p.grad.is_sparse:
-                    yield name, module, p
-
-    def gradient_norms(self):
-        """A callable giving {module name: the norm of its own parameters' gradients}, for the
-        modules that ran and have them: the norms are queued on the device now and read when
-        called (see _QueuedScalars)."""
-        names, grads, seen = [], [], set()
-        for name, _, p in self._own_gradients():
-            # A tied weight (GPT's embedding and head) counts once, for its first module.
-            if id(p) not in seen:
-                seen.add(id(p))
-                names.append(name)
-                grads.append(_local(p.grad.detach()))
-        if not grads:
-            return dict
-        queued = _QueuedScalars(torch._foreach_norm(grads))
-
-        def read():
-            norms = {}
-            for name, norm in zip(names, queued.read()):
-                norms[name] = math.sqrt(norms.get(name, 0.0) ** 2 + norm ** 2)
-            return norms
-        return read
-
-    def gradient_statistics(self):
-        """{module name: (sum of its own parameters' squared gradient norms, ||g_W||^2 of its
-        weight, ||g_y||^2 of its output, fan)} for modules with parameter gradients (runtime
-        ModuleGradients); the output norm is 0 unless watched, the fan 0 unless a Linear or a
-        convolution."""
-        names, grads = [], []  # (name, is the weight) and the gradients
-        for name, module, p in self._own_gradients():
-            names.append((name, p is getattr(module, "weight", None)))
-            grads.append(_local(p.grad.detach()))
-        outputs, self._output_norms = self._output_norms, []
-        if not grads:
-            return {}
-        values = _read_scalars([*torch._foreach_norm(grads), *(norm for _, norm in outputs)])
-        stats = {}
-        for (name, is_weight), norm in zip(names, values):
-            entry = stats.setdefault(name, [0.0, 0.0, 0.0, _fan(self.modules[name])])
-            entry[0] += norm ** 2
-            if is_weight:
-                entry[1] = norm ** 2
-        for (name, _), norm in zip(outputs, values[len(names):]):
-            if name in stats:
-                stats[name][2] += norm ** 2
-        return {name: tuple(entry) for name, entry in stats.items()}
-
-    def start(self):
-        hooks = torch.nn.modules.module
-        self._handles = [hooks.register_module_forward_pre_hook(self._enter),
-                         hooks.register_module_forward_hook(self._leave, always_call=True)]
-
-    def stop(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._stack.clear()
-        self.name = ""
-        self.modules.clear()
-        self._output_norms.clear()
-
-    def _enter(self, module, args):
-        # Under torch.compile the hooks are traced into the graph: keep them out of it (the
-        # stack is Python state a graph cannot hold). A set attribute is replayed by the graph.
-        if torch.compiler.is_compiling() or _is_compiled(module):
-            self.compiled = True
-            return
-        name = ""
-        if self._stack:
-            parent, parent_name = self._stack[-1]
-            key = (id(parent), id(module))
-            child = self._names.get(key)
-            if child is None:
-                child = self._names[key] = self._descendant_name(parent, module)
-            name = f"{parent_name}.{child}" if parent_name else child
-        self._stack.append((module, name))
-        self.modules[name] = module
-        self.name = name
-
-    def _descendant_name(self, parent, module):
-        """module's name under parent. A descendant, not only a child: containers such as
-        ModuleList are iterated, never called, so "blocks.0" runs straight under the model. One
-        walk of parent names all its descendants (a walk per module would take time quadratic
-        in the modules on a model's first step); it is walked again when it changed since."""
-        walk = self._walks.get(id(parent))
-        name = walk.get(id(module)) if walk is not None else None
-        if name is None or _submodule(parent, name) is not module:
-            walk = {}
-            for n, m in parent.named_modules():
-                if n:
-                    walk.setdefault(id(m), n)
-            self._walks[id(parent)] = walk
-            name = walk.get(id(module))
-        return name if name is not None else type(module).__name__
-
-    def _leave(self, module, args, output):
-        if torch.compiler.is_compiling() or _is_compiled(module):
-            return
-        # Pop down to this module (a forward that raised may have left children behind).
-        while self._stack:
-            top, name = self._stack.pop()
-            if top is module:
-                if self.watch_outputs and _fan(module) > 0:
-                    self._watch_output(name, output)
-                break
-        self.name = self._stack[-1][1] if self._stack else ""
-
-    def _watch_output(self, name, output):
-        if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
-            def record(grad, name=name):
-                # A norm, not a sum of squares: no gradient-sized temporary in backward.
-                self._output_norms.append((name, torch.linalg.vector_norm(grad.detach(),
-                                                                          dtype=torch.float32)))
-            output.register_hook(record)
-
-
-def _submodule(parent, name):
-    """parent's descendant at the dotted path `name`, None when there is none."""
-    try:
-        return parent.get_submodule(name)
-    except AttributeError:
-        return None
-
-
-def _fan(module):
-    """Outputs each input element reaches per weight: 1 for Linear, kernel area over stride
-    product for a convolution; 0 for other modules (no such bound)."""
-    if isinstance(module, torch.nn.Linear):
-        return 1.0
-    if isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed:
-        return math.prod(module.kernel_size) / math.prod(module.stride)
-    return 0.0
-
-
-def _local(tensor):
-    """What this rank holds of a gradient: the local shard of a DTensor (FSDP2's sharded
-    parameters), else the tensor. Its norm is this rank's share of the full norm: a smaller
-    weight-gradient norm only tightens the error caps, and the sensitivity is relative between
-    modules sharded alike."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
-        return tensor.to_local()
-    return tensor
-
-
-def _is_compiled(module):
-    """A module wrapped by torch.compile (there is none before torch._dynamo is imported)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
-
-
-# How far over the budget the steps before the first plan may go to measure themselves:
-# the larger of 4x the budget and the budget plus 1 GiB.
-LIFTED_CAP_FACTOR = 4
-LIFTED_CAP_EXTRA = 1 << 30
-LIFT_GRANULE = 2 << 20  # a small segment: what a lift adds beyond the bytes a request lacks
-
-
-def outside_allowance():
-    """What the system may count outside the allocator before it takes from the budget: on the
-    host, torch's one-time initialization of its CPU kernels; on CUDA nothing."""
-    return 0 if torch.cuda.is_available() else _C._HOST_OUTSIDE_ALLOWANCE_BYTES
-
-
-class _PeakMeter:
-    """The memory side of a budget: installs and reads the allocator, enforces the cap."""
-
-    def __init__(self, parsed_budget):
-        from actpack import memory
-        self._mem = memory
-        self.warnings = []
-        self.run_peak = None  # reserved
-        self.run_allocated_peak = None
-        self._cuda = torch.cuda.is_available()
-        self.outside_allowance = outside_allowance()
-        self.device_name = "cpu"  # the GPU's name at start(): asking it here would start CUDA
-        self.budget_bytes = memory._resolve_budget(parsed_budget, memory._budget_device())
-        self._installed_here = False
-        self._previous_cap = None
-        self._capped = False
-        self._pressure_id = None
-        self._actpack_cuda = False
-        # The system's count: the resident set (CPU) or the driver's (CUDA), above its value
-        # at start; None where it cannot be read.
-        self._resident = None
-        self._driver_start = None
-        self._pool_start = 0
-        self._counting = None  # the device whose pool counts the system's memory
-        self._lifted = False  # the cap lifted for the rest of a step (lift_cap)
-        self.lifted = False  # whether it was when the run stopped
-        self.run_system_peak = None
-        self.system_memory = None
-
-    def start(self):
-        if self._cuda:
-            self.device_name = torch.cuda.get_device_name()
-            self._actpack_cuda = self._mem.cuda_allocator_installed()
-            if not self._actpack_cuda:
-                self.warnings.append(
-                    "the budget is a target, not a cap: actpack's CUDA allocator is not "
-                    "installed (call actpack.install_allocator(budget=...) before any CUDA work, "
-                    "or set ACTPACK_CONF); the peak comes from torch.cuda.max_memory_allocated")
-                self._reset()
-        elif not self._mem.cpu_allocator_installed():
-            self._mem.install_cpu_allocator()
-            self._installed_here = True
-        if self._ours():
-            # Capped from the first step, on the CPU and on the GPU alike: what the system
-            # counts must hold then too. (Until 2026-11-27 a CUDA budget set no cap at all: the
-            # first GPU run of the planner's test found every batch it tried "fits".)
-            self._previous_cap = self._cap()
-            self._capped = True
-            self._set_cap(self.budget_bytes)
-            self.release_cache()
-        self._start_system_count()
-        # What ran before the budget is not the run's.
-        self.run_peak = self.run_allocated_peak = self.run_system_peak = None
-
-    def _start_system_count(self):
-        # The allocator counts against its cap what the system holds outside it (checked when
-        # it reserves memory), and each step's peak as the system counts it is measured.
-        if not self._cuda:
-            self._counting = _HOST
-            _C._count_system_memory(_HOST, self.outside_allowance)
-            self._resident = _C.ResidentPeakMeter()
-            self._resident.start()
-            self.system_memory = "resident set above its size at enter (VmHWM)"
-            return
-        try:
-            device = torch.cuda.current_device()
-            self._driver_start = _C._device_used_bytes(device)
-            # The driver's count is taken above its value at enter; so is the pool's, which
-            # the driver's count holds (weights, optimizer state reserved before the run).
-            self._pool_start = self._reserved_now()
-            self.system_memory = "CUDA driver's used memory above its value at enter " \
-                                 "(cudaMemGetInfo, at step ends)"
-            if self._actpack_cuda:
-                self._counting = device
-                _C._count_system_memory(device)
-        except (RuntimeError, NotImplementedError):
-            self._driver_start = None  # this build has no CUDA of its own
-
-    def resume_counting(self):
-        """Counts the system's memory against the cap again, from now, after a budget nested
-        inside this one stopped that count (there is one per device)."""
-        if self._counting is not None:
-            try:
-                _C._count_system_memory(self._counting, self.outside_allowance)
-            except (RuntimeError, NotImplementedError):
-                self._counting = None  # the system's count cannot be read now: the pool's alone
-
-    def _system_peak(self, reserved_peak):
-        """The step's peak as the system counts it, above its value at start (0: unknown)."""
-        if self._resident is not None:
-            return self._resident.take_peak()
-        if self._driver_start is None:
-            return 0
-        # The driver only says what is in use now: the pool's peak plus what is in use outside
-        # the pool at the step's end (the context, workspaces, other allocators).
-        used = _C._device_used_bytes(torch.cuda.current_device()) - self._driver_start
-        outside = used - (self._reserved_now() - self._pool_start)
-        return reserved_peak + max(0, outside)
-
-    def _reserved_now(self):
-        return (self._mem.memory_reserved(self._device()) if self._actpack_cuda
-                else torch.cuda.memory_reserved())
-
-    def _device(self):
-        return "cuda" if self._cuda else "cpu"
-
-    def _ours(self):
-        """Whether actpack's allocator serves the budget's device (so the budget is a cap)."""
-        return not self._cuda or self._actpack_cuda
-
-    def _cap(self):
-        return self._mem.memory_budget(self._device())
-
-    def _set_cap(self, budget_bytes):
-        """The cap of the pool the budget is on (None: none): the host's, or actpack's CUDA
-        allocator's for the current device."""
-        if self._cuda:
-            _C._set_device_budget(torch.cuda.current_device(), budget_bytes)
-        else:
-            self._mem.set_cpu_budget(budget_bytes)
-
-    def _reset(self):
-        # The allocator has one peak counter, restarted per step; the run's peaks are the
-        # maxima over every window, so fold the closing window in first.
-        self.run_peak = max(self.run_peak or 0, self._peak())
-        self.run_allocated_peak = max(self.run_allocated_peak or 0, self._allocated_peak())
-        if self._cuda and not self._actpack_cuda:
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            self._mem.reset_peak_memory_stats(self._device())
-
-    def _peak(self):
-        # Reserved bytes: the budget caps what the allocator holds, fragmentation included.
-        # The cache is released whenever the plan changes, so this is the plan's footprint.
-        if self._cuda and not self._actpack_cuda:
-            return torch.cuda.max_memory_reserved()
-        return self._mem.max_memory_reserved(self._device())
-
-    def release_cache(self):
-        if self._cuda and not self._actpack_cuda:
-            torch.cuda.empty_cache()
-        else:
-            self._mem.empty_cache(self._device())
-        self._reset()
-
-    def _allocated_peak(self):
-        if self._cuda and not self._actpack_cuda:
-            return torch.cuda.max_memory_allocated()
-        return self._mem.max_memory_allocated(self._device())
-
-    def step_peaks(self):
-        """(allocated, reserved, system) peaks since the last call (or start); restarts
-        measuring. `system` is the operating system's or the driver's count (0: unknown)."""
-        allocated, reserved = self._allocated_peak(), self._peak()
-        system = self._system_peak(reserved)
-        self._reset()
-        if system:
-            self.run_system_peak = max(self.run_system_peak or 0, system)
-        return allocated, reserved, system
-
-    def watch_pressure(self, relieve):
-        """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
-        allocator only: torch's has no such hook)."""
-        if self._ours():
-            device = self._device() if not self._cuda else torch.cuda.current_device()
-            self._pressure_id = self._mem.add_pressure_callback(relieve, device)
-
-    def lift_cap(self, needed):
-        """Lets the current step go over the budget (the first steps, to measure what they
-        need); returns the room made. restore_cap() puts the cap back."""
-        if not self._capped:
-            return 0
-        # By what this request lacks, not at once to the bound: the pool still gives back its
-        # cache before it grows, so the step's segments lie as they would under a cap. Not
-        # without bound: a batch far too large fails fast instead of taking the machine.
-        cap = self._cap() or self.budget_bytes
-        # A quarter more at least: what the system counts outside the pool takes from the cap
-        # too, and the request's shortfall does not show it.
-        lifted = min(self.lifted_cap(), max(cap + int(needed) + LIFT_GRANULE, cap * 5 // 4))
-        if lifted <= cap:
-            return 0
-        self._lifted = True
-        self._set_cap(lifted)
-        return lifted - cap
-
-    def lifted_cap(self):
-        return max(LIFTED_CAP_FACTOR * self.budget_bytes, self.budget_bytes + LIFTED_CAP_EXTRA)
-
-    def restore_cap(self):
-        """Puts back a cap lift_cap() lifted; True when it had been lifted."""
-        if not self._lifted:
-            return False
-        self._lifted = False
-        self._set_cap(self.budget_bytes)
-        self.release_cache()
-        return True
-
-    def stop(self, snapshot):
-        """The report's allocator section; the allocator and its cap are left as start() found
-        them."""
-        if self._pressure_id is not None:
-            self._mem.remove_pressure_callback(self._pressure_id)
-            self._pressure_id = None
-        if self._counting is not None:
-            _C._stop_counting_system_memory(self._counting)
-            self._counting = None
-        try:
-            self._reset()
-            device = self._device()
-            # backend: the device; allocator: whose allocator served it (the CLI's schema).
-            ours = self._ours()
-            stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
-            section = _C.allocator_section(
-                device, ours, self.budget_bytes, stats, self.run_allocated_peak, self.run_peak,
-                self._mem.memory_snapshot(device) if snapshot and ours else None)
-        finally:
-            if self._capped:
-                self._set_cap(self._previous_cap)
-                self.lifted = self._lifted  # when the run stopped
-                self._capped = self._lifted = False
-            if self._installed_here:
-                self._mem.uninstall_cpu_allocator()
-                self._installed_here = False
-        return section

@@ -24,11 +24,11 @@ _installed = False
 def _flagging(save):
     @functools.wraps(save)
     def saving_inputs(*args, **kwargs):
-        previous = _C._saving_checkpoint_inputs(True)
+        previous = _C._saving_region_inputs("checkpoint")
         try:
             return save(*args, **kwargs)
         finally:
-            _C._saving_checkpoint_inputs(previous)
+            _C._saving_region_inputs(previous)
     return saving_inputs
 
 

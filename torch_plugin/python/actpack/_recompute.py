@@ -9,7 +9,8 @@
 
 Inside a budget that recomputes (recompute=True; "auto" from the first step the codecs alone
 cannot hold), a region keeps only its inputs, and those go through the
-budget's saved-tensor hooks like any saved tensor: the policy packs them. Its forward runs
+budget's saved-tensor hooks like any saved tensor: the policy packs them, within a tenth of
+its fidelity floor (their error runs through the whole recomputed region). Its forward runs
 without saving anything; its backward runs it again with the same random state and autocast
 settings, then backpropagates through it. With `micro_batch=n` (for a region whose samples
 are independent: a transformer block, not one with batch norm in training) both passes run
@@ -26,6 +27,7 @@ packed: they live for one micro-batch's backward.
 import torch
 import torch.nn as nn
 
+from actpack import _C
 from actpack._args import kind, show
 
 _active = []  # the budgets entered, innermost last: the innermost decides
@@ -60,7 +62,14 @@ def recompute(fn, *args, micro_batch=None):
             raise ValueError(f"actpack.recompute: micro_batch needs every tensor argument to "
                              f"share its first dimension, got shapes "
                              f"{[tuple(t.shape) for t in tensors]}")
-    return _Region.apply(fn, args, micro_batch, *tensors)
+    # The inputs the region saves (its only saves: its forward runs without grad) are flagged:
+    # the policy packs them within a tenth of its fidelity floor, since their error runs
+    # through the whole recomputed region (runtime::RegionInput).
+    previous = _C._saving_region_inputs("recompute")
+    try:
+        return _Region.apply(fn, args, micro_batch, *tensors)
+    finally:
+        _C._saving_region_inputs(previous)
 
 
 def _check_independent(fn):

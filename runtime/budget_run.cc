@@ -1,0 +1,230 @@
+#include "runtime/budget_run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/units.h"
+
+namespace actpack::runtime {
+
+using allocator::FormatBytes;
+
+BudgetRun::BudgetRun(BudgetRunOptions options, Session& session, BudgetMemory& memory,
+                     std::function<size_t(size_t)> repack)
+    : options_(std::move(options)),
+      session_(session),
+      memory_(memory),
+      repack_(std::move(repack)),
+      recomputing_(options_.recompute == RecomputeMode::kOn) {}
+
+void BudgetRun::Start() {
+  started_ = true;
+  if (options_.capped) {
+    // Capped from the first step on: what the system counts must hold then too.
+    cap_before_ = memory_.Cap();
+    memory_.SetCap(options_.budget_bytes);
+  }
+  // A cap binds new reservations only: give back what ran before (it is not the run's either).
+  memory_.ReleaseCache();
+  (void)memory_.TakePeaks();
+  // Peaks restart at the current values: an idle window's peak is what the pool holds now.
+  const uint64_t held = memory_.TakePeaks().reserved;
+  if (options_.capped && held > options_.budget_bytes) {
+    // Segments that live tensors pin (weights, gradients, optimizer state made before the
+    // run) cannot be given back, and the run's tensors fill their free space under any cap.
+    Warn(absl::StrCat("the pool holds ", FormatBytes(held), " at the start of the run, over the "
+                      "budget ", FormatBytes(options_.budget_bytes), ": segments that live "
+                      "tensors made before it pin cannot be given back, and a cap binds new "
+                      "reservations only, so the run's steps may use them all"));
+  }
+}
+
+int64_t BudgetRun::UnplannedSteps() const {
+  // The policy plans at the end of the second step; a fixed codec has nothing to plan.
+  return recompute_from_step_ + (options_.automatic ? 2 : 1);
+}
+
+uint64_t BudgetRun::LiftedCapBytes() const {
+  const uint64_t budget = options_.budget_bytes;
+  return std::max(kLiftedCapFactor * budget, budget + options_.lifted_cap_extra_bytes);
+}
+
+size_t BudgetRun::Relieve(size_t needed) {
+  // A run that stopped (or never started) makes no room: its pressure callback may outlive it
+  // where a front end could not remove it, and must not lift the next run's cap.
+  if (!started_) return 0;
+  if (options_.automatic && repack_) {
+    if (const size_t freed = repack_(needed); freed > 0) return freed;
+  }
+  if (!options_.capped || planned_ || steps_ >= UnplannedSteps()) return 0;
+  // A step before the first plan does not fit even packed at the harshest: let it finish over
+  // the cap so that its end measures it and says what budget it needs. By what the request
+  // lacks, not at once to the bound: the pool still gives back its cache before it grows, so
+  // the step's segments lie as they would under a cap; a quarter more at least, since what
+  // the system counts outside the pool takes from the cap too. Not without bound: a batch far
+  // too large fails fast instead of taking the machine.
+  const uint64_t cap = memory_.Cap() == kNoCap ? options_.budget_bytes : memory_.Cap();
+  const uint64_t lifted =
+      std::min(LiftedCapBytes(), std::max(cap + needed + kLiftGranuleBytes, cap / 4 * 5));
+  if (lifted <= cap) return 0;
+  lifted_ = true;
+  memory_.SetCap(lifted);
+  return lifted - cap;
+}
+
+bool BudgetRun::NoteRegion() {
+  regions_ran_ = regions_seen_ = true;
+  return recomputing_;
+}
+
+MemoryPeaks BudgetRun::TakePeaks() {
+  const MemoryPeaks peaks = memory_.TakePeaks();
+  run_peaks_.allocated = std::max(run_peaks_.allocated, peaks.allocated);
+  run_peaks_.reserved = std::max(run_peaks_.reserved, peaks.reserved);
+  if (peaks.system > 0) {
+    run_peaks_.system = std::max(run_peaks_.system, peaks.system);
+    system_measured_ = true;
+  }
+  return peaks;
+}
+
+void BudgetRun::ReleaseCache() {
+  // The pool has one peak counter: what it held before giving back is the run's too.
+  (void)TakePeaks();
+  memory_.ReleaseCache();
+  (void)memory_.TakePeaks();
+}
+
+bool BudgetRun::RestoreCap() {
+  if (!lifted_) return false;
+  lifted_ = false;
+  memory_.SetCap(options_.budget_bytes);
+  ReleaseCache();
+  return true;
+}
+
+std::string BudgetRun::RecomputeHint() const {
+  if (recomputing_) return "";
+  if (regions_ran_) {
+    return "; the regions this model marks with actpack.recompute would recompute instead "
+           "under budget(recompute=\"auto\")";
+  }
+  return "; or recompute: blocks marked with actpack.recompute, under "
+         "budget(recompute=\"auto\"), recompute their activations instead of holding them";
+}
+
+absl::StatusOr<BudgetRun::StepEnd> BudgetRun::EndStep() {
+  ++steps_;
+  StepEnd end;
+  const uint64_t plans = session_.Policy().plans;
+  end.peaks = TakePeaks();
+  const bool overflowed = RestoreCap();  // after the peaks: it releases the cache
+  const bool can_switch =
+      regions_ran_ && options_.recompute == RecomputeMode::kAuto && !recomputing_;
+  const absl::Status status =
+      session_.EndStep(end.peaks.allocated, end.peaks.reserved, end.peaks.system);
+  if (!status.ok() && (!can_switch || status.code() != absl::StatusCode::kResourceExhausted)) {
+    if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+    return absl::ResourceExhaustedError(absl::StrCat(status.message(), RecomputeHint()));
+  }
+  const bool no_plan_fits = !status.ok();
+  const uint64_t plans_now = session_.Policy().plans;
+  planned_ = plans_now > plans_before_recompute_;
+  // Over the cap with nothing (more) to plan: the same step will not fit the next time.
+  const bool overflowed_unplanned = overflowed && !planned_ && steps_ >= UnplannedSteps();
+  // Not a plan that only eats into the headroom: that runs, and a region that cannot
+  // micro-batch (a convolutional block) can need more memory recomputed than packed.
+  if (can_switch && (no_plan_fits || overflowed_unplanned)) {
+    // Codecs alone do not fit: the regions recompute from the next step on, which plans
+    // afresh (its first steps may lift the cap again to measure).
+    recomputing_ = true;
+    recompute_from_step_ = steps_;
+    plans_before_recompute_ = plans_now;
+    planned_ = false;
+    end.warning = absl::StrCat("the budget does not hold step ", steps_,
+                               " with codecs alone: the regions marked with actpack.recompute "
+                               "recompute from step ", steps_ + 1, " on");
+    Warn(*end.warning);
+    ReleaseCache();
+    regions_ran_ = false;
+    return end;
+  }
+  regions_ran_ = false;
+  if (overflowed_unplanned) {
+    const uint64_t system = end.peaks.system > options_.outside_allowance_bytes
+                                ? end.peaks.system - options_.outside_allowance_bytes
+                                : 0;
+    const uint64_t measured = std::max(end.peaks.reserved, system);
+    // As the policy sizes a budget: the peak is what it may use, less the headroom.
+    const uint64_t needed = BudgetFor(measured, options_.headroom);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "actpack: a budget of ", FormatBytes(options_.budget_bytes),
+        " cannot hold this training step with ", options_.packing, ": step ", steps_,
+        " went over it and peaked at ", FormatBytes(measured),
+        "; the smallest budget that would work is ", FormatBytes(needed), " (with ",
+        std::lround(options_.headroom * 100), "% headroom), or use another codec or a smaller "
+        "batch"));
+  }
+  // The next step's peak must show the new plan's footprint, not this plan's cache.
+  if (plans_now != plans) ReleaseCache();
+  return end;
+}
+
+void BudgetRun::Stop() {
+  if (!started_) return;
+  started_ = false;
+  (void)TakePeaks();
+  stopped_lifted_ = lifted_;
+  lifted_ = false;
+  if (options_.capped) memory_.SetCap(cap_before_);
+}
+
+std::optional<std::string> BudgetRun::OutOfMemoryWhileMeasuring(absl::string_view cause) const {
+  if (!stopped_lifted_) return std::nullopt;
+  return absl::StrCat("actpack: a budget of ", FormatBytes(options_.budget_bytes),
+                      " cannot hold this training step: step ", steps_ + 1, " ran out even at ",
+                      FormatBytes(LiftedCapBytes()),
+                      ", the most a step before the first plan may take to measure what it "
+                      "needs (",
+                      cause, "); use a smaller batch");
+}
+
+bool BudgetRun::Warn(const std::string& message) {
+  if (std::find(warnings_.begin(), warnings_.end(), message) != warnings_.end()) return false;
+  warnings_.push_back(message);
+  return true;
+}
+
+json::Value BudgetRun::RunSection(json::Value facts) const {
+  const uint64_t budget = options_.budget_bytes;
+  facts["budget_bytes"] = budget;
+  facts["peak_allocated_bytes"] = run_peaks_.allocated;
+  facts["peak_reserved_bytes"] = run_peaks_.reserved;
+  if (system_measured_) {
+    facts["peak_system_bytes"] = run_peaks_.system;
+  } else {
+    facts["peak_system_bytes"] = json::Value();
+  }
+  json::Value list = json::Value::array();
+  for (const std::string& warning : warnings_) list.emplace_back(warning);
+  if (run_peaks_.reserved > budget) {
+    list.emplace_back(absl::StrCat("peak memory ", FormatBytes(run_peaks_.reserved),
+                                   " exceeded the budget ", FormatBytes(budget)));
+  }
+  const uint64_t allowance = options_.outside_allowance_bytes;
+  if (system_measured_ && run_peaks_.system > budget + allowance) {
+    const json::Value* how = json::Find(facts, "system_memory");
+    list.emplace_back(absl::StrCat(
+        "the system counted ", FormatBytes(run_peaks_.system), " at the peak (",
+        how != nullptr && how->is_string() ? how->get<std::string>() : std::string("unknown"),
+        "), over the budget ", FormatBytes(budget), " and the ", FormatBytes(allowance),
+        " allowed outside it"));
+  }
+  facts["warnings"] = std::move(list);
+  return facts;
+}
+
+}  // namespace actpack::runtime

@@ -1,0 +1,184 @@
+// BudgetRun: one run under a memory budget, as both front ends drive it.
+//
+// actpack.budget (Python) and actpack::Budget (LibTorch C++) differ in how they see autograd
+// (saved-tensor hooks, module names) and how they reach the allocator; what they do with the
+// budget over a run is this class, so it has one behaviour:
+//
+//   - the cap binds from the first step on (Start);
+//   - a step before the policy's first plan that does not fit even packed at the harshest may
+//     run over the cap, up to LiftedCapBytes(), so that its end measures what it needs (Relieve);
+//   - at the end of a step (EndStep) the session plans from the step's peaks; a step that went
+//     over the cap with nothing (more) to plan, or a budget no plan fits, is out of memory with
+//     the smallest budget that would work, unless the model's recompute regions can take over
+//     (recompute "auto"), which they do from the next step;
+//   - a new plan releases the pool's cache, so the next step's peak is the plan's footprint;
+//   - the run's peaks and warnings become the report's run section (RunSection).
+//
+//   BudgetRun run(options, session, memory, repack);
+//   run.Start();
+//   ... a step; the allocator's pressure callback calls run.Relieve(needed) ...
+//   absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep(regions_ran);
+//   ...
+//   run.Stop();
+//   json::Value section = run.RunSection(facts);
+#ifndef ACTPACK_RUNTIME_BUDGET_RUN_H_
+#define ACTPACK_RUNTIME_BUDGET_RUN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/json.h"
+#include "runtime/policy.h"
+#include "runtime/session.h"
+
+namespace actpack::runtime {
+
+// Peaks over a window of a run, in bytes. `system` is the step's peak as the operating system
+// (resident set) or the CUDA driver counts it, above its value at the start; 0 when unknown.
+struct MemoryPeaks {
+  uint64_t allocated = 0;
+  uint64_t reserved = 0;
+  uint64_t system = 0;
+};
+
+// The allocator pool a budget caps, as a front end reaches it (actpack's host pool, its CUDA
+// allocator, or torch's CUDA allocator, which it can measure but not cap).
+class BudgetMemory {
+ public:
+  virtual ~BudgetMemory() = default;
+  // Peaks since the last call (or since the front end started measuring); restarts the window.
+  virtual MemoryPeaks TakePeaks() = 0;
+  // Gives the pool's cached, unused memory back.
+  virtual void ReleaseCache() = 0;
+  // The pool's cap now (kNoCap: none), and setting it.
+  virtual uint64_t Cap() = 0;
+  virtual void SetCap(uint64_t bytes) = 0;
+};
+
+inline constexpr uint64_t kNoCap = UINT64_MAX;
+
+// How far over the budget a step before the first plan may go to measure itself: the larger
+// of 4x the budget and the budget plus 1 GiB.
+inline constexpr uint64_t kLiftedCapFactor = 4;
+inline constexpr uint64_t kLiftedCapExtraBytes = uint64_t{1} << 30;
+// What a lift adds beyond the bytes a request lacks: a small segment.
+inline constexpr uint64_t kLiftGranuleBytes = uint64_t{2} << 20;
+
+// Whether the regions a model marks for recomputation (actpack.recompute) recompute.
+enum class RecomputeMode {
+  kOff,   // never: they run as plain calls
+  kOn,    // always
+  kAuto,  // from the first step that packing alone cannot hold
+};
+
+struct BudgetRunOptions {
+  uint64_t budget_bytes = 0;
+  double headroom = kDefaultHeadroom;
+  // The policy plans (codec "auto" or per-module rules, packing enabled); false for a fixed
+  // codec and for plain training (enabled=False), which have nothing to plan.
+  bool automatic = true;
+  // Whether the memory can be capped; false where torch's own CUDA allocator serves the
+  // device and the budget is a target.
+  bool capped = true;
+  RecomputeMode recompute = RecomputeMode::kOff;
+  // What the system may count outside the pool before it takes from the budget.
+  uint64_t outside_allowance_bytes = 0;
+  // What the step packs with, for errors: "codec 'quant2'", "plain training (enabled=False)".
+  std::string packing;
+  // The lift's bound beyond the budget (tests make it small).
+  uint64_t lifted_cap_extra_bytes = kLiftedCapExtraBytes;
+};
+
+class BudgetRun {
+ public:
+  // `repack` frees memory under pressure by re-packing what the plan kept exact (the plugin's
+  // SavedTensorSession::Relieve); the bytes it freed. Session and memory outlive the run.
+  BudgetRun(BudgetRunOptions options, Session& session, BudgetMemory& memory,
+            std::function<size_t(size_t)> repack);
+
+  // Caps the memory at the budget and releases what was cached before the run.
+  void Start();
+
+  // The allocator's pressure callback: an allocation would cross the cap by `needed` bytes.
+  // Re-packs what the plan kept exact; a step before the first plan that still does not fit
+  // may run over the cap, for the rest of the step, by what it lacks (the room made). 0 outside
+  // Start and Stop.
+  size_t Relieve(size_t needed);
+
+  // A recompute region ran in this step; whether it recomputes.
+  bool NoteRegion();
+  bool recomputing() const { return recomputing_; }
+
+  struct StepEnd {
+    // The step's peaks.
+    MemoryPeaks peaks;
+    // Set when the regions recompute from the next step on (said in the run's warnings).
+    std::optional<std::string> warning;
+  };
+
+  // Ends a step (its backward pass finished): the session plans from its peaks.
+  // kResourceExhausted when no plan fits the budget, or the step went over the cap with
+  // nothing more to plan, naming the smallest budget that would work.
+  absl::StatusOr<StepEnd> EndStep();
+
+  // Ends the run: the cap as Start found it. Idempotent.
+  void Stop();
+
+  // The error for a step that ran out while the cap was lifted (the run stopped on it):
+  // it needs more than LiftedCapBytes(). nullopt when the cap was not lifted then.
+  std::optional<std::string> OutOfMemoryWhileMeasuring(absl::string_view cause) const;
+
+  // Adds `message` to the run's warnings; false when it is there already.
+  bool Warn(const std::string& message);
+
+  // The report's run section: `facts` (torch, python, device, budget, codec, ...: what the
+  // front end knows) with the run's budget bytes, peaks and warnings; a key facts has already
+  // (a null placeholder) keeps its place.
+  json::Value RunSection(json::Value facts) const;
+
+  // The most a step before the first plan may take.
+  uint64_t LiftedCapBytes() const;
+  int64_t steps() const { return steps_; }
+  const MemoryPeaks& run_peaks() const { return run_peaks_; }
+  const BudgetRunOptions& options() const { return options_; }
+
+ private:
+  // Folds the window's peaks into the run's, restarts the window.
+  MemoryPeaks TakePeaks();
+  void ReleaseCache();
+  // Puts back a lifted cap; whether it had been lifted.
+  bool RestoreCap();
+  // Steps before the policy's first plan (of the run, or since the regions recompute).
+  int64_t UnplannedSteps() const;
+  std::string RecomputeHint() const;
+
+  const BudgetRunOptions options_;
+  Session& session_;
+  BudgetMemory& memory_;
+  const std::function<size_t(size_t)> repack_;
+
+  bool started_ = false;
+  uint64_t cap_before_ = kNoCap;
+  bool lifted_ = false;           // the cap is lifted for the rest of this step
+  bool stopped_lifted_ = false;   // it was when the run stopped
+  int64_t steps_ = 0;
+  bool planned_ = false;          // the policy planned (since the regions recompute)
+  bool recomputing_ = false;
+  bool regions_ran_ = false;      // a recompute region ran in this step
+  bool regions_seen_ = false;     // one ran in any step
+  int64_t recompute_from_step_ = 0;
+  uint64_t plans_before_recompute_ = 0;
+  MemoryPeaks run_peaks_;
+  bool system_measured_ = false;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace actpack::runtime
+
+#endif  // ACTPACK_RUNTIME_BUDGET_RUN_H_

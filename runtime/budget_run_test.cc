@@ -1,0 +1,261 @@
+// BudgetRun over a scripted pool: the cap from the start, the lift before the first plan and
+// its bound, the out-of-memory errors (the smallest budget that would work, the recompute
+// hint), the switch to recomputation, and the run section's peaks and warnings.
+#include "runtime/budget_run.h"
+
+#include <string>
+#include <vector>
+
+#include "allocator/units.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/session_test_util.h"
+
+namespace actpack::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// A pool whose next peaks the test sets; it records the cap and the cache releases.
+class ScriptedMemory : public BudgetMemory {
+ public:
+  MemoryPeaks TakePeaks() override {
+    MemoryPeaks peaks = next;
+    next = {};
+    return peaks;
+  }
+  void ReleaseCache() override { ++releases; }
+  uint64_t Cap() override { return cap; }
+  void SetCap(uint64_t bytes) override {
+    cap = bytes;
+    caps.push_back(bytes);
+  }
+
+  MemoryPeaks next;
+  uint64_t cap = kNoCap;
+  std::vector<uint64_t> caps;
+  int releases = 0;
+};
+
+BudgetRunOptions Fixed(uint64_t budget) {
+  BudgetRunOptions options;
+  options.budget_bytes = budget;
+  options.automatic = false;
+  options.headroom = 0.15;
+  options.packing = "codec 'quant2'";
+  return options;
+}
+
+TEST(BudgetRunTest, CapsFromTheStartAndPutsTheCapBackWhenStopped) {
+  Session session(Options("quant2"), HostFactory());
+  ScriptedMemory memory;
+  memory.cap = 123 * kMiB;
+  BudgetRun run(Fixed(64 * kMiB), session, memory, nullptr);
+  run.Start();
+  EXPECT_EQ(memory.cap, 64 * kMiB);
+  EXPECT_EQ(memory.releases, 1);  // what ran before the run is given back under the cap
+  memory.next = {30 * kMiB, 40 * kMiB, 0};
+  ASSERT_TRUE(run.EndStep().ok());
+  run.Stop();
+  EXPECT_TRUE(run.RunSection(json::Value::object())["warnings"].empty());
+  EXPECT_EQ(memory.cap, 123 * kMiB);
+  run.Stop();  // idempotent
+  EXPECT_EQ(run.Relieve(kMiB), 0u);  // a stopped run makes no room: the cap is not its own
+  EXPECT_EQ(memory.caps.size(), 2u);
+  EXPECT_EQ(run.run_peaks().reserved, 40 * kMiB);
+}
+
+// A pool with live blocks in its segments: the second TakePeaks of Start, after the cache is
+// given back and the peaks restarted, reads what it holds.
+class PinnedMemory : public ScriptedMemory {
+ public:
+  MemoryPeaks TakePeaks() override {
+    return ++calls == 2 ? MemoryPeaks{0, held, 0} : MemoryPeaks{};
+  }
+  uint64_t held = 0;
+  int calls = 0;
+};
+
+TEST(BudgetRunTest, APoolThatHoldsMoreThanTheBudgetAtTheStartIsSaid) {
+  Session session(Options("quant2"), HostFactory());
+  PinnedMemory memory;
+  memory.held = 2 * kMiB;  // a segment a live gradient pins
+  BudgetRun run(Fixed(kMiB / 4), session, memory, nullptr);
+  run.Start();
+  run.Stop();
+  const json::Value warnings = run.RunSection(json::Value::object())["warnings"];
+  ASSERT_EQ(warnings.size(), 1u) << warnings;  // what was held before is not the run's peak
+  EXPECT_EQ(warnings[0], "the pool holds 2.00 MiB at the start of the run, over the budget "
+                         "256.00 KiB: segments that live tensors made before it pin cannot be "
+                         "given back, and a cap binds new reservations only, so the run's steps "
+                         "may use them all");
+}
+
+TEST(BudgetRunTest, AFixedCodecsFirstStepMayGoOverToSayWhatBudgetItNeeds) {
+  Session session(Options("quant2"), HostFactory());
+  ScriptedMemory memory;
+  BudgetRun run(Fixed(64 * kMiB), session, memory, nullptr);
+  run.Start();
+  // Short by 1 MiB: lifted by that and a small segment, at least a quarter of the cap.
+  EXPECT_EQ(run.Relieve(kMiB), 16 * kMiB);
+  EXPECT_EQ(memory.cap, 80 * kMiB);
+  EXPECT_EQ(run.Relieve(30 * kMiB), 32 * kMiB);  // 80 + 30 + 2 MiB
+  EXPECT_EQ(memory.cap, 112 * kMiB);
+  memory.next = {90 * kMiB, 100 * kMiB, 0};
+  const int releases = memory.releases;
+  absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep();
+  ASSERT_EQ(end.status().code(), absl::StatusCode::kResourceExhausted) << end.status();
+  // 100 MiB with 15% headroom.
+  EXPECT_THAT(end.status().message(),
+              HasSubstr("a budget of 64.00 MiB cannot hold this training step with codec "
+                        "'quant2': step 1 went over it and peaked at 100.00 MiB; the smallest "
+                        "budget that would work is " +
+                        allocator::FormatBytes(BudgetFor(100 * kMiB, 0.15))));
+  EXPECT_EQ(memory.cap, 64 * kMiB);  // restored, and the cache released under it
+  EXPECT_GT(memory.releases, releases);
+  // The next step gets no lift: it would run over again.
+  EXPECT_EQ(run.Relieve(kMiB), 0u);
+}
+
+TEST(BudgetRunTest, TheLiftIsBoundedAndAStepThatRanOutUnderItSaysSo) {
+  Session session(Options("quant2"), HostFactory());
+  ScriptedMemory memory;
+  BudgetRun run(Fixed(64 * kMiB), session, memory, nullptr);
+  run.Start();
+  EXPECT_EQ(run.LiftedCapBytes(), 64 * kMiB + (1u << 30));  // 1 GiB over beats 4x here
+  EXPECT_EQ(run.Relieve(8ull << 30), run.LiftedCapBytes() - 64 * kMiB);
+  EXPECT_EQ(run.Relieve(8ull << 30), 0u);  // at the bound
+  EXPECT_FALSE(run.OutOfMemoryWhileMeasuring("x").has_value());  // still running
+  run.Stop();
+  const std::optional<std::string> error = run.OutOfMemoryWhileMeasuring("1.00 GiB short");
+  ASSERT_TRUE(error.has_value());
+  EXPECT_THAT(*error, HasSubstr("step 1 ran out even at 1.06 GiB"));
+  EXPECT_THAT(*error, HasSubstr("(1.00 GiB short)"));
+  EXPECT_EQ(memory.cap, kNoCap);
+}
+
+TEST(BudgetRunTest, ThePolicyRepacksFirstAndItsFirstTwoStepsMayLift) {
+  Session session(AutoOptions(64 * kMiB), HostFactory());
+  ScriptedMemory memory;
+  size_t repacked = 0;
+  BudgetRunOptions options = Fixed(64 * kMiB);
+  options.automatic = true;
+  BudgetRun run(options, session, memory, [&](size_t needed) { return repacked = needed; });
+  run.Start();
+  EXPECT_EQ(run.Relieve(kMiB), kMiB);  // the policy's re-packing made the room
+  EXPECT_EQ(memory.cap, 64 * kMiB);
+  BudgetRun lifting(options, session, memory, [](size_t) { return size_t{0}; });
+  lifting.Start();
+  // The first step may go over: the policy plans at the end of the second.
+  EXPECT_GT(lifting.Relieve(kMiB), 0u);
+  memory.next = {70 * kMiB, 80 * kMiB, 0};
+  ASSERT_TRUE(lifting.EndStep().ok());
+  EXPECT_EQ(memory.cap, 64 * kMiB);
+  // So may the second; but then the policy made no plan (nothing was saved here), and the
+  // next step would go over the same way.
+  EXPECT_GT(lifting.Relieve(kMiB), 0u);
+  memory.next = {70 * kMiB, 80 * kMiB, 0};
+  EXPECT_THAT(lifting.EndStep().status().message(),
+              HasSubstr("step 2 went over it and peaked at 80.00 MiB"));
+  EXPECT_EQ(lifting.Relieve(kMiB), 0u);
+}
+
+TEST(BudgetRunTest, NoPlanFitsSaysWhatRecomputationWouldDo) {
+  for (bool regions : {false, true}) {
+    Session session(AutoOptions(2 * kMiB), HostFactory());
+    ScriptedMemory memory;
+    BudgetRunOptions options = Fixed(2 * kMiB);
+    options.automatic = true;
+    BudgetRun run(options, session, memory, nullptr);
+    run.Start();
+    absl::Status status;
+    for (int step = 0; step < 3 && status.ok(); ++step) {
+      const uint64_t held = RunStep(session);
+      if (regions) {
+        EXPECT_FALSE(run.NoteRegion());
+      }
+      memory.next = {(3 * kMiB) + held, (3 * kMiB) + held, 0};
+      status = run.EndStep().status();
+    }
+    ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_THAT(status.message(), HasSubstr("smallest budget that would work"));
+    EXPECT_THAT(status.message(),
+                HasSubstr(regions ? "the regions this model marks with actpack.recompute would "
+                                    "recompute instead"
+                                  : "or recompute: blocks marked with actpack.recompute"));
+  }
+}
+
+TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
+  Session session(AutoOptions(2 * kMiB), HostFactory());
+  ScriptedMemory memory;
+  BudgetRunOptions options = Fixed(2 * kMiB);
+  options.automatic = true;
+  options.recompute = RecomputeMode::kAuto;
+  BudgetRun run(options, session, memory, nullptr);
+  run.Start();
+  std::optional<std::string> warning;
+  int step = 0;
+  for (; step < 3 && !warning.has_value(); ++step) {
+    const uint64_t held = RunStep(session);
+    EXPECT_FALSE(run.NoteRegion());
+    memory.next = {(3 * kMiB) + held, (3 * kMiB) + held, 0};
+    absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep();
+    ASSERT_TRUE(end.ok()) << end.status();
+    warning = end->warning;
+  }
+  ASSERT_TRUE(warning.has_value());
+  EXPECT_EQ(*warning, "the budget does not hold step " + std::to_string(step) +
+                          " with codecs alone: the regions marked with actpack.recompute "
+                          "recompute from step " + std::to_string(step + 1) + " on");
+  EXPECT_TRUE(run.recomputing());
+  EXPECT_TRUE(run.NoteRegion());
+  // The steps after the switch plan afresh: the next two may lift the cap to measure.
+  EXPECT_GT(run.Relieve(kMiB), 0u);
+  // The switch is said once among the run's warnings.
+  const json::Value section = run.RunSection(json::Value::object());
+  EXPECT_EQ(section["warnings"][0], *warning);
+}
+
+TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
+  Session session(Options("quant2"), HostFactory());
+  ScriptedMemory memory;
+  BudgetRunOptions options = Fixed(64 * kMiB);
+  options.capped = false;  // torch's CUDA allocator: a target
+  options.outside_allowance_bytes = 4 * kMiB;
+  BudgetRun run(options, session, memory, nullptr);
+  run.Start();
+  EXPECT_EQ(memory.cap, kNoCap);  // never set
+  EXPECT_EQ(run.Relieve(kMiB), 0u);  // nothing to lift
+  EXPECT_TRUE(run.Warn("first"));
+  EXPECT_FALSE(run.Warn("first"));
+  memory.next = {60 * kMiB, 70 * kMiB, 80 * kMiB};
+  ASSERT_TRUE(run.EndStep().ok());  // over a target: the report says so, the run goes on
+  memory.next = {10 * kMiB, 20 * kMiB, 30 * kMiB};
+  ASSERT_TRUE(run.EndStep().ok());
+  run.Stop();
+  json::Value facts = json::Value::object();
+  facts["system_memory"] = "resident set";
+  const json::Value section = run.RunSection(facts);
+  EXPECT_EQ(section["budget_bytes"], 64 * kMiB);
+  EXPECT_EQ(section["peak_allocated_bytes"], 60 * kMiB);
+  EXPECT_EQ(section["peak_reserved_bytes"], 70 * kMiB);
+  EXPECT_EQ(section["peak_system_bytes"], 80 * kMiB);
+  ASSERT_EQ(section["warnings"].size(), 3u);
+  EXPECT_EQ(section["warnings"][0], "first");
+  EXPECT_EQ(section["warnings"][1], "peak memory 70.00 MiB exceeded the budget 64.00 MiB");
+  EXPECT_EQ(section["warnings"][2],
+            "the system counted 80.00 MiB at the peak (resident set), over the budget 64.00 MiB "
+            "and the 4.00 MiB allowed outside it");
+  // No system count: null, and no warning about it.
+  ScriptedMemory quiet;
+  BudgetRun unmeasured(Fixed(64 * kMiB), session, quiet, nullptr);
+  unmeasured.Start();
+  unmeasured.Stop();
+  EXPECT_TRUE(unmeasured.RunSection(json::Value::object())["peak_system_bytes"].is_null());
+}
+
+}  // namespace
+}  // namespace actpack::runtime
