@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/not_packed.h"
 #include "report/files.h"
 #include "runtime/policy.h"
 
@@ -126,7 +127,7 @@ std::vector<ConsumerUsage> GroupSavedTensors(const json::Value* activations, boo
     ++usage.saved_tensors;
     usage.raw_bytes += *raw * occurrences;
     usage.stored_bytes +=
-        codec == "kept" ? *raw * occurrences : stored_each * (occurrences - reused);
+        codec == kNotPacked ? *raw * occurrences : stored_each * (occurrences - reused);
     if (std::find(usage.codecs.begin(), usage.codecs.end(), codec) == usage.codecs.end()) {
       usage.codecs.push_back(codec);
     }
@@ -466,6 +467,28 @@ void CheckSavedTensorExtensions(const json::Value& document, FieldChecker& check
   }
 }
 
+// Version 1 named a saved tensor kept as it is "kept" (and, in its first reports, the
+// candidate of keeping it "keep"); version 2 names both kNotPacked, as the settings and the
+// planner do. Old reports are read in today's terms.
+void RenameVersion1NotPacked(json::Value& document) {
+  const auto rename = [](json::Value* codec, absl::string_view old_name) {
+    if (codec != nullptr && codec->is_string() &&
+        codec->get_ref<const std::string&>() == old_name) {
+      *codec = std::string(kNotPacked);
+    }
+  };
+  json::Value* activations = json::Find(document, "activations");
+  json::Value* tensors =
+      activations != nullptr ? json::Find(*activations, "saved_tensors") : nullptr;
+  if (tensors == nullptr || !tensors->is_array()) return;
+  for (json::Value& entry : *tensors) {
+    rename(json::Find(entry, "codec"), kVersion1NotPacked);
+    json::Value* candidates = json::Find(entry, "candidates");
+    if (candidates == nullptr || !candidates->is_array()) continue;
+    for (json::Value& candidate : *candidates) rename(json::Find(candidate, "codec"), "keep");
+  }
+}
+
 }  // namespace
 
 uint64_t RunReport::StepCount() const { return totals.steps.value_or(steps.size()); }
@@ -540,11 +563,14 @@ absl::StatusOr<RunReport> ReadRunReport(json::Value parsed, absl::string_view fi
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": run report without an integer \"schema_version\""));
   }
-  if (version->get<int64_t>() != kReportSchemaVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": unsupported run report schema_version ", version->get<int64_t>(),
-                     " (this actpack reads version ", kReportSchemaVersion, ")"));
+  const int64_t version_number = version->get<int64_t>();
+  if (version_number < kOldestReportSchemaVersion || version_number > kReportSchemaVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": unsupported run report schema_version ", version_number,
+        " (this actpack reads versions ", kOldestReportSchemaVersion, " to ",
+        kReportSchemaVersion, ")"));
   }
+  if (version_number == 1) RenameVersion1NotPacked(parsed);
 
   RunReport report;
   report.file = std::string(file);

@@ -32,10 +32,13 @@
 
 namespace actpack::report {
 
-// The schema a run report declares; the reader reads exactly this name and version, and the
-// writer writes them.
+// The schema a run report declares: the writer writes this name and version; the reader reads
+// this name, at this version or an older one down to kOldestReportSchemaVersion (FORMAT.md).
 inline constexpr absl::string_view kReportSchema = "actpack.report";
-inline constexpr int64_t kReportSchemaVersion = 1;
+inline constexpr int64_t kReportSchemaVersion = 2;
+inline constexpr int64_t kOldestReportSchemaVersion = 1;
+// What version 1 named a saved tensor kept as it is; the reader reads it as kNotPacked.
+inline constexpr absl::string_view kVersion1NotPacked = "kept";
 
 // ActivationTotals
 //

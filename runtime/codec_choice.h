@@ -14,12 +14,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "codecs/codec.h"
+#include "common/not_packed.h"
 
 namespace actpack::runtime {
 
-// The one name of "not packed": a tensor so chosen is kept as it is (no copy, no codec), in
-// the user's settings ("none"), the planner's choices and the docs.
-inline constexpr absl::string_view kNotPacked = "none";
+using ::actpack::kNotPacked;  // common/not_packed.h
 
 // A fixed codec, "auto" (the policy chooses per tensor), or "none" (kept as they are).
 struct CodecChoice {

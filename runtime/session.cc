@@ -227,7 +227,7 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   }
   if (plan.reason != KeepReason::kNone) {
     plan.action = PackAction::kKeep;
-    record.codec = "kept";
+    record.codec = std::string(kNotPacked);
     // A flagged record's note says what its codec met, and when.
     if (plan.reason != KeepReason::kFlaggedOnDevice) {
       record.note = std::string(KeepReasonName(plan.reason));
@@ -293,7 +293,7 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     }
   }
   if (plan.action == PackAction::kKeep) {
-    record.codec = "kept";
+    record.codec = std::string(kNotPacked);
     record.note = std::string(KeepReasonName(plan.reason));
     totals_.kept_bytes += bytes;
     current_step_.stored_bytes += bytes;

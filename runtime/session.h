@@ -234,7 +234,7 @@ struct SavedRecord {
   std::string module;
   std::vector<int64_t> shape;
   codecs::DType dtype = codecs::DType::kFloat32;
-  std::string codec;  // "quant2", "identity", or "kept"
+  std::string codec;  // "quant2", "identity", or kNotPacked ("none": kept as it is)
   std::string note;   // why kept, or why packed exactly
   uint64_t raw_bytes = 0;     // per occurrence
   uint64_t stored_bytes = 0;  // per occurrence (0 when kept or reused)

@@ -80,7 +80,7 @@ TEST(SessionTest, KeepsParametersOtherTypesAndSmallTensors) {
   for_double_backward.info.in_backward = true;
   EXPECT_EQ(session.Plan(for_double_backward.info).reason, KeepReason::kSavedInBackward);
   const std::vector<SavedRecord> records = session.Records();
-  EXPECT_EQ(records.back().codec, "kept");
+  EXPECT_EQ(records.back().codec, "none");
   EXPECT_EQ(records.back().note, "saved during backward (create_graph or recomputation)");
 }
 
@@ -594,7 +594,7 @@ TEST(SessionPolicyTest, ModuleRulesOverrideTheDefault) {
   std::vector<SavedRecord> records = session.Records();
   EXPECT_EQ(records[0].codec, "quant4");
   EXPECT_EQ(records[1].codec, "quant4");
-  EXPECT_EQ(records[2].codec, "kept");  // auto without a budget: nothing to fit, kept exact
+  EXPECT_EQ(records[2].codec, "none");  // auto without a budget: nothing to fit, kept exact
   EXPECT_GT(records[0].error.count, 0u);  // profiled: the report carries the error
 }
 
@@ -618,7 +618,7 @@ TEST(SessionTest, ARuleOfNoneKeepsItsModulesTensors) {
   EXPECT_EQ(keep_plan.reason, KeepReason::kChosenNone);
   EXPECT_EQ(session.Plan(packed.info).action, PackAction::kPack);
   const std::vector<SavedRecord> records = session.Records();
-  EXPECT_EQ(records[0].codec, "kept");
+  EXPECT_EQ(records[0].codec, "none");
   EXPECT_EQ(records[0].note, "codec 'none': kept as it is");
   EXPECT_EQ(session.Totals().kept_bytes, 64u * 256 * 4);
 }
@@ -735,7 +735,7 @@ TEST(SessionPolicyTest, ARecomputeRegionsInputsCarryATenthOfTheFloor) {
     // not), with no choice made yet: the first step's safe default.
     EXPECT_NE(record.codec, "quant4");
     EXPECT_NE(record.codec, "quant2");
-    EXPECT_NE(record.codec, "kept");
+    EXPECT_NE(record.codec, "none");
     for (const PolicyCandidate& candidate : record.candidates) {
       if (candidate.spec == record.codec) {
         EXPECT_LE(candidate.error, floor * floor);

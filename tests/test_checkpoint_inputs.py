@@ -88,7 +88,7 @@ def test_checkpoint_inputs_are_kept_exact_and_the_gradients_hold(reentrant):
     tensors = budget.report["activations"]["saved_tensors"]
     inputs = [t for t in tensors if t.get("note", "").startswith(NOTE)]
     # The four blocks' inputs, whole (batch 32, 32 channels, 32x32).
-    assert len(inputs) == 4 and all(t["codec"] == "kept" for t in inputs), inputs
+    assert len(inputs) == 4 and all(t["codec"] == "none" for t in inputs), inputs
     assert all(t["shape"] == [32, 32, 32, 32] for t in inputs), inputs
     # The stem's saves are packed as before.
     assert any(t["codec"] == "quant4" for t in tensors)
@@ -113,7 +113,7 @@ def test_a_recompute_regions_inputs_are_packed_within_a_tenth_of_the_floor():
     # The regions' inputs: saved by the model itself, whole blocks' inputs.
     inputs = [t for t in tensors if not t.get("module") and t["shape"] == [32, 32, 32, 32]]
     assert len(inputs) == 4, tensors
-    assert all(t["codec"] not in ("quant2", "quant4", "eb:rel=1e-2", "kept")
+    assert all(t["codec"] not in ("quant2", "quant4", "eb:rel=1e-2", "none")
                for t in inputs), inputs
     # The stem's saves hold the floor itself: quant4 is within it.
     assert any(t["codec"] == "quant4" for t in tensors if t.get("module", "").startswith("stem"))

@@ -79,7 +79,7 @@ def test_gradient_penalty_matches_plain_exactly_with_identity_and_closely_with_q
     # The create_graph backward continues the step: one step per training step.
     assert len(activations["steps"]) == 3
     in_backward = [s for s in activations["saved_tensors"] if s.get("note") == BACKWARD_NOTE]
-    assert in_backward and all(s["codec"] == "kept" for s in in_backward)
+    assert in_backward and all(s["codec"] == "none" for s in in_backward)
     # Producers that only a backward graph has: the double-backward graph was seen.
     assert any(s["producer"] == "TanhBackwardBackward0" for s in in_backward)
 
@@ -173,7 +173,7 @@ def test_non_reentrant_checkpoint_inside_a_budget():
     assert saved and all(not s.get("module", "").startswith("blocks") for s in saved)
     packed = [s for s in saved if s["codec"] == "identity"]
     assert [s["producer"] for s in packed] == ["TanhBackward0"] * 4
-    inputs = [s for s in saved if s["codec"] == "kept"
+    inputs = [s for s in saved if s["codec"] == "none"
               and s["note"].startswith("a checkpointed region's input")]
     assert [s["producer"] for s in inputs] == ["leaf"] + ["TanhBackward0"] * 3
 

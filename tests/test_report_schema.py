@@ -73,7 +73,7 @@ DELETE = object()
 # message must name where.
 @pytest.mark.parametrize("path, value, where", [
     (("schema",), "torch.report", "schema"),
-    (("schema_version",), 2, "schema_version"),
+    (("schema_version",), 3, "schema_version"),
     (("run", "budget_bytes"), "6GiB", "run/budget_bytes"),
     (("run", "peak_allocated_bytes"), -1, "run/peak_allocated_bytes"),
     (("run", "peak_bytes_typo"), 1, "run"),

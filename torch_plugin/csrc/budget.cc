@@ -110,6 +110,7 @@ runtime::Budget ParseLimit(const std::string& limit) {
 
 int64_t ParseMinBytes(const std::string& text) {
   // "0" packs every saved tensor; a size must otherwise be positive.
+  if (text.empty()) return static_cast<int64_t>(runtime::kDefaultMinBytes);
   if (text == "0") return 0;
   absl::StatusOr<uint64_t> bytes = runtime::ParseByteSize(text);
   torch_plugin::ThrowIfError(bytes.status());

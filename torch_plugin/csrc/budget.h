@@ -63,8 +63,9 @@ struct BudgetOptions {
   std::vector<std::pair<std::string, std::string>> rules;
   // Where the report is written when the budget closes; "" writes none.
   std::string report;
-  // Saved tensors smaller than this stay as they are; "0" packs every one.
-  std::string min_bytes = "64KiB";
+  // Saved tensors smaller than this stay as they are; "0" packs every one; "" is the default,
+  // runtime::kDefaultMinBytes (64 KiB), as in the Python context.
+  std::string min_bytes;
   uint64_t seed = 0;
   bool enabled = true;  // false keeps every saved tensor as it is (parity runs)
   double headroom = runtime::kDefaultHeadroom;
