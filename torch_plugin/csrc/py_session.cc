@@ -223,8 +223,8 @@ PyObject* PySession::Unpack(PyObject* handle) {
   return result;
 }
 
-// actpack._C.BudgetMemory: the memory side of a budget run, written in Python (_budget.py's
-// _PeakMeter: actpack's host pool, its CUDA allocator or torch's).
+// actpack._C.BudgetMemory: the memory side of a budget run, written in Python
+// (_peak_meter.py's PeakMeter: actpack's host pool, its CUDA allocator or torch's).
 class PyBudgetMemory final : public runtime::BudgetMemory {
  public:
   // Each holds the GIL while it has Python objects (a pressure callback may come without it).
