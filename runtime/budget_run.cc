@@ -66,7 +66,8 @@ size_t BudgetRun::Relieve(size_t needed) {
   // the step's segments lie as they would under a cap; a quarter more at least, since what
   // the system counts outside the pool takes from the cap too. Not without bound: a batch far
   // too large fails fast instead of taking the machine.
-  const uint64_t cap = memory_.Cap() == kNoCap ? options_.budget_bytes : memory_.Cap();
+  const uint64_t current = memory_.Cap();
+  const uint64_t cap = current == kNoCap ? options_.budget_bytes : current;
   const uint64_t lifted =
       std::min(LiftedCapBytes(), std::max(cap + needed + kLiftGranuleBytes, cap / 4 * 5));
   if (lifted <= cap) return 0;
@@ -76,7 +77,7 @@ size_t BudgetRun::Relieve(size_t needed) {
 }
 
 bool BudgetRun::NoteRegion() {
-  regions_ran_ = regions_seen_ = true;
+  regions_ran_ = true;
   return recomputing_;
 }
 
@@ -120,17 +121,16 @@ absl::StatusOr<BudgetRun::StepEnd> BudgetRun::EndStep() {
   ++steps_;
   StepEnd end;
   const uint64_t plans = session_.Policy().plans;
-  end.peaks = TakePeaks();
+  const MemoryPeaks peaks = TakePeaks();
   const bool overflowed = RestoreCap();  // after the peaks: it releases the cache
   const bool can_switch =
       regions_ran_ && options_.recompute == RecomputeMode::kAuto && !recomputing_;
-  const absl::Status status =
-      session_.EndStep(end.peaks.allocated, end.peaks.reserved, end.peaks.system);
-  if (!status.ok() && (!can_switch || status.code() != absl::StatusCode::kResourceExhausted)) {
-    if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  const absl::Status status = session_.EndStep(peaks.allocated, peaks.reserved, peaks.system);
+  if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted) return status;
+  const bool no_plan_fits = !status.ok();
+  if (no_plan_fits && !can_switch) {
     return absl::ResourceExhaustedError(absl::StrCat(status.message(), RecomputeHint()));
   }
-  const bool no_plan_fits = !status.ok();
   const uint64_t plans_now = session_.Policy().plans;
   planned_ = plans_now > plans_before_recompute_;
   // Over the cap with nothing (more) to plan: the same step will not fit the next time.
@@ -154,10 +154,10 @@ absl::StatusOr<BudgetRun::StepEnd> BudgetRun::EndStep() {
   }
   regions_ran_ = false;
   if (overflowed_unplanned) {
-    const uint64_t system = end.peaks.system > options_.outside_allowance_bytes
-                                ? end.peaks.system - options_.outside_allowance_bytes
+    const uint64_t system = peaks.system > options_.outside_allowance_bytes
+                                ? peaks.system - options_.outside_allowance_bytes
                                 : 0;
-    const uint64_t measured = std::max(end.peaks.reserved, system);
+    const uint64_t measured = std::max(peaks.reserved, system);
     // As the policy sizes a budget: the peak is what it may use, less the headroom.
     const uint64_t needed = BudgetFor(measured, options_.headroom);
     return absl::ResourceExhaustedError(absl::StrCat(

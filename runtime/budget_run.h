@@ -116,8 +116,6 @@ class BudgetRun {
   bool recomputing() const { return recomputing_; }
 
   struct StepEnd {
-    // The step's peaks.
-    MemoryPeaks peaks;
     // Set when the regions recompute from the next step on (said in the run's warnings).
     std::optional<std::string> warning;
   };
@@ -171,7 +169,6 @@ class BudgetRun {
   bool planned_ = false;          // the policy planned (since the regions recompute)
   bool recomputing_ = false;
   bool regions_ran_ = false;      // a recompute region ran in this step
-  bool regions_seen_ = false;     // one ran in any step
   int64_t recompute_from_step_ = 0;
   uint64_t plans_before_recompute_ = 0;
   MemoryPeaks run_peaks_;

@@ -301,9 +301,7 @@ void BindBudgetRun(py::module_& m) {
       .def("start", &BudgetRun::Start)
       .def("relieve", &BudgetRun::Relieve, py::arg("needed"))
       .def("note_region", &BudgetRun::NoteRegion)
-      .def_property_readonly("recomputing", &BudgetRun::recomputing)
       .def_property_readonly("steps", &BudgetRun::steps)
-      .def_property_readonly("lifted_cap_bytes", &BudgetRun::LiftedCapBytes)
       .def(
           "end_step",
           [](BudgetRun& run) -> py::object {

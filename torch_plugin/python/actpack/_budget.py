@@ -264,11 +264,6 @@ class budget:
         if switched is not None:
             warnings.warn(f"actpack.budget: {switched}", stacklevel=3)
 
-    @property
-    def recomputing(self):
-        """Whether the regions marked with actpack.recompute recompute now."""
-        return self._run.recomputing if self._run is not None else self._recompute_mode == "on"
-
     def _recomputes(self):
         """Whether a region (actpack.recompute) recomputes now; notes that one ran."""
         self.run.regions = True
