@@ -12,6 +12,7 @@ that save them (non-reentrant: _CheckpointFrame.save_inputs; reentrant: Checkpoi
 whose forward runs without grad and saves nothing else) to flag the saves made inside. Where a
 torch version has neither, nothing is wrapped and the inputs are packed like other tensors.
 """
+import contextlib
 import functools
 
 import torch.utils.checkpoint as _checkpoint
@@ -21,14 +22,22 @@ from actpack import _C
 _installed = False
 
 
+@contextlib.contextmanager
+def saving_region_inputs(kind):
+    """Flags the saves this thread makes inside as `kind`'s region inputs ("checkpoint" here,
+    "recompute" for actpack.recompute): runtime::RegionInput."""
+    previous = _C._saving_region_inputs(kind)
+    try:
+        yield
+    finally:
+        _C._saving_region_inputs(previous)
+
+
 def _flagging(save):
     @functools.wraps(save)
     def saving_inputs(*args, **kwargs):
-        previous = _C._saving_region_inputs("checkpoint")
-        try:
+        with saving_region_inputs("checkpoint"):
             return save(*args, **kwargs)
-        finally:
-            _C._saving_region_inputs(previous)
     return saving_inputs
 
 

@@ -27,8 +27,8 @@ packed: they live for one micro-batch's backward.
 import torch
 import torch.nn as nn
 
-from actpack import _C
 from actpack._args import kind, show
+from actpack._checkpoint import saving_region_inputs
 
 _active = []  # the budgets entered, innermost last: the innermost decides
 
@@ -65,11 +65,8 @@ def recompute(fn, *args, micro_batch=None):
     # The inputs the region saves (its only saves: its forward runs without grad) are flagged:
     # the policy packs them within a tenth of its fidelity floor, since their error runs
     # through the whole recomputed region (runtime::RegionInput).
-    previous = _C._saving_region_inputs("recompute")
-    try:
+    with saving_region_inputs("recompute"):
         return _Region.apply(fn, args, micro_batch, *tensors)
-    finally:
-        _C._saving_region_inputs(previous)
 
 
 def _check_independent(fn):
