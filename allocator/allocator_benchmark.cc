@@ -42,7 +42,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/caching_pool.h"
 #include "allocator/host_memory_resource.h"
-#include "allocator/pluggable.h"
+#include "allocator/host_pool.h"
 #include "allocator/testing/alloc_trace.h"
 #include "allocator/units.h"
 #include "benchmark/benchmark.h"

@@ -41,7 +41,7 @@ class FaultInjectionAdaptor final : public ResourceAdaptor {
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
 
-  // Atomics, not a lock: every stack (allocator/pluggable.h) has one in its path, unarmed
+  // Atomics, not a lock: every stack (allocator/allocator_stack.h) has one in its path, unarmed
   // nearly always, and pays one atomic increment per allocation for it.
   std::atomic<uint64_t> fail_at_{0};
   std::atomic<uint64_t> allocations_{0};

@@ -1,5 +1,9 @@
 #include "allocator/pluggable.h"
 
+#include "allocator/device_allocator.h"
+#include "allocator/host_pool.h"
+#include "allocator/pressure_callbacks.h"
+
 #include <sys/mman.h>
 
 #include <cstdlib>

@@ -27,7 +27,7 @@ namespace actpack::allocator {
 inline constexpr size_t kHostOutsideAllowanceBytes = size_t{32} << 20;
 
 // The host's physical memory: what a share of the host ("80%") is taken of. 0 where the
-// system cannot tell. (A CUDA device's total is CudaDeviceTotalMemory; pluggable.h's
+// system cannot tell. (A CUDA device's total is CudaDeviceTotalMemory; device_allocator.h's
 // DeviceTotalBytes answers for either.)
 size_t PhysicalMemoryBytes();
 

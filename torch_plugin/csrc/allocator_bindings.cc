@@ -1,5 +1,6 @@
 // See allocator_bindings.h. Device -1 names the host pool (torch's CPU allocator once
-// installed); 0, 1, ... name the device stacks behind the C ABI of allocator/pluggable.h.
+// installed); 0, 1, ... name the device stacks (allocator/device_allocator.h) behind the C ABI
+// of allocator/pluggable.h.
 #include "torch_plugin/csrc/allocator_bindings.h"
 
 #include <torch/python.h>
@@ -24,7 +25,10 @@
 
 #include "absl/status/status.h"
 #include "allocator/cuda_memory_resource.h"
+#include "allocator/device_allocator.h"
+#include "allocator/host_pool.h"
 #include "allocator/pluggable.h"
+#include "allocator/pressure_callbacks.h"
 #include "torch_plugin/csrc/py_json.h"
 #include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"

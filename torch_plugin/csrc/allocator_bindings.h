@@ -1,5 +1,5 @@
 // actpack._C's allocator functions: actpack's host pool as torch's CPU allocator, and the
-// configuration, statistics and snapshots of the process-wide stacks of allocator/pluggable.h.
+// configuration, statistics and snapshots of the process-wide stacks (allocator/device_allocator.h, allocator/host_pool.h).
 // torch_plugin/python/actpack/memory.py is the Python API over them.
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_ALLOCATOR_BINDINGS_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_ALLOCATOR_BINDINGS_H_

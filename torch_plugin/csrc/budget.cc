@@ -15,7 +15,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/pluggable.h"
+#include "allocator/device_allocator.h"
+#include "allocator/host_pool.h"
+#include "allocator/pressure_callbacks.h"
 #include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"
 #include "allocator/units.h"

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "allocator/host_memory_resource.h"
-#include "allocator/pluggable.h"
+#include "allocator/host_pool.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {

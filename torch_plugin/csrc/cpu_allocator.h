@@ -1,4 +1,4 @@
-// actpack's host pool (allocator/pluggable.h's HostPool) as torch's CPU allocator, so that CPU
+// actpack's host pool (allocator/host_pool.h) as torch's CPU allocator, so that CPU
 // training runs through the same pool, budget and statistics as the CUDA path. Shared by the
 // Python bindings (actpack.install_cpu_allocator) and the C++ guard actpack::Budget.
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_CPU_ALLOCATOR_H_

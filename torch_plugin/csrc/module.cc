@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/pluggable.h"
+#include "allocator/device_allocator.h"
 #include "allocator/units.h"
 #include "codecs/codec.h"
 #include "codecs/registry.h"
