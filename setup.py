@@ -63,7 +63,7 @@ if os.environ.get("ACTPACK_FORCE_CPU") == "1":
 
 cc_sources = sources("codecs/*.cc", "codecs/internal/*.cc", "allocator/*.cc",
                      "allocator/internal/*.cc", "runtime/*.cc", "torch_plugin/csrc/*.cc",
-                     "report/*.cc")
+                     "torch_plugin/bindings/*.cc", "report/*.cc")
 cu_sources = sources("codecs/cuda/*.cu") if with_cuda else []
 defines = [("ACTPACK_WITH_CUDA", "1")] if with_cuda else []
 extension_type = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension

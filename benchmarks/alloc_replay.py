@@ -8,8 +8,9 @@ side:
   torch            PyTorch's caching allocator (the native backend);
   cudaMallocAsync  PyTorch with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync.
 
-Latency is measured twice: "C++ ns/op" replays the trace in a C++ loop (actpack._C._replay_trace:
-actpack's stack, or the c10 allocator behind torch's CUDA tensors), which is what an allocation
+Latency is measured twice: "C++ ns/op" replays the trace in a C++ loop (alloc_replay.cc, built on
+first use: actpack's stack through its C ABI, or the c10 allocator behind torch's CUDA tensors),
+which is what an allocation
 costs inside torch; "py ns/op" makes one Python call per operation (ctypes actpack_alloc /
 actpack_free; torch.cuda.caching_allocator_alloc / caching_allocator_delete), call overhead
 included. Memory is read right after the trace's peak op, on a pass after a warm-up pass (the
@@ -128,6 +129,28 @@ def replay_ops(trace, stream_handles):
 
 # ---- One allocator in this process (the worker) ----
 
+_replay_module = None
+
+
+def replay_module():
+    """The C++ replay loop (alloc_replay.cc), compiled on first use and cached by torch's
+    extension builder: a benchmark's tool, kept out of the actpack wheel."""
+    global _replay_module
+    if _replay_module is None:
+        from torch.utils import cpp_extension
+        _replay_module = cpp_extension.load(
+            name="actpack_alloc_replay",
+            sources=[os.path.join(os.path.dirname(os.path.abspath(__file__)), "alloc_replay.cc")],
+            extra_cflags=["-O2"], verbose=False)
+    return _replay_module
+
+
+def replay(ops, target, repeats=1, pause_at=-1, on_pause=None):
+    """Replay `ops` `repeats` times through `target` in C++; the seconds all passes took.
+    target: "malloc", a tensor (its storage's c10 allocator) or actpack_target(device)."""
+    return replay_module().replay(ops, target, repeats, pause_at, on_pause)
+
+
 def _actpack_library():
     from actpack import _C
     lib = ctypes.CDLL(_C.__file__)
@@ -135,6 +158,14 @@ def _actpack_library():
     lib.actpack_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     lib.actpack_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     return lib
+
+
+def actpack_target(device):
+    """actpack's device stack `device` as a replay target: the C ABI torch calls, by address."""
+    lib = _actpack_library()
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    return (address(lib.actpack_alloc), address(lib.actpack_free),
+            address(lib.actpack_last_error), device)
 
 
 def _python_ns_per_op(ops, allocate, free, repeats):
@@ -178,7 +209,7 @@ def run_worker(kind, trace_path, repeats, backend="cuda"):
               "requested_bytes": trace.peak_live_bytes}
     if kind == "actpack":
         _C._configure_device_allocator(backend, None)
-        target = device
+        target = actpack_target(device)
 
         def usage():
             stats = actpack.memory_stats(device)
@@ -215,7 +246,7 @@ def run_worker(kind, trace_path, repeats, backend="cuda"):
         raise ValueError(f"actpack: unknown worker kind {kind!r}; expected 'actpack' or 'torch'")
 
     base_allocated, base_reserved = usage()
-    _C._replay_trace(ops, target, 1)  # warm-up: the cache a training loop would have
+    replay(ops, target, 1)  # warm-up: the cache a training loop would have
     peak = {}
 
     def at_peak():
@@ -225,10 +256,10 @@ def run_worker(kind, trace_path, repeats, backend="cuda"):
         else:
             peak.update(allocated=allocated - base_allocated, reserved=reserved - base_reserved)
 
-    _C._replay_trace(ops, target, 1, trace.peak_op, at_peak)
+    replay(ops, target, 1, trace.peak_op, at_peak)
     result["allocated_bytes"] = peak["allocated"]
     result["reserved_bytes"] = peak["reserved"]
-    seconds = _C._replay_trace(ops, target, repeats)
+    seconds = replay(ops, target, repeats)
     result["cpp_ns_per_op"] = seconds * 1e9 / (repeats * len(ops))
     result["py_ns_per_op"] = _python_ns_per_op(ops, allocate, free, max(1, repeats // 10))
     if backend == "cuda":

@@ -1,6 +1,7 @@
 """Allocation traces: tools/record_trace.py (benchmarks/record_trace.py) records real training
 steps, the parser of benchmarks/alloc_replay.py (tools/gpu_allocator_benchmark.py) reads them
-(the same rules and messages as allocator/testing/alloc_trace.cc), and actpack._C._replay_trace replays them; the GPU
+(the same rules and messages as allocator/testing/alloc_trace.cc), and its C++ loop
+(benchmarks/alloc_replay.cc, built on first use, not shipped in the wheel) replays them; the GPU
 comparison runs only with CUDA but its CPU parts run here.
 """
 import json
@@ -120,9 +121,15 @@ def test_replay_through_each_cpu_target_frees_everything():
     trace = bench.read_trace(os.path.join(TESTDATA, "cnn_step.trace"))
     ops = bench.replay_ops(trace, {})
     for target in ("malloc", torch.empty(1)):  # glibc; torch's CPU allocator
-        assert 0 < _C._replay_trace(ops, target, 2) < 60
+        assert 0 < bench.replay(ops, target, 2) < 60
+
+
+def test_replay_through_the_host_pool_frees_everything(cpu_allocator):
+    trace = bench.read_trace(os.path.join(TESTDATA, "cnn_step.trace"))
+    ops = bench.replay_ops(trace, {})
+    target = torch.empty(1)  # made after the install: its storage's allocator is actpack's
     before = actpack.memory_stats("cpu")
-    assert 0 < _C._replay_trace(ops, _C._HOST_DEVICE, 2) < 60
+    assert 0 < bench.replay(ops, target, 2) < 60
     after = actpack.memory_stats("cpu")
     # The host pool served one trace twice and holds nothing of it now.
     assert after["num_allocs"] - before["num_allocs"] == 2 * trace.allocations
@@ -130,13 +137,20 @@ def test_replay_through_each_cpu_target_frees_everything():
     assert after["allocated_bytes.all.peak"] >= trace.peak_live_bytes
 
 
-def test_replay_pauses_once_at_the_peak():
+def test_replay_pauses_once_at_the_peak(cpu_allocator):
     trace = bench.parse_trace("alloc 0 3000000 0\nalloc 1 1000 0\nfree 0\nfree 1\n")
     seen = []
-    _C._replay_trace(bench.replay_ops(trace, {}), _C._HOST_DEVICE, 3, trace.peak_op,
-                     lambda: seen.append(actpack.memory_allocated("cpu")))
+    bench.replay(bench.replay_ops(trace, {}), torch.empty(1), 3, trace.peak_op,
+                 lambda: seen.append(actpack.memory_allocated("cpu")))
     assert len(seen) == 1
     assert seen[0] >= 3000000 + 1000
+
+
+def test_a_failed_allocation_through_the_c_abi_raises_with_its_reason():
+    # A device outside the C ABI's range: actpack_alloc returns null and says why.
+    ops = [(True, 0, 8, 0), (False, 0, 8, 0)]
+    with pytest.raises(RuntimeError, match="allocating 8 bytes failed: actpack: device 9999"):
+        bench.replay(ops, bench.actpack_target(9999))
 
 
 @pytest.mark.parametrize("ops,target,repeats,message", [
@@ -145,10 +159,15 @@ def test_replay_pauses_once_at_the_peak():
     ([(True, 0, 8, 0)], "malloc", 1, "leave allocations live"),
     ([(True, 0, 8, 0), (False, 0, 8, 0)], "glibc", 1, "unknown replay target 'glibc'"),
     ([(True, 0, 8, 0), (False, 0, 8, 0)], "malloc", 0, "repeats must be >= 1, got 0"),
+    ([(True, 0, 8, 0), (False, 0, 8, 0)], (0, 0, 0, 0), 1, "got a null one"),
 ])
 def test_replay_refuses_bad_input(ops, target, repeats, message):
     with pytest.raises(ValueError, match=message):
-        _C._replay_trace(ops, target, repeats)
+        bench.replay(ops, target, repeats)
+
+
+def test_the_replay_loop_is_not_in_the_shipped_module():
+    assert not hasattr(_C, "_replay_trace")
 
 
 def test_worker_replays_through_actpacks_device_stack_on_the_host():

@@ -96,7 +96,7 @@ def test_a_drifting_writer_is_refused(validator, full_report, path, value, where
     assert any(e.startswith(where) for e in found), found
 
 
-# The report crosses the binding as Python objects (torch_plugin/csrc/py_json.h), not JSON text.
+# The report crosses the binding as Python objects (torch_plugin/bindings/python_json.h), not JSON text.
 def test_the_report_in_memory_is_the_file_in_member_order(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
     with actpack.budget("1GiB", codec="quant4", report=tmp_path / "run.json") as run:

@@ -1,4 +1,4 @@
-"""Writes run_quant2_full.json: a real report of tools/demo.py with every section the runtime
+"""Writes run_quant2_full.json: a real report of the demo (benchmarks/demo.py) with every section the runtime
 writes (per-module records with measured errors, the policy, per-step peaks, the allocator's
 stats and snapshot, the planner's profile with a verified step).
 
@@ -15,9 +15,9 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))  # for demo
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root
 
-import demo  # noqa: E402
+from benchmarks import demo  # noqa: E402
 
 TRACE_KEPT = 1500
 

@@ -1,6 +1,6 @@
 // The Python module actpack._C and the torch ops actpack::encode / actpack::decode.
 //
-// Session (py_session.h) is saved_tensors.h's SavedTensorSession for Python's
+// Session (session_bindings.h) is saved_tensors.h's SavedTensorSession for Python's
 // saved_tensors_hooks.
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -32,11 +32,11 @@
 #include "runtime/json.h"
 #include "runtime/policy.h"
 #include "runtime/session.h"
-#include "torch_plugin/csrc/allocator_bindings.h"
-#include "torch_plugin/csrc/cli_bindings.h"
+#include "torch_plugin/bindings/allocator_bindings.h"
+#include "torch_plugin/bindings/cli_bindings.h"
 #include "torch_plugin/csrc/lean_backward.h"
-#include "torch_plugin/csrc/py_json.h"
-#include "torch_plugin/csrc/py_session.h"
+#include "torch_plugin/bindings/python_json.h"
+#include "torch_plugin/bindings/session_bindings.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 

@@ -1,4 +1,4 @@
-#include "torch_plugin/csrc/py_session.h"
+#include "torch_plugin/bindings/session_bindings.h"
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -18,7 +18,7 @@
 #include "runtime/budget_run.h"
 #include "runtime/session.h"
 #include "torch_plugin/csrc/saved_tensors.h"
-#include "torch_plugin/csrc/py_json.h"
+#include "torch_plugin/bindings/python_json.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {

@@ -5,8 +5,8 @@
 //   actpack::torch_plugin::BindCli(m);
 // and from Python:
 //   exit_code, out, err = actpack._C.run_cli(["report", "run.json"])
-#ifndef ACTPACK_TORCH_PLUGIN_CSRC_CLI_BINDINGS_H_
-#define ACTPACK_TORCH_PLUGIN_CSRC_CLI_BINDINGS_H_
+#ifndef ACTPACK_TORCH_PLUGIN_BINDINGS_CLI_BINDINGS_H_
+#define ACTPACK_TORCH_PLUGIN_BINDINGS_CLI_BINDINGS_H_
 
 #include <pybind11/pybind11.h>
 
@@ -17,4 +17,4 @@ void BindCli(pybind11::module& m);
 
 }  // namespace actpack::torch_plugin
 
-#endif  // ACTPACK_TORCH_PLUGIN_CSRC_CLI_BINDINGS_H_
+#endif  // ACTPACK_TORCH_PLUGIN_BINDINGS_CLI_BINDINGS_H_

@@ -1,4 +1,4 @@
-#include "torch_plugin/csrc/cli_bindings.h"
+#include "torch_plugin/bindings/cli_bindings.h"
 
 #include <pybind11/stl.h>
 

@@ -5,8 +5,8 @@
 // more than the rest of a small tensor's hook. pack(tensor, module) returns the tensor itself
 // when it is kept, or an opaque actpack._C.PackedTensor; unpack(handle) turns either back into
 // a tensor.
-#ifndef ACTPACK_TORCH_PLUGIN_CSRC_PY_SESSION_H_
-#define ACTPACK_TORCH_PLUGIN_CSRC_PY_SESSION_H_
+#ifndef ACTPACK_TORCH_PLUGIN_BINDINGS_SESSION_BINDINGS_H_
+#define ACTPACK_TORCH_PLUGIN_BINDINGS_SESSION_BINDINGS_H_
 
 #include <torch/extension.h>
 
@@ -18,4 +18,4 @@ void BindSession(pybind11::module_& m);
 
 }  // namespace actpack::torch_plugin
 
-#endif  // ACTPACK_TORCH_PLUGIN_CSRC_PY_SESSION_H_
+#endif  // ACTPACK_TORCH_PLUGIN_BINDINGS_SESSION_BINDINGS_H_

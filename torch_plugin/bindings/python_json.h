@@ -4,8 +4,8 @@
 //
 //   py::object report = ToPython(document);      // dict, list, str, int, float, bool, None
 //   json::Value run = FromPython(run_metadata);   // TypeError naming what it cannot represent
-#ifndef ACTPACK_TORCH_PLUGIN_CSRC_PY_JSON_H_
-#define ACTPACK_TORCH_PLUGIN_CSRC_PY_JSON_H_
+#ifndef ACTPACK_TORCH_PLUGIN_BINDINGS_PYTHON_JSON_H_
+#define ACTPACK_TORCH_PLUGIN_BINDINGS_PYTHON_JSON_H_
 
 #include <pybind11/pybind11.h>
 
@@ -23,4 +23,4 @@ json::Value FromPython(pybind11::handle object);
 
 }  // namespace actpack::torch_plugin
 
-#endif  // ACTPACK_TORCH_PLUGIN_CSRC_PY_JSON_H_
+#endif  // ACTPACK_TORCH_PLUGIN_BINDINGS_PYTHON_JSON_H_

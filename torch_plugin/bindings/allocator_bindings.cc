@@ -1,7 +1,7 @@
 // See allocator_bindings.h. Device -1 names the host pool (torch's CPU allocator once
 // installed); 0, 1, ... name the device stacks (allocator/device_allocator.h) behind the C ABI
 // of allocator/pluggable.h.
-#include "torch_plugin/csrc/allocator_bindings.h"
+#include "torch_plugin/bindings/allocator_bindings.h"
 
 #include <torch/python.h>
 #include <c10/util/Exception.h>
@@ -9,14 +9,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #ifdef ACTPACK_WITH_CUDA
@@ -29,7 +26,7 @@
 #include "allocator/host_pool.h"
 #include "allocator/pluggable.h"
 #include "allocator/pressure_callbacks.h"
-#include "torch_plugin/csrc/py_json.h"
+#include "torch_plugin/bindings/python_json.h"
 #include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
@@ -221,104 +218,6 @@ void RemovePressureCallback(int64_t id) {
   TORCH_CHECK_VALUE(status.ok(), status.message());
 }
 
-// ---- Trace replay (allocator benchmarks) ----
-
-// One replayed operation: (is_alloc, slot, bytes, stream handle).
-using ReplayOp = std::tuple<bool, uint32_t, size_t, uintptr_t>;
-
-// Replays `ops` `repeats` times through `allocate` / `deallocate`; calls `on_pause` once, after
-// op `pause_at` of the first pass. Returns the seconds all passes took.
-template <typename Slot, typename Allocate, typename Deallocate>
-double ReplayLoop(const std::vector<ReplayOp>& ops, int repeats, int64_t pause_at,
-                  const std::optional<py::function>& on_pause, Allocate allocate,
-                  Deallocate deallocate) {
-  uint32_t slots = 0;
-  for (const ReplayOp& op : ops) slots = std::max(slots, std::get<1>(op) + 1);
-  std::vector<Slot> table(slots);
-  const auto start = std::chrono::steady_clock::now();
-  for (int pass = 0; pass < repeats; ++pass) {
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const auto& [is_alloc, slot, bytes, stream] = ops[i];
-      if (is_alloc) {
-        table[slot] = allocate(bytes, reinterpret_cast<allocator::Stream>(stream));
-      } else {
-        deallocate(table[slot], bytes, reinterpret_cast<allocator::Stream>(stream));
-      }
-      if (pass == 0 && static_cast<int64_t>(i) == pause_at && on_pause) (*on_pause)();
-    }
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-void CheckReplayOps(const std::vector<ReplayOp>& ops) {
-  std::vector<bool> live;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const auto& [is_alloc, slot, bytes, stream] = ops[i];
-    if (slot >= live.size()) live.resize(slot + 1);
-    TORCH_CHECK_VALUE(live[slot] != is_alloc, "actpack: replay op ", i, ": ",
-                      is_alloc ? "alloc into" : "free of", " slot ", slot, ", which is ",
-                      is_alloc ? "live" : "not live");
-    live[slot] = is_alloc;
-  }
-  TORCH_CHECK_VALUE(std::find(live.begin(), live.end(), true) == live.end(),
-                    "actpack: the replayed ops leave allocations live; a trace must free "
-                    "everything");
-}
-
-// Replays allocation ops through a target:
-//  * "malloc": glibc;
-//  * an int: actpack's stack of that device (-1: the host pool), built on first use;
-//  * a tensor: the c10 allocator its storage came from (torch's CUDA caching allocator, or
-//    cudaMallocAsync, whichever this process runs; torch's or actpack's CPU allocator). It
-//    allocates on the current stream: stream handles are ignored.
-// Allocation failures raise. Returns the seconds of all passes.
-double ReplayTrace(const std::vector<ReplayOp>& ops, const py::object& target, int repeats,
-                   int64_t pause_at, std::optional<py::function> on_pause) {
-  TORCH_CHECK_VALUE(repeats >= 1, "actpack: repeats must be >= 1, got ", repeats);
-  CheckReplayOps(ops);
-  if (py::isinstance<py::str>(target)) {
-    const std::string name = target.cast<std::string>();
-    TORCH_CHECK_VALUE(name == "malloc", "actpack: unknown replay target '", name,
-                      "'; expected 'malloc', a device index or a tensor");
-    return ReplayLoop<void*>(
-        ops, repeats, pause_at, on_pause,
-        [](size_t bytes, allocator::Stream) {
-          void* ptr = std::malloc(bytes);
-          TORCH_CHECK(ptr != nullptr || bytes == 0, "actpack: malloc(", bytes, ") failed");
-          return ptr;
-        },
-        [](void* ptr, size_t, allocator::Stream) { std::free(ptr); });
-  }
-  if (py::isinstance<py::int_>(target)) {
-    const int device = target.cast<int>();
-    CheckDevice(device);
-    AllocatorStack* stack = &HostPool();
-    if (device != kHostDevice) {
-      absl::StatusOr<AllocatorStack*> built = allocator::DeviceAllocator(device);
-      ThrowIfError(built.status());
-      stack = *built;
-    }
-    return ReplayLoop<void*>(
-        ops, repeats, pause_at, on_pause,
-        [stack](size_t bytes, allocator::Stream stream) {
-          absl::StatusOr<void*> ptr = stack->Allocate(bytes, stream);
-          ThrowIfError(ptr.status());
-          return *ptr;
-        },
-        [stack](void* ptr, size_t bytes, allocator::Stream stream) {
-          stack->Deallocate(ptr, bytes, stream);
-        });
-  }
-  const at::Tensor tensor = target.cast<at::Tensor>();
-  c10::Allocator* c10_allocator = tensor.storage().allocator();
-  TORCH_CHECK_VALUE(c10_allocator != nullptr,
-                    "actpack: the target tensor's storage has no allocator (made from a blob?)");
-  return ReplayLoop<c10::DataPtr>(
-      ops, repeats, pause_at, on_pause,
-      [c10_allocator](size_t bytes, allocator::Stream) { return c10_allocator->allocate(bytes); },
-      [](c10::DataPtr& ptr, size_t, allocator::Stream) { ptr.clear(); });
-}
-
 // ---- torch's CUDAPluggableAllocator hooks ----
 
 #ifdef ACTPACK_WITH_CUDA
@@ -421,8 +320,6 @@ void BindAllocator(py::module& m) {
   m.def("_trace_dropped", &TraceDropped, py::arg("device"));
   m.def("_add_pressure_callback", &AddPressureCallback, py::arg("device"), py::arg("callback"));
   m.def("_remove_pressure_callback", &RemovePressureCallback, py::arg("id"));
-  m.def("_replay_trace", &ReplayTrace, py::arg("ops"), py::arg("target"), py::arg("repeats") = 1,
-        py::arg("pause_at") = -1, py::arg("on_pause") = py::none());
 #ifdef ACTPACK_WITH_CUDA
   m.def("_wire_pluggable_hooks", &WirePluggableHooks, py::arg("allocator"));
 #endif

@@ -1,4 +1,4 @@
-#include "torch_plugin/csrc/py_json.h"
+#include "torch_plugin/bindings/python_json.h"
 
 #include <cmath>
 #include <cstdint>
