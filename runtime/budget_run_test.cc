@@ -219,6 +219,36 @@ TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
   EXPECT_EQ(section["warnings"][0], *warning);
 }
 
+// The policy plans at every step's end; the cache is given back only when a plan changes a
+// codec (the next peak must show the new plan's footprint). The same plan keeps it: given back
+// at every step, it is mapped and touched anew at every step.
+TEST(BudgetRunTest, OnlyAPlanThatChangesACodecGivesTheCacheBack) {
+  // Four 64 KiB tensors under 2 MiB: kept exact beside 1 MiB, packed beside 1.9 MiB.
+  Session session(AutoOptions(2 * kMiB), HostFactory());
+  ScriptedMemory memory;
+  BudgetRunOptions options = Fixed(2 * kMiB);
+  options.automatic = true;
+  BudgetRun run(options, session, memory, nullptr);
+  run.Start();
+  auto step = [&](uint64_t other_bytes) {
+    const uint64_t held = RunStep(session);
+    memory.next = {other_bytes + held, other_bytes + held, 0};
+    ASSERT_TRUE(run.EndStep().ok());
+  };
+  step(kMiB);
+  step(kMiB);  // the first plan
+  ASSERT_EQ(session.Policy().changed_plans, 1u);
+  const int releases = memory.releases;
+  const uint64_t plans = session.Policy().plans;
+  for (int i = 0; i < 3; ++i) step(kMiB);
+  EXPECT_GT(session.Policy().plans, plans);  // planned again, to the same codecs
+  EXPECT_EQ(session.Policy().changed_plans, 1u);
+  EXPECT_EQ(memory.releases, releases);
+  step(19 * kMiB / 10);  // the rest of the step grew: the plan packs
+  EXPECT_EQ(session.Policy().changed_plans, 2u);
+  EXPECT_EQ(memory.releases, releases + 1);
+}
+
 TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
   Session session(Options("quant2"), HostFactory());
   ScriptedMemory memory;

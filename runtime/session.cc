@@ -850,10 +850,14 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
   input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
   if (planned.empty()) return absl::OkStatus();
   const PolicyPlan plan = SolvePolicy(input);
+  bool changed = false;
   for (size_t i = 0; i < planned.size(); ++i) {
-    records_[planned[i]].choice = allowed[i][plan.choice[i]];
+    int& choice = records_[planned[i]].choice;
+    changed |= choice != allowed[i][plan.choice[i]];
+    choice = allowed[i][plan.choice[i]];
   }
   ++policy_.plans;
+  if (changed) ++policy_.changed_plans;
   policy_.capped_candidates = capped;
   policy_.other_bytes = input.other_bytes;
   policy_.projected_peak = plan.projected_peak;

@@ -288,6 +288,7 @@ struct StepRecord {
 // The policy's latest decision.
 struct PolicyState {
   uint64_t plans = 0;              // times the policy planned
+  uint64_t changed_plans = 0;      // plans that changed a tensor's codec
   uint64_t other_bytes = 0;        // modelled peak besides the policy's tensors
   uint64_t projected_peak = 0;
   bool feasible = true;

@@ -23,6 +23,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def fresh_pool():
+    """The host pool as a fresh process has it: earlier tests' tensors that are garbage but not
+    yet collected pin segments whose free space a run could fill under any cap (the run warns
+    of that), and count against a small budget's peak."""
+    import gc
+    import actpack
+    gc.collect()
+    actpack.memory.empty_cache("cpu")
+
+
 @pytest.fixture
 def cpu_allocator():
     """actpack's CPU allocator from before the model is built: a budget counts everything."""

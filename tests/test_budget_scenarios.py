@@ -3,7 +3,6 @@ in torch_plugin/csrc/budget_test.cc (BudgetScenarioTest) actpack::Budget, from o
 torch_plugin/testdata/budget_scenarios.json. Both drive the C++ budget run
 (runtime/budget_run.h): the cap from the first step, the lift that lets a step before the
 first plan say what budget it needs, the errors, and the report's run section."""
-import gc
 import json
 import os
 
@@ -13,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import actpack
+from conftest import fresh_pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "torch_plugin", "testdata", "budget_scenarios.json")) as f:
@@ -21,11 +21,8 @@ MODEL = SCENARIOS["model"]
 
 
 def train(budget):
-    """The scenario file's model and loop (budget_test.cc's Net and Train), from a pool as a
-    fresh process has it: earlier tests' tensors that are garbage but not yet collected would
-    pin segments whose free space the run could fill under any cap (the run warns of that)."""
-    gc.collect()
-    actpack.memory.empty_cache("cpu")
+    """The scenario file's model and loop (budget_test.cc's Net and Train), from a fresh pool."""
+    fresh_pool()
     torch.manual_seed(0)
     width = MODEL["width"]
     net = nn.Sequential(nn.Linear(MODEL["inputs"], width), nn.Tanh(), nn.Linear(width, width),

@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import actpack
+from conftest import fresh_pool
 
 
 def deep_mlp(depth=8, width=256):
@@ -19,7 +20,8 @@ def deep_mlp(depth=8, width=256):
 
 
 def train(budget, steps=5, **options):
-    """`steps` steps of the MLP at batch 512 under `budget`; the run."""
+    """`steps` steps of the MLP at batch 512 under `budget`, from a fresh pool; the run."""
+    fresh_pool()
     model = deep_mlp()
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(512, 64, generator=g), torch.randint(0, 10, (512,), generator=g)
