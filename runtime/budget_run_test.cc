@@ -48,6 +48,12 @@ BudgetRunOptions Fixed(uint64_t budget) {
   return options;
 }
 
+BudgetRunOptions Automatic(uint64_t budget) {
+  BudgetRunOptions options = Fixed(budget);
+  options.automatic = true;
+  return options;
+}
+
 TEST(BudgetRunTest, CapsFromTheStartAndPutsTheCapBackWhenStopped) {
   Session session(Options("quant2"), HostFactory());
   ScriptedMemory memory;
@@ -140,9 +146,8 @@ TEST(BudgetRunTest, ThePolicyRepacksFirstAndItsFirstTwoStepsMayLift) {
   Session session(AutoOptions(64 * kMiB), HostFactory());
   ScriptedMemory memory;
   size_t repacked = 0;
-  BudgetRunOptions options = Fixed(64 * kMiB);
-  options.automatic = true;
-  BudgetRun run(options, session, memory, [&](size_t needed) { return repacked = needed; });
+  BudgetRun run(Automatic(64 * kMiB), session, memory,
+                [&](size_t needed) { return repacked = needed; });
   run.Start();
   EXPECT_EQ(run.Relieve(kMiB), kMiB);  // the policy's re-packing made the room
   EXPECT_EQ(memory.cap, 64 * kMiB);
@@ -166,9 +171,7 @@ TEST(BudgetRunTest, NoPlanFitsSaysWhatRecomputationWouldDo) {
   for (bool regions : {false, true}) {
     Session session(AutoOptions(2 * kMiB), HostFactory());
     ScriptedMemory memory;
-    BudgetRunOptions options = Fixed(2 * kMiB);
-    options.automatic = true;
-    BudgetRun run(options, session, memory, nullptr);
+    BudgetRun run(Automatic(2 * kMiB), session, memory, nullptr);
     run.Start();
     absl::Status status;
     for (int step = 0; step < 3 && status.ok(); ++step) {
@@ -191,8 +194,7 @@ TEST(BudgetRunTest, NoPlanFitsSaysWhatRecomputationWouldDo) {
 TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
   Session session(AutoOptions(2 * kMiB), HostFactory());
   ScriptedMemory memory;
-  BudgetRunOptions options = Fixed(2 * kMiB);
-  options.automatic = true;
+  BudgetRunOptions options = Automatic(2 * kMiB);
   options.recompute = RecomputeMode::kAuto;
   BudgetRun run(options, session, memory, nullptr);
   run.Start();
@@ -226,9 +228,7 @@ TEST(BudgetRunTest, OnlyAPlanThatChangesACodecGivesTheCacheBack) {
   // Four 64 KiB tensors under 2 MiB: kept exact beside 1 MiB, packed beside 1.9 MiB.
   Session session(AutoOptions(2 * kMiB), HostFactory());
   ScriptedMemory memory;
-  BudgetRunOptions options = Fixed(2 * kMiB);
-  options.automatic = true;
-  BudgetRun run(options, session, memory, nullptr);
+  BudgetRun run(Automatic(2 * kMiB), session, memory, nullptr);
   run.Start();
   auto step = [&](uint64_t other_bytes) {
     const uint64_t held = RunStep(session);
