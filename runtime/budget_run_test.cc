@@ -151,7 +151,7 @@ TEST(BudgetRunTest, ThePolicyRepacksFirstAndItsFirstTwoStepsMayLift) {
   run.Start();
   EXPECT_EQ(run.Relieve(kMiB), kMiB);  // the policy's re-packing made the room
   EXPECT_EQ(memory.cap, 64 * kMiB);
-  BudgetRun lifting(options, session, memory, [](size_t) { return size_t{0}; });
+  BudgetRun lifting(Automatic(64 * kMiB), session, memory, [](size_t) { return size_t{0}; });
   lifting.Start();
   // The first step may go over: the policy plans at the end of the second.
   EXPECT_GT(lifting.Relieve(kMiB), 0u);
