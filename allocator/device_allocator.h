@@ -84,7 +84,8 @@ void ResetDeviceAllocatorForTesting();
 // the system holds outside it: the growth since now of the process's resident set (host) or of
 // the device's used memory as the CUDA driver counts it (a device), less the growth of the
 // pool's own reserved bytes. Checked when the pool reserves a segment under its budget
-// (CachingPool::SetOutsideCounter). Builds a device stack that is not built yet.
+// (CachingPool::SetOutsideCounter). Gives the pool's cache back first, so that the count starts
+// from memory in use. Builds a device stack that is not built yet.
 // kInvalidArgument for a device outside [-1, kMaxDevices); kUnavailable when the system's count
 // cannot be read. The first `allowance_bytes` outside the pool are not counted (on the host,
 // kHostOutsideAllowanceBytes: torch's one-time initialization).

@@ -376,6 +376,22 @@ TEST_P(DeviceAllocatorTest, MemoryTheSystemCountsOutsideThePoolTakesFromTheBudge
   StopCountingSystemMemory(0);
 }
 
+// The count starts from a pool without cache: a cached segment never written is reserved but
+// not resident, and given back after the count began (a budget run's start gives the cache
+// back) it would shrink the pool and not the resident set, so 40 MiB would count as outside.
+TEST_P(DeviceAllocatorTest, CountingTheSystemStartsFromAPoolWithoutCache) {
+  void* untouched = actpack_alloc(40_MiB, 0, kStream);
+  ASSERT_NE(untouched, nullptr) << actpack_last_error();
+  actpack_free(untouched, 40_MiB, 0, kStream);
+  ASSERT_TRUE(CountSystemMemory(0).ok());
+  EXPECT_EQ((*DeviceAllocator(0))->pool().GetUsage().reserved_bytes, 0u);
+  actpack_empty_cache();
+  void* p = actpack_alloc(30_MiB, 0, kStream);  // 30 + 0 outside <= 64
+  EXPECT_NE(p, nullptr) << actpack_last_error();
+  actpack_free(p, 30_MiB, 0, kStream);
+  StopCountingSystemMemory(0);
+}
+
 #if ACTPACK_WITH_CUDA
 // What the driver sees: a cached segment is still device memory in use; empty_cache gives it
 // back (torch.cuda.empty_cache() with actpack's allocator plugged in).
