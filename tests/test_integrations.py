@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import actpack
-from conftest import HANG_GUARD_S
+from conftest import HANG_GUARD_S, fresh_pool
 
 BACKWARD_NOTE = "saved during backward (create_graph or recomputation)"
 
@@ -363,6 +363,9 @@ def test_an_exception_inside_the_budget_releases_everything(tmp_path, where):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = teacher_batch(torch.Generator().manual_seed(5))
     installed, cap = actpack.cpu_allocator_installed(), actpack.memory_budget("cpu")
+    # From a fresh pool: an earlier test's uncollected tensors, freed by the gc.collect() below,
+    # would leave fewer bytes allocated than this baseline (CI: 0 against 2.2 MiB).
+    fresh_pool()
     allocated = actpack.memory_stats("cpu")["allocated_bytes.all.current"]
     budget = actpack.budget("256MiB", codec="quant4", min_bytes=1, report=tmp_path / "r.json")
     session = weakref.ref(budget._session)
