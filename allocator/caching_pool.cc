@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
-#include <utility>
-#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -208,11 +205,6 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
     if (freed_blocks) {
       if (Block* block = TakeBestFit(block_size, stream, is_small)) return block;
     }
-    if (IsReserveLimitExceeded(memory.status())) {
-      absl::StatusOr<Block*> reused =
-          ReuseFreeSegment(segment_size, stream, is_small, reserve_limit);
-      if (reused.ok()) return *reused;
-    }
     if (ReleaseFreeSegments() > 0 || freed_blocks) {
       Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
       memory = try_reserve();
@@ -229,13 +221,8 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
     }
   }
 
-  return AddSegment(*memory, segment_size, stream, is_small);
-}
-
-CachingPool::Block* CachingPool::AddSegment(void* memory, size_t segment_size, Stream stream,
-                                            bool is_small) {
   auto* block = new Block;
-  block->address = reinterpret_cast<uintptr_t>(memory);
+  block->address = reinterpret_cast<uintptr_t>(*memory);
   block->size = segment_size;
   block->stream = stream;
   block->is_small = is_small;
@@ -244,59 +231,6 @@ CachingPool::Block* CachingPool::AddSegment(void* memory, size_t segment_size, S
                         std::memory_order_relaxed);
   Notify({MemoryAction::kSegmentAlloc, block->address, segment_size, segment_size, stream});
   return block;
-}
-
-absl::StatusOr<CachingPool::Block*> CachingPool::ReuseFreeSegment(size_t segment_size,
-                                                                  Stream stream, bool is_small,
-                                                                  size_t reserve_limit) {
-  if (!upstream_resizes_) return absl::UnimplementedError("the upstream cannot resize");
-  using Whole = std::pair<FreeBlocks*, FreeBlocks::iterator>;
-  std::vector<Whole> whole;  // the free segments of `stream`, smallest first
-  for (FreeBlocks* free_blocks : {&small_free_, &large_free_}) {
-    for (auto it = free_blocks->begin(); it != free_blocks->end(); ++it) {
-      const Block* block = *it;
-      if (block->stream == stream && block->prev == nullptr && block->next == nullptr) {
-        whole.emplace_back(free_blocks, it);
-      }
-    }
-  }
-  if (whole.empty()) return absl::NotFoundError("no free segment on the stream");
-  std::sort(whole.begin(), whole.end(),
-            [](const Whole& a, const Whole& b) { return (*a.second)->size < (*b.second)->size; });
-  // The donor: the smallest that holds the new segment (none of its pages is new), else the
-  // largest (the fewest are).
-  auto donor = std::find_if(whole.begin(), whole.end(),
-                            [&](const Whole& w) { return (*w.second)->size >= segment_size; });
-  if (donor == whole.end()) donor = std::prev(whole.end());
-  const size_t donor_size = (*donor->second)->size;
-  auto fits = [&] {
-    const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
-    const size_t outside = outside_counter_ ? outside_counter_(reserved) : 0;
-    return reserved - donor_size + segment_size + outside <= reserve_limit;
-  };
-  // Where the limit needs more room, the other free segments go back, largest first.
-  for (auto w = whole.rbegin(); w != whole.rend() && !fits(); ++w) {
-    if (w->second == donor->second) continue;
-    Block* block = *w->second;
-    w->first->erase(w->second);
-    ReleaseSegment(block);
-  }
-  if (!fits()) return ReserveLimitExceeded("no room for the segment even without the cache");
-  Block* old = *donor->second;
-  absl::StatusOr<void*> memory =
-      upstream_->Resize(reinterpret_cast<void*>(old->address), old->size, segment_size, stream);
-  if (!memory.ok()) {
-    if (absl::IsUnimplemented(memory.status())) upstream_resizes_ = false;
-    return memory.status();
-  }
-  donor->first->erase(donor->second);
-  segments_.erase(old->address);
-  reserved_bytes_.store(reserved_bytes_.load(std::memory_order_relaxed) - old->size,
-                        std::memory_order_relaxed);
-  Notify({MemoryAction::kSegmentFree, old->address, old->size, old->size, old->stream});
-  delete old;
-  Notify({MemoryAction::kAllocRetry, 0, segment_size, segment_size, stream});
-  return AddSegment(*memory, segment_size, stream, is_small);
 }
 
 void CachingPool::DoDeallocate(void* ptr, size_t bytes, Stream stream) {

@@ -195,15 +195,6 @@ class CachingPool final : public MemoryResource {
                      size_t max_size = std::numeric_limits<size_t>::max());
   absl::StatusOr<Block*> ReserveSegment(size_t block_size, size_t bytes, Stream stream,
                                         bool is_small, size_t reserve_limit);
-  // A new segment's bookkeeping, once the upstream has handed out its memory.
-  Block* AddSegment(void* memory, size_t segment_size, Stream stream, bool is_small);
-  // At the reserve limit: the memory of a free segment on `stream` becomes a new one of
-  // `segment_size` (the upstream moves its pages: those touched are not faulted in again), the
-  // other free segments given back first where the limit needs more room. kUnimplemented where
-  // the upstream cannot resize, kNotFound without a free segment, the limit's error where even
-  // all of them do not make room.
-  absl::StatusOr<Block*> ReuseFreeSegment(size_t segment_size, Stream stream, bool is_small,
-                                          size_t reserve_limit);
   void FreeBlock(Block* block);
   void ProcessCompletedEvents();
   // Waits for every pending event; returns whether a block became free.
@@ -225,7 +216,6 @@ class CachingPool final : public MemoryResource {
   absl::flat_hash_map<Stream, std::deque<std::pair<StreamEvents::Event, Block*>>> pending_events_;
   size_t pending_event_count_ = 0;
   OutsideCounter outside_counter_;
-  bool upstream_resizes_ = true;  // until the upstream says it cannot
   // Written under mutex_; read without it by GetUsage.
   std::atomic<size_t> reserved_bytes_{0};
   std::atomic<size_t> allocated_bytes_{0};

@@ -1,7 +1,5 @@
 #include "allocator/caching_pool.h"
 
-#include <sys/resource.h>
-
 #include <cstring>
 #include <vector>
 
@@ -242,34 +240,6 @@ TEST_F(CachingPoolTest, ReserveLimitReleasesCachedSegmentsAndRetries) {
   EXPECT_EQ(stats.GetStats().num_alloc_retries, 1);
   ExpectConsistent();
   pool_.Deallocate(*p, 12_MiB, kStreamC);
-}
-
-// At the limit a free segment's pages move into the new segment instead of fresh ones being
-// mapped: touching it faults none of them (a fresh 1 MiB faults 256 pages of 4 KiB; under 2 MiB
-// no huge page can back it). Under a budget at every step this was 52,000 faults a step on the
-// suite's GPT-2-small.
-TEST_F(CachingPoolTest, AtTheLimitAFreeSegmentsPagesBecomeTheNewSegment) {
-  const size_t limit = 2_MiB + 512_KiB;
-  auto minor_faults = [] {
-    rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_minflt;
-  };
-  absl::StatusOr<void*> a = pool_.AllocateWithin(2_MiB, kStreamA, limit);
-  ASSERT_TRUE(a.ok()) << a.status();
-  std::memset(*a, 1, 2_MiB);  // resident
-  pool_.Deallocate(*a, 2_MiB, kStreamA);
-  StatisticsAdaptor stats(&pool_);
-  const long before = minor_faults();
-  // 2 + 1 > 2.5, and 2 MiB too large a block to take whole for 1 MiB.
-  absl::StatusOr<void*> b = pool_.AllocateWithin(1_MiB, kStreamA, limit);
-  ASSERT_TRUE(b.ok()) << b.status();
-  std::memset(*b, 2, 1_MiB);
-  EXPECT_LT(minor_faults() - before, 32);
-  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 1_MiB);
-  EXPECT_EQ(stats.GetStats().num_alloc_retries, 1);  // the cache gave way, as a release would
-  ExpectConsistent();
-  pool_.Deallocate(*b, 1_MiB, kStreamA);
 }
 
 // Under a generous budget a step's requests reuse the last step's blocks: a 12 MiB + 512 B

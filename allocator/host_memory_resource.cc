@@ -88,34 +88,6 @@ void HostMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
   reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
 }
 
-absl::StatusOr<void*> HostMemoryResource::DoResize(void* ptr, size_t old_bytes, size_t new_bytes,
-                                                   Stream stream, size_t reserve_limit) {
-  const size_t old_size = RoundUp(old_bytes, kAllocationAlignment);
-  const size_t new_size = RoundUp(new_bytes, kAllocationAlignment);
-  if (old_size < kMapThreshold || new_size < kMapThreshold) {
-    return absl::UnimplementedError("actpack: only mapped host allocations resize");
-  }
-  const size_t before = reserved_bytes_.fetch_add(new_size, std::memory_order_relaxed);
-  if (before - old_size + new_size > reserve_limit) {
-    reserved_bytes_.fetch_sub(new_size, std::memory_order_relaxed);
-    return ReserveLimitExceeded(absl::StrCat(
-        "actpack: resizing a host allocation of ", FormatBytes(old_size), " to ",
-        FormatBytes(new_size), " would pass the reserve limit of ", FormatBytes(reserve_limit),
-        " (", FormatBytes(before), " reserved)"));
-  }
-  void* moved = mremap(ptr, old_size, new_size, MREMAP_MAYMOVE);
-  if (moved == MAP_FAILED) {
-    reserved_bytes_.fetch_sub(new_size, std::memory_order_relaxed);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "actpack: resizing a host allocation of ", FormatBytes(old_size), " to ",
-        FormatBytes(new_size), " failed"));
-  }
-  reserved_bytes_.fetch_sub(old_size, std::memory_order_relaxed);
-  NotifySegmentFreed(ptr, old_size, old_bytes, stream);
-  NotifySegmentAllocated(moved, new_size, new_bytes, stream);
-  return moved;
-}
-
 MemoryUsage HostMemoryResource::DoGetUsage() const {
   const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
   return {reserved, reserved};

@@ -29,8 +29,7 @@ namespace actpack::allocator {
 // Aligned host memory: mapped pages from kMapThreshold up, the C library below. Thread safe.
 class HostMemoryResource final : public MemoryResource {
  public:
-  // Every segment a budgeted pool reserves (its own-size ones start above 512 KiB) is mapped.
-  static constexpr size_t kMapThreshold = size_t{512} << 10;
+  static constexpr size_t kMapThreshold = size_t{1} << 20;
 
   HostMemoryResource() = default;
   ~HostMemoryResource() override = default;
@@ -38,11 +37,6 @@ class HostMemoryResource final : public MemoryResource {
  private:
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
-  // Mapped allocations (kMapThreshold up) move with mremap: the pages keep what they hold, so
-  // a pool that gives back one segment to reserve another under its limit does not fault in the
-  // pages of the new one again (it did, a page per 4 KiB, at every step at the cap).
-  absl::StatusOr<void*> DoResize(void* ptr, size_t old_bytes, size_t new_bytes, Stream stream,
-                                 size_t reserve_limit) override;
   MemoryUsage DoGetUsage() const override;
 
   std::atomic<size_t> reserved_bytes_{0};

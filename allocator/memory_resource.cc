@@ -31,10 +31,6 @@ absl::string_view MemoryActionName(MemoryAction action) {
   return "unknown";
 }
 
-absl::StatusOr<void*> MemoryResource::DoResize(void*, size_t, size_t, Stream, size_t) {
-  return absl::UnimplementedError("actpack: this memory resource cannot resize an allocation");
-}
-
 void MemoryResource::DoAddObserver(MemoryObserver* observer) { observers_.push_back(observer); }
 
 void MemoryResource::DoRemoveObserver(MemoryObserver* observer) {

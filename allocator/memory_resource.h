@@ -147,18 +147,6 @@ class MemoryResource {
     DoDeallocate(ptr, bytes, stream);
   }
 
-  // Resize
-  //
-  // Gives back `ptr` (a whole allocation of `old_bytes`, nothing of it in use) and returns an
-  // allocation of `new_bytes` made from its memory where the resource can (the host: the pages
-  // move, and those already touched are not faulted in again), within `reserve_limit` as
-  // AllocateWithin. The contents are not kept. kUnimplemented where the resource cannot, and
-  // then `ptr` is still allocated.
-  absl::StatusOr<void*> Resize(void* ptr, size_t old_bytes, size_t new_bytes, Stream stream,
-                               size_t reserve_limit = kNoReserveLimit) {
-    return DoResize(ptr, old_bytes, new_bytes, stream, reserve_limit);
-  }
-
   // EmptyCache
   //
   // Returns cached memory to the layer below (torch.cuda.empty_cache); memory still allocated or
@@ -211,8 +199,6 @@ class MemoryResource {
  private:
   virtual absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) = 0;
   virtual void DoDeallocate(void* ptr, size_t bytes, Stream stream) = 0;
-  virtual absl::StatusOr<void*> DoResize(void* ptr, size_t old_bytes, size_t new_bytes,
-                                         Stream stream, size_t reserve_limit);
   virtual size_t DoEmptyCache() { return 0; }
   virtual MemoryUsage DoGetUsage() const = 0;
 
