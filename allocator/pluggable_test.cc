@@ -1,9 +1,5 @@
 #include "allocator/pluggable.h"
 
-#include "allocator/device_allocator.h"
-#include "allocator/host_pool.h"
-#include "allocator/pressure_callbacks.h"
-
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -14,6 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda_memory_resource.h"
+#include "allocator/device_allocator.h"
+#include "allocator/host_pool.h"
+#include "allocator/pressure_callbacks.h"
 #include "allocator/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
