@@ -41,11 +41,12 @@ afterwards (see plan()).
 
 A model that marks regions with actpack.recompute gets a sixth choice, auto+recompute: the
 budget's recompute="auto", profiled with the regions recomputing (what a step does once codecs
-alone cannot hold it) and tried under the cap as a user would train (5 steps a try: the switch
-to recomputation at the end of the second step plans afresh). Against the largest batch that
+alone cannot hold it) and tried under the cap recomputing from the first step (3 steps a try;
+recompute="auto" at such a batch switches recomputation on after its second step and then
+trains as that does: trying it so took 5 steps a try). Against the largest batch that
 trains in fresh processes, at 24 MiB the suite's GPT and ViT at depth 4 and width 64 answered
-89 against 92 and 248 against 269 (auto: 77 against 77, 76 against 80; the 3% the planner's
-tries hold back is 12 of the ViT's samples), and the tests' GPT at width 32 at 16 MiB 145
+90 against 92 and 221 against 212 (auto: 60 against 62, 59 against 61; the 3% the planner's
+tries hold back is 8 of the ViT's samples), and the tests' GPT at width 32 at 16 MiB 142
 against 149 (tools/budget_check.py plan; the README's planner table).
 """
 import collections.abc
@@ -57,7 +58,6 @@ import warnings
 
 from actpack import _C, _args, _gradient_fidelity, _snapshot, memory
 from actpack._budget import NONE, _error_text, _innermost, budget as _budget_context
-from actpack._peak_meter import outside_allowance
 from actpack._units import format_bytes, parse_budget
 
 # "none" packs nothing; "auto" is the policy at its harshest within its fidelity floor (its
@@ -157,7 +157,9 @@ CALIBRATION_FALLBACK_TRIES = 4
 # Between a try that fits and the smallest that ran out (or above a first try that fits: a line
 # that overestimates, at small budgets where a sample is several percent of the budget) there
 # may be samples to spare: the tries climb a twentieth of the batch (at least one sample) at a
-# time, this many times at most, and the answer is the last that fitted.
+# time, this many times at most, and the answer is the last that fitted. (Tried: doubling the
+# stride once a climb fitted where the line fills the cap; test_policy's quant2 then jumped from
+# 45 over the 47 that fitted, answering 45 for a truth of 50.)
 CALIBRATION_CLIMB_TRIES = 2
 # The planner's process has run the step's shapes before; a fresh process's pool lays its
 # segments out anew and the system counts its first touches (measured: a transformer ran 105
@@ -274,7 +276,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
             built in — and auto+recompute when the warm-up step ran a region marked with
             actpack.recompute: auto under budget(recompute="auto"), profiled recomputing, its
-            tries 5 steps, as the switch to recomputation plans afresh).
+            tries 3 steps, recomputing from the first).
         report: a path; the run report with the planner section is written there (read it
             with `actpack plan run.json --budget ...`). When the plan raises or is interrupted
             (a KeyboardInterrupt) after a step ran, what is written there is the run report of
@@ -680,23 +682,34 @@ def _parameters_with_gradients():
             and obj.grad is not None}
 
 
-def _capped_from(choice):
+def _capped_from(choice, recompute=None):
     """The first step a run of `choice` is held to the cap in: auto's policy plans at the end of
     its second step, a fixed codec (or none) has nothing to plan and may lift it on its first;
-    auto+recompute, past what codecs alone hold, switches to recomputation at the end of its
-    second step and plans afresh after two more (as the benchmark suite's truth counts)."""
-    if choice in _RECOMPUTE:
+    auto+recompute as a user trains it (recompute="auto", the default `recompute`), past what
+    codecs alone hold, switches to recomputation at the end of its second step and plans afresh
+    after two more (as the benchmark suite's truth counts)."""
+    if recompute is None:
+        recompute = _RECOMPUTE.get(choice, False)
+    if recompute == "auto":
         return CAPPED_FROM + 2
-    return CAPPED_FROM if choice == "auto" else 1
+    return CAPPED_FROM if _codec_of(choice) == "auto" else 1
+
+
+# The budget's recompute= for a choice's calibration tries: auto+recompute's are past what codecs
+# alone hold (their batches are beyond auto's), where recompute="auto" switches recomputation on
+# after its second step and then trains as recompute=True does from its first; tried so, a try
+# is 3 steps instead of 5.
+_TRY_RECOMPUTE = {RECOMPUTE_CHOICE: True}
 
 
 def _calibration_steps(choice):
     """Steps per calibration try: up to and including the first step held to the cap from its
-    start (two for a fixed codec, three for auto). Measured: of the tries that ran out in plans
-    and four-step truth searches on the demo CNN (40 MiB), the demo transformer (128 MiB) and a
-    batch-norm CNN (16 MiB), every fixed codec's but one ran out in its first step and that one
-    in its second, and every auto try in its second or third; none in a later step."""
-    return _capped_from(choice) + 1
+    start (two for a fixed codec, three for auto and auto+recompute). Measured: of the tries that
+    ran out in plans and four-step truth searches on the demo CNN (40 MiB), the demo transformer
+    (128 MiB) and a batch-norm CNN (16 MiB), every fixed codec's but one ran out in its first step
+    and that one in its second, and every auto try in its second or third; none in a later
+    step."""
+    return _capped_from(choice, _TRY_RECOMPUTE.get(choice, False)) + 1
 
 
 def _calibration_batches(budget_bytes, fixed, per_sample):
@@ -726,9 +739,13 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
     Returns {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped
     steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
     when no batch worth trying fits."""
+    cap = _planning_cap(budget_bytes)
+
+    recompute = _TRY_RECOMPUTE.get(choice, False)
+
     def fits(batch):
-        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
-                                steps=_calibration_steps(choice))
+        return trains_under_cap(step, cap, choice, batch, steps=_calibration_steps(choice),
+                                recompute=recompute)
 
     tried, ran_out = set(), sys.maxsize
     for batch in _calibration_batches(budget_bytes, fixed, per_sample):
@@ -753,7 +770,8 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
         used = fixed + per_sample * (batch + 0.5)
         return {"batch_size": batch, "tries": len(tried),
                 "peak_bytes": max(s["peak_reserved_bytes"]
-                                  for s in report["activations"]["steps"][_capped_from(choice):]),
+                                  for s in report["activations"]["steps"]
+                                  [_capped_from(choice, recompute):]),
                 "headroom": min(0.5, max(0.0, 1.0 - used / budget_bytes))}
     return None
 
@@ -766,7 +784,7 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
     def fits(batch):
         say(f"verify {choice} at batch {batch}")
         return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
-                                steps=max(VERIFY_STEPS, _calibration_steps(choice) + 1))
+                                steps=max(VERIFY_STEPS, _capped_from(choice) + 2))
 
     batch, report, tries = predicted, None, 0
     if ran is not None:
