@@ -69,10 +69,10 @@ def test_the_warm_up_sees_regions_and_the_default_plans_recomputation():
 def test_auto_recompute_is_within_5_percent_of_the_fresh_process_truth():
     """The answer trains under the cap in a fresh process, and a batch 5% larger (and a sample)
     does not: within 5% of the truth, never above. (Measured: 142 against a truth of 149, where
-    auto answers 98; 101 against a truth of 106 before.) The plan runs in a fresh process too, as a user's would
-    before training: in this one, hundreds of tests have laid out the pool's segments (in the
-    full suite its calibration measured 1.67x fragmentation where a fresh process measures 1.41x,
-    and answered 102)."""
+    auto answers 98.) The plan runs in a fresh process too, as a user's would before training:
+    in this one, hundreds of tests have laid out the pool's segments (in the full suite its
+    calibration measured 1.67x fragmentation where a fresh process measures 1.41x, and answered
+    102)."""
     plan = in_a_fresh_process("plan")
     answer = plan["auto+recompute"]
     assert answer > 1.2 * plan["auto"], plan
