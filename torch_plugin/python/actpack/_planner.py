@@ -68,8 +68,9 @@ from actpack._units import format_bytes, parse_budget
 CHOICES = (NONE, "quant2", "division", "eb", "auto")
 RECOMPUTE_CHOICE = "auto+recompute"
 ALL_CHOICES = CHOICES + (RECOMPUTE_CHOICE,)
-# The budget's recompute= per choice, for the steps under the cap; its profile steps recompute
-# (recompute=True): past what codecs alone hold, that is what a step does.
+# The budget's recompute= per choice as a user trains it (verify's steps and the truths under the
+# cap); its profile steps and calibration tries recompute (recompute=True, _TRY_RECOMPUTE): past
+# what codecs alone hold, that is what a step does.
 _RECOMPUTE = {RECOMPUTE_CHOICE: "auto"}
 
 
@@ -739,13 +740,11 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
     Returns {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped
     steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
     when no batch worth trying fits."""
-    cap = _planning_cap(budget_bytes)
-
     recompute = _TRY_RECOMPUTE.get(choice, False)
 
     def fits(batch):
-        return trains_under_cap(step, cap, choice, batch, steps=_calibration_steps(choice),
-                                recompute=recompute)
+        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
+                                steps=_calibration_steps(choice), recompute=recompute)
 
     tried, ran_out = set(), sys.maxsize
     for batch in _calibration_batches(budget_bytes, fixed, per_sample):
