@@ -22,10 +22,11 @@ transformer and an MLP-Mixer), then a tenth fewer samples at a time (the line is
 at most); from the first that fits they climb a twentieth at a time while they fit (twice at
 most). The last batch that fitted is the answer, and the share of the budget its line leaves
 free is the choice's measured headroom (what `actpack plan` keeps free at another budget). A
-try runs 2 steps for a fixed codec and 3 for auto (until one step has been held to the cap from
-its start), and stops at the step that runs out. The planner's steps run under the budget less
-3%: a fresh process can need that much more than this one, which has run the step's shapes
-before. verify=True then bisects upward from there with real steps under the same cap (4 a
+try runs 2 steps for a fixed codec, 3 for auto and 5 for auto+recompute (until one step has been
+held to the cap from its start), and stops at the step that runs out. Each try starts as the
+user's training in a fresh process does: the training state as plan() found it (restore=True),
+the pool's free segments returned. The planner's steps run under the budget less 3%: a fresh
+process can need that much more than this one, which has run the step's shapes before. verify=True then bisects upward from there with real steps under the same cap (4 a
 try), up to where allocated bytes alone fill the budget, and reports the measured peak.
 
 The cost, counted in `plan.steps_run`: one warm-up step, then per choice a step per profiled
@@ -41,13 +42,12 @@ afterwards (see plan()).
 
 A model that marks regions with actpack.recompute gets a sixth choice, auto+recompute: the
 budget's recompute="auto", profiled with the regions recomputing (what a step does once codecs
-alone cannot hold it) and tried under the cap recomputing from the first step (3 steps a try;
-recompute="auto" at such a batch switches recomputation on after its second step and then
-trains as that does: trying it so took 5 steps a try). Against the largest batch that
-trains in fresh processes, at 24 MiB the suite's GPT and ViT at depth 4 and width 64 answered
-90 against 92 and 221 against 212 (auto: 60 against 62, 59 against 61; the 3% the planner's
-tries hold back is 8 of the ViT's samples), and the tests' GPT at width 32 at 16 MiB 142
-against 149 (tools/budget_check.py plan; the README's planner table).
+alone cannot hold it) and tried under the cap as the user trains it (recompute="auto", which at
+such a batch switches recomputation on after its second step: 5 steps a try). Against the
+largest batch that trains in fresh processes (tools/budget_check.py plan; the README's planner
+table), at 24 MiB the suite's GPT and ViT at depth 4 and width 64 answered 90 against 92 and
+201 against 231 (auto: 60 against 62, 59 against 61); at 24 MiB the ViT's fits are not
+monotone in the batch (221 ran out in fresh processes, 231 trained).
 """
 import collections.abc
 import math
@@ -68,9 +68,9 @@ from actpack._units import format_bytes, parse_budget
 CHOICES = (NONE, "quant2", "division", "eb", "auto")
 RECOMPUTE_CHOICE = "auto+recompute"
 ALL_CHOICES = CHOICES + (RECOMPUTE_CHOICE,)
-# The budget's recompute= per choice as a user trains it (verify's steps and the truths under the
-# cap); its profile steps and calibration tries recompute (recompute=True, _TRY_RECOMPUTE): past
-# what codecs alone hold, that is what a step does.
+# The budget's recompute= per choice as a user trains it: the calibration tries, verify's steps
+# and the truths under the cap train so; its profile steps recompute (recompute=True): past what
+# codecs alone hold, that is what a step does.
 _RECOMPUTE = {RECOMPUTE_CHOICE: "auto"}
 
 
@@ -323,7 +323,8 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     saved = _snapshot.TrainingState() if restore else None
     counted = _CountedStep(step)
     try:
-        return _plan(counted, parsed, sizes, verify, codecs, report, progress, gradients)
+        return _plan(counted, parsed, sizes, verify, codecs, report, progress, gradients,
+                     _FreshStart(saved))
     except BaseException as error:
         if report is not None:
             _report_stopped(report, counted, error, restore)
@@ -457,7 +458,7 @@ def _default_choices(regions):
     return codecs + ([RECOMPUTE_CHOICE] if regions else [])
 
 
-def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
+def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fresh):
     total = 1 + len(codecs or _default_choices(False)) * (len(sizes) + 1) + (1 if verify else 0)
     done = 0
 
@@ -515,7 +516,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
             fixed, per_sample = _fit(peaks[-2:])
         fragmentation = max(1.0, peaks[-1][2] / peaks[-1][1]) if peaks[-1][1] else 1.0
         say(f"{choice}: steps under the cap")
-        calibration = _calibrate(step, budget_bytes, choice, fixed, per_sample)
+        calibration = _calibrate(step, budget_bytes, choice, fixed, per_sample, fresh)
         done += 1
         choices[choice] = {
             "fixed_bytes": fixed,
@@ -540,7 +541,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients):
             step, budget_bytes, best, choices[best]["max_batch_size"],
             max_batch(budget_bytes, choices[best]["fixed_bytes"],
                       choices[best]["per_sample_bytes"], headroom=0.0),
-            say, ran=calibration["batch_size"] if calibration else None)
+            say, fresh, ran=calibration["batch_size"] if calibration else None)
         last_report = verify_report or last_report
         done += 1
     say("done")
@@ -683,34 +684,30 @@ def _parameters_with_gradients():
             and obj.grad is not None}
 
 
-def _capped_from(choice, recompute=None):
+def _capped_from(choice):
     """The first step a run of `choice` is held to the cap in: auto's policy plans at the end of
     its second step, a fixed codec (or none) has nothing to plan and may lift it on its first;
-    auto+recompute as a user trains it (recompute="auto", the default `recompute`), past what
-    codecs alone hold, switches to recomputation at the end of its second step and plans afresh
-    after two more (as the benchmark suite's truth counts)."""
-    if recompute is None:
-        recompute = _RECOMPUTE.get(choice, False)
-    if recompute == "auto":
+    auto+recompute as a user trains it (recompute="auto"), past what codecs alone hold,
+    switches to recomputation at the end of its second step and plans afresh after two more
+    (as the benchmark suite's truth counts)."""
+    if _RECOMPUTE.get(choice) == "auto":
         return CAPPED_FROM + 2
     return CAPPED_FROM if _codec_of(choice) == "auto" else 1
 
 
-# The budget's recompute= for a choice's calibration tries: auto+recompute's are past what codecs
-# alone hold (their batches are beyond auto's), where recompute="auto" switches recomputation on
-# after its second step and then trains as recompute=True does from its first; tried so, a try
-# is 3 steps instead of 5.
-_TRY_RECOMPUTE = {RECOMPUTE_CHOICE: True}
-
-
 def _calibration_steps(choice):
     """Steps per calibration try: up to and including the first step held to the cap from its
-    start (two for a fixed codec, three for auto and auto+recompute). Measured: of the tries that
+    start (two for a fixed codec, three for auto, five for auto+recompute: a try trains as the
+    user does, and at a batch past what codecs alone hold recompute="auto" switches recomputation
+    on after its second step and plans afresh after two more). Tried: auto+recompute's tries
+    recomputing from their first step, 3 steps a try; a fresh process, whose first two steps at
+    such a batch do not recompute, lays its segments out otherwise (the suite's ViT at depth 4
+    and 24 MiB answered 221 so, which ran out in fresh processes). Measured: of the tries that
     ran out in plans and four-step truth searches on the demo CNN (40 MiB), the demo transformer
     (128 MiB) and a batch-norm CNN (16 MiB), every fixed codec's but one ran out in its first step
     and that one in its second, and every auto try in its second or third; none in a later
     step."""
-    return _capped_from(choice, _TRY_RECOMPUTE.get(choice, False)) + 1
+    return _capped_from(choice) + 1
 
 
 def _calibration_batches(budget_bytes, fixed, per_sample):
@@ -731,7 +728,7 @@ def _calibration_batches(budget_bytes, fixed, per_sample):
         yield batch
 
 
-def _calibrate(step, budget_bytes, choice, fixed, per_sample):
+def _calibrate(step, budget_bytes, choice, fixed, per_sample, fresh):
     """The choice's largest batch as far as real steps under the cap show without a search,
     trying _calibration_batches until one fits (climbing from a first try that fits). What the
     cap counts beyond the line (the pool's segments, what the system holds outside it) cannot be
@@ -740,11 +737,10 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
     Returns {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped
     steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
     when no batch worth trying fits."""
-    recompute = _TRY_RECOMPUTE.get(choice, False)
-
     def fits(batch):
+        fresh()
         return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
-                                steps=_calibration_steps(choice), recompute=recompute)
+                                steps=_calibration_steps(choice))
 
     tried, ran_out = set(), sys.maxsize
     for batch in _calibration_batches(budget_bytes, fixed, per_sample):
@@ -770,18 +766,19 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample):
         return {"batch_size": batch, "tries": len(tried),
                 "peak_bytes": max(s["peak_reserved_bytes"]
                                   for s in report["activations"]["steps"]
-                                  [_capped_from(choice, recompute):]),
+                                  [_capped_from(choice):]),
                 "headroom": min(0.5, max(0.0, 1.0 - used / budget_bytes))}
     return None
 
 
-def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
+def _verify(step, budget_bytes, choice, predicted, upper, say, fresh, ran=None):
     """The largest batch that trains under the cap, by real steps: down 5% at a time from the
     estimate `predicted` until one fits (or from `ran`, a batch that already ran under the cap),
     then a binary search up to `upper` (where the allocated bytes alone fill the budget, so
     nothing larger can fit)."""
     def fits(batch):
         say(f"verify {choice} at batch {batch}")
+        fresh()
         return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
                                 steps=max(VERIFY_STEPS, _capped_from(choice) + 2))
 
@@ -814,6 +811,32 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, ran=None):
              "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[capped:])
              if len(steps) > capped else None,
              "peak_allocated_bytes": report["run"]["peak_allocated_bytes"]}, report)
+
+
+class _FreshStart:
+    """Called before each try under the cap: puts the training state back as plan() found it
+    (with restore=True; `saved`) and returns the pool's free segments, so that a try starts as
+    the user's training in a fresh process does: an optimizer that had not stepped makes its
+    state in the try's first step, among that step's transient blocks, in segments laid out
+    anew. Measured (2026-11-28), the suite's ViT at depth 4 under 24 MiB, auto+recompute,
+    where fresh processes ran out at 221 (two searches from there found 212 and 205) and
+    trained 201, 211 and 231: 221 from tries that started
+    where the last step left off (its optimizer state made in the warm-up at batch 8), with 5
+    steps a try as the user trains or 3 recomputing from the first; 201 from a fresh start
+    with 5 (at 211 a 3.35 MiB request found 7.57 MiB cached in partly used segments, as in
+    the fresh process at 221, where the first step's step counters pinned two 2 MiB segments).
+    With restore=False there is no state to put back and only the cache goes."""
+
+    def __init__(self, saved):
+        self._saved = saved
+
+    def __call__(self):
+        import gc
+
+        if self._saved is not None:
+            self._saved.restore()
+        gc.collect()
+        memory.empty_cache()  # the budget's device: CUDA's current one where there is CUDA
 
 
 def _planning_cap(budget_bytes):
