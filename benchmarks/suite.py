@@ -159,13 +159,34 @@ class Bench:
             self.progress.set_postfix_str(f"batch {batch}")
         if not self.fresh_trials:
             return self.trial(method, batch)
-        argv = [sys.executable, os.path.abspath(__file__), "--trial", self.task.name, method,
+        return self._in_a_fresh_process("--trial", method, batch)["fits"]
+
+    def gradients_at(self, method, batch):
+        """{"gradients": ...} of GRADIENT_STEPS steps of `method` at `batch` (the batch it
+        claims), the last against the exact gradient, or {"error": the out-of-memory message}:
+        in a fresh process as the search's tries are (with fresh trials), where nothing the run
+        measured before holds memory the budget's system count charges (in the suite's process
+        the GPT-2's auto+recompute run at its batch ran out with 140 MiB held outside the pool
+        by the methods before it)."""
+        if self.fresh_trials:
+            return self._in_a_fresh_process("--gradients", method, batch)
+        return self.gradient_run(method, batch)
+
+    def gradient_run(self, method, batch):
+        try:
+            return {"gradients": self.train(method, batch, GRADIENT_STEPS, 0)["gradients"]}
+        except torch.OutOfMemoryError as e:
+            return {"error": str(e).splitlines()[0]}
+
+    def _in_a_fresh_process(self, flag, method, batch):
+        """This script with `flag MODEL METHOD BATCH` in its own process: its last line, JSON."""
+        argv = [sys.executable, os.path.abspath(__file__), flag, self.task.name, method,
                 str(batch), "--size", self.size, "--device", self.device,
                 "--budget", str(self.budget_bytes), "--threads", str(torch.get_num_threads())]
         out = subprocess.run(argv, text=True, capture_output=True)
         if out.returncode != 0:
-            raise RuntimeError(f"trial {method} at batch {batch} failed:\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])["fits"]
+            raise RuntimeError(f"{flag} {method} at batch {batch} failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
     def trial(self, method, batch):
         """One try of the search: a fresh model, a warm-up step that creates the optimizer's
@@ -520,11 +541,11 @@ def run(args, save=lambda results: None):
             if METHODS[method][0] in (None, "none") or not own or own == batch:
                 continue  # nothing lossy, or measured above
             progress.set_description(f"{task.name}: {method} gradients at batch {own}")
-            try:
-                m["gradients_at_max_batch"] = bench.train(method, own, GRADIENT_STEPS,
-                                                          0)["gradients"]
-            except torch.OutOfMemoryError as e:
-                m["gradients_at_max_batch_error"] = str(e).splitlines()[0]
+            measured = bench.gradients_at(method, own)
+            if "error" in measured:
+                m["gradients_at_max_batch_error"] = measured["error"]
+            else:
+                m["gradients_at_max_batch"] = measured["gradients"]
             gc.collect()
         results["models"][task.name] = entry
         save(results)  # what is done so far survives an interrupted run
@@ -532,16 +553,21 @@ def run(args, save=lambda results: None):
     return results
 
 
-def trial(args):
-    """--trial MODEL METHOD BATCH: one try of the search, alone in this process; prints
-    {"fits": ...}."""
+def alone(args):
+    """--trial MODEL METHOD BATCH (one try of the search; prints {"fits": ...}) or --gradients
+    MODEL METHOD BATCH (the gradient run at a method's claimed batch; prints Bench.gradient_run's
+    answer), alone in this process."""
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     else:
         actpack.install_allocator()
-    task = next(t for t in models.tasks(args.size) if t.name == args.trial[0])
+    name, method, batch = args.trial or args.gradients
+    task = next(t for t in models.tasks(args.size) if t.name == name)
     bench = Bench(task, args.device, int(args.budget), None, args.size, fresh_trials=False)
-    print(json.dumps({"fits": bench.trial(args.trial[1], int(args.trial[2]))}))
+    if args.trial:
+        print(json.dumps({"fits": bench.trial(method, int(batch))}))
+    else:
+        print(json.dumps(bench.gradient_run(method, int(batch))))
 
 
 def machine(args):
@@ -678,6 +704,8 @@ def main(argv=None):
                              "to OUT/benchmark.svg (the README's picture from its result files)")
     parser.add_argument("--trial", nargs=3, metavar=("MODEL", "METHOD", "BATCH"),
                         help=argparse.SUPPRESS)  # one try of the search, in its own process
+    parser.add_argument("--gradients", nargs=3, metavar=("MODEL", "METHOD", "BATCH"),
+                        help=argparse.SUPPRESS)  # the gradient run at a claimed batch, likewise
     args = parser.parse_args(argv)
     if args.picture:
         merged = None
@@ -690,8 +718,8 @@ def main(argv=None):
         picture(merged, os.path.join(args.out, "benchmark.svg"))
         print(f"wrote {args.out}/benchmark.svg from {len(args.picture)} result files")
         return None
-    if args.trial:
-        trial(args)
+    if args.trial or args.gradients:
+        alone(args)
         return None
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
