@@ -249,8 +249,10 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
 
     Per choice the planner runs `step` once at each profiled batch size (and up to
     MAX_REFINEMENTS more when the line through them extrapolates far), then tries batches near
-    the line's answer under the budget's cap: 2 steps a try for a fixed codec, 3 for auto, fewer
-    when a try runs out (that is caught, not raised). With one warm-up step, a default plan
+    the line's answer under the budget's cap: 2 steps a try for a fixed codec, 3 for auto, 5 for
+    auto+recompute, fewer when a try runs out (that is caught, not raised); with restore=True
+    each try starts from the training state plan() found, as a fresh process's training starts.
+    With one warm-up step, a default plan
     (five choices, no verify) ran 32-39 steps on small CNNs and transformers and 63 on one whose
     answers were 60x its profiled batches (see the module's docstring), and gradients=True adds
     one; verify=True adds 4 steps per batch its search tries. `plan.steps_run` says how many a
@@ -277,7 +279,7 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
             built in — and auto+recompute when the warm-up step ran a region marked with
             actpack.recompute: auto under budget(recompute="auto"), profiled recomputing, its
-            tries 3 steps, recomputing from the first).
+            tries 5 steps as a user trains it).
         report: a path; the run report with the planner section is written there (read it
             with `actpack plan run.json --budget ...`). When the plan raises or is interrupted
             (a KeyboardInterrupt) after a step ran, what is written there is the run report of
