@@ -143,18 +143,18 @@ def test_the_gradient_run_at_a_claimed_batch_runs_in_its_own_process():
     a process of their own, as its search's tries do: the same measurement as in-process
     (the quantized run's gradients are those of its codec, not exact), and an impossible
     budget answers with the out-of-memory message rather than a crash."""
-    base = [sys.executable, SUITE, "--gradients", "gpt2-small", "actpack:quant2", "4",
-            "--size", "smoke", "--threads", "1"]
-    ran = subprocess.run(base + ["--budget", str(64 << 20)], text=True, capture_output=True)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    groups = json.loads(ran.stdout.strip().splitlines()[-1])["gradients"]
+    def gradient_run(method, budget):
+        ran = subprocess.run([sys.executable, SUITE, "--gradients", "gpt2-small", method, "4",
+                              "--size", "smoke", "--threads", "1", "--budget", str(budget)],
+                             text=True, capture_output=True)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return json.loads(ran.stdout.strip().splitlines()[-1])
+
+    groups = gradient_run("actpack:quant2", 64 << 20)["gradients"]
     assert groups and all(-1.0 <= g["cosine"] <= 1.0 + 1e-6 for g in groups.values())
     assert min(g["cosine"] for g in groups.values()) < 1.0 - 1e-6  # packed, not exact
     # auto runs under the budget (a fixed codec's rows run uncapped: it packs alike under any).
-    impossible = [a if a != "actpack:quant2" else "actpack:auto" for a in base]
-    ran = subprocess.run(impossible + ["--budget", "1024"], text=True, capture_output=True)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert "cannot hold" in json.loads(ran.stdout.strip().splitlines()[-1])["error"]
+    assert "cannot hold" in gradient_run("actpack:auto", 1024)["error"]
 
 
 def test_compiled_methods_compile_under_their_activation_memory_budget():

@@ -26,8 +26,9 @@ try runs 2 steps for a fixed codec, 3 for auto and 5 for auto+recompute (until o
 held to the cap from its start), and stops at the step that runs out. Each try starts as the
 user's training in a fresh process does: the training state as plan() found it (restore=True),
 the pool's free segments returned. The planner's steps run under the budget less 3%: a fresh
-process can need that much more than this one, which has run the step's shapes before. verify=True then bisects upward from there with real steps under the same cap (4 a
-try), up to where allocated bytes alone fill the budget, and reports the measured peak.
+process can need that much more than this one, which has run the step's shapes before.
+verify=True then bisects upward from there with real steps under the same cap (4 a try), up to
+where allocated bytes alone fill the budget, and reports the measured peak.
 
 The cost, counted in `plan.steps_run`: one warm-up step, then per choice a step per profiled
 batch size (and up to 3 more), then its tries. A default plan (five choices, batch sizes 8 and
@@ -252,11 +253,10 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
     the line's answer under the budget's cap: 2 steps a try for a fixed codec, 3 for auto, 5 for
     auto+recompute, fewer when a try runs out (that is caught, not raised); with restore=True
     each try starts from the training state plan() found, as a fresh process's training starts.
-    With one warm-up step, a default plan
-    (five choices, no verify) ran 32-39 steps on small CNNs and transformers and 63 on one whose
-    answers were 60x its profiled batches (see the module's docstring), and gradients=True adds
-    one; verify=True adds 4 steps per batch its search tries. `plan.steps_run` says how many a
-    plan ran.
+    With one warm-up step, a default plan (five choices, no verify) ran 32-39 steps on small CNNs
+    and transformers and 63 on one whose answers were 60x its profiled batches (see the module's
+    docstring), and gradients=True adds one; verify=True adds 4 steps per batch its search
+    tries. `plan.steps_run` says how many a plan ran.
 
     Those steps train: they move the weights, the optimizer's state, batch norm's statistics and
     the random streams. With restore=True (the default) the planner puts all of it back when it
@@ -739,10 +739,11 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample, fresh):
     Returns {"batch_size": the batch that ran, the answer, "tries", "peak_bytes": its capped
     steps' reserved peak, "headroom": the share of the budget its line leaves free}, or None
     when no batch worth trying fits."""
+    cap = _planning_cap(budget_bytes)
+
     def fits(batch):
         fresh()
-        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
-                                steps=_calibration_steps(choice))
+        return trains_under_cap(step, cap, choice, batch, steps=_calibration_steps(choice))
 
     tried, ran_out = set(), sys.maxsize
     for batch in _calibration_batches(budget_bytes, fixed, per_sample):
@@ -822,11 +823,11 @@ class _FreshStart:
     state in the try's first step, among that step's transient blocks, in segments laid out
     anew. Measured (2026-11-28), the suite's ViT at depth 4 under 24 MiB, auto+recompute,
     where fresh processes ran out at 221 (two searches from there found 212 and 205) and
-    trained 201, 211 and 231: 221 from tries that started
-    where the last step left off (its optimizer state made in the warm-up at batch 8), with 5
-    steps a try as the user trains or 3 recomputing from the first; 201 from a fresh start
-    with 5 (at 211 a 3.35 MiB request found 7.57 MiB cached in partly used segments, as in
-    the fresh process at 221, where the first step's step counters pinned two 2 MiB segments).
+    trained 201, 211 and 231: 221 from tries that started where the last step left off (its
+    optimizer state made in the warm-up at batch 8), with 5 steps a try as the user trains or 3
+    recomputing from the first; 201 from a fresh start with 5 (at 211 a 3.35 MiB request found
+    7.57 MiB cached in partly used segments, as in the fresh process at 221, where the first
+    step's step counters pinned two 2 MiB segments).
     With restore=False there is no state to put back and only the cache goes."""
 
     def __init__(self, saved):
