@@ -37,13 +37,13 @@ def convergence():
 
 def diverging_lm():
     data = load("diverging_lm.json")
-    lines = ["| run | ended | steps | last loss | largest gradient norm |",
-             "|---|---|---|---|---|"]
+    lines = ["| run | ended | steps | last loss | largest gradient norm | steps dropped |",
+             "|---|---|---|---|---|---|"]
     for name, r in data["rows"].items():
         norm = r["largest_grad_norm"]
         shown = "-" if norm is None else ("inf" if math.isinf(norm) else f"{norm:.3g}")
         lines.append(f"| `{name}` | {r['ended']} | {r['steps']} | {r['last_loss']:.3f} | "
-                     f"{shown} |")
+                     f"{shown} | {r.get('steps_dropped', 0)} |")
     return "\n".join(lines)
 
 

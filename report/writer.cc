@@ -42,8 +42,10 @@ json::Value PolicySection(const runtime::SessionState& state) {
   if (options.allowed_loss_increase > 0) {
     section["allowed_loss_increase"] = options.allowed_loss_increase;
   }
-  if (options.max_rel_rms > 0) section["max_rel_rms"] = options.max_rel_rms;
-  if (options.allowed_loss_increase > 0 || options.max_rel_rms > 0) {
+  // The floor in force: the one given, or tightened after gradients ran away.
+  if (policy.max_rel_rms > 0) section["max_rel_rms"] = policy.max_rel_rms;
+  if (policy.floor_tightenings > 0) section["floor_tightenings"] = policy.floor_tightenings;
+  if (options.allowed_loss_increase > 0 || policy.max_rel_rms > 0) {
     section["capped_candidates"] = policy.capped_candidates;
   }
   return section;

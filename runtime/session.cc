@@ -118,6 +118,7 @@ Session::Session(SessionOptions options, BufferFactory factory)
     : options_(std::move(options)),
       factory_(std::move(factory)),
       ledger_(std::make_shared<PackedTensor::Ledger>()) {
+  policy_.max_rel_rms = options_.max_rel_rms;
   absl::MutexLock lock(&ledger_->mu);
   ledger_->session = this;
 }

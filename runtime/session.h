@@ -297,6 +297,10 @@ struct PolicyState {
   uint64_t pressure_events = 0;    // times the allocator ran out of budget mid-step
   uint64_t relieved_bytes = 0;     // raw bytes of kept tensors re-packed under pressure
   uint64_t capped_candidates = 0;  // candidates the error caps ruled out at the last plan
+  // The fidelity floor in force (SessionOptions::max_rel_rms until a runaway gradient tightened
+  // it: Session::TightenFloor) and how many times it was tightened.
+  double max_rel_rms = 0.0;
+  uint64_t floor_tightenings = 0;
   // Memory the system counts that the allocator does not hold (oneDNN's buffers, thread stacks,
   // the CUDA context): the most any step's system peak exceeded its allocator peak. The policy
   // plans for the budget less this (the allocator itself counts it as it reserves memory:
@@ -374,6 +378,13 @@ class Session {
   // caps (gradient_statistics.h).
   void SetModuleGradients(const std::map<std::string, ModuleGradients>& gradients);
 
+  // The gradients ran away under the policy's codecs (the plugin's gradient guard): the
+  // fidelity floor halves (starts at kDefaultMaxRelRms where there was none) and every automatic
+  // tensor whose codec it now rules out takes the harshest codec within it from the next pack
+  // on; the next step's end plans again under it. Fixed codecs are the user's and stay. Returns
+  // the new floor.
+  double TightenFloor();
+
   // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
   // policy's tensors with their harshest codec, and the policy plans again at the step's end.
   void OnPressure();
@@ -445,7 +456,7 @@ class Session {
   // PoolBudget divided by the measured fragmentation: what the policy plans for.
   uint64_t PlanningBudget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int HarshestCandidate(const SavedRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Allowed(const SavedRecord& record, int candidate) const;
+  bool Allowed(const SavedRecord& record, int candidate) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateErrorBound(SavedRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlanBoundedEb(SavedRecord& record, PackPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRelease(const PackedTensor& packed);

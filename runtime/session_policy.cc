@@ -61,7 +61,7 @@ bool Session::Allowed(const SavedRecord& record, int candidate) const {
   if (candidate == 0) return true;
   const double error = record.candidates[candidate].error;
   const double floor =
-      options_.max_rel_rms * (record.recompute_input ? kRecomputeInputFloorShare : 1.0);
+      policy_.max_rel_rms * (record.recompute_input ? kRecomputeInputFloorShare : 1.0);
   if (floor > 0 && std::isfinite(error) && error > floor * floor) return false;
   if (candidate == record.bound_candidate) return true;
   return error <= record.error_cap;
@@ -118,6 +118,18 @@ void Session::OnPressure() {
   absl::MutexLock lock(&mu_);
   if (!pressure_this_step_) ++policy_.pressure_events;
   pressure_this_step_ = true;
+}
+
+double Session::TightenFloor() {
+  absl::MutexLock lock(&mu_);
+  policy_.max_rel_rms = policy_.max_rel_rms > 0 ? policy_.max_rel_rms / 2 : kDefaultMaxRelRms;
+  ++policy_.floor_tightenings;
+  for (SavedRecord& record : records_) {
+    if (!record.assigned.automatic || record.choice <= 0) continue;
+    if (!Allowed(record, record.choice)) record.choice = HarshestCandidate(record);
+  }
+  profiled_since_plan_ = true;  // the next step's end plans under the new floor
+  return policy_.max_rel_rms;
 }
 
 PackPlan Session::ReliefPlan(int record_index) {
@@ -309,8 +321,8 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
           ? absl::StrCat(" and allowed_loss_increase=", options_.allowed_loss_increase,
                          "; a larger allowed increase permits harsher codecs")
           : std::string(),
-      options_.max_rel_rms > 0 && capped > 0
-          ? absl::StrCat(" and max_rel_rms=", options_.max_rel_rms,
+      policy_.max_rel_rms > 0 && capped > 0
+          ? absl::StrCat(" and max_rel_rms=", policy_.max_rel_rms,
                          ", the error each saved tensor may carry; max_rel_rms=None permits "
                          "every codec, 2-bit ones included, at the cost of gradient fidelity")
           : std::string(),

@@ -791,6 +791,52 @@ TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
   }
 }
 
+// A runaway gradient under auto (the plugin's gradient guard) tightens the floor: from none to
+// kDefaultMaxRelRms, then halving. The automatic tensors it now rules out move to the harshest
+// codec within it from their next pack on, before any plan; a fixed codec is the user's.
+TEST(SessionPolicyTest, TighteningTheFloorMovesAutomaticTensorsToFinerCodecs) {
+  const uint64_t other = 1 << 20;
+  const uint64_t raw = 4u * 64 * 256 * 4;
+  Session session(AutoOptions(other + raw / 12), HostFactory());  // only quant2 fits
+  ASSERT_TRUE(StepWithPeak(session, other).ok());
+  ASSERT_TRUE(StepWithPeak(session, other).ok());
+  ASSERT_TRUE(StepWithPeak(session, other).ok());
+  for (const SavedRecord& record : session.Records()) ASSERT_EQ(record.codec, "quant2");
+  EXPECT_EQ(session.Policy().max_rel_rms, 0.0);
+  double floor = kDefaultMaxRelRms;
+  for (uint64_t tightening = 1; tightening <= 3; ++tightening, floor /= 2) {
+    SCOPED_TRACE(tightening);
+    EXPECT_EQ(session.TightenFloor(), floor);
+    EXPECT_EQ(session.Policy().max_rel_rms, floor);
+    EXPECT_EQ(session.Policy().floor_tightenings, tightening);
+    // The step packs before any new plan: the records' choices moved at once.
+    const absl::Status status = StepWithPeak(session, other);
+    for (const SavedRecord& record : session.Records()) {
+      EXPECT_NE(record.codec, "quant2");
+      const PolicyCandidate& chosen = record.candidates[std::max(record.choice, 0)];
+      EXPECT_EQ(chosen.spec, record.choice > 0 ? record.codec : std::string(kNotPacked));
+      EXPECT_LE(chosen.error, floor * floor) << chosen.spec;
+    }
+    // Its end plans under the new floor, which this budget cannot hold: said, with the floor.
+    ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_NE(status.message().find(absl::StrCat("max_rel_rms=", floor)), std::string::npos)
+        << status.message();
+  }
+  // The first tightening took quant4 (the harshest within 0.2), not exact.
+  Session fresh(AutoOptions(other + raw / 12), HostFactory());
+  ASSERT_TRUE(StepWithPeak(fresh, other).ok());
+  ASSERT_TRUE(StepWithPeak(fresh, other).ok());
+  fresh.TightenFloor();
+  RunStep(fresh);
+  for (const SavedRecord& record : fresh.Records()) EXPECT_EQ(record.codec, "quant4");
+
+  Session fixed(Options("quant2"), HostFactory());
+  ASSERT_TRUE(StepWithPeak(fixed, other).ok());
+  fixed.TightenFloor();
+  ASSERT_TRUE(StepWithPeak(fixed, other).ok());
+  for (const SavedRecord& record : fixed.Records()) EXPECT_EQ(record.codec, "quant2");
+}
+
 TEST(SessionErrorBoundTest, WithoutABudgetAutoPacksAsSmallAsTheCapAllows) {
   SessionOptions options = AutoOptions(0);
   options.allowed_loss_increase = 0.01;

@@ -170,6 +170,8 @@ py::dict PolicyDict(const PySession& s) {
   d["feasible"] = p.feasible;
   d["smallest_feasible_budget"] = p.smallest_feasible_budget;
   d["outside_pool_bytes"] = p.outside_pool_bytes;
+  d["max_rel_rms"] = p.max_rel_rms;
+  d["floor_tightenings"] = p.floor_tightenings;
   return d;
 }
 
@@ -364,6 +366,10 @@ void BindSession(py::module_& m) {
            [](PySession& s, const std::map<std::string, std::tuple<double, double, double, double>>&
                                 gradients) { s.session().SetModuleGradients(gradients); },
            py::arg("gradients"))
+      .def("tighten_floor",
+           [](PySession& s) { return s.session().runtime_session().TightenFloor(); },
+           "halves the fidelity floor of the automatic choices (runtime::Session::TightenFloor); "
+           "returns the new floor")
       .def("policy", &PolicyDict)
       .def("totals", &TotalsDict);
   BindBudgetRun(m);

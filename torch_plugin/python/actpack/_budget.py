@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from actpack import _C, _args, _checkpoint, _peak_meter, _recompute
+from actpack import _gradient_guard
 from actpack._gradient_guard import GradientGuard as _GradientGuard
 from actpack._module_tracker import ModuleTracker
 from actpack._peak_meter import PeakMeter
@@ -103,9 +104,13 @@ class budget:
             it is taken only when packing alone cannot hold the step. The step after the
             switch plans afresh and, like a run's first steps, may lift the cap to measure.
         gradient_guard: under a lossy codec, a gradient norm over 100x its recent median for
-            two steps in a row raises actpack.GradientRunaway from that backward, before the
-            optimizer steps on it (2-bit attention inputs make a small GPT's gradients run
-            away to inf: benchmarks/diverging_lm.py). False trains on regardless.
+            two steps in a row is a runaway (2-bit attention inputs make a small GPT's
+            gradients run away to inf: benchmarks/diverging_lm.py), caught in that backward,
+            before the optimizer steps on it. Under a fixed codec it raises
+            actpack.GradientRunaway. Where auto chooses, it warns, halves max_rel_rms (0.2
+            where it was None), so the tensors it now rules out take finer codecs, and drops
+            the step's gradients (the optimizer skips parameters whose .grad is None); the
+            third tightening that does not hold raises. False trains on regardless.
 
     The arguments are checked when the context is made, before anything runs: a value of the
     wrong type (a float seed, a str for enabled) is a TypeError and one out of range (seed
@@ -247,7 +252,25 @@ class budget:
             norms = pending()
             if norms:
                 total = math.sqrt(sum(n * n for n in norms.values()))
-                self._guard.observe(self._run.steps, total, norms)
+                runaway = self._guard.observe(self._run.steps, total, norms)
+                if runaway is not None:
+                    self._on_runaway(runaway)
+
+    def _on_runaway(self, runaway):
+        """Where auto chose the codecs: finer ones from now on and this step's gradients
+        dropped; otherwise, or when tightening has not held, GradientRunaway (before the
+        optimizer steps on them)."""
+        if not (_chooses(self._codec) and self._guard.can_tighten()):
+            raise self._guard.stopped(runaway)
+        self._guard.tightenings += 1
+        floor = self._session.tighten_floor()
+        self._modules.drop_gradients()
+        message = (f"{runaway}. auto falls back to finer codecs: its fidelity floor is now "
+                   f"max_rel_rms={floor:g} (tightening {self._guard.tightenings} of "
+                   f"{_gradient_guard.TIGHTENINGS}), and this step's gradients were dropped "
+                   f"(the optimizer skips parameters without one)")
+        self._run.warn(message)
+        warnings.warn(message, stacklevel=3)
 
     def _close_step(self):
         self._end_of_backward_queued = False
@@ -485,6 +508,11 @@ def _check_loss_bound(value):
 
 def _automatic(codec):
     return not isinstance(codec, str) or codec == "auto"
+
+
+def _chooses(codec):
+    """Whether auto chooses some tensors' codecs (codec "auto", or a rule of a mapping)."""
+    return codec == "auto" if isinstance(codec, str) else "auto" in codec.values()
 
 
 # The one name of packing nothing (runtime/codec_choice.h kNotPacked): tensors kept as they

@@ -87,6 +87,11 @@ class ModuleTracker:
             return norms
         return read
 
+    def drop_gradients(self):
+        """Sets the gradients of the modules that ran to None: the optimizer skips them."""
+        for _, _, p in list(self._own_gradients()):
+            p.grad = None
+
     def gradient_statistics(self):
         """{module name: (sum of its own parameters' squared gradient norms, ||g_W||^2 of its
         weight, ||g_y||^2 of its output, fan)} for modules with parameter gradients (runtime
