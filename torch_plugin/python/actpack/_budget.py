@@ -260,13 +260,13 @@ class budget:
         """Where auto chose the codecs: finer ones from now on and this step's gradients
         dropped; otherwise, or when tightening has not held, GradientRunaway (before the
         optimizer steps on them)."""
-        if not (_chooses(self._codec) and self._guard.can_tighten()):
-            raise self._guard.stopped(runaway)
-        self._guard.tightenings += 1
+        tightenings = self._session.policy()["floor_tightenings"]
+        if not (_chooses(self._codec) and tightenings < _gradient_guard.TIGHTENINGS):
+            raise self._guard.stopped(runaway, tightenings)
         floor = self._session.tighten_floor()
         self._modules.drop_gradients()
         message = (f"{runaway}. auto falls back to finer codecs: its fidelity floor is now "
-                   f"max_rel_rms={floor:g} (tightening {self._guard.tightenings} of "
+                   f"max_rel_rms={floor:g} (tightening {tightenings + 1} of "
                    f"{_gradient_guard.TIGHTENINGS}), and this step's gradients were dropped "
                    f"(the optimizer skips parameters without one)")
         self._run.warn(message)

@@ -39,7 +39,6 @@ class GradientGuard:
         self.codec = codec
         self.norms = []  # the recent finite norms
         self.high = 0    # steps in a row above RUNAWAY_FACTOR x the median
-        self.tightenings = 0  # times auto's floor was tightened for a runaway
 
     def observe(self, step, norm, modules):
         """Judges `norm`, step `step`'s total gradient norm; `modules` ({name: norm}) names
@@ -62,14 +61,12 @@ class GradientGuard:
         del self.norms[:-WINDOW]
         return None
 
-    def can_tighten(self):
-        return self.tightenings < TIGHTENINGS
-
-    def stopped(self, runaway):
-        """The error that stops the run, after `runaway` (observe's description)."""
-        if self.tightenings:
+    def stopped(self, runaway, tightenings):
+        """The error that stops the run, after `runaway` (observe's description) and
+        `tightenings` of auto's floor."""
+        if tightenings:
             return GradientRunaway(
-                f"{runaway}, after auto had tightened its fidelity floor {self.tightenings} "
+                f"{runaway}, after auto had tightened its fidelity floor {tightenings} "
                 f"times for runaways. Stopped before the optimizer step, with the weights still "
                 f"finite: use a larger budget, recompute=True, or a smaller learning rate")
         return GradientRunaway(
