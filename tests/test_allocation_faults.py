@@ -15,13 +15,15 @@ For each k:
   run, byte for byte: nothing the run packed, unpacked or recomputed is left allocated;
 - the budget put the process back (no saved-tensor hooks, module hooks or cap left);
 - then, from the same state, a run at half the batch trains with the losses of a run that
-  never saw a failure, bit for bit (the packing after a failure is the packing without one).
+  never saw a failure, bit for bit (the packing after a failure is the packing without one):
+  after every absorbed failure and every third k, after every k with ACTPACK_FULL=1.
 
 The C++ session has the same test over the emulated CUDA device (runtime/session_fault_test.cc).
 """
 import copy
 import gc
 import json
+import os
 
 import pytest
 import torch
@@ -33,6 +35,7 @@ from actpack import _C
 from test_interrupts import process_state
 
 HOST = -1  # the host pool's device index in actpack._C
+FULL = os.environ.get("ACTPACK_FULL") == "1"
 BATCH = 8
 
 
@@ -218,8 +221,13 @@ def check_every_failure(case, clean):
         assert allocated() == before, (k, allocated() - before)
         assert process_state() == clean, k
 
-        case.restore()
-        after = case.train(case.half(), steps=2)
-        assert all(map(torch.equal, after, half)), (k, after, half)
+        # The run after: after every absorbed failure (where a state the failure left behind
+        # would show), and after every third k otherwise; after every k in the full run
+        # (ACTPACK_FULL=1 bash tools/test.sh). A leftover the checks above do not see would
+        # come from a code path, and neighbouring k's fail in the same ones.
+        if losses is not None or k % 3 == 0 or FULL:
+            case.restore()
+            after = case.train(case.half(), steps=2)
+            assert all(map(torch.equal, after, half)), (k, after, half)
     print(f"{case.model.__class__.__name__}: {total} allocations, each failed in turn: {outcomes}")
     assert outcomes["not reached"] < total // 10, outcomes

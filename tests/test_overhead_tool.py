@@ -11,7 +11,7 @@ def test_the_split_adds_up_and_auto_packs(tmp_path):
     out = tmp_path / "overhead.json"
     run = subprocess.run([sys.executable, TOOL, "--size", "smoke", "--model", "gpt2-small",
                           "--batch", "8", "--budget", "4MiB", "--steps", "2", "--rounds", "2",
-                          "--accumulate", "3", "--json", str(out)],
+                          "--accumulate", "3", "--threads", "1", "--json", str(out)],
                          text=True, capture_output=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "budget, codec auto" in run.stdout and "minor page faults" in run.stdout

@@ -34,7 +34,10 @@ CASES = [  # model, batch, budget: plain training of each peaks well above its b
 def probe(model, codec, batch, budget, steps=5):
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tools", "budget_check.py"), "probe", "--model", model,
-         "--codec", codec, "--batch", str(batch), "--budget", budget, "--steps", str(steps)],
+         "--codec", codec, "--batch", str(batch), "--budget", budget, "--steps", str(steps),
+         # One intra-op thread, as each pytest worker has (tools/test.sh): two beside another
+         # worker oversubscribe a 2-core machine.
+         "--threads", "1"],
         capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -197,7 +197,7 @@ def reset_peak():
 
 def probe(args):
     """Trains `--steps` steps at `--batch`, plain or under the budget; prints one JSON line."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     step = training_step(args.model)
     gc.collect()
     reset_peak()
@@ -322,6 +322,8 @@ def main():
                         help="the budget's recompute= (the benchmark models mark their blocks)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--plan-batches", default="8,16")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="probe: torch's intra-op threads (the tests run one per worker)")
     parser.add_argument("--verify", action="store_true",
                         help="plan: with actpack.plan(verify=True), real steps under the cap")
     parser.add_argument("--record", metavar="FILE",
@@ -363,6 +365,11 @@ def main():
         row = {"model": args.model, "codec": "default", "budget": args.budget, "steps": None,
                "verify": args.verify, "plan_batches": plan.batch_sizes,
                "steps_run": plan.steps_run, "max_batch_size": plan.max_batch_size,
+               # Per choice: the share of the budget its line leaves free at its answer, and
+               # its tries under the cap (where the steps went).
+               "headroom": {c: round(v["headroom"], 4) for c, v in plan.choices.items()},
+               "calibration_tries": {c: (v["calibration"] or {}).get("tries")
+                                     for c, v in plan.choices.items()},
                "plan_seconds": round(time.perf_counter() - started, 1)}
         print(json.dumps(row))
         if args.record:
