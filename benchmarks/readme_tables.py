@@ -62,9 +62,13 @@ def planner():
 def planner_steps():
     """The default plans' cost (every choice, no verify): the rows without a truth."""
     data = load("planner.json")
-    lines = ["| model, budget | steps run | max batch per choice |", "|---|---|---|"]
+    lines = ["| model, budget | steps run | max batch per choice (its measured headroom, "
+             "its tries under the cap) |", "|---|---|---|"]
     for r in (r for r in data["rows"] if "truth" not in r):
-        batches = ", ".join(f"`{c}` {b}" for c, b in r["max_batch_size"].items())
+        headroom, tries = r.get("headroom", {}), r.get("calibration_tries", {})
+        batches = ", ".join(f"`{c}` {b}" + (f" ({headroom[c]:.1%}, {tries[c]})"
+                                            if c in headroom else "")
+                            for c, b in r["max_batch_size"].items())
         lines.append(f"| {r['model']}, {r['budget']} | {r['steps_run']} | {batches} |")
     return "\n".join(lines)
 
