@@ -370,6 +370,9 @@ def main():
                "headroom": {c: round(v["headroom"], 4) for c, v in plan.choices.items()},
                "calibration_tries": {c: (v["calibration"] or {}).get("tries")
                                      for c, v in plan.choices.items()},
+               # The uncapped profile's reserved over allocated bytes at its largest batch.
+               "fragmentation": {c: round(v["fragmentation"], 3)
+                                 for c, v in plan.choices.items()},
                "plan_seconds": round(time.perf_counter() - started, 1)}
         print(json.dumps(row))
         if args.record:
