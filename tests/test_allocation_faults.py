@@ -221,8 +221,9 @@ def check_every_failure(case, clean):
         assert allocated() == before, (k, allocated() - before)
         assert process_state() == clean, k
 
-        # The run after: after every absorbed failure (where a state the failure left behind
-        # would show), and after every third k otherwise; after every k in the full run
+        # The run after: after every run that completed (an absorbed failure, where a state
+        # the failure left behind would show, or a k past the run's allocations), and after
+        # every third k otherwise; after every k in the full run
         # (ACTPACK_FULL=1 bash tools/test.sh). A leftover the checks above do not see would
         # come from a code path, and neighbouring k's fail in the same ones.
         if losses is not None or k % 3 == 0 or FULL:
