@@ -150,7 +150,7 @@ class budget:
                  enabled=True, headroom=_C.DEFAULT_HEADROOM,
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
                  allowed_loss_increase=None, recompute=False, gradient_guard=True,
-                 max_rel_rms=_C.DEFAULT_MAX_REL_RMS):
+                 max_rel_rms=_C.DEFAULT_MAX_REL_RMS, *, _held_outside=0):
         self._budget = parse_budget(limit)
         if not (isinstance(recompute, bool) or isinstance(recompute, str) and recompute == "auto"):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
@@ -177,6 +177,10 @@ class budget:
         if not (_args.is_int(min_bytes) and min_bytes == 0):
             min_bytes = parse_size(min_bytes, "min_bytes")
         self._memory = PeakMeter(self._budget)
+        # The planner's tries: what its warm-up left outside the pool (torch's one-time setup
+        # among it) is taken from the allowance, so that a try counts outside the pool what a
+        # fresh process's run would (the planner's cap takes off what exceeds the allowance).
+        self._memory.outside_allowance = max(0, self._memory.outside_allowance - _held_outside)
         self._session = _C.Session(codec=default, rules=rules, min_bytes=int(min_bytes), seed=seed,
                                    enabled=enabled, budget_bytes=self._memory.budget_bytes,
                                    headroom=headroom, profile_every=profile_every,
