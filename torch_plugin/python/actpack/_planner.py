@@ -26,7 +26,9 @@ try runs 2 steps for a fixed codec, 3 for auto and 5 for auto+recompute (until o
 held to the cap from its start), and stops at the step that runs out. Each try starts as the
 user's training in a fresh process does: the training state as plan() found it (restore=True),
 the pool's free segments returned. The planner's steps run under the budget less 3%: a fresh
-process can need that much more than this one, which has run the step's shapes before.
+process can need that much more than this one, which has run the step's shapes before; and each
+try counts what the plan's warm-up left outside the pool (torch's one-time setup of its CPU
+kernels) as a fresh process's run counts it against the budget.
 verify=True then bisects upward from there with real steps under the same cap (4 a try), up to
 where allocated bytes alone fill the budget, and reports the measured peak.
 
