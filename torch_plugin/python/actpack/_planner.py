@@ -842,16 +842,17 @@ class _FreshStart:
         self.held_outside = 0
 
     def warmed_up(self):
-        """Called after the plan's warm-up step: what the process came to hold outside the pool
-        in it (torch's one-time setup of its CPU kernels, when plan() runs before training) a
-        fresh process's run counts against its budget beyond the allowance, so each try counts
-        it too (actpack.budget's _held_outside), and its own growth at its batch (oneDNN's
-        buffers and primitives grow with the batch) as a fresh process would. Measured
-        (2026-11-28), the VGG-style CNN under auto: a fresh process at 135 counted 44 MiB
-        outside the pool, 12 over the allowance, and found no plan, where the planner's tries,
-        not counting the 30 MiB its warm-up had left outside the pool, answered 135 for a truth
-        of 134. Taken once: the process's count outside the pool grows with every batch it
-        runs (49 MiB after tries at 135, 133, 130, 117 and 122), which no fresh process holds."""
+        """Called after the plan's warm-up step. What the process came to hold outside the pool
+        in it (torch's one-time setup of its CPU kernels, when plan() runs before training), a
+        fresh process's run counts against its budget beyond the allowance; so each try counts
+        it too (actpack.budget's _held_outside), besides its own growth at its batch (oneDNN's
+        buffers grow with the batch), as a fresh process would. Measured (2026-11-28), the
+        VGG-style CNN under auto: a fresh process at 135 counted 44 MiB outside the pool, 12
+        over the allowance, and found no plan, where the planner's tries, not counting the
+        20 MiB its warm-up had left outside the pool, answered 135 for a truth of 134 (133 with
+        it). Taken once: the process's count outside the pool grows with every batch it runs
+        (from 30 to 49 MiB over tries at 135, 133, 130, 117 and 122), which no fresh process
+        holds."""
         import gc
 
         gc.collect()
@@ -892,4 +893,5 @@ def _planning_cap(budget_bytes, held_outside=0):
     what the warm-up left outside the pool beyond the allowance (a try counts the rest of it
     against the allowance, actpack.budget's _held_outside): a fresh process counts both."""
     beyond = max(0, held_outside - _peak_meter.outside_allowance())
-    return int(budget_bytes * (1.0 - FRESH_PROCESS_SHARE)) - beyond
+    # At least a byte: a cap the warm-up's share fills leaves every try to run out.
+    return max(1, int(budget_bytes * (1.0 - FRESH_PROCESS_SHARE)) - beyond)
