@@ -178,9 +178,12 @@ class budget:
             min_bytes = parse_size(min_bytes, "min_bytes")
         self._memory = PeakMeter(self._budget)
         # The planner's tries: what its warm-up left outside the pool (torch's one-time setup
-        # among it) is taken from the allowance, so that a try counts outside the pool what a
-        # fresh process's run would (the planner's cap takes off what exceeds the allowance).
-        self._memory.outside_allowance = max(0, self._memory.outside_allowance - _held_outside)
+        # among it) counts as a fresh process's run counts it: against the allowance, and what
+        # exceeds the allowance against the budget (at least a byte stays: every step runs out).
+        allowance = self._memory.outside_allowance
+        beyond = max(0, _held_outside - allowance)
+        self._memory.budget_bytes = max(1, self._memory.budget_bytes - beyond)
+        self._memory.outside_allowance = max(0, allowance - _held_outside)
         self._session = _C.Session(codec=default, rules=rules, min_bytes=int(min_bytes), seed=seed,
                                    enabled=enabled, budget_bytes=self._memory.budget_bytes,
                                    headroom=headroom, profile_every=profile_every,

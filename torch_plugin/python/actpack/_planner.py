@@ -59,7 +59,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _gradient_fidelity, _peak_meter, _snapshot, memory
+from actpack import _C, _args, _gradient_fidelity, _snapshot, memory
 from actpack._budget import NONE, _error_text, _innermost, budget as _budget_context
 from actpack._units import format_bytes, parse_budget
 
@@ -741,8 +741,8 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample, fresh):
     when no batch worth trying fits."""
     def fits(batch):
         fresh()
-        return trains_under_cap(step, _planning_cap(budget_bytes, fresh.held_outside), choice,
-                                batch, steps=_calibration_steps(choice),
+        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
+                                steps=_calibration_steps(choice),
                                 _held_outside=fresh.held_outside)
 
     tried, ran_out = set(), sys.maxsize
@@ -782,8 +782,7 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, fresh, ran=None):
     def fits(batch):
         say(f"verify {choice} at batch {batch}")
         fresh()
-        return trains_under_cap(step, _planning_cap(budget_bytes, fresh.held_outside), choice,
-                                batch,
+        return trains_under_cap(step, _planning_cap(budget_bytes), choice, batch,
                                 steps=max(VERIFY_STEPS, _capped_from(choice) + 2),
                                 _held_outside=fresh.held_outside)
 
@@ -833,11 +832,8 @@ class _FreshStart:
     With restore=False there is no state to put back and only the cache goes."""
 
     def __init__(self, saved):
-        import gc
-
         self._saved = saved
-        gc.collect()
-        memory.empty_cache()
+        self._free()
         self._outside_start = _outside_pool_bytes()
         self.held_outside = 0
 
@@ -853,21 +849,24 @@ class _FreshStart:
         it). Taken once: the process's count outside the pool grows with every batch it runs
         (from 30 to 49 MiB over tries at 135, 133, 130, 117 and 122), which no fresh process
         holds."""
-        import gc
-
-        gc.collect()
-        memory.empty_cache()
+        self._free()
         now = _outside_pool_bytes()
         if now is not None and self._outside_start is not None:
             self.held_outside = max(0, now - self._outside_start)
 
     def __call__(self):
-        import gc
-
         if self._saved is not None:
             self._saved.restore()
+        self._free()
+
+    @staticmethod
+    def _free():
+        """Frees what is garbage and the pool's free segments (the budget's device: CUDA's
+        current one where there is CUDA)."""
+        import gc
+
         gc.collect()
-        memory.empty_cache()  # the budget's device: CUDA's current one where there is CUDA
+        memory.empty_cache()
 
 
 def _outside_pool_bytes():
@@ -888,10 +887,7 @@ def _outside_pool_bytes():
     return resident - memory.memory_reserved("cpu")
 
 
-def _planning_cap(budget_bytes, held_outside=0):
-    """The cap the planner's own steps run under: the budget less FRESH_PROCESS_SHARE, and less
-    what the warm-up left outside the pool beyond the allowance (a try counts the rest of it
-    against the allowance, actpack.budget's _held_outside): a fresh process counts both."""
-    beyond = max(0, held_outside - _peak_meter.outside_allowance())
-    # At least a byte: a cap the warm-up's share fills leaves every try to run out.
-    return max(1, int(budget_bytes * (1.0 - FRESH_PROCESS_SHARE)) - beyond)
+def _planning_cap(budget_bytes):
+    """The cap the planner's own steps run under: the budget less FRESH_PROCESS_SHARE (each
+    try's budget then counts what the warm-up left outside the pool: _held_outside)."""
+    return int(budget_bytes * (1.0 - FRESH_PROCESS_SHARE))
