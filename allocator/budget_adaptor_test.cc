@@ -99,9 +99,13 @@ TEST_F(BudgetAdaptorTest, PressureCallbackCanFreeEnoughForTheRequest) {
   ASSERT_NE(c, nullptr);
   ASSERT_EQ(needed_seen.size(), 1u);
   EXPECT_EQ(needed_seen[0], 16_MiB);  // 60 in use + 20 requested - 64 budget
-  // The freed segment is released and one of the request's size reserved: a 20 MiB block cut
-  // from it would strand the other 10 MiB while it lives.
-  EXPECT_NE(c, b_address);
+  // The freed segment becomes one of the request's size (on the host it is remapped in place,
+  // its first 20 MiB of pages kept): a 20 MiB block cut from it would strand the other 10 MiB
+  // while it lives.
+  EXPECT_EQ(c, b_address);
+  absl::StatusOr<CachingPool::SegmentRange> segment = pool_.SegmentContaining(c);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  EXPECT_EQ(segment->size, 20_MiB);
   EXPECT_EQ(pool_.GetUsage().reserved_bytes, 50_MiB);
   stats_.Deallocate(a, 30_MiB);
   stats_.Deallocate(c, 20_MiB);

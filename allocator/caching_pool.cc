@@ -67,8 +67,17 @@ bool InSmallPool(size_t block_size, bool under_budget) {
 
 size_t SegmentSizeFor(size_t block_size, bool under_budget) {
   if (InSmallPool(block_size, under_budget)) return kSmallSegmentSize;
-  if (block_size < kMinLargeAlloc) return under_budget ? block_size : kLargeSegmentSize;
-  return RoundUp(block_size, kRoundLarge);
+  if (block_size >= kMinLargeAlloc) return RoundUp(block_size, kRoundLarge);
+  if (!under_budget) return kLargeSegmentSize;
+  // A host segment is backed by huge pages up to its last whole 2 MiB and by 4 KiB pages after
+  // it, each a page fault whenever the segment is mapped again: a 3.84 MiB segment costs 471
+  // faults, the whole 4 MiB one 2. Rounding up is worth a little waste, never a block's worth.
+  if (block_size > kRoundLarge) {
+    const size_t whole = RoundUp(block_size, kRoundLarge);
+    const size_t waste = whole - block_size;
+    if (waste <= block_size / 16 && waste < kLargestSharedUnderBudget) return whole;
+  }
+  return block_size;
 }
 
 CachingPool::CachingPool(MemoryResource* upstream, StreamEvents* events)
@@ -179,11 +188,18 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
                                                                 Stream stream, bool is_small,
                                                                 size_t reserve_limit) {
   const size_t segment_size = SegmentSizeFor(block_size, reserve_limit != kNoReserveLimit);
+  auto outside_bytes = [&](size_t reserved) -> size_t {
+    return reserve_limit != kNoReserveLimit && outside_counter_ ? outside_counter_(reserved) : 0;
+  };
+  // The bytes by which reserving the segment now would pass the limit; 0 when it fits.
+  auto over_limit = [&]() -> size_t {
+    const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+    const size_t wanted = reserved + segment_size + outside_bytes(reserved);
+    return wanted > reserve_limit ? wanted - reserve_limit : 0;
+  };
   auto try_reserve = [&]() -> absl::StatusOr<void*> {
     const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
-    const size_t outside = reserve_limit != kNoReserveLimit && outside_counter_
-                               ? outside_counter_(reserved)
-                               : 0;
+    const size_t outside = outside_bytes(reserved);
     if (reserved + segment_size + outside > reserve_limit) {
       return ReserveLimitExceeded(absl::StrCat(
           "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),
@@ -205,9 +221,32 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
     if (freed_blocks) {
       if (Block* block = TakeBestFit(block_size, stream, is_small)) return block;
     }
-    if (ReleaseFreeSegments() > 0 || freed_blocks) {
-      Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
+    // Release only what the new segment lacks, a segment at a time: a released segment's pages
+    // are faulted in again when it is next reserved, and under a budget the pool is at its
+    // limit every step.
+    // One retry in the statistics however many segments it takes, as PyTorch counts them.
+    bool retried = false;
+    auto retry = [&]() {
+      if (!retried) Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
+      retried = true;
       memory = try_reserve();
+    };
+    if (freed_blocks) retry();
+    if (!memory.ok() && IsReserveLimitExceeded(memory.status())) {
+      absl::StatusOr<void*> moved = RemapFreeSegment(segment_size, stream, over_limit);
+      if (moved.ok()) {
+        if (!retried) Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
+        retried = true;
+        memory = moved;
+      }
+    }
+    while (!memory.ok() && IsReserveLimitExceeded(memory.status()) &&
+           ReleaseFreeSegments(std::max<size_t>(over_limit(), 1)) > 0) {
+      retry();
+    }
+    // Refused by the upstream itself (the device is full): everything cached goes back.
+    if (!memory.ok() && !IsReserveLimitExceeded(memory.status()) && ReleaseFreeSegments() > 0) {
+      retry();
     }
     if (!memory.ok()) {
       return WithContext(
@@ -325,19 +364,68 @@ bool CachingPool::WaitForAllEvents() {
   return freed;
 }
 
-size_t CachingPool::ReleaseFreeSegments() {
-  size_t released = 0;
-  for (FreeBlocks* free_blocks : {&small_free_, &large_free_}) {
-    for (auto it = free_blocks->begin(); it != free_blocks->end();) {
-      Block* block = *it;
-      if (block->prev == nullptr && block->next == nullptr) {
-        it = free_blocks->erase(it);
-        released += block->size;
-        ReleaseSegment(block);
-      } else {
-        ++it;
-      }
+std::vector<CachingPool::Block*> CachingPool::FreeSegments() const {
+  std::vector<Block*> free_segments;
+  for (const FreeBlocks* free_blocks : {&small_free_, &large_free_}) {
+    for (Block* block : *free_blocks) {
+      if (block->prev == nullptr && block->next == nullptr) free_segments.push_back(block);
     }
+  }
+  return free_segments;
+}
+
+absl::StatusOr<void*> CachingPool::RemapFreeSegment(size_t segment_size, Stream stream,
+                                                    const std::function<size_t()>& over_limit) {
+  if (!upstream_remaps_) return absl::UnimplementedError("the upstream does not remap");
+  // The lender: the free segment with the most pages to lend, the smallest of those.
+  Block* lender = nullptr;
+  for (Block* block : FreeSegments()) {
+    const size_t lends = std::min(block->size, segment_size);
+    const size_t best = lender == nullptr ? 0 : std::min(lender->size, segment_size);
+    if (lender == nullptr || lends > best || (lends == best && block->size < lender->size)) {
+      lender = block;
+    }
+  }
+  if (lender == nullptr) return absl::NotFoundError("no free segment");
+  // Room for the new segment once the lender's bytes are its: other free segments go first.
+  if (const size_t over = over_limit(); over > lender->size) {
+    ReleaseFreeSegments(over - lender->size, /*keep=*/lender);
+    if (over_limit() > lender->size) return absl::NotFoundError("no room even with the lender");
+  }
+  const uintptr_t address = lender->address;
+  const size_t size = lender->size;
+  absl::StatusOr<void*> moved =
+      upstream_->Remap(reinterpret_cast<void*>(address), size, segment_size, stream);
+  if (!moved.ok()) {
+    if (absl::IsUnimplemented(moved.status())) upstream_remaps_ = false;
+    return moved.status();  // the lender is as it was, still cached
+  }
+  FreeBlocksFor(lender->is_small).erase(lender);
+  const Segment segment = segments_.extract(address).mapped();
+  delete lender;
+  Notify({MemoryAction::kSegmentFree, address, size, size, segment.stream});
+  reserved_bytes_.store(reserved_bytes_.load(std::memory_order_relaxed) - size,
+                        std::memory_order_relaxed);
+  return moved;
+}
+
+size_t CachingPool::ReleaseFreeSegments(size_t wanted, const Block* keep) {
+  std::vector<Block*> free_segments = FreeSegments();
+  free_segments.erase(std::remove(free_segments.begin(), free_segments.end(), keep),
+                      free_segments.end());
+  // The smallest segment that covers `wanted` alone, else the largest first: fewest bytes and
+  // fewest segments to map again later.
+  std::sort(free_segments.begin(), free_segments.end(),
+            [](const Block* a, const Block* b) { return a->size > b->size; });
+  auto covering = std::find_if(free_segments.rbegin(), free_segments.rend(),
+                               [wanted](const Block* b) { return b->size >= wanted; });
+  if (covering != free_segments.rend()) std::iter_swap(covering, free_segments.begin());
+  size_t released = 0;
+  for (Block* block : free_segments) {
+    if (released >= wanted) break;
+    FreeBlocksFor(block->is_small).erase(block);
+    released += block->size;
+    ReleaseSegment(block);
   }
   return released;
 }

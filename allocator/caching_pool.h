@@ -199,14 +199,25 @@ class CachingPool final : public MemoryResource {
   void ProcessCompletedEvents();
   // Waits for every pending event; returns whether a block became free.
   bool WaitForAllEvents();
-  // Returns every fully free segment to the upstream; returns the bytes released.
-  size_t ReleaseFreeSegments();
+  // The segments with one block, a cached one.
+  std::vector<Block*> FreeSegments() const;
+  // Returns fully free segments but `keep` to the upstream until at least `wanted` bytes went
+  // back (all of them by default); returns the bytes released.
+  size_t ReleaseFreeSegments(size_t wanted = std::numeric_limits<size_t>::max(),
+                             const Block* keep = nullptr);
+  // At the limit: a free segment becomes a new one of `segment_size`, its memory kept
+  // (MemoryResource::Remap), once other free segments made room for it (`over_limit`: the
+  // bytes by which the new segment would pass the limit now). An error when the upstream
+  // cannot remap or no free segment can lend; then nothing was remapped.
+  absl::StatusOr<void*> RemapFreeSegment(size_t segment_size, Stream stream,
+                                         const std::function<size_t()>& over_limit);
   void ReleaseSegment(Block* head);
 
   MemoryResource* const upstream_;
   StreamEvents* const events_;
 
   mutable std::mutex mutex_;
+  bool upstream_remaps_ = true;  // until the upstream says it cannot
   FreeBlocks small_free_;
   FreeBlocks large_free_;
   absl::flat_hash_map<uintptr_t, Block*> allocated_;

@@ -62,6 +62,14 @@ TEST(CachingPoolSizesTest, RoundsLikePyTorch) {
   EXPECT_EQ(SegmentSizeFor(1_MiB + 512, /*under_budget=*/true), 1_MiB + 512);
   EXPECT_EQ(SegmentSizeFor(8_MiB, /*under_budget=*/true), 8_MiB);
   EXPECT_EQ(SegmentSizeFor(9_MiB - 512, /*under_budget=*/true), 9_MiB - 512);
+  // ... rounded up to whole 2 MiB (host huge pages) where that wastes at most 1/16 and less
+  // than a block the large pool could split off.
+  EXPECT_EQ(SegmentSizeFor(4_MiB - 160_KiB, /*under_budget=*/true), 4_MiB);
+  EXPECT_EQ(SegmentSizeFor(4_MiB - 160_KiB), 20_MiB);
+  EXPECT_EQ(SegmentSizeFor(2_MiB + 512, /*under_budget=*/true), 2_MiB + 512);
+  EXPECT_EQ(SegmentSizeFor(4_MiB - 256_KiB, /*under_budget=*/true), 4_MiB - 256_KiB);
+  EXPECT_EQ(SegmentSizeFor(10_MiB - 600_KiB, /*under_budget=*/true), 10_MiB - 600_KiB);
+  EXPECT_EQ(SegmentSizeFor(10_MiB - 500_KiB, /*under_budget=*/true), 10_MiB);
   EXPECT_EQ(SegmentSizeFor(10_MiB + 512, /*under_budget=*/true), 12_MiB);
   EXPECT_EQ(SegmentSizeFor(11_MiB), 12_MiB);
 }
@@ -228,18 +236,69 @@ TEST_F(CachingPoolTest, EmptyCacheWaitsForPendingBlocksAndKeepsLiveOnes) {
   EXPECT_EQ(host_.GetUsage().reserved_bytes, 0u);
 }
 
-TEST_F(CachingPoolTest, ReserveLimitReleasesCachedSegmentsAndRetries) {
-  StatisticsAdaptor stats(&pool_);
-  pool_.Deallocate(Alloc(3_MiB, kStreamA), 3_MiB, kStreamA);
-  pool_.Deallocate(Alloc(3_MiB, kStreamB), 3_MiB, kStreamB);
-  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 40_MiB);
-  // Stream C has no cached block; a new segment fits the limit only after the cache is released.
-  absl::StatusOr<void*> p = pool_.AllocateWithin(12_MiB, kStreamC, 40_MiB);
+// At the limit the pool releases what the new segment lacks, not the whole cache: under a budget
+// it is at its limit every step, and each released segment's pages are faulted in again when
+// one is next reserved. The smallest cached segment that covers the lack goes first.
+TEST_F(CachingPoolTest, ReserveLimitReleasesOnlyWhatTheNewSegmentLacks) {
+  // An upstream that cannot remap (a budget stacked on the host): segments are released.
+  BudgetAdaptor no_remap(&host_, 1024_MiB);
+  CachingPool pool(&no_remap, &events_);
+  StatisticsAdaptor stats(&pool);
+  pool.Deallocate(*pool.Allocate(3_MiB, kStreamA), 3_MiB, kStreamA);  // a shared 20 MiB segment
+  pool.Deallocate(*pool.Allocate(3_MiB, kStreamB), 3_MiB, kStreamB);
+  absl::StatusOr<void*> own = pool.AllocateWithin(6_MiB, kStreamA, 48_MiB);  // its own 6 MiB
+  ASSERT_TRUE(own.ok()) << own.status();
+  pool.Deallocate(*own, 6_MiB, kStreamA);
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 46_MiB);
+  // Stream C has no cached block. 12 MiB lack 10: one 20 MiB segment goes, not all three.
+  absl::StatusOr<void*> p = pool.AllocateWithin(12_MiB, kStreamC, 48_MiB);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 12_MiB);
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 20_MiB + 6_MiB + 12_MiB);
+  // 14 MiB lack 4: the 6 MiB segment covers it, the remaining 20 MiB one stays.
+  absl::StatusOr<void*> q = pool.AllocateWithin(14_MiB, kStreamC, 48_MiB);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 20_MiB + 12_MiB + 14_MiB);
+  // 22 MiB lack 20: the 20 MiB segment covers it; the free 14 MiB one stays.
+  pool.Deallocate(*q, 14_MiB, kStreamC);
+  absl::StatusOr<void*> r = pool.AllocateWithin(22_MiB, kStreamC, 48_MiB);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 12_MiB + 14_MiB + 22_MiB);
+  // One retry per allocation in the statistics, however many segments it released.
+  EXPECT_EQ(stats.GetStats().num_alloc_retries, 3);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+  pool.Deallocate(*p, 12_MiB, kStreamC);
+  pool.Deallocate(*r, 22_MiB, kStreamC);
+}
+
+// At the limit a cached segment with no room for the request becomes the new segment, its pages
+// moved rather than unmapped and faulted in again: the 8 MiB segment shrinks to the 6 MiB one in
+// place. An upstream that cannot remap (here a budget stacked on the host) gets the release.
+TEST_F(CachingPoolTest, AtTheLimitAFreeSegmentIsRemappedIntoTheNewOne) {
+  StatisticsAdaptor stats(&pool_);
+  absl::StatusOr<void*> eight = pool_.AllocateWithin(8_MiB, kStreamA, 10_MiB);
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  std::memset(*eight, 1, 8_MiB);
+  pool_.Deallocate(*eight, 8_MiB, kStreamA);
+  // 6 MiB + 8 MiB cached pass 10 MiB; the cached block is too large to take without a split.
+  absl::StatusOr<void*> six = pool_.AllocateWithin(6_MiB, kStreamA, 10_MiB);
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_EQ(*six, *eight);
+  EXPECT_EQ(static_cast<unsigned char*>(*six)[6_MiB - 1], 1);  // the same pages
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 6_MiB);
+  EXPECT_EQ(host_.GetUsage().reserved_bytes, 6_MiB);
   EXPECT_EQ(stats.GetStats().num_alloc_retries, 1);
   ExpectConsistent();
-  pool_.Deallocate(*p, 12_MiB, kStreamC);
+  pool_.Deallocate(*six, 6_MiB, kStreamA);
+
+  BudgetAdaptor no_remap(&host_, 1024_MiB);
+  CachingPool pool(&no_remap, &events_);
+  void* a = *pool.AllocateWithin(8_MiB, kStreamA, 10_MiB);
+  pool.Deallocate(a, 8_MiB, kStreamA);
+  absl::StatusOr<void*> b = pool.AllocateWithin(6_MiB, kStreamA, 10_MiB);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 6_MiB);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+  pool.Deallocate(*b, 6_MiB, kStreamA);
 }
 
 // Under a generous budget a step's requests reuse the last step's blocks: a 12 MiB + 512 B

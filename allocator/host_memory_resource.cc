@@ -47,7 +47,71 @@ void* MapPages(size_t size) {
   return ptr;
 }
 
+// The mapping [ptr, ptr + old_size) resized to `new_size`, its pages kept, or nullptr (then it is
+// as it was). Shrinking stays in place; growing does where the addresses after it are free, and
+// otherwise moves onto a fresh huge-page boundary from kHugePage up (as MapPages places a
+// mapping), where the kernel moves whole huge pages as they are.
+void* ResizeMapping(void* ptr, size_t old_size, size_t new_size) {
+  const bool wants_huge_pages = new_size >= kHugePage;
+  void* resized = MAP_FAILED;
+  if (!wants_huge_pages || reinterpret_cast<uintptr_t>(ptr) % kHugePage == 0) {
+    resized = mremap(ptr, old_size, new_size, 0);  // in place
+  }
+  if (resized == MAP_FAILED && !wants_huge_pages) {
+    resized = mremap(ptr, old_size, new_size, MREMAP_MAYMOVE);
+  } else if (resized == MAP_FAILED) {
+    // Reserve aligned addresses (no memory: PROT_NONE), move onto them, drop the ends.
+    const size_t span = new_size + kHugePage;
+    void* raw = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const auto begin = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = RoundUp(begin, kHugePage);
+    resized = mremap(ptr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED,
+                     reinterpret_cast<void*>(aligned));
+    if (resized == MAP_FAILED) {
+      munmap(raw, span);
+      return nullptr;
+    }
+    if (aligned > begin) munmap(raw, aligned - begin);
+    const uintptr_t end = begin + span;
+    if (end > aligned + new_size) {
+      munmap(reinterpret_cast<void*>(aligned + new_size), end - aligned - new_size);
+    }
+  }
+  if (resized == MAP_FAILED) return nullptr;
+#ifdef MADV_HUGEPAGE
+  if (new_size >= kHugePage) madvise(resized, new_size, MADV_HUGEPAGE);
+#endif
+  return resized;
+}
+
 }  // namespace
+
+absl::StatusOr<void*> HostMemoryResource::DoRemap(void* ptr, size_t old_bytes, size_t new_bytes,
+                                                  Stream stream) {
+  const size_t old_size = RoundUp(old_bytes, kAllocationAlignment);
+  const size_t new_size = RoundUp(new_bytes, kAllocationAlignment);
+  if (old_size < kMapThreshold || new_size < kMapThreshold) {
+    return absl::UnimplementedError(absl::StrCat(
+        "actpack: host allocations below ", FormatBytes(kMapThreshold),
+        " come from the C library and cannot be remapped (", FormatBytes(old_size), " to ",
+        FormatBytes(new_size), ")"));
+  }
+  void* resized = ResizeMapping(ptr, old_size, new_size);
+  if (resized == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("actpack: host remap of ",
+                                                     FormatBytes(old_size), " to ",
+                                                     FormatBytes(new_size), " failed"));
+  }
+  NotifySegmentFreed(ptr, old_size, old_bytes, stream);
+  if (new_size > old_size) {
+    reserved_bytes_.fetch_add(new_size - old_size, std::memory_order_relaxed);
+  } else {
+    reserved_bytes_.fetch_sub(old_size - new_size, std::memory_order_relaxed);
+  }
+  NotifySegmentAllocated(resized, new_size, new_bytes, stream);
+  return resized;
+}
 
 absl::StatusOr<void*> HostMemoryResource::DoAllocate(size_t bytes, Stream stream,
                                                      size_t reserve_limit) {

@@ -26,10 +26,13 @@ namespace actpack::allocator {
 
 // HostMemoryResource
 //
-// Aligned host memory: mapped pages from kMapThreshold up, the C library below. Thread safe.
+// Aligned host memory: mapped pages from kMapThreshold up, the C library below; mapped
+// allocations can be resized in place of a free and a fresh allocation (Remap). Thread safe.
 class HostMemoryResource final : public MemoryResource {
  public:
-  static constexpr size_t kMapThreshold = size_t{1} << 20;
+  // From the smallest segment of its own a budgeted CachingPool reserves (512 KiB + 512 B):
+  // mapped, so that Remap can move its pages.
+  static constexpr size_t kMapThreshold = size_t{512} << 10;
 
   HostMemoryResource() = default;
   ~HostMemoryResource() override = default;
@@ -37,6 +40,10 @@ class HostMemoryResource final : public MemoryResource {
  private:
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
+  // Mapped allocations only (both sizes at least kMapThreshold): mremap, onto a huge-page
+  // boundary from 2 MiB as MapPages places them.
+  absl::StatusOr<void*> DoRemap(void* ptr, size_t old_bytes, size_t new_bytes,
+                                Stream stream) override;
   MemoryUsage DoGetUsage() const override;
 
   std::atomic<size_t> reserved_bytes_{0};

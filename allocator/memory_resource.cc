@@ -31,6 +31,10 @@ absl::string_view MemoryActionName(MemoryAction action) {
   return "unknown";
 }
 
+absl::StatusOr<void*> MemoryResource::DoRemap(void*, size_t, size_t, Stream) {
+  return absl::UnimplementedError("actpack: this memory resource cannot remap an allocation");
+}
+
 void MemoryResource::DoAddObserver(MemoryObserver* observer) { observers_.push_back(observer); }
 
 void MemoryResource::DoRemoveObserver(MemoryObserver* observer) {

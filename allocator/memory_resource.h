@@ -147,6 +147,19 @@ class MemoryResource {
     DoDeallocate(ptr, bytes, stream);
   }
 
+  // Remap
+  //
+  // Turns the allocation `ptr` of `old_bytes` (free: nothing uses it) into one of `new_bytes`,
+  // keeping the memory it already has instead of giving it back and taking fresh memory: the
+  // pages of its first min(old, new) bytes move with it, so they are not faulted in (and zeroed)
+  // again. The contents are not kept for the caller: it is a fresh allocation. Returns the new
+  // address; on failure `ptr` is as it was. Resources that cannot return kUnimplemented (the
+  // default; a CUDA allocation cannot be resized).
+  absl::StatusOr<void*> Remap(void* ptr, size_t old_bytes, size_t new_bytes,
+                              Stream stream = nullptr) {
+    return DoRemap(ptr, old_bytes, new_bytes, stream);
+  }
+
   // EmptyCache
   //
   // Returns cached memory to the layer below (torch.cuda.empty_cache); memory still allocated or
@@ -199,6 +212,8 @@ class MemoryResource {
  private:
   virtual absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) = 0;
   virtual void DoDeallocate(void* ptr, size_t bytes, Stream stream) = 0;
+  virtual absl::StatusOr<void*> DoRemap(void* ptr, size_t old_bytes, size_t new_bytes,
+                                        Stream stream);
   virtual size_t DoEmptyCache() { return 0; }
   virtual MemoryUsage DoGetUsage() const = 0;
 

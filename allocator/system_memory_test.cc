@@ -115,5 +115,40 @@ TEST(SystemMemoryTest, EverySegmentSizeIsReturned) {
   }
 }
 
+// Remap keeps a mapping's pages instead of handing them back and faulting fresh ones in: a
+// shrink stays where it is, a growth lands on a huge-page boundary from 2 MiB up with its
+// pages moved (their bytes are the old ones), and the resident size grows by what is new only.
+TEST(SystemMemoryTest, RemapKeepsTheMappingsPages) {
+  HostMemoryResource host;
+  auto* p = static_cast<unsigned char*>(*host.Allocate(4_MiB));
+  std::memset(p, 5, 4_MiB);
+  absl::StatusOr<void*> shrunk = host.Remap(p, 4_MiB, 3_MiB);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(*shrunk, p);
+  EXPECT_EQ(host.GetUsage().reserved_bytes, 3_MiB);
+  EXPECT_EQ(p[3_MiB - 1], 5);
+
+  auto* q = static_cast<unsigned char*>(*host.Allocate(768_KiB));
+  std::memset(q, 9, 768_KiB);
+  const size_t before = *ResidentBytes();
+  absl::StatusOr<void*> grown = host.Remap(q, 768_KiB, 6_MiB);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  auto* g = static_cast<unsigned char*>(*grown);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(g) % 2_MiB, 0u);
+  EXPECT_EQ(g[0], 9);
+  EXPECT_EQ(g[768_KiB - 1], 9);
+  EXPECT_EQ(g[768_KiB], 0);  // fresh pages after the moved ones
+  EXPECT_LE(*ResidentBytes(), before + 2_MiB);  // the moved pages were not copied
+  EXPECT_EQ(host.GetUsage().reserved_bytes, 3_MiB + 6_MiB);
+
+  // Below the mapping threshold an allocation comes from the C library: no remap.
+  void* small = *host.Allocate(64_KiB);
+  EXPECT_TRUE(absl::IsUnimplemented(host.Remap(small, 64_KiB, 1_MiB).status()));
+  host.Deallocate(small, 64_KiB);
+  host.Deallocate(p, 3_MiB);
+  host.Deallocate(g, 6_MiB);
+  EXPECT_EQ(host.GetUsage().reserved_bytes, 0u);
+}
+
 }  // namespace
 }  // namespace actpack::allocator
