@@ -178,19 +178,52 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
 }
 
 // The bool tensor a sign mask is encoded from or decoded into (`saved <= 0`), alive while this
-// lives. A host one is malloc'd outside torch's allocator: a quarter of the tensor's bytes
-// for a moment, which in the budget's pool split segments (a 14 MiB budget then failed a
-// 1 MiB request with 5.4 MiB cached in pieces); glibc maps a large one and unmaps it on free.
+// lives. A host one lives outside torch's allocator: a quarter of the tensor's bytes for a
+// moment, which in the budget's pool split segments (a 14 MiB budget then failed a 1 MiB request
+// with 5.4 MiB cached in pieces). It is one buffer per thread, kept and grown up to
+// kKeptBytes: one malloc'd per tensor was mapped by glibc and faulted in afresh each time,
+// 16,000 page faults a step on the suite's ResNet-50 (a third of its faults under `auto`).
+// Keeping the largest one adds nothing to the peak outside the pool, which held it anyway.
 class SignScratch {
  public:
+  static constexpr size_t kKeptBytes = size_t{16} << 20;
+
+  SignScratch() = default;
+  SignScratch(const SignScratch&) = delete;
+  SignScratch& operator=(const SignScratch&) = delete;
+  ~SignScratch() {
+    if (held_ != nullptr) held_->in_use = false;
+  }
+
   at::Tensor Bools(at::IntArrayRef shape, const at::TensorOptions& options) {
     if (!options.device().is_cpu()) return Empty(shape, options.dtype(at::kBool));
-    bytes_.reset(new uint8_t[std::max<int64_t>(1, c10::multiply_integers(shape))]);
-    return at::from_blob(bytes_.get(), shape, options.dtype(at::kBool));
+    const size_t bytes = std::max<int64_t>(1, c10::multiply_integers(shape));
+    thread_local Buffer kept;
+    uint8_t* data = nullptr;
+    if (kept.in_use || bytes > kKeptBytes) {  // in use further up this thread's stack, or too big
+      own_.reset(new uint8_t[bytes]);
+      data = own_.get();
+    } else {
+      if (kept.size < bytes) {
+        kept.data.reset();  // the old one goes first: never both
+        kept.data.reset(new uint8_t[bytes]);
+        kept.size = bytes;
+      }
+      kept.in_use = true;
+      held_ = &kept;
+      data = kept.data.get();
+    }
+    return at::from_blob(data, shape, options.dtype(at::kBool));
   }
 
  private:
-  std::unique_ptr<uint8_t[]> bytes_;
+  struct Buffer {
+    std::unique_ptr<uint8_t[]> data;
+    size_t size = 0;
+    bool in_use = false;
+  };
+  Buffer* held_ = nullptr;
+  std::unique_ptr<uint8_t[]> own_;
 };
 
 // Whether `node`, the tensor's producer, is a ReLU saving it now: its one saved variable is
