@@ -5,6 +5,7 @@
 #include <c10/util/accumulate.h>
 #include <ATen/ops/le.h>
 #include <ATen/ops/logical_not.h>
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>  // Node (torch 2.11 has no node.h)
 #include <torch/csrc/autograd/generated/Functions.h>  // ReluBackward0
@@ -226,6 +227,39 @@ class SignScratch {
   std::unique_ptr<uint8_t[]> own_;
 };
 
+// `bools = values <= 0` and `values = !bools` (0 or 1 in the values' dtype): a sign mask's way in
+// and out. torch's comparison and logical_not into another dtype run a scalar loop per element
+// (1.0 and 1.65 ms for a 12 MiB float32 tensor on 2 cores, a copy 0.43 ms); ResNet-50's masks
+// took 30 ms of its CPU step that way. Float32 on the host gets a loop the compiler vectorizes;
+// NaN compares false, as in le.
+constexpr int64_t kSignGrain = int64_t{1} << 16;
+
+void SignMaskOf(const at::Tensor& values, at::Tensor& bools) {
+  if (!values.is_cpu() || values.scalar_type() != at::kFloat || !values.is_contiguous() ||
+      !bools.is_contiguous()) {
+    at::le_out(bools, values, 0);
+    return;
+  }
+  const float* in = values.const_data_ptr<float>();
+  auto* out = reinterpret_cast<uint8_t*>(bools.mutable_data_ptr<bool>());
+  at::parallel_for(0, values.numel(), kSignGrain, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = in[i] <= 0.0f;
+  });
+}
+
+void ValuesOfSignMask(const at::Tensor& bools, at::Tensor& values) {
+  if (!values.is_cpu() || values.scalar_type() != at::kFloat || !values.is_contiguous() ||
+      !bools.is_contiguous()) {
+    at::logical_not_out(values, bools);
+    return;
+  }
+  const auto* in = reinterpret_cast<const uint8_t*>(bools.const_data_ptr<bool>());
+  float* out = values.mutable_data_ptr<float>();
+  at::parallel_for(0, values.numel(), kSignGrain, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(in[i] ^ 1);
+  });
+}
+
 // Whether `node`, the tensor's producer, is a ReLU saving it now: its one saved variable is
 // still unset while the save runs (the pack hook runs before it is assigned), set once saved.
 // A later reader of the same tensor (the next convolution) sees it set. A ReLU whose save no
@@ -431,7 +465,7 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string modul
   at::Tensor encoded = contiguous;
   if (plan.sign_mask) {
     encoded = scratch.Bools(contiguous.sizes(), contiguous.options());
-    at::le_out(encoded, contiguous, 0);
+    SignMaskOf(contiguous, encoded);
   }
   absl::StatusOr<std::shared_ptr<runtime::PackedTensor>> packed =
       session_->Pack(info, plan, ToView(encoded), ContextFor(encoded));
@@ -477,7 +511,7 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
     SignScratch scratch;
     at::Tensor zeroed = scratch.Bools(packed.shape(), h.options);
     ThrowIfError(session_->Unpack(packed, ToMutableView(zeroed), ContextFor(zeroed)));
-    at::logical_not_out(output, zeroed);
+    ValuesOfSignMask(zeroed, output);
   } else {
     ThrowIfError(session_->Unpack(packed, ToMutableView(output), ContextFor(output)));
   }
