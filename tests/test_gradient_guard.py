@@ -131,13 +131,13 @@ def test_gradient_guard_takes_a_flag():
 def test_auto_without_a_floor_runs_away_falls_back_and_trains_on():
     """The real runaway (benchmarks/diverging_lm.py): at 72 MiB, where plain training peaks at
     122 MiB, auto with max_rel_rms=None takes 2 bits on attention's inputs and the gradient norm
-    runs away (quant2 alone: 1.8e3 at step 27, 1.7e7 and a loss of 3.19 without the guard,
-    13.8% above plain's 2.80). The guard tightens the floor to 0.2 and drops that step; the run
-    trains on and ends nearer plain's loss than half the runaway's cost. Where it ends depends
-    on when the runaway starts, which moves with auto's plans (the pool's state) and the thread
-    count: measured 2.902 (3.6% above plain) with the pool of 28 November, 2.928 (4.5%, 2
-    threads) and 2.956 (5.5%, 1 thread, this test's) with that of 29 November; with the floor
-    from the start 2.803."""
+    runs away (quant2 alone, with one thread as here: 2.8e17 and a loss of 3.34 without the
+    guard, 19% above plain's 2.80; 3.12 with two threads). The guard tightens the floor to 0.2
+    and drops that step; the run trains on and ends nearer plain's loss than half the
+    runaway's cost. Where it ends depends on when the runaway starts, which is chaotic: it moved
+    between 28 and 29 November under quant2 alone, and moves with the thread count. Measured:
+    2.902 (3.6% above plain) on 28 November, 2.928 (4.5%, 2 threads) and 2.956 (5.5%, 1 thread,
+    this test's) on 29 November; with the floor from the start 2.806."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     import diverging_lm
     plain = diverging_lm.run(None, 60)
@@ -151,5 +151,5 @@ def test_auto_without_a_floor_runs_away_falls_back_and_trains_on():
     assert auto["steps_dropped"] == auto["floor_tightenings"], auto
     assert any("falls back to finer codecs" in str(w.message) for w in caught)
     runaway_cost = unguarded["last_loss"] - plain["last_loss"]
-    assert runaway_cost > 0.2, (unguarded, plain)  # the runaway is real: 0.39 measured
+    assert runaway_cost > 0.2, (unguarded, plain)  # the runaway is real: 0.54 measured
     assert auto["last_loss"] - plain["last_loss"] < 0.5 * runaway_cost, (auto, plain, unguarded)

@@ -103,8 +103,8 @@ class budget:
             the first plan could not finish under the cap): recomputation costs a forward, so
             it is taken only when packing alone cannot hold the step. The step after the
             switch plans afresh and, like a run's first steps, may lift the cap to measure.
-        gradient_guard: under a lossy codec, a gradient norm over 100x its recent median for
-            two steps in a row is a runaway (2-bit attention inputs make a small GPT's
+        gradient_guard: under a lossy codec, a gradient norm over 100x its recent median in
+            two of the last three steps is a runaway (2-bit attention inputs make a small GPT's
             gradients run away to inf: benchmarks/diverging_lm.py), caught in that backward,
             before the optimizer steps on it. Under a fixed codec it raises
             actpack.GradientRunaway. Where auto chooses, it warns, halves max_rel_rms (0.2
