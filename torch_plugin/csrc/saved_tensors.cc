@@ -181,13 +181,15 @@ runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::Co
 // The bool tensor a sign mask is encoded from or decoded into (`saved <= 0`), alive while this
 // lives. A host one lives outside torch's allocator: a quarter of the tensor's bytes for a
 // moment, which in the budget's pool split segments (a 14 MiB budget then failed a 1 MiB request
-// with 5.4 MiB cached in pieces). It is one buffer per thread, kept and grown up to
-// kKeptBytes: one malloc'd per tensor was mapped by glibc and faulted in afresh each time,
-// 16,000 page faults a step on the suite's ResNet-50 (a third of its faults under `auto`).
-// Keeping the largest one adds nothing to the peak outside the pool, which held it anyway.
+// with 5.4 MiB cached in pieces). Up to kKeptBytes it is one buffer per thread, kept: one
+// malloc'd per tensor was mapped by glibc and faulted in afresh each time (16,000 page faults a
+// step on the suite's ResNet-50 under `auto`, 7,000 of them from masks up to 1 MiB). Not larger:
+// a kept buffer counts outside the pool at every reservation, where a transient one counted
+// only while it lived; kept up to 16 MiB it cost the planner's CNN under 256 MiB 4 samples of
+// its 134 (tools/budget_check.py plan --model cnn --budget 256MiB --codec auto).
 class SignScratch {
  public:
-  static constexpr size_t kKeptBytes = size_t{16} << 20;
+  static constexpr size_t kKeptBytes = size_t{1} << 20;
 
   SignScratch() = default;
   SignScratch(const SignScratch&) = delete;
