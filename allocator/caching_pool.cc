@@ -226,27 +226,23 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
     // limit every step.
     // One retry in the statistics however many segments it takes, as PyTorch counts them.
     bool retried = false;
-    auto retry = [&]() {
+    auto retry = [&](absl::StatusOr<void*> attempt) {
       if (!retried) Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
       retried = true;
-      memory = try_reserve();
+      memory = std::move(attempt);
     };
-    if (freed_blocks) retry();
+    if (freed_blocks) retry(try_reserve());
     if (!memory.ok() && IsReserveLimitExceeded(memory.status())) {
       absl::StatusOr<void*> moved = RemapFreeSegment(segment_size, stream, over_limit);
-      if (moved.ok()) {
-        if (!retried) Notify({MemoryAction::kAllocRetry, 0, block_size, bytes, stream});
-        retried = true;
-        memory = moved;
-      }
+      if (moved.ok()) retry(std::move(moved));
     }
     while (!memory.ok() && IsReserveLimitExceeded(memory.status()) &&
            ReleaseFreeSegments(std::max<size_t>(over_limit(), 1)) > 0) {
-      retry();
+      retry(try_reserve());
     }
     // Refused by the upstream itself (the device is full): everything cached goes back.
     if (!memory.ok() && !IsReserveLimitExceeded(memory.status()) && ReleaseFreeSegments() > 0) {
-      retry();
+      retry(try_reserve());
     }
     if (!memory.ok()) {
       return WithContext(

@@ -24,6 +24,26 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // its 1.1 s), against one per 2 MiB in huge pages. The resident size is what was touched, as
 // before: a segment's blocks are written once handed out. PyTorch's own CPU allocator does the
 // same behind THP_MEM_ALLOC_ENABLE.
+// `size` bytes mapped with `protection` and `flags` from a huge-page boundary, or nullptr: a huge
+// page more is mapped and the ends outside the aligned range unmapped.
+void* MapOnHugePageBoundary(size_t size, int protection, int flags) {
+  const size_t mapped = size + kHugePage;
+  void* raw = mmap(nullptr, mapped, protection, flags, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = RoundUp(begin, kHugePage);
+  if (aligned > begin) munmap(raw, aligned - begin);
+  const uintptr_t end = begin + mapped;
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  return reinterpret_cast<void*>(aligned);
+}
+
+void AdviseHugePages(void* ptr, size_t size) {
+#ifdef MADV_HUGEPAGE
+  madvise(ptr, size, MADV_HUGEPAGE);  // advice: refused or ignored, the pages are small ones
+#endif
+}
+
 void* MapPages(size_t size) {
   constexpr int kProtection = PROT_READ | PROT_WRITE;
   constexpr int kFlags = MAP_PRIVATE | MAP_ANONYMOUS;
@@ -31,19 +51,8 @@ void* MapPages(size_t size) {
     void* ptr = mmap(nullptr, size, kProtection, kFlags, -1, 0);
     return ptr == MAP_FAILED ? nullptr : ptr;
   }
-  // Map a huge page more than asked and unmap the ends outside the aligned range.
-  const size_t mapped = size + kHugePage;
-  void* raw = mmap(nullptr, mapped, kProtection, kFlags, -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  const auto begin = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = RoundUp(begin, kHugePage);
-  if (aligned > begin) munmap(raw, aligned - begin);
-  const uintptr_t end = begin + mapped;
-  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
-  void* ptr = reinterpret_cast<void*>(aligned);
-#ifdef MADV_HUGEPAGE
-  madvise(ptr, size, MADV_HUGEPAGE);  // advice: refused or ignored, the pages are small ones
-#endif
+  void* ptr = MapOnHugePageBoundary(size, kProtection, kFlags);
+  if (ptr != nullptr) AdviseHugePages(ptr, size);
   return ptr;
 }
 
@@ -60,28 +69,15 @@ void* ResizeMapping(void* ptr, size_t old_size, size_t new_size) {
   if (resized == MAP_FAILED && !wants_huge_pages) {
     resized = mremap(ptr, old_size, new_size, MREMAP_MAYMOVE);
   } else if (resized == MAP_FAILED) {
-    // Reserve aligned addresses (no memory: PROT_NONE), move onto them, drop the ends.
-    const size_t span = new_size + kHugePage;
-    void* raw = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw == MAP_FAILED) return nullptr;
-    const auto begin = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t aligned = RoundUp(begin, kHugePage);
-    resized = mremap(ptr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED,
-                     reinterpret_cast<void*>(aligned));
-    if (resized == MAP_FAILED) {
-      munmap(raw, span);
-      return nullptr;
-    }
-    if (aligned > begin) munmap(raw, aligned - begin);
-    const uintptr_t end = begin + span;
-    if (end > aligned + new_size) {
-      munmap(reinterpret_cast<void*>(aligned + new_size), end - aligned - new_size);
-    }
+    // Reserve aligned addresses (no memory: PROT_NONE) and move onto them.
+    void* target = MapOnHugePageBoundary(new_size, PROT_NONE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
+    if (target == nullptr) return nullptr;
+    resized = mremap(ptr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, target);
+    if (resized == MAP_FAILED) munmap(target, new_size);
   }
   if (resized == MAP_FAILED) return nullptr;
-#ifdef MADV_HUGEPAGE
-  if (new_size >= kHugePage) madvise(resized, new_size, MADV_HUGEPAGE);
-#endif
+  if (wants_huge_pages) AdviseHugePages(resized, new_size);
   return resized;
 }
 

@@ -236,9 +236,13 @@ class SignScratch {
 // NaN compares false, as in le.
 constexpr int64_t kSignGrain = int64_t{1} << 16;
 
+bool HostFloat32Pair(const at::Tensor& values, const at::Tensor& bools) {
+  return values.is_cpu() && values.scalar_type() == at::kFloat && values.is_contiguous() &&
+         bools.is_contiguous();
+}
+
 void SignMaskOf(const at::Tensor& values, at::Tensor& bools) {
-  if (!values.is_cpu() || values.scalar_type() != at::kFloat || !values.is_contiguous() ||
-      !bools.is_contiguous()) {
+  if (!HostFloat32Pair(values, bools)) {
     at::le_out(bools, values, 0);
     return;
   }
@@ -250,8 +254,7 @@ void SignMaskOf(const at::Tensor& values, at::Tensor& bools) {
 }
 
 void ValuesOfSignMask(const at::Tensor& bools, at::Tensor& values) {
-  if (!values.is_cpu() || values.scalar_type() != at::kFloat || !values.is_contiguous() ||
-      !bools.is_contiguous()) {
+  if (!HostFloat32Pair(values, bools)) {
     at::logical_not_out(values, bools);
     return;
   }

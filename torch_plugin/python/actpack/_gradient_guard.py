@@ -13,8 +13,8 @@ kept exact, runtime/session.cc: an op's statistics).
 A gradient norm far above its recent median in two of the last three steps, while saved tensors
 were packed lossily, is a runaway (two in a row let a runaway through whose norms alternate
 between 50x and 150x the median, each lower one resetting the count: the small GPT's ran five
-steps longer so, and ended 5.5% above plain's loss instead of 3.6%), caught in the backward that produced it: the optimizer has not
-stepped yet, so the weights are still finite. Under a fixed codec it raises `GradientRunaway`.
+steps longer so), caught in the backward that produced it: the optimizer has not stepped yet,
+so the weights are still finite. Under a fixed codec it raises `GradientRunaway`.
 Where `auto` chooses, the choice is the runtime's to correct: the fidelity floor halves (from
 0.2 where there was none), the tensors whose codec it now rules out take finer ones from the
 next pack on, and this step's gradients are dropped (set to None: the optimizer skips the
