@@ -22,6 +22,8 @@
 #include <tuple>
 #include <vector>
 
+#include "torch_plugin/csrc/vector_loop.h"
+
 namespace actpack::torch_plugin {
 namespace {
 
@@ -126,6 +128,21 @@ std::optional<ChannelLayout> LayoutOf(const at::Tensor& t) {
   return std::nullopt;
 }
 
+// Rows [0, rows) of C channels each (channels_last): per channel, the sums of dy and of
+// dy * (x - mean) added to s and d, in double.
+ACTPACK_VECTOR_LOOP void AddChannelSums(const float* __restrict x, const float* __restrict dy,
+                                        const double* __restrict mean, int64_t rows, int64_t C,
+                                        double* __restrict s, double* __restrict d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const float* dyr = dy + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      s[c] += dyr[c];
+      d[c] += static_cast<double>(dyr[c]) * (xr[c] - mean[c]);
+    }
+  }
+}
+
 // Per channel, the sums batch norm's backward needs: of dy and of dy * (x - mean), in double.
 void ChannelSums(const ChannelLayout& l, const float* x, const float* dy,
                  const std::vector<double>& mean, std::vector<double>& sum_dy,
@@ -153,15 +170,7 @@ void ChannelSums(const ChannelLayout& l, const float* x, const float* dy,
   std::vector<double> partial(static_cast<size_t>(2 * C * threads), 0.0);
   at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / C), [&](int64_t begin, int64_t end) {
     double* s = partial.data() + 2 * C * at::get_thread_num();
-    double* d = s + C;
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * C;
-      const float* dyr = dy + r * C;
-      for (int64_t c = 0; c < C; ++c) {
-        s[c] += dyr[c];
-        d[c] += static_cast<double>(dyr[c]) * (xr[c] - mean[c]);
-      }
-    }
+    AddChannelSums(x + begin * C, dy + begin * C, mean.data(), end - begin, C, s, s + C);
   });
   for (int64_t t = 0; t < threads; ++t) {
     for (int64_t c = 0; c < C; ++c) {
@@ -169,6 +178,26 @@ void ChannelSums(const ChannelLayout& l, const float* x, const float* dy,
       sum_dy_xmu[c] += partial[2 * C * t + C + c];
     }
   }
+}
+
+// Batch norm's input gradient in training, written over x, for `rows` pixels of C channels
+// each (channels_last), with the per-channel factors of WriteInputGradient.
+ACTPACK_VECTOR_LOOP void WriteGradientRows(float* __restrict x, const float* __restrict dy,
+                                           int64_t rows, int64_t C,
+                                           const float* __restrict mean,
+                                           const float* __restrict a, const float* __restrict k,
+                                           const float* __restrict scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * C;
+    const float* dyr = dy + r * C;
+    for (int64_t c = 0; c < C; ++c) xr[c] = (dyr[c] - a[c] - (xr[c] - mean[c]) * k[c]) * scale[c];
+  }
+}
+
+// The same for one channel's run of `n` elements, its factors scalars.
+ACTPACK_VECTOR_LOOP void WriteGradientRun(float* __restrict x, const float* __restrict dy,
+                                          int64_t n, float m, float ac, float kc, float sc) {
+  for (int64_t i = 0; i < n; ++i) x[i] = (dy[i] - ac - (x[i] - m) * kc) * sc;
 }
 
 // dx written over x: in training (dy - a[c] - (x - mean[c]) * k[c]) * scale[c], with a dy's
@@ -188,21 +217,16 @@ void WriteInputGradient(const ChannelLayout& l, bool train, float* x, const floa
     at::parallel_for(0, l.samples * C, 1, [&](int64_t begin, int64_t end) {
       for (int64_t nc = begin; nc < end; ++nc) {
         const int64_t c = nc % C;
-        float* xr = x + nc * l.spatial;
-        const float* dyr = dy + nc * l.spatial;
-        const float m = mean[c], ac = a[c], kc = k[c], sc = scale[c];
-        for (int64_t i = 0; i < l.spatial; ++i) xr[i] = (dyr[i] - ac - (xr[i] - m) * kc) * sc;
+        WriteGradientRun(x + nc * l.spatial, dy + nc * l.spatial, l.spatial, mean[c], a[c], k[c],
+                         scale[c]);
       }
     });
     return;
   }
   at::parallel_for(0, l.samples * l.spatial, std::max<int64_t>(1, 32768 / C),
                    [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      float* xr = x + r * C;
-      const float* dyr = dy + r * C;
-      for (int64_t c = 0; c < C; ++c) xr[c] = (dyr[c] - a[c] - (xr[c] - mean[c]) * k[c]) * scale[c];
-    }
+    WriteGradientRows(x + begin * C, dy + begin * C, end - begin, C, mean.data(), a.data(),
+                      k.data(), scale.data());
   });
 }
 
