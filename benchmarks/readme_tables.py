@@ -112,16 +112,25 @@ SUITE_METHODS = {
     "actpack:auto+recompute": "actpack `auto`, `recompute=\"auto\"`",
     "bf16_autocast": "bf16 autocast",
     "actpack:auto+bf16": "actpack `auto` + bf16 autocast",
+    "compile": "`torch.compile`",
+    "compile:budget=0.5": "`torch.compile`, `activation_memory_budget=0.5`",
+    "compile:budget=0": "`torch.compile`, `activation_memory_budget=0`",
+    "actpack:auto+compile": "actpack `auto` inside `torch.compile`",
 }
+# What a PyTorch user would reach for instead of actpack to fit a larger batch.
+NATIVE = ("checkpoint", "selective_checkpoint", "compile", "compile:budget=0.5",
+          "compile:budget=0")
 
 
 def _mib(n):
     return f"{n / 2**20:.0f} MiB"
 
 
-def suite_table(model):
-    """benchmarks/results/suite_cpu_<model>.json (benchmarks/suite.py --models <model>)."""
-    data = load(f"suite_cpu_{model}.json")
+def suite_table(model, suffix=""):
+    """benchmarks/results/suite_cpu_<model><suffix>.json (benchmarks/suite.py --models
+    <model>; suffix _compile: the run of the torch.compile methods, with its own plain and
+    checkpointing rows as the time's and the ratios' references)."""
+    data = load(f"suite_cpu_{model}{suffix}.json")
     entry = data["models"][model]
     rows = {r["method"]: r for r in data["rows"] if r["model"] == model}
 
@@ -136,7 +145,7 @@ def suite_table(model):
              "|---|---|---|---|---|---|---|---|"]
     # A run without the no-floor row predates auto's fidelity floor (max_rel_rms): its auto
     # packed as auto with max_rel_rms=None does now, and ReLU's outputs by value.
-    floored = "actpack:auto,no floor" in rows
+    floored = "actpack:auto,no floor" in rows or suffix == "_compile"  # that run came after
     for method, name in SUITE_METHODS.items():
         if method not in rows:
             continue
@@ -146,14 +155,41 @@ def suite_table(model):
         low, high = m["max_batch"], m["max_batch_upper"]
         batch = f"{low}" if high == low else f"{low} ({high})"
         own = r.get("min_cosine_at_max_batch")
-        if own is None and method in ("plain", "checkpoint", "selective_checkpoint",
-                                      "actpack:none"):
+        if own is None and method in ("plain", "actpack:none") + NATIVE:
             own = r.get("min_cosine")  # exact methods: the same gradients at any batch
         time = f(r.get("time_vs_plain"), ".2f") if not r.get("error") else "out of memory"
         lines.append(f"| {name} | {batch} | {f(r.get('vs_plain'), '.2f')} | "
                      f"{f(r.get('vs_checkpoint'), '.2f')} | {time} | "
                      f"{f(r.get('min_cosine'), '.4f')} | {f(own, '.4f')} | "
                      f"{f(r.get('final_loss'), '.3f')} |")
+    return "\n".join(lines)
+
+
+def suite_versus_native():
+    """Per model, the largest batch of the best PyTorch-native method (of both suite runs)
+    against actpack's auto, with and without recomputation."""
+    lines = ["| model, budget | best PyTorch-native method: largest batch | native methods "
+             "measured | actpack `auto` | `auto`, `recompute=\"auto\"` | best `auto` / best "
+             "native |", "|---|---|---|---|---|---|"]
+    for model, name in SUITE_MODELS.items():
+        files = [f for f in (f"suite_cpu_{model}.json", f"suite_cpu_{model}_compile.json")
+                 if os.path.exists(os.path.join(RESULTS, f))]
+        if not files:
+            continue
+        methods = {}
+        for f in files:
+            entry = load(f)["models"][model]
+            budget = entry["budget_bytes"]
+            for method, m in entry["methods"].items():
+                methods.setdefault(method, m["max_batch"])  # the compile run took the others'
+        native = {m: methods[m] for m in NATIVE if m in methods}
+        best = max(native, key=native.get)
+        auto = max(methods[m] for m in ("actpack:auto", "actpack:auto+recompute") if m in methods)
+        lines.append(
+            f"| {name}, {_mib(budget)} | {SUITE_METHODS[best]}: {native[best]} | "
+            f"{', '.join(f'{SUITE_METHODS[m]} {b}' for m, b in native.items())} | "
+            f"{methods['actpack:auto']} | {methods.get('actpack:auto+recompute', '-')} | "
+            f"{auto / native[best]:.2f}x |")
     return "\n".join(lines)
 
 
@@ -188,9 +224,11 @@ TABLES = {"convergence": convergence, "diverging-lm": diverging_lm, "planner": p
           "planner-steps": planner_steps, "overhead": overhead,
           "suite-limits": suite_limits}
 # A model's suite table once its result file is committed (the ViT's and UNet's are not yet).
-TABLES.update({f"suite-{model}": (lambda model=model: suite_table(model))
-               for model in SUITE_MODELS
-               if os.path.exists(os.path.join(RESULTS, f"suite_cpu_{model}.json"))})
+TABLES.update({f"suite-{model}{suffix.replace('_', '-')}":
+               (lambda model=model, suffix=suffix: suite_table(model, suffix))
+               for model in SUITE_MODELS for suffix in ("", "_compile")
+               if os.path.exists(os.path.join(RESULTS, f"suite_cpu_{model}{suffix}.json"))})
+TABLES["suite-versus-native"] = suite_versus_native
 
 
 def rendered(text):
