@@ -713,7 +713,12 @@ def main(argv=None):
             with open(path) as f:
                 data = json.load(f)
             merged = merged or {"machine": data["machine"], "size": data["size"], "models": {}}
-            merged["models"].update(data["models"])
+            for name, entry in data["models"].items():  # a second run of a model adds methods
+                if name in merged["models"]:
+                    for method, m in entry["methods"].items():
+                        merged["models"][name]["methods"].setdefault(method, m)
+                else:
+                    merged["models"][name] = entry
         os.makedirs(args.out, exist_ok=True)
         picture(merged, os.path.join(args.out, "benchmark.svg"))
         print(f"wrote {args.out}/benchmark.svg from {len(args.picture)} result files")
