@@ -155,7 +155,8 @@ def suite_table(model, suffix=""):
         low, high = m["max_batch"], m["max_batch_upper"]
         batch = f"{low}" if high == low else f"{low} ({high})"
         own = r.get("min_cosine_at_max_batch")
-        if own is None and method in ("plain", "actpack:none") + NATIVE:
+        if own is None and method in ("plain", "checkpoint", "selective_checkpoint",
+                                      "actpack:none"):
             own = r.get("min_cosine")  # exact methods: the same gradients at any batch
         time = f(r.get("time_vs_plain"), ".2f") if not r.get("error") else "out of memory"
         lines.append(f"| {name} | {batch} | {f(r.get('vs_plain'), '.2f')} | "
@@ -176,13 +177,19 @@ def suite_versus_native():
                  if os.path.exists(os.path.join(RESULTS, f))]
         if not files:
             continue
-        methods = {}
+        methods, budgets = {}, set()
         for f in files:
             entry = load(f)["models"][model]
-            budget = entry["budget_bytes"]
+            budgets.add(entry["budget_bytes"])
             for method, m in entry["methods"].items():
                 methods.setdefault(method, m["max_batch"])  # the compile run took the others'
+        if len(budgets) != 1:
+            raise SystemExit(f"readme_tables: {' and '.join(files)} ran {model} under different "
+                             f"budgets ({', '.join(map(_mib, sorted(budgets)))}); expected one")
+        budget = budgets.pop()
         native = {m: methods[m] for m in NATIVE if m in methods}
+        if not native or "actpack:auto" not in methods:
+            continue
         best = max(native, key=native.get)
         auto = max(methods[m] for m in ("actpack:auto", "actpack:auto+recompute") if m in methods)
         lines.append(

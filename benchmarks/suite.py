@@ -715,6 +715,9 @@ def main(argv=None):
             merged = merged or {"machine": data["machine"], "size": data["size"], "models": {}}
             for name, entry in data["models"].items():  # a second run of a model adds methods
                 if name in merged["models"]:
+                    if entry["budget_bytes"] != merged["models"][name]["budget_bytes"]:
+                        raise SystemExit(f"--picture: {path} ran {name} under another budget "
+                                         "than an earlier file; expected the same")
                     for method, m in entry["methods"].items():
                         merged["models"][name]["methods"].setdefault(method, m)
                 else:

@@ -44,12 +44,12 @@ def lean_budget(lean, codec="quant8"):
         counts["taken"] = _C._lean_backward_taken() - before
 
 
-def gradients(model, lean, codec="quant8", train=True):
+def gradients(model, lean, codec="quant8", train=True, batch=8, size=16):
     """One backward under `codec`, with or without the lean kernels: the parameters'
     gradients and how many decoded tensors the kernels overwrote."""
     model.train(train)
     torch.manual_seed(1)
-    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    x, y = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
     model.zero_grad(set_to_none=True)
     with lean_budget(lean, codec) as counts:
         F.cross_entropy(model(x), y).backward()
@@ -58,24 +58,49 @@ def gradients(model, lean, codec="quant8", train=True):
 
 @pytest.mark.parametrize("mkldnn", [True, False], ids=["channels_last", "nchw"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
-@pytest.mark.parametrize("widths", [(32, 64), (13, 29)], ids=["x8", "odd"])
-def test_lean_kernels_give_atens_gradients(mkldnn, train, widths):
+@pytest.mark.parametrize("shape", [(32, 64, 8, 16), (13, 29, 7, 13)], ids=["x8", "odd"])
+def test_lean_kernels_give_atens_gradients(mkldnn, train, shape):
     """The same decoded activations (the forward is untouched) give ATen's gradients, to
     float rounding: measured at most 4.4e-6 of a parameter's gradient norm. A kernel that left
     out a term of batch norm's gradient (its mean, the projection on x - mean), wrote a 1x1
     convolution's gradient to the wrong pixels, or kept a ReLU's gradient where the input was
-    negative would be off by a sizable fraction of it. Odd channel counts run the vector
-    loops' tails (8 floats a vector on AVX2)."""
+    negative would be off by a sizable fraction of it. Odd channel counts, images and batches
+    run the vector loops' tails (8 floats a vector on AVX2) in both layouts and the masks."""
     if mkldnn and not torch.backends.mkldnn.is_available():
         pytest.skip("needs oneDNN")
-    model = bottleneck_net(*widths)
+    narrow, wide, batch, size = shape
+    model = bottleneck_net(narrow, wide)
     with torch.backends.mkldnn.flags(enabled=mkldnn):
-        aten, none_taken = gradients(model, lean=False, train=train)
-        lean, taken = gradients(model, lean=True, train=train)
+        aten, none_taken = gradients(model, lean=False, train=train, batch=batch, size=size)
+        lean, taken = gradients(model, lean=True, train=train, batch=batch, size=size)
     assert none_taken == 0
     # Channels_last: 3 batch norms, 3 ReLUs (not the last: the pooling's gradient comes back
     # NCHW), 2 1x1 convolutions. NCHW (oneDNN off): the batch norms and the 4 ReLUs.
     assert taken == (8 if mkldnn else 7)
+    for a, b in zip(aten, lean):
+        assert (a - b).norm() <= 1e-5 * a.norm()
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_lean_batch_norm_over_features_gives_atens_gradients(train):
+    """BatchNorm1d over [N, C] features: one element a sample and channel, which the kernel
+    sums as rows of C channels. A sum that skipped a row chunk or a channel would be off by a
+    sizable fraction of the gradient."""
+    torch.manual_seed(0)
+    # No bias before the batch norm: its gradient is zero but for rounding.
+    model = nn.Sequential(nn.Linear(24, 37, bias=False), nn.BatchNorm1d(37), nn.ReLU(),
+                          nn.Linear(37, 10))
+    model.train(train)
+    results = []
+    for lean in (False, True):
+        torch.manual_seed(1)
+        x, y = torch.randn(53, 24), torch.randint(0, 10, (53,))
+        model.zero_grad(set_to_none=True)
+        with lean_budget(lean) as counts:
+            F.cross_entropy(model(x), y).backward()
+        results.append(([p.grad.clone() for p in model.parameters()], counts["taken"]))
+    (aten, none_taken), (lean, taken) = results
+    assert none_taken == 0 and taken >= 1  # the batch norm at least
     for a, b in zip(aten, lean):
         assert (a - b).norm() <= 1e-5 * a.norm()
 

@@ -120,7 +120,9 @@ struct ChannelLayout {
 std::optional<ChannelLayout> LayoutOf(const at::Tensor& t) {
   if (t.dim() < 2 || t.numel() == 0) return std::nullopt;
   const int64_t n = t.size(0), c = t.size(1), spatial = t.numel() / (n * c);
-  if (t.is_contiguous()) return ChannelLayout{n, c, spatial, false};
+  // [N, C] (one element a sample and channel) is rows of C channels as channels_last is: the
+  // row loops, not one call per element.
+  if (t.is_contiguous()) return ChannelLayout{n, c, spatial, spatial == 1};
   if ((t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
       (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d))) {
     return ChannelLayout{n, c, spatial, true};

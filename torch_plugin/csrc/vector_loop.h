@@ -7,7 +7,11 @@
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_VECTOR_LOOP_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_VECTOR_LOOP_H_
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cstddef>  // defines __GLIBC__ where glibc is the C library
+
+// The choice at load is an ELF ifunc, which glibc's loader resolves (musl's and macOS's do not).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__ELF__) && \
+    defined(__GLIBC__)
 #define ACTPACK_VECTOR_LOOP __attribute__((target_clones("avx2", "default")))
 #else
 #define ACTPACK_VECTOR_LOOP
