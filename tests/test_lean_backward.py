@@ -44,12 +44,13 @@ def lean_budget(lean, codec="quant8"):
         counts["taken"] = _C._lean_backward_taken() - before
 
 
-def gradients(model, lean, codec="quant8", train=True, batch=8, size=16):
-    """One backward under `codec`, with or without the lean kernels: the parameters'
-    gradients and how many decoded tensors the kernels overwrote."""
+def gradients(model, lean, codec="quant8", train=True, inputs=(8, 3, 16, 16)):
+    """One backward under `codec` over a random batch of shape `inputs`, with or without the
+    lean kernels: the parameters' gradients and how many decoded tensors the kernels
+    overwrote."""
     model.train(train)
     torch.manual_seed(1)
-    x, y = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
+    x, y = torch.randn(inputs), torch.randint(0, 10, (inputs[0],))
     model.zero_grad(set_to_none=True)
     with lean_budget(lean, codec) as counts:
         F.cross_entropy(model(x), y).backward()
@@ -71,8 +72,8 @@ def test_lean_kernels_give_atens_gradients(mkldnn, train, shape):
     narrow, wide, batch, size = shape
     model = bottleneck_net(narrow, wide)
     with torch.backends.mkldnn.flags(enabled=mkldnn):
-        aten, none_taken = gradients(model, lean=False, train=train, batch=batch, size=size)
-        lean, taken = gradients(model, lean=True, train=train, batch=batch, size=size)
+        aten, none_taken = gradients(model, lean=False, train=train, inputs=(batch, 3, size, size))
+        lean, taken = gradients(model, lean=True, train=train, inputs=(batch, 3, size, size))
     assert none_taken == 0
     # Channels_last: 3 batch norms, 3 ReLUs (not the last: the pooling's gradient comes back
     # NCHW), 2 1x1 convolutions. NCHW (oneDNN off): the batch norms and the 4 ReLUs.
@@ -90,16 +91,8 @@ def test_lean_batch_norm_over_features_gives_atens_gradients(train):
     # No bias before the batch norm: its gradient is zero but for rounding.
     model = nn.Sequential(nn.Linear(24, 37, bias=False), nn.BatchNorm1d(37), nn.ReLU(),
                           nn.Linear(37, 10))
-    model.train(train)
-    results = []
-    for lean in (False, True):
-        torch.manual_seed(1)
-        x, y = torch.randn(53, 24), torch.randint(0, 10, (53,))
-        model.zero_grad(set_to_none=True)
-        with lean_budget(lean) as counts:
-            F.cross_entropy(model(x), y).backward()
-        results.append(([p.grad.clone() for p in model.parameters()], counts["taken"]))
-    (aten, none_taken), (lean, taken) = results
+    aten, none_taken = gradients(model, lean=False, train=train, inputs=(53, 24))
+    lean, taken = gradients(model, lean=True, train=train, inputs=(53, 24))
     assert none_taken == 0 and taken >= 1  # the batch norm at least
     for a, b in zip(aten, lean):
         assert (a - b).norm() <= 1e-5 * a.norm()
