@@ -1,5 +1,6 @@
 #include "runtime/device_status_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 #ifdef ACTPACK_WITH_CUDA
@@ -66,7 +67,7 @@ struct DeviceStatusPool::Chunk {
 DeviceStatusPool::DeviceStatusPool(BufferFactory factory) : factory_(std::move(factory)) {}
 
 DeviceStatusPool::~DeviceStatusPool() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (device_index_ >= 0) {
     DeviceScope scope(device_index_);
     // Work queued on the statuses may still run: let it finish before the memory goes.
@@ -78,7 +79,7 @@ DeviceStatusPool::~DeviceStatusPool() {
 
 absl::Status DeviceStatusPool::Order(void* waiting, void* producer) {
   if (waiting == producer) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (order_event_ == nullptr) {
     cudaEvent_t event;
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
@@ -92,43 +93,121 @@ absl::Status DeviceStatusPool::Order(void* waiting, void* producer) {
 
 absl::StatusOr<DeviceStatusPool::Slot> DeviceStatusPool::Acquire(
     const codecs::ExecContext& context) {
-  absl::MutexLock lock(&mu_);
-  if (device_index_ < 0) device_index_ = context.device_index;
-  if (context.device_index != device_index_) {
-    return absl::InvalidArgumentError(
-        "actpack: a device status pool serves one device; this tensor is on another");
-  }
-  if (free_.empty()) {
-    auto chunk = std::make_unique<Chunk>();
-    absl::StatusOr<std::unique_ptr<Buffer>> memory =
-        factory_(kSlotsPerChunk * sizeof(codecs::DeviceStatus), context);
-    if (!memory.ok()) return memory.status();
-    chunk->device = std::move(*memory);
-    void* mirror = nullptr;
-    ACTPACK_CUDA_RETURN_IF_ERROR(
-        cudaHostAlloc(&mirror, kSlotsPerChunk * sizeof(codecs::DeviceStatus), 0));
-    chunk->mirror = static_cast<codecs::DeviceStatus*>(mirror);
-    const int c = static_cast<int>(chunks_.size());
-    chunks_.push_back(std::move(chunk));
-    // Handed out from the front: the free list is popped from the back.
-    for (int i = kSlotsPerChunk - 1; i >= 0; --i) {
-      free_.push_back(Slot{c, i, chunks_[c]->Device(i)});
+  {
+    CheckedLock lock(&mu_);
+    if (device_index_ < 0) device_index_ = context.device_index;
+    if (context.device_index != device_index_) {
+      return absl::InvalidArgumentError(
+          "actpack: a device status pool serves one device; this tensor is on another");
     }
+    if (!free_.empty()) return TakeFreeLocked();
   }
+  // A new chunk, made with no lock held: its device memory comes from the budget's allocator,
+  // which may call the runtime back on this thread (pressure relief) before it returns.
+  CheckNoneHeld("allocating device statuses");
+  auto chunk = std::make_unique<Chunk>();
+  absl::StatusOr<std::unique_ptr<Buffer>> memory =
+      factory_(kSlotsPerChunk * sizeof(codecs::DeviceStatus), context);
+  if (!memory.ok()) return memory.status();
+  chunk->device = std::move(*memory);
+  void* mirror = nullptr;
+  ACTPACK_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&mirror, kSlotsPerChunk * sizeof(codecs::DeviceStatus), 0));
+  chunk->mirror = static_cast<codecs::DeviceStatus*>(mirror);
+  CheckedLock lock(&mu_);
+  const int c = static_cast<int>(chunks_.size());
+  chunks_.push_back(std::move(chunk));
+  // Handed out from the front: the free list is popped from the back.
+  for (int i = kSlotsPerChunk - 1; i >= 0; --i) {
+    free_.push_back(Slot{c, i, chunks_[c]->Device(i)});
+  }
+  return TakeFreeLocked();
+}
+
+DeviceStatusPool::Slot DeviceStatusPool::TakeFreeLocked() {
   const Slot slot = free_.back();
   free_.pop_back();
   chunks_[slot.chunk]->pending[slot.index] = false;
   return slot;
 }
 
+absl::Status DeviceStatusPool::CopyStatus(const Slot& from, const Slot& to, void* stream) {
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to.device, from.device,
+                                               sizeof(codecs::DeviceStatus),
+                                               cudaMemcpyDeviceToDevice,
+                                               static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
+
+// Pinned host memory samples are copied into: bump-allocated, reused once every sample in it
+// has been given back.
+struct DeviceStatusPool::Staging {
+  static constexpr size_t kBytes = size_t{8} << 20;
+  uint8_t* host = nullptr;
+  size_t size = 0;
+  size_t used = 0;
+  int live = 0;
+  ~Staging() {
+    if (host != nullptr) cudaFreeHost(host);
+  }
+};
+
+absl::StatusOr<DeviceStatusPool::Sample> DeviceStatusPool::StageSample(const void* device,
+                                                                       size_t bytes,
+                                                                       void* stream) {
+  CheckedLock lock(&mu_);
+  // 256-byte aligned, as any element type wants.
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  int chosen = -1;
+  size_t total = 0;
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    total += staging_[i]->size;
+    if (chosen < 0 && staging_[i]->size - staging_[i]->used >= rounded) chosen = static_cast<int>(i);
+  }
+  if (chosen < 0) {
+    const size_t size = std::max(Staging::kBytes, rounded);
+    if (total + size > kMaxStagedBytes) {
+      return absl::UnavailableError(
+          "actpack: the profile step's samples fill their staging memory");
+    }
+    auto staging = std::make_unique<Staging>();
+    void* host = nullptr;
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, size, 0));
+    staging->host = static_cast<uint8_t*>(host);
+    staging->size = size;
+    staging_.push_back(std::move(staging));
+    chosen = static_cast<int>(staging_.size() - 1);
+  }
+  Staging& staging = *staging_[chosen];
+  uint8_t* host = staging.host + staging.used;
+  // Pinned destination: queued, no wait; Collect's wait orders it (the stream is noted).
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost,
+                                               static_cast<cudaStream_t>(stream)));
+  staging.used += rounded;
+  ++staging.live;
+  UseStreamLocked(stream);
+  return Sample{host, chosen};
+}
+
+void DeviceStatusPool::ReleaseSample(const Sample& sample) {
+  if (sample.chunk < 0) return;
+  CheckedLock lock(&mu_);
+  Staging& staging = *staging_[sample.chunk];
+  if (--staging.live == 0) staging.used = 0;
+}
+
 void DeviceStatusPool::Release(const Slot& slot) {
   if (!slot.valid()) return;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   released_.push_back(slot);
 }
 
 void DeviceStatusPool::UseStream(void* stream) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
+  UseStreamLocked(stream);
+}
+
+void DeviceStatusPool::UseStreamLocked(void* stream) {
   for (void* known : streams_) {
     if (known == stream) return;
   }
@@ -136,7 +215,7 @@ void DeviceStatusPool::UseStream(void* stream) {
 }
 
 absl::Status DeviceStatusPool::MirrorOne(const Slot& slot, void* stream) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   Chunk& chunk = *chunks_[slot.chunk];
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaEvent_t& event = chunk.mirrored[slot.index];
@@ -153,14 +232,14 @@ absl::Status DeviceStatusPool::MirrorOne(const Slot& slot, void* stream) {
 }
 
 bool DeviceStatusPool::Ready(const Slot& slot) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   Chunk& chunk = *chunks_[slot.chunk];
   if (!chunk.pending[slot.index]) return false;
   return cudaEventQuery(chunk.mirrored[slot.index]) == cudaSuccess;
 }
 
 absl::Status DeviceStatusPool::TimeBegin(const Slot& slot, Phase phase, void* stream) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   Chunk& chunk = *chunks_[slot.chunk];
   for (cudaEvent_t& event : chunk.timing[slot.index][phase]) {
     if (event == nullptr) ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
@@ -171,7 +250,7 @@ absl::Status DeviceStatusPool::TimeBegin(const Slot& slot, Phase phase, void* st
 }
 
 absl::Status DeviceStatusPool::TimeEnd(const Slot& slot, Phase phase, void* stream) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   Chunk& chunk = *chunks_[slot.chunk];
   ACTPACK_CUDA_RETURN_IF_ERROR(
       cudaEventRecord(chunk.timing[slot.index][phase][1], static_cast<cudaStream_t>(stream)));
@@ -180,14 +259,14 @@ absl::Status DeviceStatusPool::TimeEnd(const Slot& slot, Phase phase, void* stre
 }
 
 uint64_t DeviceStatusPool::TakeCodecNanoseconds() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const uint64_t taken = codec_nanoseconds_;
   codec_nanoseconds_ = 0;
   return taken;
 }
 
 absl::Status DeviceStatusPool::Collect() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (streams_.empty()) return absl::OkStatus();
   DeviceScope scope(device_index_);
   // The last stream copies, behind the others' work (stream-ordered: no host wait).
@@ -232,23 +311,24 @@ absl::Status DeviceStatusPool::Collect() {
 }
 
 const codecs::DeviceStatus& DeviceStatusPool::Mirror(const Slot& slot) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return chunks_[slot.chunk]->mirror[slot.index];
 }
 
 uint64_t DeviceStatusPool::waits() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return waits_;
 }
 
 uint64_t DeviceStatusPool::slots_in_use() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return chunks_.size() * kSlotsPerChunk - free_.size() - released_.size();
 }
 
 #else  // !ACTPACK_WITH_CUDA
 
 struct DeviceStatusPool::Chunk {};
+struct DeviceStatusPool::Staging {};
 
 DeviceStatusPool::DeviceStatusPool(BufferFactory factory) : factory_(std::move(factory)) {}
 DeviceStatusPool::~DeviceStatusPool() = default;
@@ -258,6 +338,14 @@ absl::StatusOr<DeviceStatusPool::Slot> DeviceStatusPool::Acquire(const codecs::E
       "actpack: packing a CUDA tensor needs CUDA support, which is not compiled into this build");
 }
 void DeviceStatusPool::Release(const Slot&) {}
+absl::Status DeviceStatusPool::CopyStatus(const Slot&, const Slot&, void*) {
+  return absl::OkStatus();
+}
+absl::StatusOr<DeviceStatusPool::Sample> DeviceStatusPool::StageSample(const void*, size_t,
+                                                                       void*) {
+  return absl::UnimplementedError("actpack: staging a sample needs CUDA");
+}
+void DeviceStatusPool::ReleaseSample(const Sample&) {}
 void DeviceStatusPool::UseStream(void*) {}
 absl::Status DeviceStatusPool::Order(void*, void*) { return absl::OkStatus(); }
 absl::Status DeviceStatusPool::MirrorOne(const Slot&, void*) { return absl::OkStatus(); }

@@ -6,9 +6,12 @@
 // tensor is packed and given back when the packed tensor is released; it is handed out again
 // only after the next Collect, whose wait orders every kernel that wrote it.
 //
-// Nothing here waits for the device except Collect and Wait: MirrorOne queues a copy of one
-// status into its mirror with an event behind it, and Ready asks that event (a query, never a
-// wait). Without CUDA compiled in, Acquire says so and nothing else is reachable.
+// Nothing here waits for the device except Collect: MirrorOne queues a copy of one status into
+// its mirror with an event behind it, and Ready asks that event (a query, never a wait). The
+// profile steps' samples of saved tensors come to the host the same way: StageSample queues a
+// copy into pinned memory, which Collect's one wait completes. Device memory is taken from the
+// factory with no lock held (an allocation at the budget's cap calls the runtime back on this
+// thread). Without CUDA compiled in, Acquire says so and nothing else is reachable.
 //
 // Usage (the session, for a CUDA tensor):
 //   absl::StatusOr<DeviceStatusPool::Slot> slot = pool.Acquire(context);
@@ -24,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "codecs/codec.h"
+#include "common/checked_mutex.h"
 #include "runtime/buffer.h"
 
 namespace actpack::runtime {
@@ -55,6 +58,24 @@ class DeviceStatusPool {
 
   // Gives the slot back; it is handed out again after the next Collect.
   void Release(const Slot& slot);
+
+  // Queues a copy of `from`'s status into `to` on `stream`: a decode's own slot starts as its
+  // encode's (the parameters the device decided), and what the decode writes (its check's sum,
+  // its failures) stays in it, so two decodes of one tensor never sum into one slot.
+  absl::Status CopyStatus(const Slot& from, const Slot& to, void* stream);
+
+  // A sample of a saved tensor for the profile steps' measurements: `bytes` at `device` copied
+  // into pinned host memory on `stream` (queued: no wait), complete after the next Collect.
+  // The staging memory grows in chunks while the first profile steps need it and is reused
+  // after; kUnavailable past kMaxStagedBytes (the sample is then left for a later step).
+  static constexpr size_t kMaxStagedBytes = size_t{64} << 20;
+  struct Sample {
+    const uint8_t* host = nullptr;
+    int chunk = -1;
+  };
+  absl::StatusOr<Sample> StageSample(const void* device, size_t bytes, void* stream);
+  // Gives a sample's staging memory back (after the Collect that completed it, once measured).
+  void ReleaseSample(const Sample& sample);
 
   // Notes a stream that ran deferred work on slots this step: Collect orders its work first.
   void UseStream(void* stream);
@@ -93,12 +114,16 @@ class DeviceStatusPool {
 
  private:
   struct Chunk;
+  struct Staging;
+  Slot TakeFreeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UseStreamLocked(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BufferFactory factory_;
-  mutable absl::Mutex mu_;
+  mutable CheckedMutex mu_{"runtime::DeviceStatusPool::mu_"};
   std::vector<std::unique_ptr<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> free_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> released_ ABSL_GUARDED_BY(mu_);  // free after the next Collect
   std::vector<void*> streams_ ABSL_GUARDED_BY(mu_);  // used since the last Collect
+  std::vector<std::unique_ptr<Staging>> staging_ ABSL_GUARDED_BY(mu_);
   int device_index_ ABSL_GUARDED_BY(mu_) = -1;
   void* order_event_ ABSL_GUARDED_BY(mu_) = nullptr;  // Order's, made on first use
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;

@@ -24,6 +24,18 @@ uint64_t ScaleEncodedSize(uint64_t used, uint64_t sample_numel, uint64_t full_nu
   return std::min(scaled, full_bound);
 }
 
+codecs::TensorView SampleOf(const codecs::TensorView& contiguous) {
+  codecs::TensorView sample = contiguous;
+  const uint64_t numel = contiguous.Spec().numel();
+  if (contiguous.shape.empty() || contiguous.shape[0] <= 1 ||
+      numel <= static_cast<uint64_t>(kSampleElements)) {
+    return sample;
+  }
+  const int64_t per_slice = static_cast<int64_t>(numel) / contiguous.shape[0];
+  sample.shape[0] = std::max<int64_t>(1, kSampleElements / std::max<int64_t>(1, per_slice));
+  return sample;
+}
+
 CodecMeasurement MeasureOnHost(const codecs::TensorView& sample, uint64_t full_numel,
                                const codecs::CodecParams& params) {
   CodecMeasurement m;

@@ -33,6 +33,14 @@ struct CodecMeasurement {
 CodecMeasurement MeasureOnHost(const codecs::TensorView& sample, uint64_t full_numel,
                                const codecs::CodecParams& params);
 
+// Profile steps measure each candidate on a sample of the saved tensor: whole leading slices
+// along dim 0 up to this many elements, at least one slice.
+inline constexpr int64_t kSampleElements = int64_t{1} << 18;
+
+// The leading slices of `contiguous` that make its sample (the whole tensor when it is small
+// or has one slice): a view of the same memory.
+codecs::TensorView SampleOf(const codecs::TensorView& contiguous);
+
 // Scales the encoded size of a sample of `sample_numel` elements to `full_numel` elements,
 // never above the codec's bound for the whole tensor.
 uint64_t ScaleEncodedSize(uint64_t used, uint64_t sample_numel, uint64_t full_numel,

@@ -138,6 +138,28 @@ int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
     if (known.producer == info.producer && known.shape == info.shape) return index;
   }
   SavedRecord record;
+  // The same position and op at another shape (a new sequence length, the last batch of an
+  // epoch) starts from what that shape measured: errors are ratios to the data, and the bytes
+  // scale with the elements. It is measured again at the usual profile steps, not at once.
+  for (int index : candidates) {
+    const SavedRecord& known = records_[index];
+    if (known.producer != info.producer || known.candidates.empty()) continue;
+    const uint64_t known_numel = codecs::TensorSpec{known.dtype, known.shape}.numel();
+    const uint64_t numel = codecs::TensorSpec{info.dtype, info.shape}.numel();
+    if (known.dtype != info.dtype || known_numel == 0) continue;
+    const double scale = static_cast<double>(numel) / static_cast<double>(known_numel);
+    record.candidates = known.candidates;
+    for (PolicyCandidate& c : record.candidates) {
+      c.bytes = static_cast<uint64_t>(std::ceil(static_cast<double>(c.bytes) * scale));
+    }
+    record.codecs = known.codecs;
+    record.choice = known.choice;
+    record.error = known.error;
+    record.measured_step = known.measured_step;
+    record.mean_square = known.mean_square;
+    record.bound_candidate = known.bound_candidate;
+    break;
+  }
   record.ordinal = ordinal;
   record.producer = info.producer;
   record.module = info.module;
@@ -151,7 +173,7 @@ int Session::RecordFor(const SavedTensorInfo& info, int ordinal) {
 }
 
 PackPlan Session::Plan(const SavedTensorInfo& info) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   PackPlan plan;
   plan.record = RecordFor(info, ordinal_++);
   step_records_.push_back(plan.record);
@@ -283,6 +305,38 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   return plan;
 }
 
+void Session::MeasureCandidates(PackPlan& plan, const codecs::TensorView& contiguous,
+                                const codecs::ExecContext& context) {
+  if (plan.measure.empty()) return;
+  const codecs::TensorView sample = SampleOf(contiguous);
+  const uint64_t full_numel = contiguous.Spec().numel();
+  if (context.device != codecs::Device::kCuda) {
+    for (size_t i = 0; i < plan.measure.size(); ++i) {
+      RecordMeasurement(plan.record, i, MeasureOnHost(sample, full_numel, plan.measure[i]));
+    }
+    ChooseMeasured(plan);
+    return;
+  }
+  // On a GPU the sample travels once, queued, and waits for the step's status read.
+  std::shared_ptr<DeviceStatusPool> pool = StatusPoolFor(context);
+  const size_t bytes = sample.Spec().numel() * codecs::ElementSize(sample.dtype);
+  absl::StatusOr<DeviceStatusPool::Sample> staged =
+      pool->StageSample(sample.data, bytes, context.stream);
+  CheckedLock lock(&mu_);
+  if (!staged.ok()) {
+    // No room to stage it this step: measured at its next pack instead.
+    if (plan.record >= 0 && static_cast<size_t>(plan.record) < records_.size()) {
+      records_[plan.record].measured_step = UINT64_MAX;
+    }
+    return;
+  }
+  codecs::TensorView host = sample;
+  host.data = staged->host;
+  host.device = codecs::Device::kCpu;
+  pending_samples_.push_back(
+      PendingSample{plan.record, plan.measure, std::move(host), full_numel, pool, *staged});
+}
+
 absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInfo& info,
                                                             const PackPlan& plan,
                                                             const codecs::TensorView& contiguous,
@@ -292,6 +346,7 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
   std::string note;
   absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(contiguous.Spec(), params);
   if (!capacity.ok()) return capacity.status();
+  CheckNoneHeld("allocating a packed tensor's buffer");
   absl::StatusOr<std::unique_ptr<Buffer>> buffer = factory_(*capacity, context);
   if (!buffer.ok()) return buffer.status();
   const auto encode_start = std::chrono::steady_clock::now();
@@ -315,26 +370,28 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::Pack(const SavedTensorInf
     if (!shrunk.ok()) return shrunk;
   }
   auto packed = NewPacked(info, std::move(*buffer), *used, context);
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   totals_.codec_nanoseconds += encode_ns;
   Admit(info, plan, params, note, packed);
   return packed;
 }
 
+std::shared_ptr<DeviceStatusPool> Session::StatusPoolFor(const codecs::ExecContext& context) {
+  CheckedLock lock(&mu_);
+  std::shared_ptr<DeviceStatusPool>& pool = status_pools_[context.device_index];
+  if (pool == nullptr) pool = std::make_shared<DeviceStatusPool>(factory_);
+  return pool;
+}
+
 absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
     const SavedTensorInfo& info, const PackPlan& plan, const codecs::TensorView& contiguous,
     const codecs::ExecContext& context) {
-  std::shared_ptr<DeviceStatusPool> pool;
-  {
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<DeviceStatusPool>& slot_pool = status_pools_[context.device_index];
-    if (slot_pool == nullptr) slot_pool = std::make_shared<DeviceStatusPool>(factory_);
-    pool = slot_pool;
-  }
+  std::shared_ptr<DeviceStatusPool> pool = StatusPoolFor(context);
   absl::StatusOr<DeviceStatusPool::Slot> slot = pool->Acquire(context);
   if (!slot.ok()) return slot.status();
   const bool timed = ProfilingNow();
   absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(contiguous.Spec(), plan.params);
+  CheckNoneHeld("allocating a packed tensor's buffer");
   absl::StatusOr<std::unique_ptr<Buffer>> buffer =
       capacity.ok() ? factory_(*capacity, context) : capacity.status();
   absl::Status began = timed && buffer.ok()
@@ -370,20 +427,21 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
   packed->status_pool_ = pool;
   packed->slot_ = *slot;
   packed->record_ = plan.record;
-  // Packed tensors the checks below lock are released after mu_ (their destructor takes it).
-  std::vector<std::shared_ptr<PackedTensor>> keep;
-  absl::MutexLock lock(&mu_);
-  Admit(info, plan, plan.params, "", packed);
-  deferred_this_step_.push_back(
-      DeferredUse{pool, *slot, plan.record, encoding->header, packed});
-  if (sized_on_device) unresolved_.push_back(packed);
-  absl::Status resolved = ResolveReady(&keep);
-  if (!resolved.ok()) return resolved;
+  Deferred work;  // done after mu_
+  {
+    CheckedLock lock(&mu_);
+    Admit(info, plan, plan.params, "", packed);
+    deferred_this_step_.push_back(
+        DeferredUse{pool, *slot, plan.record, encoding->header, packed});
+    if (sized_on_device) unresolved_[context.device_index].push_back(packed);
+    ResolveReady(context.device_index, &work);
+  }
+  Finish(work);
   return packed;
 }
 
 bool Session::ProfilingNow() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return IsProfileStep(step_index_, options_.profile_every);
 }
 
@@ -398,6 +456,7 @@ std::shared_ptr<PackedTensor> Session::NewPacked(const SavedTensorInfo& info,
   packed->stored_bytes_ = buffer->size();
   packed->encoded_size_ = encoded_size;
   packed->stream_ = context.stream;
+  packed->device_index_ = context.device_index;
   packed->storage_guard_ = info.storage_guard;
   packed->buffer_ = std::move(buffer);
   return packed;
@@ -451,49 +510,72 @@ void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
   }
 }
 
-absl::Status Session::Resolve(PackedTensor& packed, const codecs::DeviceStatus& read_back) {
-  packed.encoding_ = codecs::Resolve(packed.encoding_, read_back);
-  packed.encoded_size_ = packed.encoding_.bytes;
-  const uint64_t before = packed.buffer_->size();
-  if (packed.encoded_size_ >= before) return absl::OkStatus();
-  // Queued behind the encode on the same stream; the old memory goes back in stream order.
-  absl::Status shrunk = packed.buffer_->ShrinkTo(packed.encoded_size_);
-  if (!shrunk.ok()) return shrunk;
-  const uint64_t after = packed.buffer_->size();
-  packed.stored_bytes_ = after;
-  const uint64_t freed = before - after;
-  totals_.live_stored -= std::min(totals_.live_stored, freed);
-  totals_.packed_stored_bytes -= std::min(totals_.packed_stored_bytes, freed);
-  current_step_.stored_bytes -= std::min(current_step_.stored_bytes, freed);
-  if (packed.record_ >= 0 && static_cast<size_t>(packed.record_) < records_.size()) {
-    SavedRecord& record = records_[packed.record_];
-    record.stored_bytes = after;
-    if (record.assigned.automatic && !record.lossless) {
-      current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, freed);
-    }
+void Session::Resolve(const std::shared_ptr<PackedTensor>& packed,
+                      const codecs::DeviceStatus& read_back, Deferred* work) {
+  packed->encoding_ = codecs::Resolve(packed->encoding_, read_back);
+  packed->encoded_size_ = packed->encoding_.bytes;
+  if (packed->encoded_size_ < packed->buffer_->size()) {
+    work->shrinks.push_back({packed, packed->encoded_size_});
   }
-  return absl::OkStatus();
 }
 
-absl::Status Session::ResolveReady(std::vector<std::shared_ptr<PackedTensor>>* keep) {
-  while (!unresolved_.empty()) {
-    std::shared_ptr<PackedTensor> packed = unresolved_.front().lock();
-    keep->push_back(packed);  // its last reference must not drop while mu_ is held
+void Session::ResolveReady(int device, Deferred* work) {
+  auto queue = unresolved_.find(device);
+  if (queue == unresolved_.end()) return;
+  while (!queue->second.empty()) {
+    std::shared_ptr<PackedTensor> packed = queue->second.front().lock();
+    work->keep.push_back(packed);  // its last reference must not drop while mu_ is held
     if (packed == nullptr) {
-      unresolved_.pop_front();
+      queue->second.pop_front();
       continue;
     }
     // In encode order on a stream: the first one not done means the rest are not either.
     if (!packed->status_pool_->Ready(packed->slot_)) break;
-    unresolved_.pop_front();
-    absl::Status resolved = Resolve(*packed, packed->status_pool_->Mirror(packed->slot_));
-    if (!resolved.ok()) return resolved;
+    queue->second.pop_front();
+    Resolve(packed, packed->status_pool_->Mirror(packed->slot_), work);
   }
-  return absl::OkStatus();
 }
 
-absl::Status Session::CheckDeferred(std::vector<std::shared_ptr<PackedTensor>>* keep) {
-  if (deferred_this_step_.empty()) return absl::OkStatus();
+void Session::Finish(Deferred& work) {
+  // A shrink is a copy into a smaller allocation, on the buffer's own stream, behind its
+  // encode: an allocation that may run the pressure callbacks, so with no lock held. One that
+  // fails (no room even for the smaller copy) leaves the buffer as it was.
+  for (Shrink& shrink : work.shrinks) {
+    CheckNoneHeld("shrinking a packed tensor's buffer");
+    PackedTensor& packed = *shrink.packed;
+    const uint64_t before = packed.buffer_->size();
+    if (!packed.buffer_->ShrinkTo(shrink.bytes).ok()) continue;
+    const uint64_t after = packed.buffer_->size();
+    if (after >= before) continue;
+    CheckedLock lock(&mu_);
+    packed.stored_bytes_ = after;
+    const uint64_t freed = before - after;
+    totals_.live_stored -= std::min(totals_.live_stored, freed);
+    totals_.packed_stored_bytes -= std::min(totals_.packed_stored_bytes, freed);
+    current_step_.stored_bytes -= std::min(current_step_.stored_bytes, freed);
+    if (packed.record_ >= 0 && static_cast<size_t>(packed.record_) < records_.size()) {
+      SavedRecord& record = records_[packed.record_];
+      record.stored_bytes = after;
+      if (record.assigned.automatic && !record.lossless) {
+        current_step_.automatic_bytes -= std::min(current_step_.automatic_bytes, freed);
+      }
+    }
+  }
+  work.shrinks.clear();
+  // The samples' copies are complete (the status read that handed them over waited for them).
+  for (PendingSample& sample : work.samples) {
+    for (size_t i = 0; i < sample.candidates.size(); ++i) {
+      RecordMeasurement(sample.record, i,
+                        MeasureOnHost(sample.host, sample.full_numel, sample.candidates[i]));
+    }
+    sample.pool->ReleaseSample(sample.staged);
+  }
+  work.samples.clear();
+  work.keep.clear();
+}
+
+absl::Status Session::CheckDeferred(Deferred* work) {
+  if (deferred_this_step_.empty() && pending_samples_.empty()) return absl::OkStatus();
   for (auto& [device, pool] : status_pools_) {
     absl::Status collected = pool->Collect();
     if (!collected.ok()) return collected;
@@ -507,11 +589,8 @@ absl::Status Session::CheckDeferred(std::vector<std::shared_ptr<PackedTensor>>* 
                               ? &records_[use.record]
                               : nullptr;
     std::shared_ptr<PackedTensor> packed = use.packed.lock();
-    keep->push_back(packed);  // its last reference must not drop while mu_ is held
-    if (packed != nullptr && packed->encoding_.device_decided) {
-      absl::Status resolved = Resolve(*packed, read);
-      if (!resolved.ok()) return resolved;
-    }
+    work->keep.push_back(packed);  // its last reference must not drop while mu_ is held
+    if (packed != nullptr && packed->encoding_.device_decided) Resolve(packed, read, work);
     if ((read.nonfinite != 0 || read.unrepresentable != 0) && record != nullptr) {
       // The decode wrote NaN for it (the step's gradients are not finite: GradScaler skips the
       // step); from the next step on it is kept exact.
@@ -531,9 +610,12 @@ absl::Status Session::CheckDeferred(std::vector<std::shared_ptr<PackedTensor>>* 
           codecs::DescribeFailures(read.failures),
           "); its decode wrote NaN, so this step's gradients are not finite");
     }
+    if (use.decode) use.pool->Release(use.slot);
   }
   deferred_this_step_.clear();
   unresolved_.clear();
+  for (PendingSample& sample : pending_samples_) work->samples.push_back(std::move(sample));
+  pending_samples_.clear();
   if (!corrupt.empty()) return absl::DataLossError(corrupt);
   return absl::OkStatus();
 }
@@ -552,7 +634,7 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
       codecs::Decode(packed.data(), packed.encoded_size(), output, context);
   const uint64_t decode_ns = NanosecondsSince(decode_start);
   if (status.ok()) {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     totals_.codec_nanoseconds += decode_ns;
     ++totals_.unpacks;
   }
@@ -562,55 +644,71 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
 absl::Status Session::UnpackDeferred(const PackedTensor& packed,
                                      const codecs::MutableTensorView& output,
                                      const codecs::ExecContext& context) {
-  std::vector<std::shared_ptr<PackedTensor>> keep;  // released after mu_
-  absl::MutexLock lock(&mu_);
-  if (packed.encoding_.device_decided) {
-    absl::Status resolved = ResolveReady(&keep);
-    if (!resolved.ok()) return resolved;
+  DeviceStatusPool& pool = *packed.status_pool_;
+  // The decode's own status (see DeviceStatusPool::CopyStatus), taken with no lock held.
+  absl::StatusOr<DeviceStatusPool::Slot> slot = pool.Acquire(context);
+  if (!slot.ok()) return slot.status();
+  Deferred work;
+  absl::Status status = absl::OkStatus();
+  bool timed = false;
+  {
+    CheckedLock lock(&mu_);
+    if (packed.encoding_.device_decided) ResolveReady(packed.device_index_, &work);
+    // eb decodes with the parameters its encode decided on the device: when the host has not
+    // seen them yet, the step's statuses are read now, once for all of them.
+    if (packed.encoding_.device_decided && packed.codec_ == codecs::CodecId::kEb) {
+      status = CheckDeferred(&work);
+    }
+    // The codecs' time on the device is measured on profile steps (events around the calls,
+    // read at the step's end): the steps the policy measures its candidates on.
+    timed = IsProfileStep(step_index_, options_.profile_every);
   }
-  // eb decodes with the parameters its encode decided on the device: when the host has not
-  // seen them yet, the step's statuses are read now, once for all of them.
-  if (packed.encoding_.device_decided && packed.codec_ == codecs::CodecId::kEb) {
-    absl::Status checked = CheckDeferred(&keep);
-    if (!checked.ok()) return checked;
+  // A shrink of this very buffer, if it was found resolved, is queued before its decode.
+  Finish(work);
+  if (status.ok()) {
+    pool.UseStream(context.stream);
+    status = pool.Order(context.stream, packed.stream_);
   }
-  packed.status_pool_->UseStream(context.stream);
-  absl::Status status = packed.status_pool_->Order(context.stream, packed.stream_);
-  if (!status.ok()) return status;
-  // The codecs' time on the device is measured on profile steps (events around the calls,
-  // read at the step's end): the steps the policy measures its candidates on.
-  const bool timed = IsProfileStep(step_index_, options_.profile_every);
-  if (timed) {
-    status = packed.status_pool_->TimeBegin(packed.slot_, DeviceStatusPool::kDecode,
-                                            context.stream);
-    if (!status.ok()) return status;
+  if (status.ok()) status = pool.CopyStatus(packed.slot_, *slot, context.stream);
+  if (status.ok() && timed) {
+    status = pool.TimeBegin(*slot, DeviceStatusPool::kDecode, context.stream);
   }
-  status = codecs::DecodeDeferred(packed.encoding_, packed.buffer_->data(), output, context,
-                                  packed.slot_.device);
-  if (!status.ok()) return status;
-  if (timed) {
-    status = packed.status_pool_->TimeEnd(packed.slot_, DeviceStatusPool::kDecode,
-                                          context.stream);
-    if (!status.ok()) return status;
+  if (status.ok()) {
+    status = codecs::DecodeDeferred(packed.encoding_, packed.buffer_->data(), output, context,
+                                    slot->device);
   }
-  deferred_this_step_.push_back(DeferredUse{packed.status_pool_, packed.slot_, packed.record_,
-                                            packed.encoding_.header, {}});
+  if (status.ok() && timed) {
+    status = pool.TimeEnd(*slot, DeviceStatusPool::kDecode, context.stream);
+  }
+  if (!status.ok()) {
+    pool.Release(*slot);  // free after the next status read, which orders what was queued on it
+    return status;
+  }
+  CheckedLock lock(&mu_);
+  deferred_this_step_.push_back(DeferredUse{packed.status_pool_, *slot, packed.record_,
+                                            packed.encoding_.header, {}, /*decode=*/true});
   ++totals_.unpacks;
   return absl::OkStatus();
 }
 
 void Session::OnRelease(const PackedTensor& packed) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   totals_.live_stored -= packed.stored_bytes_;
   totals_.live_raw -= packed.raw_bytes_;
 }
 
 absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
                               uint64_t system_bytes) {
-  std::vector<std::shared_ptr<PackedTensor>> keep;  // released after mu_
-  absl::MutexLock lock(&mu_);
   // The step's one read of its GPU statuses: what it finds is said after the step is recorded.
-  const absl::Status checked = CheckDeferred(&keep);
+  // Its shrinks and the profile samples it completed are done before the plan.
+  Deferred work;
+  absl::Status checked;
+  {
+    CheckedLock lock(&mu_);
+    checked = CheckDeferred(&work);
+  }
+  Finish(work);
+  CheckedLock lock(&mu_);
   if (ordinal_ == 0) return checked;
   current_step_.peak_bytes = peak_bytes;
   current_step_.peak_reserved_bytes = reserved_bytes;
@@ -669,17 +767,17 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
 }
 
 SessionTotals Session::Totals() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return totals_;
 }
 
 PolicyState Session::Policy() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return policy_;
 }
 
 std::vector<SavedRecord> Session::Records() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return records_;
 }
 
@@ -690,19 +788,19 @@ std::vector<StepRecord> Session::KeptStepsLocked() const {
 }
 
 std::vector<StepRecord> Session::Steps() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return KeptStepsLocked();
 }
 
 uint64_t Session::LiveStatusSlots() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   uint64_t live = 0;
   for (const auto& [device, pool] : status_pools_) live += pool->slots_in_use();
   return live;
 }
 
 SessionState Session::State() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   SessionState state{options_, totals_, policy_, records_, KeptStepsLocked(),
                      gradients_.measured(), {}};
   if (state.gradient_sensitivity) {

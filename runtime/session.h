@@ -14,8 +14,13 @@
 // Usage (the plugin does this from saved_tensors_hooks):
 //   Session session(options, factory);
 //   PackPlan plan = session.Plan(info);
+//   session.MeasureCandidates(plan, view, context);  // a profile step's measurements
 //   if (plan.action == PackAction::kPack) packed = *session.Pack(info, plan, view, context);
 //   ... later: session.Unpack(*packed, output_view, context);
+//
+// No lock of the session is held while it allocates (buffers, statuses, a shrink's copy): an
+// allocation at the budget's cap runs the pressure callbacks on the same thread, and they call
+// OnPressure, ReliefPlan and Pack (common/checked_mutex.h checks it).
 #ifndef ACTPACK_RUNTIME_SESSION_H_
 #define ACTPACK_RUNTIME_SESSION_H_
 
@@ -34,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "codecs/codec.h"
+#include "common/checked_mutex.h"
 #include "codecs/deferred.h"
 #include "runtime/buffer.h"
 #include "runtime/device_status_pool.h"
@@ -218,6 +224,7 @@ class PackedTensor {
   void* stream_ = nullptr;  // the stream it was packed on (its buffer's allocation stream)
   codecs::CodecId codec_ = codecs::CodecId::kIdentity;
   bool sign_mask_ = false;
+  int device_index_ = 0;
   // A CUDA tensor's: packed without waiting (codecs/deferred.h), with its header as the host
   // knows it and its DeviceStatus.
   bool deferred_ = false;
@@ -393,6 +400,14 @@ class Session {
   // step, with its harshest codec to free memory under pressure (PackPlan::relief).
   PackPlan ReliefPlan(int record);
 
+  // Measures plan.measure's candidates on a sample of `contiguous` (the saved tensor as the
+  // plugin will pack it; nothing when plan.measure is empty). A host tensor is measured now and
+  // ChooseMeasured applied to `plan`. A device tensor's sample is copied once, without waiting,
+  // into pinned memory; it is measured after the step's one status read (EndStep, or an eb
+  // unpack's), so its plan stands and the measurements apply from the next pack on.
+  void MeasureCandidates(PackPlan& plan, const codecs::TensorView& contiguous,
+                         const codecs::ExecContext& context);
+
   // What the plugin measured for candidate `index` of plan.measure.
   void RecordMeasurement(int record, size_t index, const CodecMeasurement& measurement);
 
@@ -477,25 +492,50 @@ class Session {
   void Admit(const SavedTensorInfo& info, const PackPlan& plan, const codecs::CodecParams& params,
              const std::string& note, const std::shared_ptr<PackedTensor>& packed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Completes an encoding whose size the device decided from its status read back, and gives
-  // back the bytes past it.
-  absl::Status Resolve(PackedTensor& packed, const codecs::DeviceStatus& read_back)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Resolves the encodings whose status has reached the host (never waits). The packed tensors
-  // it looks at go to *keep, which the caller releases after mu_ (a destructor takes mu_).
-  absl::Status ResolveReady(std::vector<std::shared_ptr<PackedTensor>>* keep)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A resolved encoding whose buffer is larger than it: shrunk with no lock held.
+  struct Shrink {
+    std::shared_ptr<PackedTensor> packed;
+    size_t bytes = 0;
+  };
+  // A device tensor's sample in pinned memory, measured once its copy is known complete.
+  struct PendingSample {
+    int record = -1;
+    std::vector<codecs::CodecParams> candidates;
+    codecs::TensorView host;  // the staged sample
+    uint64_t full_numel = 0;
+    std::shared_ptr<DeviceStatusPool> pool;
+    DeviceStatusPool::Sample staged;
+  };
+  // What the locked part of a call found to do once mu_ is released: shrinks and measurements
+  // (they allocate, or call back into the session), and packed tensors whose last reference may
+  // drop (their destructor takes mu_).
+  struct Deferred {
+    std::vector<Shrink> shrinks;
+    std::vector<PendingSample> samples;
+    std::vector<std::shared_ptr<PackedTensor>> keep;
+  };
+  // Completes an encoding whose size the device decided from its status read back; a buffer
+  // larger than the encoding goes to `work` to shrink.
+  void Resolve(const std::shared_ptr<PackedTensor>& packed, const codecs::DeviceStatus& read_back,
+               Deferred* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resolves `device`'s encodings whose status has reached the host (never waits).
+  void ResolveReady(int device, Deferred* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads every status of the step's CUDA packs and unpacks (one wait), resolves what is
-  // left, flags records whose codec met values it cannot hold, and reports a corrupted buffer
-  // (kDataLoss naming the saved tensor and its module). *keep as for ResolveReady.
-  absl::Status CheckDeferred(std::vector<std::shared_ptr<PackedTensor>>* keep)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // left, flags records whose codec met values it cannot hold, hands the staged samples (now
+  // complete) to `work`, and reports a corrupted buffer (kDataLoss naming the saved tensor and
+  // its module).
+  absl::Status CheckDeferred(Deferred* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Does what the locked part left in `work`; takes mu_ itself.
+  void Finish(Deferred& work) ABSL_LOCKS_EXCLUDED(mu_);
+  // The status pool of `context`'s device, made on first use.
+  std::shared_ptr<DeviceStatusPool> StatusPoolFor(const codecs::ExecContext& context)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const SessionOptions options_;
   const BufferFactory factory_;
   std::shared_ptr<PackedTensor::Ledger> ledger_;
 
-  mutable absl::Mutex mu_;
+  mutable CheckedMutex mu_{"runtime::Session::mu_"};
   uint64_t pack_counter_ ABSL_GUARDED_BY(mu_) = 0;
   int ordinal_ ABSL_GUARDED_BY(mu_) = 0;
   // The largest tensor (parameters aside) saved so far this step: what an op's statistics are
@@ -518,17 +558,21 @@ class Session {
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);
   // CUDA tensors: statuses per device index, the step's deferred packs and unpacks for its
-  // check, and the encodings whose size the host has not seen, in encode order.
+  // check, the encodings whose size the host has not seen, per device in encode order, and the
+  // profile samples staged for measurement.
   struct DeferredUse {
     std::shared_ptr<DeviceStatusPool> pool;
-    DeviceStatusPool::Slot slot;
+    DeviceStatusPool::Slot slot;  // a decode's own, released once read
     int record;
     codecs::Header header;
     std::weak_ptr<PackedTensor> packed;  // a pack's (a decode's is empty)
+    bool decode = false;
   };
   absl::flat_hash_map<int, std::shared_ptr<DeviceStatusPool>> status_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<DeferredUse> deferred_this_step_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::weak_ptr<PackedTensor>> unresolved_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::deque<std::weak_ptr<PackedTensor>>> unresolved_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<PendingSample> pending_samples_ ABSL_GUARDED_BY(mu_);
 
   friend class PackedTensor;
 };

@@ -110,18 +110,18 @@ void Session::PlanBoundedEb(SavedRecord& record, PackPlan& plan) {
 }
 
 void Session::SetModuleGradients(const std::map<std::string, ModuleGradients>& gradients) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   gradients_.Set(gradients);
 }
 
 void Session::OnPressure() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (!pressure_this_step_) ++policy_.pressure_events;
   pressure_this_step_ = true;
 }
 
 double Session::TightenFloor() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   policy_.max_rel_rms = policy_.max_rel_rms > 0 ? policy_.max_rel_rms / 2 : kDefaultMaxRelRms;
   ++policy_.floor_tightenings;
   for (SavedRecord& record : records_) {
@@ -133,7 +133,7 @@ double Session::TightenFloor() {
 }
 
 PackPlan Session::ReliefPlan(int record_index) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   PackPlan plan;
   plan.record = record_index;
   if (record_index < 0 || static_cast<size_t>(record_index) >= records_.size()) return plan;
@@ -181,7 +181,7 @@ void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, Pa
 
 void Session::RecordMeasurement(int record_index, size_t index,
                                 const CodecMeasurement& measurement) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (record_index < 0 || static_cast<size_t>(record_index) >= records_.size()) return;
   SavedRecord& record = records_[record_index];
   if (!measurement.exact && measurement.count > 0 && std::isfinite(measurement.squared_norm)) {
@@ -200,7 +200,7 @@ void Session::RecordMeasurement(int record_index, size_t index,
 }
 
 void Session::ChooseMeasured(PackPlan& plan) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (plan.action != PackAction::kPack || plan.record < 0 ||
       static_cast<size_t>(plan.record) >= records_.size()) {
     return;

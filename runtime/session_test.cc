@@ -404,6 +404,34 @@ TEST(SessionPolicyTest, ProfilesHarshThenKeepsExactWhenTheBudgetAllows) {
   EXPECT_TRUE(session.Policy().feasible);
 }
 
+// A saved tensor at another shape in the same place of the step (a new sequence length, an
+// epoch's last batch) starts from what the shape before measured, bytes scaled to its size: it
+// is not profiled again before the next profile step.
+TEST(SessionPolicyTest, ANewShapeInTheSamePlaceStartsFromTheShapeBeforesMeasurements) {
+  SessionOptions options = AutoOptions(1 << 20);
+  options.profile_every = 50;
+  Session session(options, HostFactory());
+  for (int step = 0; step < 4; ++step) {
+    const uint64_t held = RunStep(session);
+    ASSERT_TRUE(session.EndStep(held + (1 << 16)).ok());
+  }
+  const SavedRecord before = session.Records().front();
+  Saved shorter = MakeSaved(32, 256, 300);
+  shorter.info.module = "encoder.layer0";
+  PackPlan plan = session.Plan(shorter.info);  // step 4: no profile step
+  EXPECT_TRUE(plan.measure.empty()) << "profiled again for a new shape";
+  const std::vector<SavedRecord> records = session.Records();
+  const SavedRecord& added = records.back();
+  ASSERT_EQ(added.shape, (std::vector<int64_t>{32, 256}));
+  ASSERT_EQ(added.candidates.size(), before.candidates.size());
+  for (size_t i = 0; i < added.candidates.size(); ++i) {
+    EXPECT_EQ(added.candidates[i].error, before.candidates[i].error) << i;
+    EXPECT_NEAR(static_cast<double>(added.candidates[i].bytes),
+                before.candidates[i].bytes / 2.0, 1.0) << i;
+  }
+  EXPECT_EQ(added.choice, before.choice);
+}
+
 TEST(SessionPolicyTest, FitsATightBudgetWithAMixOfCodecs) {
   const uint64_t other = 1 << 20;
   const uint64_t raw = 4u * 64 * 256 * 4;  // 256 KiB
