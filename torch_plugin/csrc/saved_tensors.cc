@@ -11,12 +11,15 @@
 #include <torch/csrc/autograd/generated/Functions.h>  // ReluBackward0
 #include <torch/csrc/autograd/graph_task.h>
 #ifdef ACTPACK_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -53,14 +56,30 @@ uint64_t PackedHandle::StoredBytes() const {
 
 namespace {
 
+// A packed tensor's bytes: a uint8 tensor from torch's allocator (actpack's pool when it is
+// installed), allocated on `stream`, the stream its encode runs on.
 class TensorBuffer final : public runtime::Buffer {
  public:
-  explicit TensorBuffer(at::Tensor bytes) : bytes_(std::move(bytes)) {}
+  TensorBuffer(at::Tensor bytes, void* stream) : bytes_(std::move(bytes)), stream_(stream) {}
   uint8_t* data() override { return bytes_.data_ptr<uint8_t>(); }
   size_t size() const override { return static_cast<size_t>(bytes_.numel()); }
   absl::Status ShrinkTo(size_t bytes) override {
     // Worth a copy only when it gives back a good share (variable-size codecs such as eb).
-    if (bytes + bytes / 8 < size()) bytes_ = bytes_.narrow(0, 0, static_cast<int64_t>(bytes)).clone();
+    if (bytes + bytes / 8 >= size()) return absl::OkStatus();
+    try {
+#ifdef ACTPACK_WITH_CUDA
+      // On the buffer's own stream: the copy follows the encode that wrote it, and the smaller
+      // buffer belongs to that stream as the larger did.
+      std::optional<c10::cuda::CUDAStreamGuard> on_stream;
+      if (bytes_.is_cuda()) {
+        on_stream.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream_),
+                                                           bytes_.get_device()));
+      }
+#endif
+      bytes_ = bytes_.narrow(0, 0, static_cast<int64_t>(bytes)).clone();
+    } catch (const c10::Error& error) {
+      return absl::ResourceExhaustedError(error.what_without_backtrace());
+    }
     return absl::OkStatus();
   }
   absl::Status RecordStream(void* stream) override {
@@ -76,13 +95,18 @@ class TensorBuffer final : public runtime::Buffer {
 
  private:
   at::Tensor bytes_;
+  void* const stream_;
 };
 
 runtime::BufferFactory TorchBufferFactory() {
   return [](size_t bytes, const codecs::ExecContext& context)
              -> absl::StatusOr<std::unique_ptr<runtime::Buffer>> {
-    at::Tensor storage = Empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
-    return std::unique_ptr<runtime::Buffer>(new TensorBuffer(std::move(storage)));
+    try {
+      at::Tensor storage = Empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
+      return std::unique_ptr<runtime::Buffer>(new TensorBuffer(std::move(storage), context.stream));
+    } catch (const c10::OutOfMemoryError& error) {
+      return absl::ResourceExhaustedError(error.what_without_backtrace());
+    }
   };
 }
 
@@ -158,25 +182,6 @@ at::Tensor Restore(const at::Tensor& stored, const Layout& layout) {
   }
   if (!layout.sizes.empty()) tensor = tensor.expand(layout.sizes);
   return tensor;
-}
-
-// Profile steps measure each candidate codec on a sample of the saved tensor: whole samples
-// (slices along dim 0) up to this many elements, at least one sample.
-constexpr int64_t kMeasureElements = 1 << 18;
-
-// Measures `params` on a sample of `contiguous` with runtime::MeasureOnHost, whose buffers are
-// host memory outside torch's allocator, so profiling does not raise the peak it profiles. A
-// device tensor's sample is measured on a host copy (torch's CPU memory, outside the device's
-// budget): the codecs write the same bytes on the CPU and on CUDA (the emulated CUDA tests
-// check it), so ratio and error are the device's.
-runtime::CodecMeasurement Measure(const at::Tensor& contiguous, const codecs::CodecParams& params) {
-  at::Tensor sample = contiguous;
-  if (contiguous.dim() > 0 && contiguous.numel() > kMeasureElements && contiguous.size(0) > 1) {
-    const int64_t per_row = contiguous.numel() / contiguous.size(0);
-    sample = contiguous.narrow(0, 0, std::max<int64_t>(1, kMeasureElements / per_row));
-  }
-  if (!sample.is_cpu()) sample = sample.to(at::kCPU);
-  return runtime::MeasureOnHost(ToView(sample), static_cast<uint64_t>(contiguous.numel()), params);
 }
 
 // The bool tensor a sign mask is encoded from or decoded into (`saved <= 0`), alive while this
@@ -468,10 +473,10 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string modul
       tensor.is_contiguous()
           ? (plan.measure.empty() ? tensor : tensor.detach())
           : Stored(tensor.detach(), handle.layout).contiguous();
-  for (size_t i = 0; i < plan.measure.size(); ++i) {
-    session_->RecordMeasurement(plan.record, i, Measure(contiguous, plan.measure[i]));
+  // Measured on the host now, or on a GPU from a sample staged for the step's status read.
+  if (!plan.measure.empty()) {
+    session_->MeasureCandidates(plan, ToView(contiguous), ContextFor(contiguous));
   }
-  if (!plan.measure.empty()) session_->ChooseMeasured(plan);
   if (plan.action == runtime::PackAction::kKeep) {
     return Keep(tensor, info, plan, std::move(handle));
   }
@@ -587,6 +592,13 @@ size_t SavedTensorSession::Relieve(size_t needed) {
     if (!packed.ok()) continue;
     kept->packed = std::move(*packed);
     freed += kept->tensor.nbytes();
+#ifdef ACTPACK_WITH_CUDA
+    // The encode reads it on this thread's current stream; its memory must not go back to its
+    // own stream's reuse before that read has run.
+    if (kept->tensor.is_cuda()) {
+      kept->tensor.record_stream(at::cuda::getCurrentCUDAStream(kept->tensor.get_device()));
+    }
+#endif
     kept->tensor = at::Tensor();
   }
   return freed;
