@@ -12,6 +12,8 @@
 #                                                 >= 95%, mode branches)
 #      python3 tools/traffic_check.py            (each kernel's memory traffic, as the race
 #                                                 checker sees it, against codecs/cuda/traffic.tsv)
+#      python3 tools/kernel_model.py --check     (each kernel's H100 time from its SASS against
+#                                                 codecs/cuda/model.tsv: no fraction of a copy fell)
 #      python3 tools/mutate_kernels.py           (every kernel bug in its list must be caught)
 #   4. bash tools/fuzz.sh 20                     (libFuzzer on every decoder and the JSON parser)
 #   5. bash tools/wheel_check.sh                 (the wheel in a fresh virtual environment)
@@ -69,6 +71,8 @@ stage "emulated tests with the race checker (forward schedule), and the kernels'
 python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "the kernels' memory traffic against codecs/cuda/traffic.tsv"
 python3 tools/traffic_check.py || failed+=("traffic table")
+stage "the kernels' performance model against codecs/cuda/model.tsv"
+python3 tools/kernel_model.py --check || failed+=("kernel model")
 # The full run: random:SEED reorders the blocks and the streams' progress, on every test that
 # links the emulator, with the race checker.
 if [ "$FULL" = 1 ]; then
