@@ -481,7 +481,7 @@ def gpu_codecs():
         if not table:
             continue
         header = next(l for l in table if l.startswith("codec"))
-        # "kern enc", "kern dec" (the device's own time): columns the second run added.
+        # "kern enc", "kern dec": the device's own time, in the files that have those columns.
         names = (["codec", "size", "copy", "enc", "dec", "enc/copy", "dec/copy", "e+d/copy",
                   "ratio"] + (["kern_enc", "kern_dec"] if "kern enc" in header else [])
                  + ["pred_enc", "pred_dec"])
