@@ -22,6 +22,7 @@ TORCH="torch==2.13.0"
 # scikit-learn: the handwritten digits it ships, the convergence benchmark's image data.
 PIP_PACKAGES=("$TORCH" pytest pytest-xdist hypothesis numpy ninja setuptools wheel build tqdm matplotlib
               jsonschema scikit-learn "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
+PIP_PACKAGES+=(nvidia-cuda-nvdisasm)  # the SASS disassembler tools/kernel_model.py reads
 
 LOG="${ACTPACK_SETUP_LOG:-$PWD/build/setup.log}"
 mkdir -p "$(dirname "$LOG")"
