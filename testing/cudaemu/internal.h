@@ -37,6 +37,41 @@ bool FindAllocation(uintptr_t address, size_t bytes, Allocation* found);
 // The live allocation nearest below `address` (for messages about out-of-bounds accesses).
 bool NearestAllocationBelow(uintptr_t address, Allocation* found);
 
+// The device memory of `device`: cudaMalloc's and cuMemCreate's charges share it. ChargeDevice
+// fails (false, nothing charged) when `bytes` more would pass the device's memory.
+bool ChargeDevice(int device, size_t bytes);
+void UnchargeDevice(int device, size_t bytes);
+int DeviceCount();
+int CurrentDevice();
+
+// What the NVML shim reports for `device`: this process's device memory (allocations and the
+// context) and other processes' (SetOtherProcessMemory).
+struct DeviceMemoryCounts {
+  size_t memory = 0;
+  size_t this_process = 0;
+  size_t other_processes = 0;
+};
+DeviceMemoryCounts MemoryCounts(int device);
+bool NvmlListsThisProcess();
+
+// Fills [p, p + bytes) with a pseudo-random pattern (what fresh device memory holds here).
+void FillGarbage(void* p, size_t bytes);
+
+// Records a host call (control.h's HostCalls).
+void Record(const char* api, void* caller, bool waits);
+
+// Counts a call of `api` and returns the error an armed FailCall makes it fail with, or 0.
+int InjectedFailure(const char* api);
+
+// ---- virtual memory (vmm.cc) ----
+
+// The mapped, accessible virtual memory holding [address, address + bytes), if any, as the
+// allocation it belongs to: the contiguous mapped run around it.
+bool FindMapping(uintptr_t address, size_t bytes, Allocation* found);
+
+// The driver entry point named `symbol` (cudaGetDriverEntryPoint), or nullptr.
+void* DriverEntryPoint(const char* symbol);
+
 // ---- the schedule (runtime.cc) ----
 
 enum class ScheduleKind { kForward, kReverse, kRandom };

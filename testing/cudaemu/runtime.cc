@@ -116,6 +116,7 @@ struct EventState {
 struct DeviceState {
   size_t memory = 0;
   size_t context = 0;
+  size_t other_processes = 0;  // SetOtherProcessMemory: used, but not by this process
   size_t charged = 0;
   StreamState* legacy = nullptr;
 };
@@ -132,6 +133,10 @@ struct Machine {
   uint64_t kernels_launched = 0;
   uint64_t launches_this_schedule = 0;
   uint64_t kernels_executed = 0;
+  // Failures armed by FailCall: per API, the call counts at which to fail and with what.
+  std::map<std::string, std::map<uint64_t, int>> failures;
+  std::map<std::string, uint64_t> calls;  // per API, since the process started
+  bool nvml_lists_this_process = true;
 };
 
 Machine& TheMachine() {
@@ -173,10 +178,29 @@ std::vector<HostCall>& Recorded() {
   return *calls;
 }
 
+}  // namespace
+
 void Record(const char* api, void* caller, bool waits) {
   std::lock_guard<std::recursive_mutex> lock(DeviceLock());
   Recorded().push_back(HostCall{api, current_region, caller, waits});
 }
+
+int InjectedFailure(const char* api) {
+  std::lock_guard<std::recursive_mutex> lock(DeviceLock());
+  Machine& m = TheMachine();
+  const uint64_t call = ++m.calls[api];
+  auto armed = m.failures.find(api);
+  if (armed == m.failures.end()) return 0;
+  auto at = armed->second.find(call);
+  if (at == armed->second.end()) return 0;
+  const int error = at->second;
+  armed->second.erase(at);
+  if (armed->second.empty()) m.failures.erase(armed);
+  return error;
+}
+
+namespace {
+
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local std::map<int, StreamState*> per_thread_streams;
 
@@ -292,6 +316,8 @@ uint64_t Enqueue(StreamState* s, std::function<void()> run) {
   return position;
 }
 
+}  // namespace
+
 // A pseudo-random fill, different for every allocation.
 void FillGarbage(void* p, size_t bytes) {
   uint64_t x = reinterpret_cast<uintptr_t>(p) * 0x9e3779b97f4a7c15ull + bytes;
@@ -305,6 +331,8 @@ void FillGarbage(void* p, size_t bytes) {
   }
   for (; i < bytes; ++i) out[i] = static_cast<unsigned char>(x >> (8 * (i % 8)));
 }
+
+namespace {
 
 enum class Memory { kPageable, kPinned, kDevice, kOutOfRange };
 
@@ -393,8 +421,11 @@ cudaError_t Set(void* p, int value, size_t count, cudaStream_t stream) {
 bool FindAllocation(uintptr_t address, size_t bytes, Allocation* found) {
   const auto& allocations = TheMachine().allocations;
   auto it = allocations.upper_bound(address);
-  if (it == allocations.begin()) return false;
+  if (it == allocations.begin()) return FindMapping(address, bytes, found);
   --it;
+  if (address - it->second.base >= it->second.size + (bytes == 0 ? 1 : 0)) {
+    return FindMapping(address, bytes, found);
+  }
   const Allocation& a = it->second;
   if (address < a.base || address - a.base > a.size || a.size - (address - a.base) < bytes) {
     return false;
@@ -413,6 +444,37 @@ bool NearestAllocationBelow(uintptr_t address, Allocation* found) {
 }
 
 const Schedule& CurrentSchedule() { return TheMachine().schedule; }
+
+bool ChargeDevice(int device, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(DeviceLock());
+  DeviceState& d = TheMachine().devices.at(static_cast<size_t>(device));
+  const size_t used = d.charged + d.context + d.other_processes;
+  if (bytes > d.memory || used > d.memory - bytes) return false;
+  d.charged += bytes;
+  return true;
+}
+
+void UnchargeDevice(int device, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(DeviceLock());
+  DeviceState& d = TheMachine().devices.at(static_cast<size_t>(device));
+  if (bytes > d.charged) Fatal("device memory uncharged twice (emulator bug)");
+  d.charged -= bytes;
+}
+
+int DeviceCount() { return static_cast<int>(TheMachine().devices.size()); }
+
+int CurrentDevice() { return current_device; }
+
+DeviceMemoryCounts MemoryCounts(int device) {
+  std::lock_guard<std::recursive_mutex> lock(DeviceLock());
+  const DeviceState& d = TheMachine().devices.at(static_cast<size_t>(device));
+  return {d.memory, d.charged + d.context, d.other_processes};
+}
+
+bool NvmlListsThisProcess() {
+  std::lock_guard<std::recursive_mutex> lock(DeviceLock());
+  return TheMachine().nvml_lists_this_process;
+}
 
 void SetRaceObserver(RaceObserver* observer) { race_observer = observer; }
 
@@ -492,6 +554,39 @@ void SetContextMemory(int device, size_t bytes) {
   auto& devices = internal::TheMachine().devices;
   if (device < 0 || device >= static_cast<int>(devices.size())) internal::Fatal("no such device");
   devices[device].context = bytes;
+}
+
+void SetOtherProcessMemory(int device, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  auto& devices = internal::TheMachine().devices;
+  if (device < 0 || device >= static_cast<int>(devices.size())) internal::Fatal("no such device");
+  devices[device].other_processes = bytes;
+}
+
+void SetNvmlListsThisProcess(bool listed) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  internal::TheMachine().nvml_lists_this_process = listed;
+}
+
+void FailCall(const std::string& api, uint64_t k, int error) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  if (k == 0) internal::Fatal("FailCall: k counts from 1 (the next call)");
+  internal::Machine& m = internal::TheMachine();
+  int code = error;
+  if (code == 0) code = api.rfind("nvml", 0) == 0 ? 999 : 2;  // NVML_ERROR_UNKNOWN; out of memory
+  m.failures[api][m.calls[api] + k] = code;
+}
+
+void ClearFailures() {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  internal::TheMachine().failures.clear();
+}
+
+uint64_t CallCount(const std::string& api) {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  auto& calls = internal::TheMachine().calls;
+  auto it = calls.find(api);
+  return it == calls.end() ? 0 : it->second;
 }
 
 size_t DeviceAllocatedBytes(int device) {
@@ -632,6 +727,8 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
@@ -653,6 +750,8 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorSymbolNotFound: return "named symbol not found";
+    case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
@@ -702,14 +801,68 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaMemGetInfo")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   if (free_bytes == nullptr || total_bytes == nullptr) return Fail(cudaErrorInvalidValue);
   auto& devices = TheMachine().devices;
   const int d = cudaemu::internal::current_device;
   if (d >= static_cast<int>(devices.size())) return Fail(cudaErrorInvalidDevice);
   const auto& device = devices[d];
-  const size_t used = device.charged + device.context;
+  const size_t used = device.charged + device.context + device.other_processes;
   *total_bytes = device.memory;
   *free_bytes = used < device.memory ? device.memory - used : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaDeviceGetPCIBusId")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
+  if (pci_bus_id == nullptr || len <= 0) return Fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= cudaemu::internal::DeviceCount()) return Fail(cudaErrorInvalidDevice);
+  char id[32];
+  std::snprintf(id, sizeof id, "0000:%02X:00.0", 0x10 + device);
+  if (static_cast<int>(std::strlen(id)) >= len) return Fail(cudaErrorInvalidValue);
+  std::memcpy(pci_bus_id, id, std::strlen(id) + 1);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult* status) {
+  Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaGetDriverEntryPoint")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
+  if (symbol == nullptr || function == nullptr || flags > cudaEnablePerThreadDefaultStream) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  *function = cudaemu::internal::DriverEntryPoint(symbol);
+  if (status != nullptr) {
+    *status = *function != nullptr ? cudaDriverEntryPointSuccess
+                                   : cudaDriverEntryPointSymbolNotFound;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function,
+                                             unsigned int cuda_version, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult* status) {
+  Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaGetDriverEntryPointByVersion")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
+  // The emulated driver is CUDA 13.0's; asking for a later version is CUDA's invalid value.
+  if (symbol == nullptr || function == nullptr || flags > cudaEnablePerThreadDefaultStream ||
+      cuda_version > CUDART_VERSION) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  *function = cudaemu::internal::DriverEntryPoint(symbol);
+  if (status != nullptr) {
+    *status = *function != nullptr ? cudaDriverEntryPointSuccess
+                                   : cudaDriverEntryPointSymbolNotFound;
+  }
   return cudaSuccess;
 }
 
@@ -719,6 +872,10 @@ cudaError_t DeviceMalloc(void** ptr, size_t size);
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   cudaemu::internal::Record("cudaMalloc", __builtin_return_address(0), false);
+  if (const int e = cudaemu::internal::InjectedFailure("cudaMalloc")) {
+    if (ptr != nullptr) *ptr = nullptr;
+    return Fail(static_cast<cudaError_t>(e));
+  }
   return cudaemu::internal::DeviceMalloc(ptr, size);
 }
 
@@ -730,16 +887,17 @@ cudaError_t cudaemu::internal::DeviceMalloc(void** ptr, size_t size) {
   const int d = cudaemu::internal::current_device;
   if (d >= static_cast<int>(m.devices.size())) return Fail(cudaErrorInvalidDevice);
   if (size == 0) return cudaSuccess;
-  auto& device = m.devices[d];
   const size_t charge = cudaemu::internal::Charge(size);
-  if (charge < size || device.charged + device.context + charge > device.memory) {
+  if (charge < size || !cudaemu::internal::ChargeDevice(d, charge)) {
     return Fail(cudaErrorMemoryAllocation);
   }
   void* p = nullptr;
-  if (posix_memalign(&p, 256, size) != 0) return Fail(cudaErrorMemoryAllocation);
+  if (posix_memalign(&p, 256, size) != 0) {
+    cudaemu::internal::UnchargeDevice(d, charge);
+    return Fail(cudaErrorMemoryAllocation);
+  }
   cudaemu::internal::FillGarbage(p, size);
   m.allocations[reinterpret_cast<uintptr_t>(p)] = {reinterpret_cast<uintptr_t>(p), size, d};
-  device.charged += charge;
   *ptr = p;
   return cudaSuccess;
 }
@@ -760,6 +918,9 @@ cudaError_t cudaFree(void* ptr) {
   if (ptr != nullptr) cudaemu::internal::Record("cudaFree", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
   if (ptr == nullptr) return cudaSuccess;
+  if (const int e = cudaemu::internal::InjectedFailure("cudaFree")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto& m = TheMachine();
   auto it = m.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == m.allocations.end() || it->second.device < 0) return Fail(cudaErrorInvalidValue);
@@ -902,6 +1063,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cudaemu::internal::Record("cudaStreamSynchronize", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaStreamSynchronize")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto* s = cudaemu::internal::Resolve(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   cudaemu::internal::RunUntil(s, s->enqueued);
@@ -919,6 +1083,9 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaStreamWaitEvent")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto* s = cudaemu::internal::Resolve(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   auto* e = reinterpret_cast<cudaemu::internal::EventState*>(event);
@@ -940,6 +1107,9 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaEventCreateWithFlags")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   if (event == nullptr) return Fail(cudaErrorInvalidValue);
   auto* e = new cudaemu::internal::EventState;
   e->device = cudaemu::internal::current_device;
@@ -951,6 +1121,9 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaEventRecord")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto* e = reinterpret_cast<cudaemu::internal::EventState*>(event);
   if (!TheMachine().events.count(e)) return Fail(cudaErrorInvalidResourceHandle);
   auto* s = cudaemu::internal::Resolve(stream);
@@ -979,6 +1152,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaEventQuery")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto* e = reinterpret_cast<cudaemu::internal::EventState*>(event);
   if (!TheMachine().events.count(e)) return Fail(cudaErrorInvalidResourceHandle);
   if (e->stream == nullptr || e->stream->completed >= e->position) return cudaSuccess;
@@ -989,6 +1165,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   cudaemu::internal::Record("cudaEventSynchronize", __builtin_return_address(0), true);
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaEventSynchronize")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto* e = reinterpret_cast<cudaemu::internal::EventState*>(event);
   if (!TheMachine().events.count(e)) return Fail(cudaErrorInvalidResourceHandle);
   if (e->stream != nullptr) cudaemu::internal::RunUntil(e->stream, e->position);
@@ -997,6 +1176,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   Lock lock(DeviceLock());
+  if (const int e = cudaemu::internal::InjectedFailure("cudaEventDestroy")) {
+    return Fail(static_cast<cudaError_t>(e));
+  }
   auto* e = reinterpret_cast<cudaemu::internal::EventState*>(event);
   if (!TheMachine().events.erase(e)) return Fail(cudaErrorInvalidResourceHandle);
   delete e;

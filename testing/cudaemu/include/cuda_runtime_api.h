@@ -25,10 +25,12 @@ enum cudaError {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorSymbolNotFound = 500,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
   cudaErrorUnknown = 999,
 };
 typedef enum cudaError cudaError_t;
@@ -71,6 +73,18 @@ struct cudaPointerAttributes {
   void* hostPointer;
 };
 
+// cudaGetDriverEntryPoint's flags and answers (driver_types.h).
+enum cudaGetDriverEntryPointFlags {
+  cudaEnableDefault = 0x0,
+  cudaEnableLegacyStream = 0x1,
+  cudaEnablePerThreadDefaultStream = 0x2,
+};
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
+
 const char* cudaGetErrorName(cudaError_t error);
 const char* cudaGetErrorString(cudaError_t error);
 cudaError_t cudaGetLastError(void);
@@ -81,6 +95,17 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+// "0000:BB:00.0" with bus BB = 0x10 + the device's ordinal (the NVML shim answers for the same).
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device);
+
+// The driver API's virtual memory management calls (testing/cudaemu/include/cuda.h has their
+// types), as cudart hands them to a program that does not link libcuda. Unknown symbols give
+// cudaSuccess with *function null, as CUDA's do.
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult* status = nullptr);
+cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** function, unsigned int cuda_version, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult* status = nullptr);
 
 cudaError_t cudaMalloc(void** ptr, size_t size);
 cudaError_t cudaFree(void* ptr);

@@ -40,8 +40,61 @@ void SetContextMemory(int device, size_t bytes);
 // cudaMalloc charges whole multiples of this (the driver maps device memory in pages); 2 MiB.
 inline constexpr size_t kAllocationGranularity = size_t{2} << 20;
 
-// Bytes cudaMalloc has charged on `device` (allocations rounded to the granularity).
+// Bytes cudaMalloc and cuMemCreate have charged on `device` (allocations rounded to the
+// granularity; physical memory until it is released and unmapped).
 size_t DeviceAllocatedBytes(int device);
+
+// Memory another process holds on `device`: cudaMemGetInfo counts it as used (and it is not
+// free for this process), NVML lists it under another process id.
+void SetOtherProcessMemory(int device, size_t bytes);
+
+// ---- failures on demand ----
+//
+// FailCall makes the k-th call of `api` from now (1: the next) fail, once, with `error`: a
+// cudaError_t for runtime calls ("cudaMalloc"), a CUresult for driver calls ("cuMemCreate"), an
+// nvmlReturn_t for NVML ("nvmlInit_v2"); 0 gives the out-of-memory code (2 for the runtime and
+// the driver alike; NVML_ERROR_UNKNOWN for NVML). The failing call does nothing else. Several
+// may be armed at once. The calls that can fail this way: cudaMalloc, cudaFree, cudaMemGetInfo,
+// cudaDeviceGetPCIBusId, cudaGetDriverEntryPoint(ByVersion), cudaEventCreateWithFlags,
+// cudaEventRecord, cudaEventQuery, cudaEventSynchronize, cudaEventDestroy, cudaStreamWaitEvent,
+// cudaStreamSynchronize, every cu* driver call and every nvml* call.
+void FailCall(const std::string& api, uint64_t k, int error = 0);
+void ClearFailures();
+// Calls of `api` (one of those above) since the process started, failed ones included.
+uint64_t CallCount(const std::string& api);
+
+// ---- virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...) ----
+//
+// The driver calls a program reaches through cudaGetDriverEntryPoint. A physical allocation
+// (cuMemCreate) is a range of a per-device memory file, charged against the device's memory and
+// filled with garbage; cuMemMap maps it (MAP_SHARED) into a reservation (cuMemAddressReserve:
+// PROT_NONE address space), so one allocation mapped at two addresses is the same memory at
+// both, as on a GPU; cuMemSetAccess makes a mapping readable and writable (and device memory to
+// the runtime's calls and kernels); cuMemUnmap puts PROT_NONE address space back at once. The
+// emulator does not run queued work for cuMemUnmap: work queued on an address range that is
+// unmapped before it runs faults when it does (a GPU would fault or read another allocation),
+// so an allocator that unmaps too early crashes its test.
+
+// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED of `device` (default: supported;
+// CUDAEMU_VMM=0 makes every device start unsupported).
+void SetVirtualMemorySupported(int device, bool supported);
+// Physical allocations of `device` not yet freed (created, and not both released and unmapped).
+size_t PhysicalAllocations(int device);
+// Bytes of `device`'s physical allocations mapped, summed over their mappings.
+size_t MappedBytes(int device);
+// Address space reserved (cuMemAddressReserve) and not freed, every device together.
+size_t ReservedAddressBytes();
+
+// ---- NVML (the shim in testing/cudaemu/nvml.cc) ----
+//
+// nvmlInit_v2, nvmlDeviceGetHandleByPciBusId_v2 and nvmlDeviceGetComputeRunningProcesses (v1,
+// _v2, _v3) answer for the emulated devices: this process's used memory (its allocations and
+// SetContextMemory's context) under its process id, SetOtherProcessMemory's under another.
+// CUDAEMU_NVML=0 makes nvmlInit_v2 fail as on a machine without the NVIDIA driver's library.
+
+// Whether NVML lists this process under its own id (false: as from inside a container with its
+// own PID namespace, where NVML reports the host's ids).
+void SetNvmlListsThisProcess(bool listed);
 
 // Operations queued on `stream` that have not run yet.
 size_t PendingOperations(cudaStream_t stream);
@@ -66,11 +119,13 @@ bool RaceCheckerActive();
 //
 // A host wait is a call that returns only once queued device work is done: cudaStreamSynchronize,
 // cudaEventSynchronize, cudaDeviceSynchronize, cudaMemcpy, cudaMemcpyAsync to or from pageable
-// host memory, cudaFree and cudaFreeHost (they synchronize the device), cudaMalloc (it may).
-// Queries (cudaEventQuery, cudaStreamQuery) and stream-ordered calls are not. Every wait and
-// every device or pinned allocation is recorded with the API's name, the caller's return
-// address and the region a test named (RegionScope); a test reads them to say, as nsys would,
-// which code made the host wait.
+// host memory, cudaFree and cudaFreeHost (they synchronize the device), cudaMalloc (it may),
+// and cuMemSetAccess and cuMemUnmap (CUDA documents both as synchronous for most uses).
+// Queries (cudaEventQuery, cudaStreamQuery) and stream-ordered calls are not. Every wait, every
+// device or pinned allocation and every virtual memory call (cuMemCreate, cuMemRelease,
+// cuMemMap, cuMemAddressReserve, cuMemAddressFree, recorded as not waiting) is recorded with
+// the API's name, the caller's return address and the region a test named (RegionScope); a
+// test reads them to say, as nsys would, which code made the host wait.
 struct HostCall {
   std::string api;     // "cudaStreamSynchronize"
   std::string region;  // the innermost RegionScope's name when it was made ("" outside one)
