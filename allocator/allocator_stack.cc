@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda_memory_resource.h"
 #include "allocator/host_memory_resource.h"
+#include "allocator/units.h"
+#include "allocator/vmm_memory_resource.h"
 
 namespace actpack::allocator {
 
@@ -16,9 +18,26 @@ absl::string_view BackendName(Backend backend) {
 
 namespace {
 
-std::unique_ptr<MemoryResource> MakeBackend(Backend backend, int device) {
-  if (backend == Backend::kCuda) return std::make_unique<CudaMemoryResource>(device);
-  return std::make_unique<HostMemoryResource>();
+std::unique_ptr<MemoryResource> MakeBackend(Backend backend, int device, CudaMemory cuda_memory,
+                                            std::string* description) {
+  if (backend == Backend::kHost) {
+    *description = "host (mmap)";
+    return std::make_unique<HostMemoryResource>();
+  }
+  if (cuda_memory == CudaMemory::kMalloc) {
+    *description = "cudaMalloc (configured)";
+    return std::make_unique<CudaMemoryResource>(device);
+  }
+  absl::StatusOr<std::unique_ptr<VmmMemoryResource>> vmm = VmmMemoryResource::Create(device);
+  if (vmm.ok()) {
+    *description = absl::StrCat("CUDA virtual memory (cuMemCreate/cuMemMap, ",
+                                FormatBytes((*vmm)->AllocationGranularity()), " granules)");
+    return *std::move(vmm);
+  }
+  *description = absl::StrCat("cudaMalloc (virtual memory management ",
+                              cuda_memory == CudaMemory::kVirtual ? "was asked for but is " : "",
+                              "unavailable: ", vmm.status().message(), ")");
+  return std::make_unique<CudaMemoryResource>(device);
 }
 
 std::unique_ptr<StreamEvents> MakeEvents(Backend backend, int device) {
@@ -32,7 +51,7 @@ AllocatorStack::AllocatorStack(Backend backend, int device, const AllocatorConfi
     : backend_(backend),
       device_(device),
       events_(MakeEvents(backend, device)),
-      backend_resource_(MakeBackend(backend, device)),
+      backend_resource_(MakeBackend(backend, device, config.cuda_memory, &backend_description_)),
       pool_(backend_resource_.get(), events_.get()),
       budget_(&pool_, config.budget_bytes),
       faults_(&budget_),
@@ -58,6 +77,7 @@ MemorySnapshot AllocatorStack::Snapshot() const {
   AddToSnapshot(device_, pool_, &trace_, snapshot);
   snapshot.allocator_settings = {
       {"backend", std::string(BackendName(backend_))},
+      {"memory", backend_description_},
       {"budget_bytes", budget_.budget() == kNoReserveLimit ? std::string("unlimited")
                                                            : absl::StrCat(budget_.budget())},
   };

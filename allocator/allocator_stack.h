@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -42,6 +43,17 @@ enum class Backend { kCuda, kHost };
 
 absl::string_view BackendName(Backend backend);  // "cuda", "host"
 
+// CudaMemory
+//
+// Where a kCuda stack's memory comes from. kVirtual: the driver's virtual memory management
+// (VmmMemoryResource: at the cap a segment given back becomes part of the next one without
+// cudaFree, cudaMalloc or a synchronizing call); kMalloc: cudaMalloc/cudaFree
+// (CudaMemoryResource). kAuto is kVirtual where the device and driver support it, else
+// kMalloc; kVirtual falls back to kMalloc too where it cannot be had (backend_description says
+// so). The process-wide device stacks take ACTPACK_CUDA_MEMORY=auto|vmm|malloc over the
+// configured value.
+enum class CudaMemory { kAuto, kVirtual, kMalloc };
+
 // AllocatorConfig
 //
 // How a process-wide stack is built. `budget_bytes` caps each device's reserved memory
@@ -53,6 +65,7 @@ struct AllocatorConfig {
   // Whether the trace records from the start (it costs ~15 ns per allocation on the host; switch
   // it later with AllocatorStack::trace().SetEnabled).
   bool record_trace = true;
+  CudaMemory cuda_memory = CudaMemory::kAuto;
 };
 
 // AllocatorStack
@@ -103,6 +116,13 @@ class AllocatorStack {
   Backend backend() const { return backend_; }
   int device() const { return device_; }
 
+  // backend_description
+  //
+  // Where the memory comes from, in a few words, and why where there was a choice:
+  // "CUDA virtual memory (cuMemCreate/cuMemMap, 2.00 MiB granules)", "cudaMalloc (virtual
+  // memory management unavailable: ...)", "host (mmap)".
+  const std::string& backend_description() const { return backend_description_; }
+
   // Snapshot
   //
   // This stack's segments and trace as device `device()` (see snapshot.h).
@@ -111,6 +131,7 @@ class AllocatorStack {
  private:
   const Backend backend_;
   const int device_;
+  std::string backend_description_;
   std::unique_ptr<StreamEvents> events_;
   std::unique_ptr<MemoryResource> backend_resource_;
   CachingPool pool_;

@@ -1,18 +1,33 @@
 #include "allocator/budget_adaptor.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/units.h"
 
 namespace actpack::allocator {
 namespace {
 
+constexpr absl::string_view kSmallestBudgetPayloadUrl = "actpack.allocator/smallest_budget";
+
 // Set while this thread runs pressure callbacks, so that a callback that allocates from the same
 // stack and runs out does not start the callbacks over (and recurse without end).
 thread_local bool in_pressure_callbacks = false;
 
 }  // namespace
+
+std::optional<size_t> SmallestFittingBudget(const absl::Status& status) {
+  auto payload = status.GetPayload(kSmallestBudgetPayloadUrl);
+  size_t bytes = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
 
 BudgetAdaptor::BudgetAdaptor(MemoryResource* upstream, size_t budget_bytes)
     : ResourceAdaptor(upstream), budget_(budget_bytes) {}
@@ -41,14 +56,8 @@ absl::StatusOr<void*> BudgetAdaptor::DoAllocate(size_t bytes, Stream stream,
     return result;
   }
 
-  // 1. Release the cache. A CachingPool upstream has already done so before failing; this covers
-  //    caches that do not release on their own.
-  if (upstream()->GetUsage().cached_bytes() > 0 && upstream()->EmptyCache() > 0) {
-    Notify({MemoryAction::kAllocRetry, 0, bytes, bytes, stream});
-    result = attempt();
-    if (result.ok()) return result;
-  }
-
+  // 1. The pool has given back what the request lacks. Emptying the rest of the cache here
+  //    would only make later requests go to the device again.
   // 2. Ask the runtime to free memory, retrying after each callback that freed some.
   if (!in_pressure_callbacks) {
     std::vector<std::shared_ptr<const PressureCallback>> callbacks;
@@ -88,12 +97,20 @@ absl::StatusOr<void*> BudgetAdaptor::DoAllocate(size_t bytes, Stream stream,
 
 absl::Status BudgetAdaptor::OutOfBudget(size_t bytes, const absl::Status& last_error) const {
   const MemoryUsage usage = upstream()->GetUsage();
-  const std::string state =
-      absl::StrCat("requested ", FormatBytes(bytes), " with ", FormatBytes(usage.allocated_bytes),
-                   " in use and ", FormatBytes(usage.cached_bytes()), " cached; budget ",
-                   FormatBytes(budget()));
+  const std::string state = absl::StrCat(
+      "requested ", FormatBytes(bytes), " with ", FormatBytes(usage.allocated_bytes),
+      " in use and ", FormatBytes(usage.cached_bytes() + usage.upstream_cached_bytes),
+      " cached; budget ", FormatBytes(budget()));
   if (IsReserveLimitExceeded(last_error)) {
-    return absl::ResourceExhaustedError(absl::StrCat("actpack: out of budget: ", state));
+    // A resource that reserves says what it needed; a backend without a pool needs the request
+    // on top of what it holds.
+    const size_t smallest = ReserveLimitNeeded(last_error).value_or(
+        usage.footprint_bytes() + RoundUp(bytes, kAllocationAlignment));
+    absl::Status status = absl::ResourceExhaustedError(
+        absl::StrCat("actpack: out of budget: ", state,
+                     "; the smallest budget that would have fitted it: ", FormatBytes(smallest)));
+    status.SetPayload(kSmallestBudgetPayloadUrl, absl::Cord(absl::StrCat(smallest)));
+    return status;
   }
   // The device (or an outer limit) ran out before the budget did.
   return absl::ResourceExhaustedError(

@@ -4,17 +4,25 @@
 // device: the real footprint) at or below a budget. It passes the budget down as the reserve limit
 // of AllocateWithin, so the check happens atomically where memory is reserved. When a request
 // does not fit, in this order:
-//  1. the cache is released (the pool does this itself before failing a limited request, and the
-//     adaptor empties the cache once more, in case the upstream cache is not a CachingPool);
+//  1. the pool below has already given back what the request lacks (a CachingPool releases
+//     cached segments, smallest covering one first, before it fails a limited request); the
+//     adaptor does not empty the rest of the cache: what stays cached is what later requests
+//     reuse without going to the device (on CUDA, a cudaFree that synchronizes the device and
+//     a cudaMalloc, or the VMM backend's mapping calls);
 //  2. each registered pressure callback runs, in registration order, with the bytes needed; this
 //     is where the runtime compresses saved activations harder. After each callback that frees
 //     something the request is retried; the callbacks run again, round after round (at most
 //     16), while a round frees something, as freed memory may not be contiguous with what the
 //     request needs;
 //  3. the request fails with kResourceExhausted and a message giving the request, the bytes in
-//     use, the bytes cached and the budget:
+//     use, the bytes cached (the backend's cache included), the budget and the smallest budget
+//     under which the request would have fitted now:
 //     "actpack: out of budget: requested 4.00 MiB with 5.98 GiB in use and 0 B cached;
-//      budget 6.00 GiB".
+//      budget 6.00 GiB; the smallest budget that would have fitted it: 6.00 GiB".
+//     The last figure is also the status's payload: SmallestFittingBudget(status) reads it
+//     (what the torch layer puts in its torch.OutOfMemoryError). It is the pool's segments that
+//     hold live blocks, plus the segment the request needed, plus what the system counts outside
+//     the pool, with every cached segment given back: the budget to set for this state.
 // Callbacks run without any allocator lock held, so they may free memory of this stack; a
 // callback that allocates from this stack and runs out again gets the error without re-entering
 // the callbacks. Only memory allocated through the adaptor is capped: allocate through it.
@@ -31,12 +39,20 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "allocator/memory_resource.h"
 
 namespace actpack::allocator {
+
+// SmallestFittingBudget
+//
+// The smallest budget under which the request a BudgetAdaptor refused would have fitted (see
+// the file comment), from the refusal's status; nullopt for any other status (a device that
+// ran out of memory within the budget carries none).
+std::optional<size_t> SmallestFittingBudget(const absl::Status& status);
 
 // BudgetAdaptor
 //

@@ -41,7 +41,9 @@ TEST_F(BudgetAdaptorTest, AllocationsUpToTheBudgetSucceedAndOneByteMoreFails) {
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(over.status().message(),
             "actpack: out of budget: requested 1 B with 64.00 MiB in use and 0 B cached; "
-            "budget 64.00 MiB");
+            "budget 64.00 MiB; the smallest budget that would have fitted it: 66.00 MiB");
+  // Two 32 MiB segments in use and the small pool's 2 MiB one it asked for.
+  EXPECT_EQ(SmallestFittingBudget(over.status()), 66_MiB);
   EXPECT_EQ(stats_.GetStats().num_ooms, 1);
 
   // Nothing changed, and the allocator still works.
@@ -61,7 +63,8 @@ TEST_F(BudgetAdaptorTest, OneRequestOneByteOverTheBudgetFails) {
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().message(),
             "actpack: out of budget: requested 64.00 MiB with 0 B in use and 0 B cached; "
-            "budget 64.00 MiB");
+            "budget 64.00 MiB; the smallest budget that would have fitted it: 66.00 MiB");
+  EXPECT_EQ(SmallestFittingBudget(over.status()), 66_MiB);  // 64 MiB + 512 B in 2 MiB steps
   EXPECT_EQ(pool_.GetUsage().reserved_bytes, 0u);
   void* exact = Alloc(64_MiB);
   EXPECT_NE(exact, nullptr);
@@ -159,7 +162,7 @@ TEST_F(BudgetAdaptorTest, CallbacksRunInOrderBeforeTheFailure) {
   EXPECT_EQ(order, rounds);
   EXPECT_EQ(p.status().message(),
             "actpack: out of budget: requested 8.00 MiB with 60.00 MiB in use and 0 B cached; "
-            "budget 64.00 MiB");
+            "budget 64.00 MiB; the smallest budget that would have fitted it: 68.00 MiB");
   stats_.Deallocate(a, 60_MiB);
 }
 
@@ -207,7 +210,10 @@ TEST_F(BudgetAdaptorTest, MessageCountsCachedBytesThatCannotHelp) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().message(),
             "actpack: out of budget: requested 4.00 MiB with 61.00 MiB in use and 3.00 MiB "
-            "cached; budget 64.00 MiB");
+            "cached; budget 64.00 MiB; the smallest budget that would have fitted it: "
+            "68.00 MiB");
+  // The hole cannot be given back: both segments stay, and a 4 MiB one comes on top.
+  EXPECT_EQ(SmallestFittingBudget(p.status()), 68_MiB);
   ExpectConsistent();
   stats_.Deallocate(b, 17_MiB);
   stats_.Deallocate(big, 44_MiB);
@@ -232,7 +238,8 @@ TEST(BudgetAdaptorOverBackendTest, CapsANonCachingBackend) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(),
             "actpack: out of budget: requested 1 B with 1.00 MiB in use and 0 B cached; "
-            "budget 1.00 MiB");
+            "budget 1.00 MiB; the smallest budget that would have fitted it: 1.00 MiB");
+  EXPECT_EQ(SmallestFittingBudget(c.status()), 1_MiB + 256);  // no pool: the request on top
   budget.Deallocate(a, 1_MiB - 256);
   budget.Deallocate(b, 1);
   EXPECT_EQ(host.GetUsage().reserved_bytes, 0u);
@@ -264,6 +271,42 @@ TEST(BudgetAdaptorOverBackendTest, DeviceOutOfMemoryIsNotCalledOutOfBudget) {
   EXPECT_EQ(p.status().message(),
             "actpack: out of memory within the budget: requested 4.00 MiB with 0 B in use and "
             "0 B cached; budget 1.00 GiB: device is full");
+  EXPECT_FALSE(SmallestFittingBudget(p.status()).has_value());  // no budget would have helped
+}
+
+// A cache whose limited requests fail while it holds cache, counting EmptyCache calls.
+class CountingCache final : public MemoryResource {
+ public:
+  int empties = 0;
+
+ private:
+  absl::StatusOr<void*> DoAllocate(size_t bytes, Stream, size_t limit) override {
+    return ReserveLimitExceeded("no room", 70_MiB);
+  }
+  void DoDeallocate(void*, size_t, Stream) override {}
+  size_t DoEmptyCache() override {
+    ++empties;
+    return 10_MiB;
+  }
+  MemoryUsage DoGetUsage() const override { return {60_MiB, 50_MiB}; }
+};
+
+// The pool gives back what a request lacks before it fails; the budget does not empty the rest
+// of the cache before the pressure callbacks (on CUDA each segment given back was a cudaFree,
+// which synchronizes the device, and a cudaMalloc when the next step needs it again).
+TEST(BudgetAdaptorOverBackendTest, TheCacheIsNotEmptiedBeforeThePressureCallbacks) {
+  CountingCache cache;
+  BudgetAdaptor budget(&cache, 64_MiB);
+  int empties_seen = -1;
+  budget.AddPressureCallback([&](size_t) {
+    empties_seen = cache.empties;
+    return size_t{0};
+  });
+  absl::StatusOr<void*> p = budget.Allocate(8_MiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(empties_seen, 0);
+  EXPECT_EQ(cache.empties, 0);
+  EXPECT_EQ(SmallestFittingBudget(p.status()), 70_MiB);  // what the cache said it needed
 }
 
 TEST(BudgetAdaptorOverBackendTest, InnerBudgetPassesATighterOuterLimitUp) {
@@ -274,7 +317,7 @@ TEST(BudgetAdaptorOverBackendTest, InnerBudgetPassesATighterOuterLimitUp) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().message(),
             "actpack: out of budget: requested 2.00 MiB with 0 B in use and 0 B cached; "
-            "budget 1.00 MiB");
+            "budget 1.00 MiB; the smallest budget that would have fitted it: 2.00 MiB");
 }
 
 }  // namespace

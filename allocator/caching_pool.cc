@@ -81,10 +81,19 @@ size_t SegmentSizeFor(size_t block_size, bool under_budget) {
 }
 
 CachingPool::CachingPool(MemoryResource* upstream, StreamEvents* events)
-    : upstream_(upstream), events_(events) {}
+    : upstream_(upstream),
+      events_(events),
+      granularity_(std::max<size_t>(1, upstream->AllocationGranularity())) {}
+
+size_t CachingPool::SegmentBytes(size_t block_size, bool under_budget) const {
+  return RoundUp(SegmentSizeFor(block_size, under_budget), granularity_);
+}
+
+size_t CachingPool::UpstreamCachedBytes() const { return upstream_->GetUsage().cached_bytes(); }
 
 CachingPool::~CachingPool() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!unrecorded_.empty()) RecordUnrecorded();
   WaitForAllEvents();
   while (!segments_.empty()) ReleaseSegment(segments_.begin()->second.head);
   allocated_.clear();
@@ -99,6 +108,7 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
   // The smallest tail of a large block worth a block of its own: one the large pool can serve.
   const size_t large_split = under_budget ? kLargestSharedUnderBudget : kSmallSize;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!unrecorded_.empty()) RecordUnrecorded();
   if (pending_event_count_ > 0) ProcessCompletedEvents();
 
   Block* block = nullptr;
@@ -112,7 +122,7 @@ absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_
     // request reserves 14 MiB, and once its block has merged back with its segment's free tail
     // only a 14 MiB block is there to reuse (refusing it grew the cache by every step's such
     // requests: 84 MiB a step on a 2-layer transformer under a generous budget).
-    const size_t fits = std::max(size + large_split, SegmentSizeFor(size, /*under_budget=*/true));
+    const size_t fits = std::max(size + large_split, SegmentBytes(size, /*under_budget=*/true));
     block = TakeBestFit(size, stream, /*is_small=*/false, /*max_size=*/fits);
     if (block == nullptr) {
       absl::StatusOr<Block*> segment = ReserveSegment(size, bytes, stream, false, reserve_limit);
@@ -187,28 +197,41 @@ CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is
 absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_size, size_t bytes,
                                                                 Stream stream, bool is_small,
                                                                 size_t reserve_limit) {
-  const size_t segment_size = SegmentSizeFor(block_size, reserve_limit != kNoReserveLimit);
-  auto outside_bytes = [&](size_t reserved) -> size_t {
-    return reserve_limit != kNoReserveLimit && outside_counter_ ? outside_counter_(reserved) : 0;
+  const size_t segment_size = SegmentBytes(block_size, reserve_limit != kNoReserveLimit);
+  const bool limited = reserve_limit != kNoReserveLimit;
+  auto outside_bytes = [&](size_t held) -> size_t {
+    return limited && outside_counter_ ? outside_counter_(held) : 0;
+  };
+  // What the pool and its upstream would hold with the segment reserved: the upstream serves
+  // it from its cache first (0 for backends that do not cache).
+  auto held_after = [&](size_t reserved, size_t upstream_cached) {
+    return reserved + std::max(upstream_cached, segment_size);
   };
   // The bytes by which reserving the segment now would pass the limit; 0 when it fits.
   auto over_limit = [&]() -> size_t {
+    if (!limited) return 0;
     const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
-    const size_t wanted = reserved + segment_size + outside_bytes(reserved);
+    const size_t cached = UpstreamCachedBytes();
+    const size_t wanted = held_after(reserved, cached) + outside_bytes(reserved + cached);
     return wanted > reserve_limit ? wanted - reserve_limit : 0;
   };
   auto try_reserve = [&]() -> absl::StatusOr<void*> {
-    const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
-    const size_t outside = outside_bytes(reserved);
-    if (reserved + segment_size + outside > reserve_limit) {
-      return ReserveLimitExceeded(absl::StrCat(
-          "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),
-          " segment within the reserve limit of ", FormatBytes(reserve_limit), " (",
-          FormatBytes(reserved), " reserved",
-          outside > 0 ? absl::StrCat(", ", FormatBytes(outside),
-                                     " more counted by the system outside the pool")
-                      : std::string(),
-          ")"));
+    if (limited) {
+      const size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+      const size_t cached = UpstreamCachedBytes();
+      const size_t outside = outside_bytes(reserved + cached);
+      if (held_after(reserved, cached) + outside > reserve_limit) {
+        return ReserveLimitExceeded(absl::StrCat(
+            "actpack: caching pool cannot reserve a ", FormatBytes(segment_size),
+            " segment within the reserve limit of ", FormatBytes(reserve_limit), " (",
+            FormatBytes(reserved), " reserved",
+            cached > 0 ? absl::StrCat(", ", FormatBytes(cached), " cached by the backend")
+                       : std::string(),
+            outside > 0 ? absl::StrCat(", ", FormatBytes(outside),
+                                       " more counted by the system outside the pool")
+                        : std::string(),
+            ")"));
+      }
     }
     return upstream_->Allocate(segment_size, stream);
   };
@@ -216,8 +239,9 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
   absl::StatusOr<void*> memory = try_reserve();
   if (!memory.ok()) {
     // Free what the cache holds and try once more, as PyTorch does before raising OOM. Blocks
-    // waiting for events are waited for first: they may complete a fully free segment.
-    const bool freed_blocks = WaitForAllEvents();
+    // waiting for other streams are handed to their own stream first (no host wait): they may
+    // complete a fully free segment.
+    const bool freed_blocks = HandOverPendingBlocks();
     if (freed_blocks) {
       if (Block* block = TakeBestFit(block_size, stream, is_small)) return block;
     }
@@ -240,12 +264,19 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
            ReleaseFreeSegments(std::max<size_t>(over_limit(), 1)) > 0) {
       retry(try_reserve());
     }
+    // Still over with more cached by the upstream than the segment takes from it: that cache
+    // is what passes the limit (after the limit was lowered, or the system's count outside the
+    // pool grew), and goes back.
+    if (!memory.ok() && IsReserveLimitExceeded(memory.status()) &&
+        UpstreamCachedBytes() > segment_size && upstream_->EmptyCache() > 0) {
+      retry(try_reserve());
+    }
     // Refused by the upstream itself (the device is full): everything cached goes back.
     if (!memory.ok() && !IsReserveLimitExceeded(memory.status()) && ReleaseFreeSegments() > 0) {
       retry(try_reserve());
     }
     if (!memory.ok()) {
-      return WithContext(
+      absl::Status status = WithContext(
           memory.status(),
           absl::StrCat("actpack: caching pool could not reserve a ", FormatBytes(segment_size),
                        " segment for a ", FormatBytes(bytes), " request (",
@@ -253,6 +284,12 @@ absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_siz
                        " reserved, ",
                        FormatBytes(allocated_bytes_.load(std::memory_order_relaxed)),
                        " allocated)"));
+      if (IsReserveLimitExceeded(status)) {
+        const size_t outside =
+            outside_bytes(reserved_bytes_.load(std::memory_order_relaxed) + UpstreamCachedBytes());
+        status = ReserveLimitExceeded(status.message(), NeededReserve(segment_size, outside));
+      }
+      return status;
     }
   }
 
@@ -285,21 +322,32 @@ void CachingPool::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
     return;
   }
   for (Stream use : block->stream_uses) {
-    absl::StatusOr<StreamEvents::Event> event = events_->Record(use);
-    if (!event.ok()) {
-      // Without an event we cannot know when `use` is done with the block; keeping it out of the
-      // cache for good is the only choice that never hands out memory still in use.
-      std::fprintf(stderr, "actpack: caching pool: keeping a %s block out of the cache: %s\n",
-                   FormatBytes(block->size).c_str(), event.status().ToString().c_str());
-      ++block->pending_events;
-      continue;
-    }
     ++block->pending_events;
-    ++pending_event_count_;
-    pending_events_[use].emplace_back(*event, block);
+    if (!RecordUse(use, block)) unrecorded_.emplace_back(use, block);
   }
   block->stream_uses.clear();
-  // Record may have failed for every stream; then the block is parked for good, nothing to do.
+}
+
+bool CachingPool::RecordUse(Stream use, Block* block) {
+  absl::StatusOr<StreamEvents::Event> event = events_->Record(use);
+  if (!event.ok()) {
+    // Without an event nothing tells when `use` is done with the block: it stays out of the
+    // cache until one can be recorded (on a later call), which never hands out memory in use.
+    std::fprintf(stderr, "actpack: caching pool: keeping a %s block out of the cache for now: %s\n",
+                 FormatBytes(block->size).c_str(), event.status().ToString().c_str());
+    return false;
+  }
+  ++pending_event_count_;
+  pending_events_[use].emplace_back(*event, block);
+  return true;
+}
+
+void CachingPool::RecordUnrecorded() {
+  std::vector<std::pair<Stream, Block*>> waiting;
+  waiting.swap(unrecorded_);
+  for (const auto& [use, block] : waiting) {
+    if (!RecordUse(use, block)) unrecorded_.emplace_back(use, block);
+  }
 }
 
 void CachingPool::FreeBlock(Block* block) {
@@ -341,6 +389,38 @@ void CachingPool::ProcessCompletedEvents() {
       ++it;
     }
   }
+}
+
+bool CachingPool::HandOverPendingBlocks() {
+  if (!unrecorded_.empty()) RecordUnrecorded();
+  bool freed = false;
+  for (auto& [use_stream, queue] : pending_events_) {
+    for (auto [event, block] : queue) {
+      // From now on the block's stream runs after the work `use_stream` had queued when the
+      // block was freed: reusing the block on its stream is ordered, as for any block freed
+      // there.
+      absl::Status ordered = events_->StreamWait(block->stream, event);
+      if (!ordered.ok()) {
+        std::fprintf(stderr, "actpack: caching pool: waiting on the host instead: %s\n",
+                     ordered.ToString().c_str());
+        events_->Wait(event);
+      }
+      events_->Release(event);
+      --pending_event_count_;
+      if (--block->pending_events == 0) {
+        FreeBlock(block);
+        freed = true;
+      }
+    }
+  }
+  pending_events_.clear();
+  return freed;
+}
+
+size_t CachingPool::NeededReserve(size_t segment_size, size_t outside) const {
+  size_t free_segments = 0;
+  for (const Block* block : FreeSegments()) free_segments += block->size;
+  return reserved_bytes_.load(std::memory_order_relaxed) - free_segments + segment_size + outside;
 }
 
 bool CachingPool::WaitForAllEvents() {
@@ -451,13 +531,17 @@ void CachingPool::SetOutsideCounter(OutsideCounter counter) {
 
 size_t CachingPool::DoEmptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
-  WaitForAllEvents();
-  return ReleaseFreeSegments();
+  const size_t before = reserved_bytes_.load(std::memory_order_relaxed) + UpstreamCachedBytes();
+  HandOverPendingBlocks();
+  ReleaseFreeSegments();
+  upstream_->EmptyCache();
+  const size_t after = reserved_bytes_.load(std::memory_order_relaxed) + UpstreamCachedBytes();
+  return before > after ? before - after : 0;
 }
 
 MemoryUsage CachingPool::DoGetUsage() const {
   return {reserved_bytes_.load(std::memory_order_relaxed),
-          allocated_bytes_.load(std::memory_order_relaxed)};
+          allocated_bytes_.load(std::memory_order_relaxed), UpstreamCachedBytes()};
 }
 
 absl::Status CachingPool::RecordStream(const void* ptr, Stream stream) {

@@ -12,10 +12,19 @@
 //    and pool; the rest of the block is split off when it is large enough to be useful (>= 512 B
 //    in the small pool, > 1 MiB in the large pool); a freed block merges with free neighbours;
 //  * when the upstream cannot provide a new segment (or the segment would pass the reserve limit
-//    of AllocateWithin), the pool waits for pending stream events, returns every fully free
-//    segment to the upstream and tries once more before failing.
+//    of AllocateWithin), the pool hands over blocks still waiting for other streams (below),
+//    returns fully free segments to the upstream (under a limit only what the new segment
+//    lacks) and tries again before failing.
 // Blocks used on other streams (RecordStream) are reused only after events on those streams
-// have completed; see the contract in memory_resource.h. One mutex guards the pool.
+// have completed; see the contract in memory_resource.h. Where the pool needs such a block
+// before its events have completed (at the limit, and in EmptyCache) it does not wait on the
+// host: the block's own stream is made to wait for those events (StreamEvents::StreamWait,
+// cudaStreamWaitEvent), after which the block is the stream's like any block freed on it, and
+// a segment given back to the upstream is given back on that stream. Only the destructor waits.
+// Segments are whole multiples of the upstream's AllocationGranularity (a VMM backend's 2 MiB).
+// What such a backend caches beside the pool's segments counts against a reserve limit:
+// reserving n bytes then holds reserved + max(backend cache, n), since the backend reuses its
+// cache first. One mutex guards the pool.
 //
 // Example:
 //   HostMemoryResource host;
@@ -155,8 +164,9 @@ class CachingPool final : public MemoryResource {
   // SetOutsideCounter
   //
   // Memory the system counts against a reserve limit that this pool does not hold: `counter`
-  // gets the pool's reserved bytes and returns the rest of what the system counts (e.g. the
-  // process's resident set above its start, less those reserved bytes). A segment reserved
+  // gets the bytes the pool holds (its reserved bytes and what its upstream caches beside
+  // them: GetUsage().footprint_bytes()) and returns the rest of what the system counts (e.g.
+  // the process's resident set above its start, less those bytes). A segment reserved
   // under a limit must then fit the limit less that; the counter runs only then (a few times
   // per step: it may read /proc or ask the CUDA driver). It must not call into the pool. An
   // empty function stops counting.
@@ -185,6 +195,8 @@ class CachingPool final : public MemoryResource {
 
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
+  // Hands over pending blocks, returns every fully free segment and has the upstream give
+  // back what it caches. Returns the footprint released.
   size_t DoEmptyCache() override;
   MemoryUsage DoGetUsage() const override;
 
@@ -196,9 +208,26 @@ class CachingPool final : public MemoryResource {
   absl::StatusOr<Block*> ReserveSegment(size_t block_size, size_t bytes, Stream stream,
                                         bool is_small, size_t reserve_limit);
   void FreeBlock(Block* block);
+  // Records an event of `use` for `block` (pending until it completes); false when it cannot
+  // be recorded now (then `block` waits in unrecorded_).
+  bool RecordUse(Stream use, Block* block);
+  void RecordUnrecorded();
   void ProcessCompletedEvents();
-  // Waits for every pending event; returns whether a block became free.
+  // Waits on the host for every pending event; returns whether a block became free. Teardown
+  // only.
   bool WaitForAllEvents();
+  // Frees every block waiting for other streams by ordering its own stream after their events
+  // (no host wait; the host waits only for an event a stream cannot be ordered after). Returns
+  // whether a block became free.
+  bool HandOverPendingBlocks();
+  // The segment the pool reserves for a block of `block_size`: SegmentSizeFor in whole units of
+  // the upstream's granularity.
+  size_t SegmentBytes(size_t block_size, bool under_budget) const;
+  // What the upstream caches beside the pool's segments.
+  size_t UpstreamCachedBytes() const;
+  // The reserve limit under which a segment of `segment_size` would fit now, with every fully
+  // free segment and the upstream's cache given back.
+  size_t NeededReserve(size_t segment_size, size_t outside) const;
   // The segments with one block, a cached one.
   std::vector<Block*> FreeSegments() const;
   // Returns fully free segments but `keep` to the upstream until at least `wanted` bytes went
@@ -215,6 +244,7 @@ class CachingPool final : public MemoryResource {
 
   MemoryResource* const upstream_;
   StreamEvents* const events_;
+  const size_t granularity_;  // the upstream's
 
   mutable std::mutex mutex_;
   bool upstream_remaps_ = true;  // until the upstream says it cannot
@@ -226,6 +256,9 @@ class CachingPool final : public MemoryResource {
   // order, so only the front of each queue needs to be asked).
   absl::flat_hash_map<Stream, std::deque<std::pair<StreamEvents::Event, Block*>>> pending_events_;
   size_t pending_event_count_ = 0;
+  // Stream uses of freed blocks whose event could not be recorded yet: recorded again on later
+  // calls (capturing more of the stream's work than at the free, which is safe).
+  std::vector<std::pair<Stream, Block*>> unrecorded_;
   OutsideCounter outside_counter_;
   // Written under mutex_; read without it by GetUsage.
   std::atomic<size_t> reserved_bytes_{0};

@@ -220,20 +220,105 @@ TEST_F(CachingPoolTest, SegmentContainingFindsTheSegmentOfAnyInteriorAddress) {
   pool_.Deallocate(a, 3_MiB, kStreamA);
 }
 
-TEST_F(CachingPoolTest, EmptyCacheWaitsForPendingBlocksAndKeepsLiveOnes) {
+// A block still waiting for another stream is handed to its own stream (which is ordered
+// after that stream's event), not waited for on the host; its segment then goes back.
+TEST_F(CachingPoolTest, EmptyCacheHandsOverPendingBlocksAndKeepsLiveOnes) {
   void* live = Alloc(3_MiB, kStreamA);
   void* pending = Alloc(1_MiB, kStreamA);
   ASSERT_TRUE(pool_.RecordStream(pending, kStreamB).ok());
   pool_.Deallocate(pending, 1_MiB, kStreamA);
   EXPECT_EQ(pool_.GetUsage().reserved_bytes, 22_MiB);
   EXPECT_EQ(pool_.EmptyCache(), 2_MiB);
-  EXPECT_EQ(events_.waits(), 1);
+  EXPECT_EQ(events_.waits(), 0);
+  EXPECT_EQ(events_.stream_waits(), 1);
+  EXPECT_EQ(events_.live(), 0);
   EXPECT_EQ(pool_.GetUsage().reserved_bytes, 20_MiB);
   EXPECT_EQ(pool_.GetUsage().allocated_bytes, 3_MiB);
   ExpectConsistent();
   pool_.Deallocate(live, 3_MiB, kStreamA);
   EXPECT_EQ(pool_.EmptyCache(), 20_MiB);
   EXPECT_EQ(host_.GetUsage().reserved_bytes, 0u);
+}
+
+// At the limit a block another stream has not finished with is handed to its own stream: the
+// stream is ordered after the other stream's event (cudaStreamWaitEvent on CUDA), and the host
+// waits for nothing. Where a stream cannot be ordered, the host waits instead.
+TEST_F(CachingPoolTest, AtTheLimitPendingBlocksAreHandedOverWithoutAHostWait) {
+  void* a = *pool_.AllocateWithin(8_MiB, kStreamA, 16_MiB);
+  void* b = *pool_.AllocateWithin(8_MiB, kStreamA, 16_MiB);
+  ASSERT_TRUE(pool_.RecordStream(b, kStreamB).ok());
+  pool_.Deallocate(b, 8_MiB, kStreamA);  // waits for stream B's event
+  // Only b's memory fits another 8 MiB under the limit.
+  absl::StatusOr<void*> c = pool_.AllocateWithin(8_MiB, kStreamA, 16_MiB);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, b);
+  EXPECT_EQ(events_.waits(), 0);
+  EXPECT_EQ(events_.stream_waits(), 1);
+  EXPECT_EQ(events_.live(), 0);
+  ExpectConsistent();
+
+  events_.set_fail_stream_waits(true);
+  ASSERT_TRUE(pool_.RecordStream(*c, kStreamB).ok());
+  pool_.Deallocate(*c, 8_MiB, kStreamA);
+  absl::StatusOr<void*> d = pool_.AllocateWithin(8_MiB, kStreamA, 16_MiB);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(*d, b);
+  EXPECT_EQ(events_.waits(), 1);
+  ExpectConsistent();
+  pool_.Deallocate(a, 8_MiB, kStreamA);
+  pool_.Deallocate(*d, 8_MiB, kStreamA);
+}
+
+// A reserve-limit failure says what limit would have served it: the segments holding live
+// blocks, plus the segment it needed, with every free segment given back.
+TEST_F(CachingPoolTest, AReserveLimitFailureCarriesTheLimitThatWouldHaveFitted) {
+  void* a = *pool_.AllocateWithin(12_MiB, kStreamA, 32_MiB);
+  void* b = *pool_.AllocateWithin(6_MiB, kStreamA, 32_MiB);
+  pool_.Deallocate(b, 6_MiB, kStreamA);  // free: would go back
+  absl::StatusOr<void*> c = pool_.AllocateWithin(24_MiB, kStreamA, 32_MiB);
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(IsReserveLimitExceeded(c.status()));
+  EXPECT_EQ(ReserveLimitNeeded(c.status()), 12_MiB + 24_MiB);
+  EXPECT_FALSE(ReserveLimitNeeded(absl::ResourceExhaustedError("device")).has_value());
+  ExpectConsistent();
+  pool_.Deallocate(a, 12_MiB, kStreamA);
+}
+
+// A backend that holds memory in 2 MiB units (a VMM backend's granules), on the host.
+class GranularHost final : public MemoryResource {
+ public:
+  HostMemoryResource host;
+
+ private:
+  absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t limit) override {
+    return host.Allocate(RoundUp(bytes, 2_MiB), stream);
+  }
+  void DoDeallocate(void* ptr, size_t bytes, Stream stream) override {
+    host.Deallocate(ptr, RoundUp(bytes, 2_MiB), stream);
+  }
+  MemoryUsage DoGetUsage() const override { return host.GetUsage(); }
+  size_t DoAllocationGranularity() const override { return 2_MiB; }
+};
+
+// Segments are whole units of such a backend: a budget counts what the device holds, and the
+// rest of a unit serves the next block instead of lying outside every segment.
+TEST(CachingPoolGranularityTest, SegmentsAreWholeUnitsOfTheBackend) {
+  GranularHost backend;
+  HostStreamEvents events;
+  CachingPool pool(&backend, &events);
+  void* p = *pool.AllocateWithin(600_KiB, kStreamA, 64_MiB);  // a segment of its own
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 2_MiB);
+  EXPECT_EQ(backend.GetUsage().reserved_bytes, 2_MiB);
+  void* q = *pool.AllocateWithin(1_MiB, kStreamA, 64_MiB);  // from the same unit
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 2_MiB);
+  void* r = *pool.AllocateWithin(3_MiB, kStreamA, 64_MiB);
+  EXPECT_EQ(pool.GetUsage().reserved_bytes, 6_MiB);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+  pool.Deallocate(p, 600_KiB, kStreamA);
+  pool.Deallocate(q, 1_MiB, kStreamA);
+  pool.Deallocate(r, 3_MiB, kStreamA);
+  EXPECT_EQ(pool.EmptyCache(), 6_MiB);
+  EXPECT_EQ(backend.GetUsage().reserved_bytes, 0u);
 }
 
 // At the limit the pool releases what the new segment lacks, not the whole cache: under a budget
@@ -406,16 +491,25 @@ TEST_F(CachingPoolTest, FailureOverTheLimitLeavesThePoolConsistent) {
   EXPECT_EQ(Alloc(4_KiB), static_cast<char*>(live) + 4_KiB);
 }
 
-TEST_F(CachingPoolTest, FailedEventRecordKeepsTheBlockOutOfTheCache) {
+// A block whose other stream's event cannot be recorded stays out of the cache until one can
+// be: the next calls record it, and it is reused once that event completes.
+TEST_F(CachingPoolTest, FailedEventRecordKeepsTheBlockOutUntilAnEventIsRecorded) {
   void* p = Alloc(8_KiB, kStreamA);
   ASSERT_TRUE(pool_.RecordStream(p, kStreamB).ok());
   events_.set_fail_records(true);
   pool_.Deallocate(p, 8_KiB, kStreamA);
-  events_.set_fail_records(false);
   EXPECT_EQ(pool_.Segments()[0].blocks[0].state, BlockState::kActivePendingFree);
-  EXPECT_NE(Alloc(8_KiB, kStreamA), p);
-  pool_.EmptyCache();
-  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 2_MiB);  // its segment can never be released
+  void* q = Alloc(8_KiB, kStreamA);  // recording still fails: not p
+  EXPECT_NE(q, p);
+  events_.set_fail_records(false);
+  void* r = Alloc(8_KiB, kStreamA);  // recorded now, pending on B
+  EXPECT_NE(r, p);
+  EXPECT_EQ(events_.recorded(), 1);
+  events_.CompleteStream(kStreamB);
+  pool_.Deallocate(q, 8_KiB, kStreamA);
+  pool_.Deallocate(r, 8_KiB, kStreamA);
+  EXPECT_EQ(pool_.EmptyCache(), 2_MiB);  // its segment went back
+  EXPECT_EQ(pool_.GetUsage().reserved_bytes, 0u);
   ExpectConsistent();
 }
 

@@ -9,6 +9,7 @@
 #if ACTPACK_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "allocator/internal/cuda_device.h"
 #include "common/cuda_check.h"
 #endif
 
@@ -16,33 +17,8 @@ namespace actpack::allocator {
 
 #if ACTPACK_WITH_CUDA
 
-namespace {
-
-// Makes `device` current for a scope and restores the previous device, so that allocating for
-// one device never changes the caller's current device.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) status_ = ACTPACK_CUDA_STATUS(cudaSetDevice(device));
-  }
-  ~ScopedDevice() {
-    if (status_.ok() && previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  absl::Status status_;
-};
-
-// Errors in the void paths (free, event release) cannot be returned; they are reported once per
-// call site and otherwise ignored, as PyTorch does for errors during teardown.
-void ReportCudaError(const absl::Status& status) {
-  if (!status.ok()) std::fprintf(stderr, "actpack: %s\n", status.ToString().c_str());
-}
-
-}  // namespace
+using internal::ReportCudaError;
+using internal::ScopedDevice;
 
 bool CudaSupportCompiledIn() { return true; }
 
@@ -108,11 +84,24 @@ void CudaMemoryResource::DoDeallocate(void* ptr, size_t bytes, Stream stream) {
   reserved_bytes_.fetch_sub(size, std::memory_order_relaxed);
 }
 
+CudaStreamEvents::~CudaStreamEvents() {
+  for (Event event : kept_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 absl::StatusOr<StreamEvents::Event> CudaStreamEvents::Record(Stream stream) {
   ScopedDevice scoped(device_);
   if (!scoped.status().ok()) return scoped.status();
   cudaEvent_t event = nullptr;
-  ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!kept_.empty()) {
+      event = static_cast<cudaEvent_t>(kept_.back());
+      kept_.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
   absl::Status status =
       ACTPACK_CUDA_STATUS(cudaEventRecord(event, static_cast<cudaStream_t>(stream)));
   if (!status.ok()) {
@@ -136,7 +125,23 @@ void CudaStreamEvents::Wait(Event event) {
   ReportCudaError(ACTPACK_CUDA_STATUS(cudaEventSynchronize(static_cast<cudaEvent_t>(event))));
 }
 
+absl::Status CudaStreamEvents::StreamWait(Stream stream, Event event) {
+  ScopedDevice scoped(device_);
+  if (!scoped.status().ok()) return scoped.status();
+  return ACTPACK_CUDA_STATUS(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+}
+
+// A released event may still be pending, or waited on by a stream (cudaStreamWaitEvent took
+// its state when it was called): recording it again later changes neither.
 void CudaStreamEvents::Release(Event event) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_.size() < kKeptEvents) {
+      kept_.push_back(event);
+      return;
+    }
+  }
   ReportCudaError(ACTPACK_CUDA_STATUS(cudaEventDestroy(static_cast<cudaEvent_t>(event))));
 }
 
@@ -170,8 +175,10 @@ absl::StatusOr<StreamEvents::Event> CudaStreamEvents::Record(Stream stream) {
   return NotCompiledIn();
 }
 
+CudaStreamEvents::~CudaStreamEvents() = default;
 bool CudaStreamEvents::IsComplete(Event event) { return true; }
 void CudaStreamEvents::Wait(Event event) {}
+absl::Status CudaStreamEvents::StreamWait(Stream stream, Event event) { return NotCompiledIn(); }
 void CudaStreamEvents::Release(Event event) {}
 
 #endif  // ACTPACK_WITH_CUDA

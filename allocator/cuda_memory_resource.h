@@ -14,6 +14,8 @@
 #define ACTPACK_ALLOCATOR_CUDA_MEMORY_RESOURCE_H_
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -66,18 +68,26 @@ class CudaMemoryResource final : public MemoryResource {
 
 // CudaStreamEvents
 //
-// cudaEvent_t (timing disabled) on `device`. Thread safe.
+// cudaEvent_t (timing disabled) on `device`. Released events are kept for the next Record (up
+// to kKeptEvents), as PyTorch's allocator keeps its own, so that a free in steady state creates
+// none. StreamWait is cudaStreamWaitEvent. Thread safe.
 class CudaStreamEvents final : public StreamEvents {
  public:
+  static constexpr size_t kKeptEvents = 1024;
+
   explicit CudaStreamEvents(int device) : device_(device) {}
+  ~CudaStreamEvents() override;
 
   absl::StatusOr<Event> Record(Stream stream) override;
   bool IsComplete(Event event) override;
   void Wait(Event event) override;
+  absl::Status StreamWait(Stream stream, Event event) override;
   void Release(Event event) override;
 
  private:
   const int device_;
+  std::mutex mutex_;
+  std::vector<Event> kept_;  // released events, to record again
 };
 
 }  // namespace actpack::allocator

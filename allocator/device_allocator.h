@@ -16,6 +16,7 @@
 #define ACTPACK_ALLOCATOR_DEVICE_ALLOCATOR_H_
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -82,8 +83,9 @@ void ResetDeviceAllocatorForTesting();
 //
 // From now on the pool of `device` (kHostDevice: the host pool) counts against its budget what
 // the system holds outside it: the growth since now of the process's resident set (host) or of
-// the device's used memory as the CUDA driver counts it (a device), less the growth of the
-// pool's own reserved bytes. Checked when the pool reserves a segment under its budget
+// this process's memory on the device (a device: NVML's per-process count, else the device's
+// used memory from cudaMemGetInfo; SystemMemorySource says which), less the growth of what the
+// pool holds (its reserved bytes and its backend's cache). Checked when the pool reserves a segment under its budget
 // (CachingPool::SetOutsideCounter). Gives the pool's cache back first, so that the count starts
 // from memory in use. Builds a device stack that is not built yet.
 // kInvalidArgument for a device outside [-1, kMaxDevices); kUnavailable when the system's count
@@ -95,6 +97,13 @@ absl::Status CountSystemMemory(int device, size_t allowance_bytes = 0);
 //
 // Undoes CountSystemMemory for `device`; nothing when it was not counting.
 void StopCountingSystemMemory(int device);
+
+// SystemMemorySource
+//
+// What CountSystemMemory counts (or would count now) for `device`, in a few words, for reports:
+// "the process's resident set (VmRSS)", "NVML: this process's memory on GPU 0000:17:00.0 ...",
+// or "cudaMemGetInfo: device 0's used memory, every process's (NVML not used: ...)".
+std::string SystemMemorySource(int device);
 
 }  // namespace actpack::allocator
 

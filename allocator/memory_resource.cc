@@ -2,12 +2,17 @@
 
 #include <algorithm>
 
+#include <string>
+
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace actpack::allocator {
 namespace {
 
 constexpr absl::string_view kReserveLimitPayloadUrl = "actpack.allocator/reserve_limit_exceeded";
+constexpr absl::string_view kReserveNeededPayloadUrl = "actpack.allocator/reserve_limit_needed";
 
 }  // namespace
 
@@ -57,9 +62,25 @@ absl::Status ReserveLimitExceeded(absl::string_view message) {
   return status;
 }
 
+absl::Status ReserveLimitExceeded(absl::string_view message, size_t needed_bytes) {
+  absl::Status status = ReserveLimitExceeded(message);
+  status.SetPayload(kReserveNeededPayloadUrl, absl::Cord(absl::StrCat(needed_bytes)));
+  return status;
+}
+
 bool IsReserveLimitExceeded(const absl::Status& status) {
   return status.code() == absl::StatusCode::kResourceExhausted &&
          status.GetPayload(kReserveLimitPayloadUrl).has_value();
+}
+
+std::optional<size_t> ReserveLimitNeeded(const absl::Status& status) {
+  if (!IsReserveLimitExceeded(status)) return std::nullopt;
+  auto payload = status.GetPayload(kReserveNeededPayloadUrl);
+  size_t bytes = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
 }
 
 }  // namespace actpack::allocator

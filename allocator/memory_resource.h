@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,11 +49,18 @@ inline constexpr size_t kNoReserveLimit = std::numeric_limits<size_t>::max();
 // What a resource holds right now. `reserved_bytes` is memory taken from the layer below (the
 // device or the OS): the footprint a budget is about. `allocated_bytes` is the part handed out to
 // callers (sizes after rounding); the rest (`reserved - allocated`) is cached.
+// `upstream_cached_bytes` is what a caching pool's backend keeps for reuse beside the pool's own
+// segments (VmmMemoryResource's physical memory no segment maps): device memory all the same,
+// counted against a reserve limit, but not part of the pool's reserved bytes or its segment
+// statistics. 0 for every other resource.
 struct MemoryUsage {
   size_t reserved_bytes = 0;
   size_t allocated_bytes = 0;
+  size_t upstream_cached_bytes = 0;
 
   size_t cached_bytes() const { return reserved_bytes - allocated_bytes; }
+  // Everything taken from the device or the OS, the backend's cache included.
+  size_t footprint_bytes() const { return reserved_bytes + upstream_cached_bytes; }
 };
 
 // MemoryAction
@@ -172,6 +180,15 @@ class MemoryResource {
   // their upstream's usage).
   MemoryUsage GetUsage() const { return DoGetUsage(); }
 
+  // AllocationGranularity
+  //
+  // The unit this resource takes memory from the layer below in: a request is held as rounded
+  // up to a multiple of it (a VMM backend's 2 MiB granule), so a pool above sizes its segments
+  // in whole units rather than leave a remainder the budget would not see. 1 where the
+  // resource holds what is asked (rounded to kAllocationAlignment); adaptors report their
+  // upstream's.
+  size_t AllocationGranularity() const { return DoAllocationGranularity(); }
+
   // AddObserver / RemoveObserver
   //
   // Subscribes `observer` (not owned) to the events of this resource; adaptors also subscribe it
@@ -216,6 +233,7 @@ class MemoryResource {
                                         Stream stream);
   virtual size_t DoEmptyCache() { return 0; }
   virtual MemoryUsage DoGetUsage() const = 0;
+  virtual size_t DoAllocationGranularity() const { return 1; }
 
   std::vector<MemoryObserver*> observers_;
 };
@@ -237,6 +255,7 @@ class ResourceAdaptor : public MemoryResource {
  private:
   size_t DoEmptyCache() override { return upstream_->EmptyCache(); }
   MemoryUsage DoGetUsage() const override { return upstream_->GetUsage(); }
+  size_t DoAllocationGranularity() const override { return upstream_->AllocationGranularity(); }
 
   MemoryResource* const upstream_;
 };
@@ -245,13 +264,22 @@ class ResourceAdaptor : public MemoryResource {
 //
 // The kResourceExhausted status a resource returns when an allocation would push its reserved
 // bytes past the limit given to AllocateWithin. It carries a payload so that the budget can tell
-// its own limit from a device that ran out of memory.
+// its own limit from a device that ran out of memory, and, where the resource knows it,
+// `needed_bytes`: the smallest limit under which this allocation would have succeeded now (a
+// caching pool: its segments holding live blocks, plus the segment the request needs, plus what
+// the system counts outside it, with every cached segment given back).
 absl::Status ReserveLimitExceeded(absl::string_view message);
+absl::Status ReserveLimitExceeded(absl::string_view message, size_t needed_bytes);
 
 // IsReserveLimitExceeded
 //
 // True for a status made by ReserveLimitExceeded.
 bool IsReserveLimitExceeded(const absl::Status& status);
+
+// ReserveLimitNeeded
+//
+// The `needed_bytes` a ReserveLimitExceeded status carries; nullopt when it carries none.
+std::optional<size_t> ReserveLimitNeeded(const absl::Status& status);
 
 }  // namespace actpack::allocator
 

@@ -1,6 +1,8 @@
 // pluggable.h — the C ABI torch.cuda.memory.CUDAPluggableAllocator loads: the device stacks of
 // device_allocator.h behind the signatures torch expects (stream is a cudaStream_t). On failure
-// actpack_alloc returns nullptr and actpack_last_error() tells why.
+// actpack_alloc returns nullptr and actpack_last_error() tells why, on any thread: backward
+// allocates on autograd's device threads, and the error is read on the thread that called
+// backward.
 #ifndef ACTPACK_ALLOCATOR_PLUGGABLE_H_
 #define ACTPACK_ALLOCATOR_PLUGGABLE_H_
 
@@ -22,9 +24,16 @@ void actpack_record_stream(void* ptr, void* stream);
 // segment holding `ptr`, its size in *size. `ptr` itself, *size untouched, when no device stack
 // holds it (torch's answer when no hook is set).
 void* actpack_base_alloc(void* ptr, size_t* size);
-// Why this thread's last call to actpack_alloc, actpack_memory_fraction, actpack_record_stream
-// or actpack_base_alloc failed; "" when it succeeded.
+// Why the most recent failing call to actpack_alloc, actpack_memory_fraction,
+// actpack_record_stream or actpack_base_alloc in this process failed, whichever thread made
+// it; "" when none failed or a later one succeeded. The string stays valid until this thread
+// calls actpack_last_error or actpack_last_device_error again. (Two threads that each need
+// their own call's outcome use device_allocator.h's C++ calls, which return it.)
 const char* actpack_last_error(void);
+// The same for the calls about `device` (actpack_alloc and actpack_memory_fraction on it, and
+// record_stream and base_alloc calls that found their pointer on it); "" for a device outside
+// [0, 64).
+const char* actpack_last_device_error(int device);
 }
 
 

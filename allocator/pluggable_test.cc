@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,9 @@
 
 #if ACTPACK_WITH_CUDA
 #include <cuda_runtime_api.h>
+#endif
+#if defined(CUDAEMU)
+#include "cudaemu/control.h"
 #endif
 
 namespace actpack::allocator {
@@ -131,8 +135,31 @@ TEST_P(DeviceAllocatorTest, OverBudgetReturnsNullWithTheReason) {
   EXPECT_EQ(p, nullptr);
   EXPECT_STREQ(actpack_last_error(),
                "actpack: out of budget: requested 64.00 MiB with 0 B in use and 0 B cached; "
-               "budget 64.00 MiB");
+               "budget 64.00 MiB; the smallest budget that would have fitted it: 66.00 MiB");
   EXPECT_EQ(FindDeviceAllocator(0)->stats().GetStats().num_ooms, 1);
+}
+
+// Backward allocates on autograd's device thread and the error is read on the thread that
+// called backward: the reason is the process's (and the device's), not the failing thread's.
+TEST_P(DeviceAllocatorTest, TheLastErrorIsReadableFromAnyThread) {
+  std::thread autograd([this] { EXPECT_EQ(actpack_alloc(64_MiB + 1, 0, kStream), nullptr); });
+  autograd.join();
+  EXPECT_THAT(actpack_last_error(), StartsWith("actpack: out of budget"));
+  EXPECT_THAT(actpack_last_device_error(0), StartsWith("actpack: out of budget"));
+  EXPECT_STREQ(actpack_last_device_error(1), "");
+  EXPECT_STREQ(actpack_last_device_error(-1), "");
+  // The pointer stays this thread's while another thread fails differently.
+  const char* seen = actpack_last_error();
+  std::thread other([] { actpack_memory_fraction(2.0, 0); });
+  other.join();
+  EXPECT_THAT(seen, StartsWith("actpack: out of budget"));
+  EXPECT_THAT(actpack_last_error(), HasSubstr("outside (0, 1]"));
+  // A later success clears it.
+  void* p = actpack_alloc(1_MiB, 0, kStream);
+  ASSERT_NE(p, nullptr);
+  EXPECT_STREQ(actpack_last_error(), "");
+  EXPECT_STREQ(actpack_last_device_error(0), "");
+  actpack_free(p, 1_MiB, 0, kStream);
 }
 
 TEST_P(DeviceAllocatorTest, AnInjectedFailureReachesTheCallerAsABudgetRefusalWould) {
@@ -390,6 +417,45 @@ TEST_P(DeviceAllocatorTest, CountingTheSystemStartsFromAPoolWithoutCache) {
   actpack_free(p, 30_MiB, 0, kStream);
   StopCountingSystemMemory(0);
 }
+
+#if defined(CUDAEMU)
+// On a GPU the budget counts this process's memory (NVML's per-process count): another process
+// on the same GPU does not take from it. Where NVML does not list this process, the device's
+// used memory (cudaMemGetInfo) is counted, and the source says so.
+TEST_P(DeviceAllocatorTest, OnAGpuTheSystemCountIsThisProcesssMemory) {
+  if (GetParam() != Backend::kCuda) {
+    EXPECT_EQ(SystemMemorySource(0), "the process's resident set (VmRSS)");
+    GTEST_SKIP() << "the GPU's count is a CUDA matter";
+  }
+  ASSERT_TRUE(CountSystemMemory(2).ok());
+  EXPECT_THAT(SystemMemorySource(2), StartsWith("NVML: this process's memory on GPU 0000:12:00.0"));
+  cudaemu::SetOtherProcessMemory(2, 40_MiB);
+  void* p = actpack_alloc(30_MiB, 2, kStream);  // 30 + 40 > 64, but the 40 are not ours
+  EXPECT_NE(p, nullptr) << actpack_last_error();
+  actpack_free(p, 30_MiB, 2, kStream);
+  actpack_empty_cache();  // so that the next request reserves, and is counted
+  // Our own memory outside the pool still counts.
+  void* outside = nullptr;
+  ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&outside, 40_MiB), cudaSuccess);
+  EXPECT_EQ(actpack_alloc(30_MiB, 2, kStream), nullptr);
+  ASSERT_EQ(cudaFree(outside), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  StopCountingSystemMemory(2);
+
+  cudaemu::SetNvmlListsThisProcess(false);
+  actpack_empty_cache();
+  ASSERT_TRUE(CountSystemMemory(3).ok());
+  EXPECT_THAT(SystemMemorySource(3), StartsWith("cudaMemGetInfo: device 3's used memory"));
+  EXPECT_THAT(SystemMemorySource(3), HasSubstr("not in NVML's list"));
+  cudaemu::SetOtherProcessMemory(3, 40_MiB);
+  EXPECT_EQ(actpack_alloc(30_MiB, 3, kStream), nullptr);  // the device's count includes them
+  cudaemu::SetOtherProcessMemory(3, 0);
+  StopCountingSystemMemory(3);
+  cudaemu::SetNvmlListsThisProcess(true);
+  cudaemu::SetOtherProcessMemory(2, 0);
+}
+#endif
 
 #if ACTPACK_WITH_CUDA
 // What the driver sees: a cached segment is still device memory in use; empty_cache gives it

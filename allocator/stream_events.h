@@ -37,6 +37,19 @@ class StreamEvents {
   // Blocks until the work before `event` has finished.
   virtual void Wait(Event event) = 0;
 
+  // StreamWait
+  //
+  // Orders the work enqueued on `stream` after this call behind the work before `event`,
+  // without blocking the host (cudaStreamWaitEvent); `event` may be released right after. How
+  // the caching pool hands a block whose other streams have not caught up to its own stream at
+  // the limit, where it used to wait. An error leaves nothing ordered: the caller falls back to
+  // Wait. The default blocks the host (Wait), which orders the same work for any
+  // implementation.
+  virtual absl::Status StreamWait(Stream stream, Event event) {
+    Wait(event);
+    return absl::OkStatus();
+  }
+
   // Frees the event; it must not be used afterwards.
   virtual void Release(Event event) = 0;
 };
@@ -49,6 +62,7 @@ class HostStreamEvents final : public StreamEvents {
   absl::StatusOr<Event> Record(Stream stream) override { return nullptr; }
   bool IsComplete(Event event) override { return true; }
   void Wait(Event event) override {}
+  absl::Status StreamWait(Stream stream, Event event) override { return absl::OkStatus(); }
   void Release(Event event) override {}
 };
 

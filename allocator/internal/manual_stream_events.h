@@ -51,6 +51,14 @@ class ManualStreamEvents final : public StreamEvents {
     CompleteUpTo(e->stream, e->sequence);
   }
 
+  // The stream does not catch up: it is ordered behind the event, which stays pending.
+  absl::Status StreamWait(Stream stream, Event event) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (fail_stream_waits_) return absl::InternalError("ordering a stream failed (test)");
+    ++stream_waits_;
+    return absl::OkStatus();
+  }
+
   void Release(Event event) override {
     std::lock_guard<std::mutex> lock(mutex_);
     --live_;
@@ -74,6 +82,11 @@ class ManualStreamEvents final : public StreamEvents {
     fail_records_ = fail;
   }
 
+  void set_fail_stream_waits(bool fail) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fail_stream_waits_ = fail;
+  }
+
   int64_t recorded() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return recorded_;
@@ -85,6 +98,11 @@ class ManualStreamEvents final : public StreamEvents {
   int64_t waits() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return waits_;
+  }
+  // StreamWait calls that ordered a stream (no host wait).
+  int64_t stream_waits() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stream_waits_;
   }
 
  private:
@@ -103,9 +121,11 @@ class ManualStreamEvents final : public StreamEvents {
   std::map<Stream, uint64_t> completed_;  // events completed per stream, in order
   int complete_after_queries_ = 0;
   bool fail_records_ = false;
+  bool fail_stream_waits_ = false;
   int64_t recorded_ = 0;
   int64_t live_ = 0;
   int64_t waits_ = 0;
+  int64_t stream_waits_ = 0;
 };
 
 }  // namespace actpack::allocator::internal
