@@ -20,6 +20,11 @@ CUDA_DEFINES = select({
     "//conditions:default": [],
 })
 
+# The architectures of the compile check (and of tools/ptxas_check.py's table): machine code for
+# Turing (sm_75: T4), Ampere (sm_80: A100; sm_86: A10, A40, RTX 30xx, whose smaller per-SM
+# limits ptxas allocates for apart) and Hopper (sm_90), and PTX that newer GPUs compile. Ada
+# (sm_89) runs sm_86's machine code and the kernels use nothing it adds; one more target costs
+# CI half a minute on two cores. The wheel's architectures are setup.py's (cuda_arch_flags).
 NVCC_FLAGS = " ".join([
     "-std=c++17",
     "-O3",
@@ -27,7 +32,9 @@ NVCC_FLAGS = " ".join([
     "-Xcompiler=-fPIC",
     "-Xcompiler=-ffp-contract=off",
     "-DACTPACK_WITH_CUDA=1",
+    "-gencode=arch=compute_75,code=sm_75",
     "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_86,code=sm_86",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
 ])

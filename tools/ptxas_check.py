@@ -2,7 +2,7 @@
 """Registers, shared memory and spills of every CUDA kernel, checked against a table.
 
 Compiles codecs/cuda/*.cu with nvcc and the build's flags (NVCC_FLAGS in third_party/actpack.bzl)
-plus `-Xptxas -v`, reads what ptxas reports per kernel and architecture (sm_80, sm_90), and
+plus `-Xptxas -v`, reads what ptxas reports per kernel and machine-code architecture there, and
 compares it with codecs/cuda/ptxas.tsv. Any difference fails: a new spill, a kernel that needs
 more registers or shared memory, a kernel added or gone. When the change is intended, rerun
 with --update and commit the table with the code, so that the review sees it.
