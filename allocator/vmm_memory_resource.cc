@@ -57,16 +57,39 @@ struct DriverApi {
 // since CUDA 10.2; 12.0 is the oldest driver a CUDA 12 or 13 runtime runs on.
 constexpr unsigned kDriverApiVersion = 12000;
 
+}  // namespace
+}  // namespace actpack::allocator
+
+// Weak references: the cudart a process loads first (torch's own) may be older than the one
+// compiled against; without cudaGetDriverEntryPointByVersion (CUDA 12.5) the older call serves,
+// and without either the backend is unavailable instead of the library failing to load.
+#pragma weak cudaGetDriverEntryPoint
+#if CUDART_VERSION >= 12050
+#pragma weak cudaGetDriverEntryPointByVersion
+#endif
+
+namespace actpack::allocator {
+namespace {
+
 absl::Status ResolveEntryPoint(const char* symbol, void** function) {
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   *function = nullptr;
+  absl::Status status;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #if CUDART_VERSION >= 12050
-  const absl::Status status = ACTPACK_CUDA_STATUS(cudaGetDriverEntryPointByVersion(
-      symbol, function, kDriverApiVersion, cudaEnableDefault, &found));
-#else
-  const absl::Status status =
-      ACTPACK_CUDA_STATUS(cudaGetDriverEntryPoint(symbol, function, cudaEnableDefault, &found));
+  if (&cudaGetDriverEntryPointByVersion != nullptr) {
+    status = ACTPACK_CUDA_STATUS(cudaGetDriverEntryPointByVersion(
+        symbol, function, kDriverApiVersion, cudaEnableDefault, &found));
+  } else
 #endif
+      if (&cudaGetDriverEntryPoint != nullptr) {
+    status = ACTPACK_CUDA_STATUS(
+        cudaGetDriverEntryPoint(symbol, function, cudaEnableDefault, &found));
+  } else {
+    return absl::UnavailableError("actpack: the CUDA runtime has no cudaGetDriverEntryPoint");
+  }
+#pragma GCC diagnostic pop
   if (!status.ok()) return status;
   if (*function == nullptr || found != cudaDriverEntryPointSuccess) {
     *function = nullptr;
