@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
+#include "torch_plugin/csrc/pluggable_alloc.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
 namespace actpack::torch_plugin {
@@ -302,7 +304,22 @@ void BindAllocator(py::module& m) {
   m.def("_reset_peak_memory_stats", &ResetPeak, py::arg("device"));
   m.def("_empty_cache", &EmptyCache, py::arg("device"));
   m.def("_snapshot", &Snapshot, py::arg("device"));
-  m.def("_last_allocator_error", [] { return std::string(actpack_last_error()); });
+  // The reason of the last failed device allocation: actpack_torch_alloc's (torch's allocator
+  // is actpack's), else the C ABI's actpack_alloc's (a torch.cuda.MemPool region, ctypes). A
+  // process uses one of them: install_allocator refuses a MemPool region.
+  m.def("_last_allocator_error", [] {
+    std::string reason = LastTorchAllocError();
+    return reason.empty() ? std::string(actpack_last_error()) : reason;
+  });
+  // For tests: calls the allocation function at `address` (what memory.py hands torch's
+  // CUDAPluggableAllocator, its address found as torch finds it, by ctypes) as torch's
+  // allocator does: through a std::function, on the default stream, whatever it throws left to
+  // reach Python as torch maps it. The pointer it returned, as an int.
+  m.def("_call_alloc_fn", [](uintptr_t address, size_t size, int device) {
+    const std::function<void*(size_t, int, void*)> alloc_fn =
+        reinterpret_cast<void* (*)(size_t, int, void*)>(address);
+    return reinterpret_cast<uintptr_t>(alloc_fn(size, device, nullptr));
+  }, py::arg("address"), py::arg("size"), py::arg("device"));
   m.def("_reset_accumulated_memory_stats", &ResetAccumulated, py::arg("device"));
   // For tests (tests/test_allocation_faults.py): fail the k-th allocation of a stack from now
   // (0: none), and read how many it has counted since and whether the failure happened.

@@ -110,7 +110,12 @@ def set_cpu_budget(budget):
 
 # ---- CUDA ----
 
-_ALLOC_FN = "actpack_alloc"
+# torch's CUDAPluggableAllocator over actpack's device stacks: under install_allocator the
+# allocation function throws torch.OutOfMemoryError with actpack's reason
+# (torch_plugin/csrc/pluggable_alloc.h; torch would wrap a null pointer in a tensor); a MemPool
+# region keeps the C ABI's, which returns null, and torch's caching allocator retries and raises.
+_ALLOC_FN = "actpack_torch_alloc"
+_POOL_ALLOC_FN = "actpack_alloc"
 _FREE_FN = "actpack_free"
 
 
@@ -139,11 +144,12 @@ def _configure_cuda(budget):
             _C._set_device_budget_fraction(device, parsed["fraction"])
 
 
-_pluggable = None
+_pluggables = {}
 
 
-def _pluggable_allocator():
-    """torch's CUDAPluggableAllocator over actpack's C ABI, with every hook torch has wired.
+def _pluggable_allocator(alloc_fn=_ALLOC_FN):
+    """torch's CUDAPluggableAllocator over actpack's C ABI with `alloc_fn` (_ALLOC_FN for
+    install_allocator, _POOL_ALLOC_FN for a MemPool region), with every hook torch has wired.
 
     torch 2.13's pluggable allocator calls optional hooks for init, emptyCache
     (torch.cuda.empty_cache), setMemoryFraction (torch.cuda.set_per_process_memory_fraction),
@@ -155,12 +161,12 @@ def _pluggable_allocator():
     reset_peak_memory_stats, reset_accumulated_memory_stats, memory snapshots and
     _record_memory_history, cacheInfo (max_split_size bookkeeping), OOM observers and
     get_per_process_memory_fraction. Use this module's functions of the same names instead
-    (memory_budget for the fraction; last_allocator_error for the reason of an OOM).
-    One instance per process: torch keeps the allocator it was given.
+    (memory_budget for the fraction).
+    One instance per allocation function and process: torch keeps the allocator it was given.
     """
-    global _pluggable
-    if _pluggable is None:
-        pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, _ALLOC_FN, _FREE_FN)
+    pluggable = _pluggables.get(alloc_fn)
+    if pluggable is None:
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, alloc_fn, _FREE_FN)
         try:
             _C._wire_pluggable_hooks(pluggable.allocator())
         except (TypeError, RuntimeError) as error:
@@ -170,8 +176,8 @@ def _pluggable_allocator():
                 f"actpack: could not wire torch.cuda.empty_cache, set_per_process_memory_fraction "
                 f"and record_stream to actpack's allocator ({error}); use actpack.empty_cache and "
                 f"actpack.install_allocator(budget=...) instead", RuntimeWarning, stacklevel=3)
-        _pluggable = pluggable
-    return _pluggable
+        _pluggables[alloc_fn] = pluggable
+    return pluggable
 
 
 def install_allocator(budget=None):
@@ -179,10 +185,12 @@ def install_allocator(budget=None):
 
     `budget` is per device: a size ("6GiB", an int in bytes), a share of the device's memory
     ("80%"), or None for no cap. It must run before the first CUDA allocation (torch cannot swap
-    an allocator in use). When a request does not fit, torch raises its own
-    torch.OutOfMemoryError; last_allocator_error() tells actpack's reason (request, in use,
-    budget). torch.cuda.memory_stats and snapshots do not work through a pluggable allocator:
-    use actpack.memory_stats and actpack.dump_snapshot.
+    an allocator in use). A request that does not fit raises torch.OutOfMemoryError (in the
+    thread that allocated, as torch's own allocator raises it: a backward's reaches the caller
+    of backward()) whose message starts "CUDA out of memory." and gives actpack's reason: what
+    was requested, in use and cached, the budget and the smallest budget that would have fitted
+    the request. torch.cuda.memory_stats and snapshots do not work through a pluggable
+    allocator: use actpack.memory_stats and actpack.dump_snapshot.
     """
     _check_cuda_usable("install_allocator")
     if torch.cuda.is_initialized():
@@ -215,20 +223,24 @@ def mem_pool(budget=None):
     Unlike install_allocator this works after CUDA is initialised: only the region's
     allocations go through actpack. The pool shares actpack's per-device stacks (and so their
     budget and stats) with install_allocator; `budget` (as there) sets that budget, None leaves
-    it as it is.
+    it as it is. torch's caching allocator serves the region from segments actpack hands it; when
+    actpack cannot hand one out, torch gives back the region's cached blocks, retries, and then
+    raises its own torch.OutOfMemoryError, whose message is torch's: last_allocator_error()
+    tells actpack's reason.
     """
     _check_cuda_usable("mem_pool")
     if budget is not None or not _C._device_allocator_in_use():
         _configure_cuda(budget)
-    return torch.cuda.MemPool(_pluggable_allocator().allocator())
+    return torch.cuda.MemPool(_pluggable_allocator(_POOL_ALLOC_FN).allocator())
 
 
 def last_allocator_error():
-    """Why this thread's last actpack CUDA allocation failed ("" when it succeeded).
+    """Why the last actpack CUDA allocation that failed did ("" when none has since one
+    succeeded), in any thread: actpack's message, "actpack: out of budget: requested ... with
+    ... in use and ... cached; budget ...; the smallest budget that would have fitted it: ...".
 
-    torch reports a failed pluggable allocation as a generic out-of-memory error; this is
-    actpack's message: "actpack: out of budget: requested ... with ... in use and ... cached;
-    budget ...".
+    Under install_allocator the torch.OutOfMemoryError raised carries the same reason; in a
+    mem_pool region torch raises its own error, and this is where actpack's reason is.
     """
     return _C._last_allocator_error()
 
