@@ -56,36 +56,96 @@ def torch_requirement():
     return f"torch=={major}.{minor}.*"
 
 
-absl_prefix = os.environ.get("ACTPACK_ABSL_PREFIX", "/usr")
-with_cuda = cpp_extension.CUDA_HOME is not None and __import__("torch").version.cuda is not None
-if os.environ.get("ACTPACK_FORCE_CPU") == "1":
-    with_cuda = False
+def arch_list_of(torch_archs):
+    """TORCH_CUDA_ARCH_LIST's form ("7.5;8.0;9.0+PTX") of torch.cuda.get_arch_list()'s answer
+    (["sm_75", "sm_80", "sm_90"], with "compute_XY" where torch carries PTX): every machine code
+    torch has, and PTX of the newest architecture (as torch.utils.cpp_extension adds it)."""
+    machine = sorted({int(a[3:]) for a in torch_archs if re.fullmatch(r"sm_\d+", a)})
+    ptx = {int(a[8:]) for a in torch_archs if re.fullmatch(r"compute_\d+", a)}
+    if not machine and not ptx:
+        return ""
+    ptx.add(max(machine or ptx))
+    return ";".join(f"{n // 10}.{n % 10}" + ("+PTX" if n in ptx else "")
+                    for n in sorted(set(machine) | ptx))
 
-cc_sources = sources("codecs/*.cc", "codecs/internal/*.cc", "allocator/*.cc",
-                     "allocator/internal/*.cc", "runtime/*.cc", "torch_plugin/csrc/*.cc",
-                     "torch_plugin/bindings/*.cc", "report/*.cc")
-cu_sources = sources("codecs/cuda/*.cu") if with_cuda else []
-defines = [("ACTPACK_WITH_CUDA", "1")] if with_cuda else []
-extension_type = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
 
-extension = extension_type(
-    name="actpack._C",
-    sources=cc_sources + cu_sources,
-    include_dirs=[ROOT, os.path.join(absl_prefix, "include")],
-    define_macros=defines,
-    extra_compile_args={
-        # -fopenmp: torch's at::parallel_for (OpenMP backend) is inline; without OpenMP where
-        # it is compiled, it runs on the calling thread alone. Linked as libgomp.so.1, the one
-        # torch loads (its wheel's copy), so the process keeps a single OpenMP pool.
-        "cxx": ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter",
-                "-fopenmp"],
-        "nvcc": ["-O3", "--fmad=false", "-Xcompiler=-ffp-contract=off",
-                 "-gencode=arch=compute_80,code=sm_80",
-                 "-gencode=arch=compute_90,code=sm_90",
-                 "-gencode=arch=compute_90,code=compute_90"],
-    },
-    extra_link_args=system_link_args(absl_prefix) + ["-fopenmp"],
-)
+def gencode_flags(arch_list):
+    """nvcc's -gencode flags for a TORCH_CUDA_ARCH_LIST of numbers ("7.5;8.0;9.0+PTX", ';' or
+    ' ' between them), as torch.utils.cpp_extension writes them."""
+    flags = []
+    for arch in arch_list.replace(" ", ";").split(";"):
+        if not arch:
+            continue
+        match = re.fullmatch(r"(\d+)\.(\d+)(a?)(\+PTX)?", arch)
+        if match is None:
+            raise SystemExit(f"actpack: unknown CUDA architecture {arch!r} in {arch_list!r}; "
+                             "expected numbers such as 7.5 or 9.0+PTX")
+        number = match.group(1) + match.group(2) + match.group(3)
+        flags.append(f"-gencode=arch=compute_{number},code=sm_{number}")
+        if match.group(4):
+            flags.append(f"-gencode=arch=compute_{number},code=compute_{number}")
+    return sorted(set(flags))
+
+
+def cuda_arch_flags(environ, visible_devices, torch_archs, torch_pick, nvcc_codes=None):
+    """(the -gencode flags the kernels are built with, where they come from).
+
+    TORCH_CUDA_ARCH_LIST when it is set (`torch_pick()`: torch.utils.cpp_extension's reading
+    of it, named architectures and "native" too); else, with GPUs visible, torch's pick for
+    them (their architectures, PTX of the newest); else, building where no GPU is (a wheel for
+    other machines), every architecture torch itself was built for (`torch_archs`:
+    torch.cuda.get_arch_list()), so that actpack runs wherever this torch does. `nvcc_codes`:
+    the code= values this nvcc can write (nvcc --list-gpu-code), to leave out of the last
+    list what torch was built for and this nvcc cannot (a CUDA 13 nvcc writes nothing below
+    sm_75), or None to leave it whole."""
+    chosen = environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if chosen:
+        return sorted(set(torch_pick())), f"TORCH_CUDA_ARCH_LIST={chosen}"
+    if visible_devices > 0:
+        return sorted(set(torch_pick())), "the visible GPUs (torch.utils.cpp_extension's choice)"
+    flags = gencode_flags(arch_list_of(torch_archs))
+    if not flags:
+        raise SystemExit(
+            "actpack: no CUDA architectures to build for: no GPU is visible, TORCH_CUDA_ARCH_LIST "
+            "is not set and torch.cuda.get_arch_list() is empty; set TORCH_CUDA_ARCH_LIST (such "
+            "as \"8.0;9.0+PTX\") or ACTPACK_FORCE_CPU=1")
+    source = "the architectures torch was built for (torch.cuda.get_arch_list())"
+    if nvcc_codes is not None:
+        left = [f for f in flags if _code(f) not in nvcc_codes]
+        if left:
+            codes = ", ".join(sorted(map(_code, left), key=_code_order))
+            source += f", less {codes}, which this nvcc cannot build"
+            flags = [f for f in flags if f not in left]
+    return flags, source
+
+
+def _code(flag):
+    """"sm_80" of "-gencode=arch=compute_80,code=sm_80"."""
+    return flag.rsplit("code=", 1)[1]
+
+
+def _code_order(code):
+    """By architecture, machine code before PTX."""
+    return int(re.sub(r"\D", "", code)), code.startswith("compute_")
+
+
+def architectures_macro(flags):
+    """ACTPACK_CUDA_ARCHS (torch_plugin/csrc/kernel_image_probe.cu): the code= values of
+    `flags`, machine code before PTX per architecture, joined by '+' (sm_80+sm_90+compute_90)."""
+    return "+".join(sorted({_code(f) for f in flags}, key=_code_order))
+
+
+def nvcc_gpu_codes(cuda_home):
+    """The code= values this nvcc writes (nvcc --list-gpu-code), or None where it cannot say."""
+    import subprocess
+    try:
+        listed = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--list-gpu-code"],
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    codes = set(listed.split())
+    return codes | {"compute_" + c[3:] for c in codes if c.startswith("sm_")}
+
 
 class BuildPyWithPth(build_py):
     """Also puts actpack-env.pth at the root of the install (site-packages), where Python's
@@ -97,14 +157,60 @@ class BuildPyWithPth(build_py):
                        os.path.join(self.build_lib, "actpack-env.pth"))
 
 
-# Metadata, extras and the console command are in pyproject.toml; version and dependencies
-# are computed here (see version() and torch_requirement()).
-setup(
-    version=version(),
-    install_requires=[torch_requirement()],
-    package_dir={"actpack": "torch_plugin/python/actpack"},
-    packages=["actpack", "actpack.integrations"],
-    ext_modules=[extension],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True),
-              "build_py": BuildPyWithPth},
-)
+def main():
+    absl_prefix = os.environ.get("ACTPACK_ABSL_PREFIX", "/usr")
+    with_cuda = cpp_extension.CUDA_HOME is not None and __import__("torch").version.cuda is not None
+    if os.environ.get("ACTPACK_FORCE_CPU") == "1":
+        with_cuda = False
+
+    cc_sources = sources("codecs/*.cc", "codecs/internal/*.cc", "allocator/*.cc",
+                         "allocator/internal/*.cc", "runtime/*.cc", "torch_plugin/csrc/*.cc",
+                         "torch_plugin/bindings/*.cc", "report/*.cc")
+    cu_sources = sources("codecs/cuda/*.cu", "torch_plugin/csrc/*.cu") if with_cuda else []
+    defines = [("ACTPACK_WITH_CUDA", "1")] if with_cuda else []
+    arch_flags = []
+    if with_cuda:
+        import torch
+        arch_flags, arch_source = cuda_arch_flags(
+            os.environ, torch.cuda.device_count(), torch.cuda.get_arch_list(),
+            cpp_extension._get_cuda_arch_flags, nvcc_gpu_codes(cpp_extension.CUDA_HOME))
+        print(f"actpack: CUDA kernels for {architectures_macro(arch_flags).replace('+', ' ')}, from "
+              f"{arch_source}")
+    extension_type = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+
+    extension = extension_type(
+        name="actpack._C",
+        sources=cc_sources + cu_sources,
+        include_dirs=[ROOT, os.path.join(absl_prefix, "include")],
+        define_macros=defines,
+        extra_compile_args={
+            # -fopenmp: torch's at::parallel_for (OpenMP backend) is inline; without OpenMP where
+            # it is compiled, it runs on the calling thread alone. Linked as libgomp.so.1, the one
+            # torch loads (its wheel's copy), so the process keeps a single OpenMP pool.
+            "cxx": ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter",
+                    "-fopenmp"],
+            # The architectures: cuda_arch_flags. Given here, they are the only ones (torch adds
+            # its own pick only where no -gencode flag is given).
+            "nvcc": ["-O3", "--fmad=false", "-Xcompiler=-ffp-contract=off", *arch_flags,
+                     f"-DACTPACK_CUDA_ARCHS={architectures_macro(arch_flags)}"],
+        },
+        extra_link_args=system_link_args(absl_prefix) + ["-fopenmp"],
+    )
+
+    # Metadata, extras and the console command are in pyproject.toml; version and dependencies
+    # are computed here (see version() and torch_requirement()).
+    setup(
+        version=version(),
+        install_requires=[torch_requirement()],
+        package_dir={"actpack": "torch_plugin/python/actpack"},
+        packages=["actpack", "actpack.integrations"],
+        ext_modules=[extension],
+        cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True),
+                  "build_py": BuildPyWithPth},
+    )
+
+
+# Run as the build runs it (setuptools' build backend, `python setup.py`), not when a test
+# imports it for its functions.
+if __name__ == "__main__":
+    main()

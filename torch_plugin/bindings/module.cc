@@ -34,6 +34,7 @@
 #include "runtime/session.h"
 #include "torch_plugin/bindings/allocator_bindings.h"
 #include "torch_plugin/bindings/cli_bindings.h"
+#include "torch_plugin/csrc/kernel_image.h"
 #include "torch_plugin/csrc/lean_backward.h"
 #include "torch_plugin/bindings/python_json.h"
 #include "torch_plugin/bindings/session_bindings.h"
@@ -179,6 +180,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  // The architectures the CUDA kernels were built for ("sm_80 sm_90 compute_90"; "" without
+  // CUDA), the check a device's first CUDA use runs, and its message (kernel_image.h).
+  m.attr("cuda_architectures") = actpack::torch_plugin::CudaArchitecturesBuilt();
+  m.def("_check_kernel_image", &actpack::torch_plugin::CheckKernelImage, py::arg("device"));
+  m.def("_no_kernel_image_message", &actpack::torch_plugin::NoKernelImageMessage,
+        py::arg("device"), py::arg("name"), py::arg("major"), py::arg("minor"), py::arg("built"),
+        py::arg("ptx_too_new") = false);
   // The session's defaults, defined once in runtime/session.h.
   m.attr("DEFAULT_HEADROOM") = actpack::runtime::kDefaultHeadroom;
   m.attr("DEFAULT_PROFILE_EVERY") = actpack::runtime::kDefaultProfileEvery;

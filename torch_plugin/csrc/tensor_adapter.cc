@@ -17,6 +17,8 @@
 #ifdef ACTPACK_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+
+#include "torch_plugin/csrc/kernel_image.h"
 #endif
 
 namespace actpack::torch_plugin {
@@ -205,6 +207,7 @@ codecs::ExecContext ContextFor(const at::Tensor& tensor) {
   if (tensor.is_cuda()) {
 #ifdef ACTPACK_WITH_CUDA
     static TorchCudaScratch scratch;
+    CheckKernelImage(tensor.get_device());  // a GPU the build has no kernels for: say so now
     context.device_index = tensor.get_device();
     context.stream = at::cuda::getCurrentCUDAStream(tensor.get_device()).stream();
     context.scratch = &scratch;

@@ -38,7 +38,9 @@ at::Tensor Empty(at::IntArrayRef sizes, const at::TensorOptions& options);
 at::Tensor ToChannelsLastInPlace(const at::Tensor& t);
 
 // The device and current stream of `tensor`, and on CUDA the scratch allocator (torch's CUDA
-// allocator) its codecs take their counters from.
+// allocator) its codecs take their counters from. A CUDA tensor on a device this build has no
+// kernels for is a c10::Error naming the device and the build's architectures
+// (kernel_image.h).
 codecs::ExecContext ContextFor(const at::Tensor& tensor);
 
 // Throws the PyTorch error matching `status` (ValueError for kInvalidArgument,
