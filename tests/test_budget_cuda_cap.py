@@ -39,7 +39,7 @@ def _run(memory, automatic):
 
 
 def test_the_budget_caps_the_cuda_allocator_from_its_start_and_restores_it(cuda_with_actpack):
-    memory = _peak_meter.PeakMeter(parse_budget("64MiB"))
+    memory = _peak_meter.PeakMeter(parse_budget("64MiB"), device=0)
     memory.start()
     assert not memory.warnings  # actpack's allocator is in use: a cap, not a target
     run = _run(memory, automatic=True)
@@ -62,7 +62,7 @@ def test_without_actpacks_cuda_allocator_the_budget_is_a_target(cuda_with_actpac
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 0)
-    memory = _peak_meter.PeakMeter(parse_budget("64MiB"))
+    memory = _peak_meter.PeakMeter(parse_budget("64MiB"), device=0)
     memory.start()
     assert "the budget is a target, not a cap" in memory.warnings[0]
     run = _run(memory, automatic=False)
@@ -105,7 +105,7 @@ def test_the_system_peak_counts_cuda_memory_outside_the_pool(cuda_with_actpack, 
     monkeypatch.setattr(actpack.memory, "memory_reserved", lambda device=None: pool["reserved"])
     monkeypatch.setattr(_C, "_count_system_memory", lambda *args: None)
     monkeypatch.setattr(_C, "_stop_counting_system_memory", lambda *args: None)
-    memory = _peak_meter.PeakMeter(parse_budget("2GiB"))
+    memory = _peak_meter.PeakMeter(parse_budget("2GiB"), device=0)
     memory.start()
     driver["used"] += 500 * MiB
     pool["reserved"] += 300 * MiB

@@ -26,6 +26,10 @@ class Run:
         self._final_totals = None
         self.report = None
         self.regions = False  # whether a region marked with actpack.recompute ran
+        # The device the budget measures and caps: torch.device("cpu"), or a CUDA device (its
+        # device= argument, or the device of the first CUDA tensor it packed); None while a
+        # budget on a machine with CUDA has packed no CUDA tensor.
+        self.device = None
 
     def totals(self):
         """Byte counts of the session (packed raw/stored bytes, peaks, fallbacks): live inside
@@ -111,6 +115,17 @@ class budget:
             where it was None), so the tensors it now rules out take finer codecs, and drops
             the step's gradients (the optimizer skips parameters whose .grad is None); the
             third tightening that does not hold raises. False trains on regardless.
+        device: the CUDA device the budget is for ("cuda:1", 1, torch.device("cuda", 1)),
+            keyword only. By default (None, or "cuda" without an index) it is the device of the
+            first CUDA tensor the budget packs: the model's, whatever torch's current device
+            is (a DDP rank that moved its model to cuda:3 without torch.cuda.set_device has
+            budget cuda:3). Only that device is measured, capped and asked anything (its name,
+            the driver's count); until the first CUDA tensor is packed none is, so the cap
+            holds from the first saved activation of the first step on. Give it when the
+            budget is a share ("80%") of a device's memory and several are visible, or to cap
+            from the moment the context is entered. A tensor packed on another device is
+            packed, but that device's memory is neither measured nor capped (a warning says
+            so once). The budget's device is run.device.
 
     The arguments are checked when the context is made, before anything runs: a value of the
     wrong type (a float seed, a str for enabled) is a TypeError and one out of range (seed
@@ -150,8 +165,9 @@ class budget:
                  enabled=True, headroom=_C.DEFAULT_HEADROOM,
                  profile_every=_C.DEFAULT_PROFILE_EVERY, snapshot=False,
                  allowed_loss_increase=None, recompute=False, gradient_guard=True,
-                 max_rel_rms=_C.DEFAULT_MAX_REL_RMS, *, _held_outside=0):
+                 max_rel_rms=_C.DEFAULT_MAX_REL_RMS, *, device=None, _held_outside=0):
         self._budget = parse_budget(limit)
+        device = _cuda_index(device)
         if not (isinstance(recompute, bool) or isinstance(recompute, str) and recompute == "auto"):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
                              f"got {_args.show(recompute)}")
@@ -176,7 +192,7 @@ class budget:
         # 0 packs every saved tensor, however small.
         if not (_args.is_int(min_bytes) and min_bytes == 0):
             min_bytes = parse_size(min_bytes, "min_bytes")
-        self._memory = PeakMeter(self._budget)
+        self._memory = PeakMeter(self._budget, device)
         # The planner's tries: what its warm-up left outside the pool (torch's one-time setup
         # among it) counts as a fresh process's run counts it: against the allowance, and what
         # exceeds the allowance against the budget (at least a byte stays: every step runs out).
@@ -210,6 +226,11 @@ class budget:
         self._hooks_traced = False
         self.run = Run(self._budget, self._session)
         self._started = None
+        # The index of the CUDA device the budget is on once bound (-1 before), while the pack
+        # hook watches the devices of the tensors it packs (on a machine with CUDA).
+        self._watch_devices = False
+        self._bound_index = -1
+        self._other_devices = set()  # CUDA devices of packed tensors, not the budget's
         self._entered = False  # a budget is entered once
         self._thread = self._thread_name = None  # the thread that entered it
         self._inner_open = False  # a budget opened inside this one is open: it governs
@@ -229,6 +250,9 @@ class budget:
                 # run: that graph keeps the tensor as it is.
                 self._hooks_traced = True
                 return tensor
+            if self._watch_devices and tensor.is_cuda and \
+                    tensor.get_device() != self._bound_index:
+                self._packed_on(tensor.get_device())
             if self._end_of_backward_queued and graph_task_id() == -1:
                 # No backward is running: one that raised never ran its queued end of step.
                 self._end_of_backward_queued = False
@@ -247,6 +271,31 @@ class budget:
             return session_unpack(handle)
 
         return pack, unpack
+
+    def _packed_on(self, index):
+        """A tensor on CUDA device `index` is being packed, and it is not the budget's device:
+        the first one binds it (what the budget measures and caps from now on); any other is
+        warned of, once per device."""
+        if self._memory.bind(index):
+            self._bound(index)
+        elif index not in self._other_devices:
+            self._other_devices.add(index)
+            self._warn(f"tensors on cuda:{index} are packed, but the budget measures and caps "
+                       f"cuda:{self._bound_index} alone (its device= argument, or the device of "
+                       f"the first tensor it packed): cuda:{index}'s memory is neither measured "
+                       "nor capped")
+
+    def _bound(self, index):
+        """The budget's device is known: the run caps it from now on."""
+        self._bound_index = index
+        self.run.device = torch.device("cuda", index)
+        self._start_capping()
+
+    def _start_capping(self):
+        self._run.start()  # capped from now on
+        # Out of budget mid-step: re-pack what the plan kept exact, or let a step before
+        # the first plan go over to measure what it needs (BudgetRun::Relieve).
+        self._memory.watch_pressure(self._relieve)
 
     def _end_step(self):
         # The guard's norms are queued before the end of step's status read, which waits for
@@ -289,6 +338,10 @@ class budget:
             self._session.set_module_gradients(self._modules.gradient_statistics())
         # The next step's output gradients, for the error caps.
         self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(step + 1)
+        if not self._memory.bound:
+            self._warn("a step ended before the budget packed a CUDA tensor, so its device is "
+                       "not known and no device's memory was measured or capped (on a machine "
+                       "with CUDA a budget is a CUDA device's: name it with device='cuda:N')")
         # The cap, the plan, the errors and the switch to recomputation: runtime::BudgetRun.
         switched = self._run.end_step()  # raises torch.OutOfMemoryError when it cannot fit
         if switched is not None:
@@ -323,10 +376,13 @@ class budget:
                 lifted_cap_extra_bytes=_peak_meter.LIFTED_CAP_EXTRA)
             for warning in self._memory.warnings:
                 self._run.warn(warning)
-            self._run.start()  # capped from the first step on
-            # Out of budget mid-step: re-pack what the plan kept exact, or let a step before
-            # the first plan go over to measure what it needs (BudgetRun::Relieve).
-            self._memory.watch_pressure(self._relieve)
+            if self._memory.device == _C._HOST_DEVICE:
+                self.run.device = torch.device("cpu")
+                self._start_capping()  # capped from the first step on
+            else:
+                self._watch_devices = True
+                if self._memory.bound:  # device= was given
+                    self._bound(self._memory.device)
             self._modules.start()
             self._modules.watch_outputs = self._loss_bound > 0
             _checkpoint.install()  # checkpoint's inputs are kept exact
@@ -465,6 +521,43 @@ def _innermost():
     me = threading.get_ident()
     with _open_lock:
         return next((b for b in reversed(_open) if b._thread == me), None)
+
+
+def _cuda_index(device):
+    """The CUDA device index of budget's `device` argument; None for None and "cuda" (the
+    device of the first CUDA tensor packed), and for "cpu" where there is no CUDA (the host's
+    budget, which the machine's budgets are)."""
+    if device is None:
+        return None
+    where = "actpack.budget"
+    expected = "a CUDA device such as 'cuda:1', 1 or torch.device('cuda', 1)"
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise TypeError(f"{where}: device is {expected}, got {_args.kind(device)}")
+    if isinstance(device, int):
+        if not 0 <= device <= _args.INT32_MAX:
+            raise ValueError(f"{where}: device={device} is out of range; expected {expected}")
+        index, shown = device, f"cuda:{device}"
+    else:
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"{where}: device={_args.show(device)}; expected {expected}") from None
+        if parsed.type == "cpu" and not torch.cuda.is_available():
+            return None
+        if parsed.type != "cuda":
+            raise ValueError(f"{where}: device={_args.show(device)}; expected {expected} (on a "
+                             "machine with CUDA a budget is a CUDA device's)")
+        index, shown = parsed.index, str(parsed)
+    if not torch.cuda.is_available():
+        raise ValueError(f"{where}: device={_args.show(device)}, but no CUDA device is available "
+                         "(torch.cuda.is_available() is False)")
+    if index is None:
+        return None
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"{where}: device={_args.show(device)}, but {shown} is not among the "
+                         f"{count} CUDA devices visible")
+    return index
 
 
 def _error_text(exc_type, exc):

@@ -3,6 +3,7 @@
     ACTPACK_CONF="budget=6GiB,codec=quant2,report=run.json" python train.py
     ACTPACK_CONF="budget=6GiB,codec=eb,allowed_loss_increase=0.01" python train.py
     ACTPACK_CONF="budget=6GiB,recompute=auto" python train.py   # regions: actpack.recompute
+    ACTPACK_CONF="budget=80%,device=cuda:1" python train.py     # 80% of cuda:1's memory
 
 The file actpack-env.pth, installed beside the package, calls activate_from_env() at
 interpreter start only when ACTPACK_CONF is set (otherwise it imports nothing). Activation
@@ -16,7 +17,7 @@ import os
 import sys
 
 KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator",
-        "allowed_loss_increase", "recompute", "max_rel_rms"]
+        "allowed_loss_increase", "recompute", "max_rel_rms", "device"]
 _RECOMPUTE = {"true": True, "1": True, "false": False, "0": False, "auto": "auto"}
 _ALLOCATORS = ("auto", "cpu", "cuda", "none")
 _active = None

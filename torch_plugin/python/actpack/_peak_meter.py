@@ -19,17 +19,25 @@ def outside_allowance():
 
 class PeakMeter(_C.BudgetMemory):
     """The memory side of a budget: installs and reads the allocator, and caps it for the run
-    (runtime::BudgetMemory, which runtime::BudgetRun drives: when to cap, lift and release)."""
+    (runtime::BudgetMemory, which runtime::BudgetRun drives: when to cap, lift and release).
 
-    def __init__(self, parsed_budget):
+    On a machine with CUDA the budget is one CUDA device's: `device` (an index) when given,
+    else the device of the first CUDA tensor the budget packs (bind()). Until then nothing asks
+    anything of any device: the memory is neither measured nor capped, and `bound` is False.
+    Every call it makes names that device; torch's current device is never read."""
+
+    def __init__(self, parsed_budget, device=None):
         super().__init__()
         from actpack import memory
         self._mem = memory
         self.warnings = []
         self._cuda = torch.cuda.is_available()
         self.outside_allowance = outside_allowance()
-        self.device_name = "cpu"  # the GPU's name at start(): asking it here would start CUDA
-        self.budget_bytes = memory._resolve_budget(parsed_budget, memory._budget_device())
+        # The device: _HOST for the host pool, a CUDA index, or None while not known.
+        self.device = device if self._cuda else _HOST
+        self.device_name = "cpu"  # the GPU's name when bound: asking it here would start CUDA
+        self.budget_bytes = memory._resolve_budget(parsed_budget,
+                                                   share_device(parsed_budget, self.device))
         self._installed_here = False
         self._pressure_id = None
         self._actpack_cuda = False
@@ -41,18 +49,39 @@ class PeakMeter(_C.BudgetMemory):
         self._counting = None  # the device whose pool counts the system's memory
         self.system_memory = None
 
+    @property
+    def bound(self):
+        """Whether the budget's device is known (the host, a device= argument, or the device
+        of the first CUDA tensor packed)."""
+        return self.device is not None
+
     def start(self):
         if self._cuda:
-            self.device_name = torch.cuda.get_device_name()
             self._actpack_cuda = self._mem.cuda_allocator_installed()
             if not self._actpack_cuda:
                 self.warnings.append(
                     "the budget is a target, not a cap: actpack's CUDA allocator is not "
                     "installed (call actpack.install_allocator(budget=...) before any CUDA work, "
                     "or set ACTPACK_CONF); the peak comes from torch.cuda.max_memory_allocated")
-        elif not self._mem.cpu_allocator_installed():
+            if self.device is not None:
+                self._bind()
+            return
+        if not self._mem.cpu_allocator_installed():
             self._mem.install_cpu_allocator()
             self._installed_here = True
+        self._start_system_count()
+
+    def bind(self, device):
+        """Makes CUDA device `device` (an index) the budget's, when none is yet: from now on it
+        is measured and, under actpack's allocator, capped. True when this call bound it."""
+        if not self._cuda or self.device is not None:
+            return False
+        self.device = device
+        self._bind()
+        return True
+
+    def _bind(self):
+        self.device_name = torch.cuda.get_device_name(self.device)
         self._start_system_count()
 
     @property
@@ -73,16 +102,15 @@ class PeakMeter(_C.BudgetMemory):
             self.system_memory = "resident set above its size at enter (VmHWM)"
             return
         try:
-            device = torch.cuda.current_device()
-            self._driver_start = _C._device_used_bytes(device)
+            self._driver_start = _C._device_used_bytes(self.device)
             # The driver's count is taken above its value at enter; so is the pool's, which
             # the driver's count holds (weights, optimizer state reserved before the run).
             self._pool_start = self._reserved_now()
             self.system_memory = "CUDA driver's used memory above its value at enter " \
                                  "(cudaMemGetInfo, at step ends)"
             if self._actpack_cuda:
-                self._counting = device
-                _C._count_system_memory(device)
+                self._counting = self.device
+                _C._count_system_memory(self.device)
         except (RuntimeError, NotImplementedError):
             self._driver_start = None  # this build has no CUDA of its own
 
@@ -103,16 +131,17 @@ class PeakMeter(_C.BudgetMemory):
             return 0
         # The driver only says what is in use now: the pool's peak plus what is in use outside
         # the pool at the step's end (the context, workspaces, other allocators).
-        used = _C._device_used_bytes(torch.cuda.current_device()) - self._driver_start
+        used = _C._device_used_bytes(self.device) - self._driver_start
         outside = used - (self._reserved_now() - self._pool_start)
         return reserved_peak + max(0, outside)
 
     def _reserved_now(self):
-        return (self._mem.memory_reserved(self._device()) if self._actpack_cuda
-                else torch.cuda.memory_reserved())
+        return (self._mem.memory_reserved(self._pool()) if self._actpack_cuda
+                else torch.cuda.memory_reserved(self.device))
 
-    def _device(self):
-        return "cuda" if self._cuda else "cpu"
+    def _pool(self):
+        """The budget's device as actpack.memory names it: "cpu" for the host pool."""
+        return "cpu" if self.device == _HOST else self.device
 
     def _torchs(self):
         """Whether torch's own CUDA allocator serves the device (measured, not capped)."""
@@ -123,32 +152,36 @@ class PeakMeter(_C.BudgetMemory):
     def take_peaks(self):
         """(allocated, reserved, system) peaks since the last call; restarts measuring. Reserved
         bytes are what the budget caps, fragmentation included; `system` is the operating
-        system's or the driver's count (0: unknown)."""
+        system's or the driver's count (0: unknown). Zeros while the device is not known."""
+        if self.device is None:
+            return 0, 0, 0
         if self._torchs():
-            allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-            torch.cuda.reset_peak_memory_stats()
+            allocated = torch.cuda.max_memory_allocated(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            device = self._device()
-            allocated = self._mem.max_memory_allocated(device)
-            reserved = self._mem.max_memory_reserved(device)
-            self._mem.reset_peak_memory_stats(device)
+            allocated = self._mem.max_memory_allocated(self._pool())
+            reserved = self._mem.max_memory_reserved(self._pool())
+            self._mem.reset_peak_memory_stats(self._pool())
         return allocated, reserved, self._system_peak(reserved)
 
     def release_cache(self):
+        if self.device is None:
+            return
         if self._torchs():
             torch.cuda.empty_cache()
         else:
-            self._mem.empty_cache(self._device())
+            self._mem.empty_cache(self._pool())
 
     def cap(self):
-        """The cap of the pool the budget is on (None: none)."""
-        return self._mem.memory_budget(self._device())
+        """The cap of the pool the budget is on (None: none, or no device yet)."""
+        return None if self.device is None else self._mem.memory_budget(self._pool())
 
     def set_cap(self, budget_bytes):
         """Caps the pool the budget is on (None: none): the host's, or actpack's CUDA
-        allocator's for the current device."""
+        allocator's for the budget's device."""
         if self._cuda:
-            _C._set_device_budget(torch.cuda.current_device(), budget_bytes)
+            _C._set_device_budget(self.device, budget_bytes)
         else:
             self._mem.set_cpu_budget(budget_bytes)
 
@@ -158,8 +191,7 @@ class PeakMeter(_C.BudgetMemory):
         """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
         allocator only: torch's has no such hook)."""
         if self.capped:
-            device = self._device() if not self._cuda else torch.cuda.current_device()
-            self._pressure_id = self._mem.add_pressure_callback(relieve, device)
+            self._pressure_id = self._mem.add_pressure_callback(relieve, self._pool())
 
     def stop_watching(self):
         """No more pressure callbacks, and no more counting of the system's memory."""
@@ -174,15 +206,39 @@ class PeakMeter(_C.BudgetMemory):
         """The report's allocator section, with the run's (allocated, reserved, system) peaks;
         the allocator as start() found it (the run put its cap back)."""
         try:
-            device = self._device()
-            # backend: the device; allocator: whose allocator served it (the CLI's schema).
+            # backend: the device kind; allocator: whose allocator served it (the CLI's schema).
+            backend = "cuda" if self._cuda else "cpu"
             ours = self.capped
-            stats = self._mem.memory_stats(device) if ours else dict(torch.cuda.memory_stats())
+            if self.device is None:
+                stats = {}  # no CUDA tensor was packed: no device was measured
+            elif ours:
+                stats = self._mem.memory_stats(self._pool())
+            else:
+                stats = dict(torch.cuda.memory_stats(self.device))
             section = _C.allocator_section(
-                device, ours, self.budget_bytes, stats, run_peaks[0], run_peaks[1],
-                self._mem.memory_snapshot(device) if snapshot and ours else None)
+                backend, ours, self.budget_bytes, stats, run_peaks[0], run_peaks[1],
+                self._mem.memory_snapshot(self._pool())
+                if snapshot and ours and self.device is not None else None)
         finally:
             if self._installed_here:
                 self._mem.uninstall_cpu_allocator()
                 self._installed_here = False
         return section
+
+
+def share_device(parsed_budget, device):
+    """The device whose memory a share ("80%") of `parsed_budget` is taken of: the budget's own
+    (`device`: an index, _HOST for the host), the host without CUDA, or on CUDA without one,
+    the one device there is. A size names no device: the host, which resolving it never asks."""
+    if device is not None:
+        return device
+    if parsed_budget["bytes"] or not torch.cuda.is_available():
+        return _HOST
+    count = torch.cuda.device_count()
+    if count == 1:
+        return 0
+    raise ValueError(
+        f"actpack.budget: a budget of {parsed_budget['text']} needs the device, and {count} CUDA "
+        "devices are visible: name it with device= (the model's, such as "
+        "device=f'cuda:{local_rank}'; ACTPACK_CONF's device=cuda:N), or give the budget as a "
+        "size ('60GiB')")

@@ -59,7 +59,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _gradient_fidelity, _snapshot, memory
+from actpack import _C, _args, _gradient_fidelity, _peak_meter, _snapshot, memory
 from actpack._budget import NONE, _error_text, _innermost, budget as _budget_context
 from actpack._units import format_bytes, parse_budget
 
@@ -469,7 +469,10 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fres
     say("warm-up step")
     _, _, last_report, regions = _run_step(step, sizes[0], NONE)  # optimizer state, caches
     fresh.warmed_up()
-    budget_bytes = memory._resolve_budget(parsed, memory._budget_device())
+    # A share ("80%") is of the memory of the device the warm-up's budget packed on.
+    device = None if step.run is None or step.run.device is None \
+        else memory._device_index(step.run.device)
+    budget_bytes = memory._resolve_budget(parsed, _peak_meter.share_device(parsed, device))
     done += 1
     if codecs is None:
         codecs = _default_choices(regions)

@@ -31,15 +31,6 @@ def _resolve_budget(parsed, device):
     return _C.resolve_budget(parsed["bytes"], parsed["fraction"], device)
 
 
-def _budget_device():
-    """The device a budget is for: the current CUDA device where CUDA is available, else the
-    host. Without starting torch's CUDA (a budget made before install_allocator must leave it
-    possible): device 0 until CUDA is initialised."""
-    if not torch.cuda.is_available():
-        return _HOST
-    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-
-
 def _host_budget_bytes(budget):
     """Bytes for `budget` ("6GiB", "80%" of physical memory, an int), or None (no cap)."""
     return None if budget is None else _resolve_budget(parse_budget(budget), _HOST)
