@@ -138,71 +138,71 @@ NOT_FITTING = ("oom", "oom_as_runtime_error", "crash", "cuda_error")
 MAX_CRASHES = 3
 
 
+def shared_search():
+    """actpack.search, loaded from its source file: it imports nothing from the package, and
+    importing actpack would import torch into the driver (seconds of its time limit)."""
+    import importlib.util
+
+    module = sys.modules.get("actpack.search") or sys.modules.get("_actpack_search")
+    if module is None:
+        path = os.path.join(ROOT, "torch_plugin", "python", "actpack", "search.py")
+        spec = importlib.util.spec_from_file_location("_actpack_search", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_actpack_search"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 def search(fits, guess, ceiling, precision=0.05, floor=2, growth=1.5):
-    """The largest batch in [floor, ceiling] for which `fits(batch)` says "fits".
+    """The largest batch in [floor, ceiling] for which `fits(batch)` says "fits":
+    actpack.search.largest_batch's bracket (the fast search; fits are not monotone in the batch,
+    so its answer is a batch that trains below one that does not, not a scan's truth).
 
     `fits` returns an outcome ("fits", or one of NOT_FITTING) or raises Stop. From `guess`: up
     by `growth`, then by 2 at each step, while it fits (down likewise while it does not: a
     guess near the answer costs few tries, a far one not many more), then bisection until the
     gap between the largest batch that fitted and the smallest that did not is at most
-    `precision` of the former. Returns {"max_batch", "max_batch_upper", "status", "tries"}: max_batch 0 when
-    nothing fitted; max_batch_upper the largest batch not shown to fail; status "done",
-    "ceiling" (the ceiling fitted), or the Stop's."""
-    tries, crashes = [], [0]
-    low, high = 0, ceiling
+    `precision` of the former. A hang, an outcome that is none of those, or more than
+    MAX_CRASHES crashes stop it. Returns {"max_batch", "max_batch_upper", "status", "tries"}:
+    max_batch 0 when nothing fitted; max_batch_upper the largest batch not shown to fail; status
+    "done", "ceiling" (the ceiling fitted), or the Stop's; tries {"batch", "outcome"} in order,
+    and {"stopped", "message"} where a Stop with a message ended it."""
+    shared = shared_search()
+    outcomes, crashes = [], [0]
 
     def attempt(batch):
-        outcome = fits(batch)
-        tries.append({"batch": batch, "outcome": outcome})
+        try:
+            outcome = fits(batch)
+        except Stop as stop:
+            raise shared.Stop(stop.status, stop.message) from None
+        outcomes.append(outcome)
         if outcome == "fits":
             return True
         if outcome in ("crash", "cuda_error"):
             crashes[0] += 1
             if crashes[0] > MAX_CRASHES:
-                raise Stop("crashes", f"{crashes[0]} tries crashed the worker")
+                raise shared.Stop("crashes", f"{crashes[0]} tries crashed the worker")
         elif outcome == "hang":
-            raise Stop("hang")
+            raise shared.Stop("hang")
         elif outcome not in NOT_FITTING:
-            raise Stop("error", f"a try ended in {outcome!r}")
+            raise shared.Stop("error", f"a try ended in {outcome!r}")
         return False
 
-    status = "done"
-    try:
-        batch = min(ceiling, max(floor, int(guess)))
-        factor = growth
-        if attempt(batch):
-            low = batch
-            while low < high:
-                batch = min(high, max(low + 1, int(low * factor)))
-                factor = 2.0
-                if attempt(batch):
-                    low = batch
-                else:
-                    high = batch - 1
-                    break
-        else:
-            high = batch - 1
-            while high >= floor:
-                batch = max(floor, min(high, int(batch / factor)))
-                factor = 2.0
-                if attempt(batch):
-                    low = batch
-                    break
-                high = batch - 1
-        while low and high - low > int(low * precision):
-            mid = (low + high + 1) // 2
-            if attempt(mid):
-                low = mid
-            else:
-                high = mid - 1
-        if low and low == ceiling:
-            status = "ceiling"
-    except Stop as stop:
-        status = stop.status
-        if stop.message:
-            tries.append({"stopped": stop.status, "message": stop.message})
-    return {"max_batch": low, "max_batch_upper": max(low, high) if low else high,
-            "status": status, "tries": tries}
+    found = shared.largest_batch(attempt, floor, max(floor, ceiling), strategy="bracket",
+                                 start=guess, up=(growth, 2.0), down=(growth, 2.0),
+                                 precision=precision)
+    tries, answered = [], iter(outcomes)
+    for record in found.tries:
+        if "stopped" not in record:
+            tries.append({"batch": record["batch"], "outcome": next(answered)})
+            continue
+        outcome = next(answered, None)  # the worker answered before the outcome stopped it
+        if outcome is not None:
+            tries.append({"batch": record["batch"], "outcome": outcome})
+        if record["message"]:
+            tries.append({"stopped": record["stopped"], "message": record["message"]})
+    return {"max_batch": found.batch, "max_batch_upper": found.upper, "status": found.status,
+            "tries": tries}
 
 
 def allowance(remaining_seconds, weight, weights_left):

@@ -8,7 +8,9 @@ auto, actpack auto with torch's per-block checkpointing, and actpack auto with i
 recomputation of the blocks (`recompute="auto"`) — in one run:
 
   max batch   the largest batch that trains under the budget's cap (real steps, each try in a
-              fresh process: the truth), and actpack.plan's estimate and verified answer
+              fresh process: the truth, by actpack.search's scan over [2, the size's largest
+              batch], every try recorded with its seconds; the smoke size brackets from the
+              planner's answer instead), and actpack.plan's estimate and verified answer
   limit       what the budget could hold at best with packing alone: the batch whose allocated
               peak at the harshest codecs fills the budget, from the line through two batches
               near the answer of the part of the model (a block, the stem, the head; forward or
@@ -32,7 +34,6 @@ import copy
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,10 +43,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import provenance  # noqa: E402
 
 import actpack  # noqa: E402
-from actpack import _planner  # noqa: E402
-from actpack._units import format_bytes, parse_budget  # noqa: E402
+from actpack import format_bytes, parse_budget, search  # noqa: E402
 
 MiB = 1 << 20
 
@@ -91,18 +92,20 @@ BUDGET_OPTIONS = {"actpack:auto,no floor": {"max_rel_rms": None}}
 BF16 = {"bf16_autocast", "actpack:auto+bf16"}
 
 # Per size: the budget per model, the steps of the loss run (the last two and those after are
-# timed), the largest batch searched and the precision of the search.
+# timed), the largest batch searched and the search (actpack.search's strategy): the scan over
+# [2, max_batch] for the truth, or the bracket from the planner's answer to a precision.
 SETTINGS = {
     # Budgets that hold batches of tens, a coarse search: the machinery in a few minutes.
     "smoke": {"budget": {"resnet50": "10MiB", "vit-b16": "3MiB", "gpt2-small": "8MiB",
                          "unet": "10MiB"},
-              "loss_steps": 4, "time_steps": 1, "max_batch": 96, "precision": 0.25},
+              "loss_steps": 4, "time_steps": 1, "max_batch": 96, "search": "bracket",
+              "precision": 0.25},
     "cpu": {"budget": {"resnet50": "320MiB", "vit-b16": "192MiB", "gpt2-small": "192MiB",
                        "unet": "160MiB"},
-            "loss_steps": 8, "time_steps": 3, "max_batch": 4096, "precision": 0.04},
+            "loss_steps": 8, "time_steps": 3, "max_batch": 1024, "search": "scan"},
     "full": {"budget": {"resnet50": "8GiB", "vit-b16": "8GiB", "gpt2-small": "8GiB",
                         "unet": "8GiB"},
-             "loss_steps": 50, "time_steps": 5, "max_batch": 8192, "precision": 0.01},
+             "loss_steps": 50, "time_steps": 5, "max_batch": 8192, "search": "scan"},
 }
 
 
@@ -204,39 +207,24 @@ class Bench:
         steps = GRADIENT_STEPS if codec == "auto" else 2
         if recompute == "auto":
             steps += 2  # the step that switches recomputation on plans afresh
-        return _planner.trains_under_cap(step, self.budget_bytes, codec or "none", batch,
-                                         steps=steps, recompute=recompute,
-                                         **BUDGET_OPTIONS.get(method, {})) is not None
+        return search.trains_under_cap(step, self.budget_bytes, batch, codec=codec or "none",
+                                       steps=steps, recompute=recompute,
+                                       **BUDGET_OPTIONS.get(method, {})) is not None
 
-    def largest_batch(self, method, guess, ceiling, precision):
-        """The largest batch in [2, ceiling] that trains under the cap (0 if none), to within
-        `precision` (a fraction of it): brackets from `guess` by factors of 1.5, then
-        bisects. Batch 1 is left out: batch norm needs two samples."""
-        guess = min(ceiling, max(2, guess))
-        if self.fits(method, guess):
-            low, high = guess, None
-            while high is None and low < ceiling:
-                batch = min(ceiling, int(low * 1.5) + 1)
-                if self.fits(method, batch):
-                    low = batch
-                else:
-                    high = batch - 1
-            high = low if high is None else high
-        else:
-            low, high = 0, guess - 1
-            while low == 0 and high >= 2:
-                batch = max(2, int(high / 1.5))
-                if self.fits(method, batch):
-                    low = batch
-                else:
-                    high = batch - 1
-        while low and high - low > max(0, int(low * precision)):
-            mid = (low + high + 1) // 2
-            if self.fits(method, mid):
-                low = mid
-            else:
-                high = mid - 1
-        return {"max_batch": low, "max_batch_upper": high}
+    def largest_batch(self, method, ceiling, strategy, guess=None, precision=0.0):
+        """The largest batch in [2, ceiling] that trains under the cap (0 if none), by
+        actpack.search.largest_batch: the scan over the whole range (the truth; no guess), or
+        the bracket from `guess` to within `precision` (a fraction of it; the smoke run's
+        machinery). Batch 1 is left out: batch norm needs two samples. Returns max_batch,
+        max_batch_upper (the largest batch not shown not to fit above it) and the search:
+        its strategy, range, every try with its seconds, and its cost."""
+        found = search.largest_batch(
+            lambda batch: self.fits(method, batch), 2, max(2, ceiling), strategy=strategy,
+            start=None if strategy == search.SCAN else guess, precision=precision)
+        record = found.as_dict()
+        for t in record["tries"]:
+            t["seconds"] = round(t["seconds"], 1)
+        return {"max_batch": found.batch, "max_batch_upper": found.upper, "search": record}
 
     def plan(self, batch_sizes):
         model, optimizer = self.fresh(False)
@@ -476,7 +464,8 @@ def run(args, save=lambda results: None):
     stages = len(tasks) * (2 + 2 * len(methods))
     progress = tqdm(total=stages, desc="actpack benchmarks", unit="stage", file=sys.stderr,
                     disable=args.quiet)
-    results = {"machine": machine(args), "size": args.size, "models": {}}
+    results = {**provenance.record(), "machine": machine(args), "size": args.size,
+               "search": settings["search"], "models": {}}
     # --max-batch-from: the searches of an earlier run (fresh processes each, the slow part),
     # taken as they are for the methods it searched; the rest of the run is measured anew.
     searched = {}
@@ -504,8 +493,13 @@ def run(args, save=lambda results: None):
             if (method in earlier and earlier[method].get("max_batch") is not None
                     and method not in (args.search_again or ())):
                 entry["methods"][method] = {
-                    k: earlier[method][k] for k in ("max_batch", "max_batch_upper")}
+                    k: earlier[method][k] for k in ("max_batch", "max_batch_upper", "search")
+                    if k in earlier[method]}
                 entry["methods"][method]["max_batch_from"] = args.max_batch_from
+            elif settings["search"] == search.SCAN:
+                # The truth: the whole range, independent of the planner's answers.
+                entry["methods"][method] = bench.largest_batch(
+                    method, settings["max_batch"], search.SCAN)
             else:
                 # From the planner's answer for the method's own choice (auto+recompute's is
                 # its own: from auto's, the search bracketed below where recomputation pays).
@@ -514,7 +508,8 @@ def run(args, save=lambda results: None):
                 guess = estimates.get(f"{codec}+recompute" if recompute == "auto" else codec,
                                       estimates.get(codec, 8))
                 entry["methods"][method] = bench.largest_batch(
-                    method, guess, settings["max_batch"], settings["precision"])
+                    method, settings["max_batch"], search.BRACKET, guess=guess,
+                    precision=settings["precision"])
             progress.update()
             gc.collect()
         plain = entry["methods"].get("plain", {}).get("max_batch")
@@ -571,12 +566,10 @@ def alone(args):
 
 
 def machine(args):
-    info = {"device": args.device, "torch": torch.__version__, "actpack": actpack.__version__,
-            "python": platform.python_version(), "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
-    if args.device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
+    """provenance.machine's record (CPU model, cores, threads, torch, Python, the GPU), with
+    the device the suite ran on and actpack's version."""
+    return {"device": args.device, "actpack": actpack.__version__,
+            **provenance.machine(args.device)}
 
 
 def summarize(results):
@@ -741,7 +734,7 @@ def main(argv=None):
     results = run(args, save)
     save(results)
     picture(results, os.path.join(args.out, "benchmark.svg"))
-    print(f"actpack benchmarks on {results['machine']['processor']} "
+    print(f"actpack benchmarks on {results['machine']['cpu']} "
           f"({results['machine']['threads']} threads), torch {results['machine']['torch']}, "
           f"{args.size} sizes")
     print(table(results))

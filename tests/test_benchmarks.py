@@ -116,7 +116,7 @@ def test_every_method_s_tries_run_as_its_rows_do(monkeypatch):
                         lambda model, optimizer, offload=False, bf16=False:
                         seen.append((offload, bf16)) or (lambda *a, **k: 0.0), raising=False)
     monkeypatch.setattr(suite, "warm_up", lambda step: None)
-    monkeypatch.setattr(suite._planner, "trains_under_cap", lambda *a, **k: {})
+    monkeypatch.setattr(suite.search, "trains_under_cap", lambda *a, **k: {})
     for method, (_, _, offload, _) in suite.METHODS.items():
         seen.clear()
         assert bench.trial(method, 4)

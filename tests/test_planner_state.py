@@ -207,7 +207,7 @@ def test_planning_a_step_far_over_the_budget_does_not_run_out(monkeypatch):
     assert profile[-1]["allocated_bytes"] > budget + _peak_meter.LIFTED_CAP_EXTRA, profile
     answer = plan.max_batch_size["auto"]
     assert answer >= 1, plan.table()
-    assert actpack._planner.trains_under_cap(step, budget, "auto", answer) is not None
+    assert actpack.search.trains_under_cap(step, budget, answer, codec="auto") is not None
 
 
 def test_a_verification_where_no_batch_fits_says_so_and_writes_a_valid_report(

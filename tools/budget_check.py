@@ -2,22 +2,30 @@
 """Does a budget hold as the system sees it, and how close is the planner to the truth?
 
 Three models in the shapes people train (a VGG-style CNN, a small causal transformer, an
-MLP-Mixer), CPU-sized, and the benchmark suite's (resnet50, vit-b16, gpt2-small, unet). Every measurement runs in a fresh process (`probe`), because a process's
-resident size only grows with what it has done before.
+MLP-Mixer), CPU-sized, and the benchmark suite's (resnet50, vit-b16, gpt2-small, unet). Every
+measurement runs in a fresh process (`probe`), because a process's resident size only grows
+with what it has done before.
 
   python3 tools/budget_check.py rss --model cnn --budget 256MiB
       the resident set (VmRSS; per step the peak VmHWM, reset every step) above its size when
       the budget is entered, plain and under actpack.budget
-  python3 tools/budget_check.py truth --model cnn --budget 256MiB --codec quant2
-      the largest batch that trains --steps steps under the budget's cap without running out,
-      by binary search, each try a fresh process
+  python3 tools/budget_check.py truth --model cnn --budget 256MiB --codec quant2 [--high 1024]
+      the largest batch that trains --steps steps under the budget's cap without running out:
+      actpack.search's scan over [1, --high] (a geometric grid over the whole range, finer
+      around the largest batch that fitted, then every batch up to the next that ran out; fits
+      are not monotone in the batch, so no bisection), each try a fresh process, every try
+      printed with its seconds
   python3 tools/budget_check.py plan --model cnn --budget 256MiB --codec quant2 [--verify]
-          [--record FILE]
+          [--high 1024] [--record FILE]
       actpack.plan's answer (its model's estimate, and with --verify the batch its search under
-      the cap found), the steps it ran and its measured headroom, next to that truth (searched
-      from the planner's answer); --record writes the row into FILE (JSON, one row per model,
-      budget, codec and steps, with the command that measured it); --codec default plans the
-      default choices in one plan and prints their table and the steps it ran
+      the cap found), the steps it ran and its measured headroom, next to that truth (the same
+      scan, which knows nothing of the planner's answer); --record writes the row into FILE
+      (JSON, one row per model, budget, codec and steps, with its command, commit and machine);
+      --codec default plans the default choices in one plan and prints their table and the
+      steps it ran (no truth)
+
+The truth's cost: the scan tries about 17 batches on its grid over [1, 1024], up to 15 finer
+ones and the last gap's; a try that runs out stops at that step. Minutes per row on two cores.
 
 --codec auto+recompute is the planner's choice of that name: budget(codec="auto",
 recompute="auto"), for the models whose blocks are actpack.recompute regions (the benchmark
@@ -136,6 +144,7 @@ MODELS = {"cnn": VGG, "transformer": Transformer, "mixer": Mixer}
 # The benchmark suite's models at their CPU sizes (benchmarks/models.py), with their own data,
 # loss and optimizer.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks import provenance  # noqa: E402
 from benchmarks.models import Task as BenchmarkTask, tasks as benchmark_tasks  # noqa: E402
 
 BENCHMARK_MODELS = {task.name: task for task in benchmark_tasks("cpu")}
@@ -250,62 +259,43 @@ def run_probe(model, codec, budget, batch, steps, recompute="false"):
 
 # ---- what the commands report ----
 
-def largest_batch(model, codec, budget, steps, low=1, high=4096, guess=None, tries=None,
-                  recompute="false"):
-    """The largest batch in [low, high] whose run under the budget does not run out. From
-    `guess` (the planner's answer): up a twentieth of it at a time, doubling, until one runs
-    out (or down, likewise, until one fits), then a binary search between. Every batch tried
-    is appended to `tries` as {"batch", "fits"}."""
-    fits = {}
-
-    def ok(b):
-        if b not in fits:
-            fits[b] = run_probe(model, codec, budget, b, steps, recompute)["oom"] is None
-            if tries is not None:
-                tries.append({"batch": b, "fits": fits[b]})
-        return fits[b]
-
-    if guess is not None and low <= guess <= high:
-        stride = max(1, guess // 20)
-        if ok(guess):
-            low = guess
-            while low < high:
-                b = min(high, low + stride)
-                if not ok(b):
-                    high = b - 1
-                    break
-                low, stride = b, stride * 2
-        else:
-            high = guess - 1
-            while True:
-                b = max(low, high + 1 - stride)
-                if ok(b):
-                    low = b
-                    break
-                if b == low:
-                    return 0
-                high, stride = b - 1, stride * 2
-        return bisect(ok, low, high)
-    if not ok(low):
-        return 0
-    while high > low and not ok(high):
-        high_failed = high
-        high = max(low, (low + high) // 2)
-        if ok(high):
-            low, high = high, high_failed - 1
-            break
-    return bisect(ok, low, high)
+# The truth's scan: actpack.search's grid ratio and fine steps (see actpack/search.py).
+SCAN_COARSE = 1.5
+SCAN_FINE = 16
 
 
-def bisect(ok, low, high):
-    """The largest batch in [low, high] that is ok, `low` being ok."""
-    while low < high:
-        mid = (low + high + 1) // 2
-        if ok(mid):
-            low = mid
-        else:
-            high = mid - 1
-    return low
+def truth_search(model, codec, budget, steps, high, low=1, recompute="false",
+                 coarse=SCAN_COARSE, fine=SCAN_FINE):
+    """The largest batch in [low, high] that trains `steps` steps under the budget without
+    running out: actpack.search's scan (the whole range on a coarse grid, then finer around the
+    largest batch that fitted, then every batch up to the next that ran out), each try a fresh
+    process. It knows nothing of the planner's answer. Returns the BatchSearch; each try also
+    says in which step a batch that did not fit ran out ("ran_out_in_step", 1-based)."""
+    from actpack import search
+
+    ran_out = {}
+
+    def fits(batch):
+        result = run_probe(model, codec, budget, batch, steps, recompute)
+        if result["oom"] is not None:
+            ran_out[batch] = len(result["steps"]) + 1
+        return result["oom"] is None
+
+    found = search.largest_batch(fits, low, high, coarse=coarse, fine=fine)
+    for t in found.tries:
+        t["seconds"] = round(t["seconds"], 1)
+        if t["batch"] in ran_out:
+            t["ran_out_in_step"] = ran_out[t["batch"]]
+    return found
+
+
+def truth_fields(found, coarse=SCAN_COARSE, fine=SCAN_FINE):
+    """The truth's part of a row: the answer, how it was searched, every try and the cost."""
+    return {"truth": found.batch,
+            "truth_search": {"strategy": found.strategy, "low": found.low, "high": found.high,
+                             "coarse": coarse, "fine": fine, "status": found.status,
+                             "upper": found.upper, "fresh_processes": True},
+            "truth_tries": found.tries, "truth_seconds": round(found.seconds, 1)}
 
 
 def main():
@@ -321,6 +311,8 @@ def main():
     parser.add_argument("--recompute", choices=sorted(RECOMPUTE), default="false",
                         help="the budget's recompute= (the benchmark models mark their blocks)")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--high", type=int, default=1024,
+                        help="truth, plan: the upper bound of the truth's scan, [1, HIGH]")
     parser.add_argument("--plan-batches", default="8,16")
     parser.add_argument("--threads", type=int, default=2,
                         help="probe: torch's intra-op threads (the tests run one per worker)")
@@ -347,10 +339,11 @@ def main():
             print(line)
         return
     if args.command == "truth":
-        truth = largest_batch(args.model, args.codec, args.budget, args.steps,
-                              recompute=args.recompute)
-        print(json.dumps({"model": args.model, "codec": args.codec, "budget": args.budget,
-                          "largest_batch": truth}))
+        found = truth_search(args.model, args.codec, args.budget, args.steps, args.high,
+                             recompute=args.recompute)
+        row = {"model": args.model, "codec": args.codec, "budget": args.budget,
+               "steps": args.steps, **truth_fields(found), **provenance.record()}
+        print(json.dumps(row))
         return
     import time
 
@@ -385,11 +378,10 @@ def main():
     predicted = plan.max_batch_size[args.codec]
     choice = plan.choices[args.codec]
     calibration = choice["calibration"]
-    # The truth, searched from the planner's answer in fresh processes (none of the planner's
-    # state: it ran in this one).
-    started, tries = time.perf_counter(), []
-    truth = largest_batch(args.model, args.codec, args.budget, args.steps, guess=max(1, predicted),
-                          tries=tries, recompute=args.recompute)
+    # The truth, scanned over [1, --high] in fresh processes: none of the planner's state (it
+    # ran in this one) and nothing of its answer.
+    found = truth_search(args.model, args.codec, args.budget, args.steps, args.high,
+                         recompute=args.recompute)
     row = {"model": args.model, "codec": args.codec, "budget": args.budget,
            "steps": args.steps, "verify": args.verify, "plan_batches": plan.batch_sizes,
            "estimate": choice["max_batch_size"], "predicted": predicted,
@@ -397,37 +389,41 @@ def main():
            "headroom": choice["headroom"] if calibration else None,
            "calibration_tries": calibration["tries"] if calibration else None,
            "plan_seconds": round(plan_seconds, 1),
-           "truth": truth, "ratio": predicted / truth if truth else None,
-           "truth_tries": tries, "truth_seconds": round(time.perf_counter() - started, 1)}
+           **truth_fields(found), "ratio": predicted / found.batch if found.batch else None}
     print(json.dumps(row))
     if args.record:
         record(args.record, row)
 
 
-def record(path, row):
-    """Writes `row` into the JSON file at `path`, with the command that measured it, replacing
-    the row of the same model, budget, codec, steps and verify."""
-    import datetime
-    import platform
+WHAT = ("actpack.plan's answer per model, budget and codec choice (no verify: the line through "
+        "its profiled peaks held to real steps under the budget less 3%), the steps it ran, its "
+        "measured headroom, and the truth: the largest batch that trains `steps` steps under "
+        "the budget's cap, found independently of the planner's answer by actpack.search's "
+        "scan over [truth_search.low, truth_search.high] (a geometric grid over the whole "
+        "range, then finer around the largest batch that fitted, then every batch up to the "
+        "next that ran out; no bisection), each try a fresh process, every try in "
+        "truth_tries with its seconds (tools/budget_check.py plan). Each row records its "
+        "command, commit and machine.")
 
+
+def record(path, row):
+    """Writes `row` into the JSON file at `path`, with the command, commit and machine that
+    measured it, in place of the row of the same model, budget, codec, steps and verify."""
     row = dict(row)
-    row["command"] = "python3 tools/budget_check.py " + " ".join(sys.argv[1:])
-    row["measured"] = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                       "python": platform.python_version(), "cpus": os.cpu_count(),
-                       "threads": torch.get_num_threads()}
-    document = {"what": "actpack.plan's answer per model, budget and codec choice (no verify: "
-                        "the line through its profiled peaks held to real steps under the "
-                        "budget less 3%), the steps it ran, its measured headroom, and the "
-                        "truth: the largest batch that trains `steps` steps under the budget's "
-                        "cap, each try a fresh process (tools/budget_check.py plan)",
-                "rows": []}
+    row.update(provenance.record())
+    document = {"what": WHAT, "rows": []}
     if os.path.exists(path):
         with open(path) as f:
             document = json.load(f)
+    document["what"] = WHAT
     key = ("model", "budget", "codec", "steps", "verify")
-    document["rows"] = [r for r in document["rows"]
-                        if tuple(r.get(k) for k in key) != tuple(row[k] for k in key)]
-    document["rows"].append(row)
+    same = [i for i, r in enumerate(document["rows"])
+            if tuple(r.get(k) for k in key) == tuple(row[k] for k in key)]
+    if same:
+        document["rows"][same[0]] = row
+        document["rows"] = [r for i, r in enumerate(document["rows"]) if i not in same[1:]]
+    else:
+        document["rows"].append(row)
     with open(path, "w") as f:
         json.dump(document, f, indent=1)
         f.write("\n")

@@ -18,6 +18,7 @@ from actpack._gradient_guard import GradientRunaway
 from actpack._planner import Plan, plan
 from actpack._recompute import recompute
 from actpack._units import format_bytes, parse_budget, parse_size
+from actpack import search
 from actpack.memory import (
     cpu_allocator_installed,
     cuda_allocator_installed,
@@ -73,6 +74,7 @@ __all__ = [
     "plan",
     "recompute",
     "reset_peak_memory_stats",
+    "search",
     "set_cpu_budget",
     "uninstall_cpu_allocator",
 ]

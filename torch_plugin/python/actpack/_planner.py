@@ -29,8 +29,11 @@ the pool's free segments returned. The planner's steps run under the budget less
 process can need that much more than this one, which has run the step's shapes before; and each
 try counts what the plan's warm-up left outside the pool (torch's one-time setup of its CPU
 kernels) as a fresh process's run counts it against the budget.
-verify=True then bisects upward from there with real steps under the same cap (4 a try), up to
-where allocated bytes alone fill the budget, and reports the measured peak.
+verify=True then searches from there with real steps under the same cap (4 a try; actpack.search's
+bracket: down 5% at a time until a batch fits, then bisection up to where allocated bytes alone
+fill the budget), and reports the measured peak and every batch it tried. It is not a scan:
+where fits are not monotone in the batch its answer may be short of the largest batch that
+trains (tools/budget_check.py's scan finds that, at several times the cost).
 
 The cost, counted in `plan.steps_run`: one warm-up step, then per choice a step per profiled
 batch size (and up to 3 more), then its tries. A default plan (five choices, batch sizes 8 and
@@ -59,7 +62,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _gradient_fidelity, _peak_meter, _snapshot, memory
+from actpack import _C, _args, _gradient_fidelity, _peak_meter, _snapshot, memory, search
 from actpack._budget import NONE, _error_text, _innermost, budget as _budget_context
 from actpack._units import format_bytes, parse_budget
 
@@ -639,65 +642,19 @@ VERIFY_STEPS = 4
 CAPPED_FROM = 2
 
 
-def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, recompute=None,
-                     **budget_options):
-    """The run report of `steps` real steps at `batch` under the budget's cap, or None when
-    they ran out of it: the truth the planner's answer is checked against. A step before the
-    policy's first plan may lift the cap (two for "auto", one for a fixed codec, two more
-    after auto+recompute switches recomputation on), so `steps` needs one more than that to
-    have run one capped step. `recompute`: the budget's (None: the choice's); `budget_options`
-    go to actpack.budget as they are (max_rel_rms=None, say)."""
-    import gc
-
-    import torch
-
-    if recompute is None:
-        recompute = _RECOMPUTE.get(choice, False)
-    had_gradients = _parameters_with_gradients()
-    try:
-        with _budget_context(budget_bytes, codec=_codec_of(choice), recompute=recompute,
-                             **budget_options) as run:
-            for _ in range(steps):
-                step(batch)
-        return run.report
-    except torch.OutOfMemoryError:
-        pass
-    # Out of the except clause: the error's traceback holds the failed step's frames in a
-    # cycle, which only a collection after it is gone frees.
-    gc.collect()
-    # A step that ran out in its backward leaves the gradients it accumulated (its
-    # zero_grad never ran): the next try would start with them held (measured: the
-    # benchmark's ResNet-50, 90 MiB of gradients in a 320 MiB budget, answered 17 for 22).
-    # They go as zero_grad(set_to_none=True) would drop them.
-    for leaf in _parameters_with_gradients() - had_gradients:
-        leaf.grad = None
-    return None
-
-
-def _parameters_with_gradients():
-    """The tensors alive in this process that a backward accumulates into (leaves that require
-    grad: parameters) and that hold a gradient. The planner's step names none of them: they
-    are found through the garbage collector."""
-    import gc
-
-    import torch
-
-    # type(), not isinstance(): the latter asks some objects for their __class__, and a
-    # deprecated module attribute warns when asked.
-    return {obj for obj in gc.get_objects()
-            if issubclass(type(obj), torch.Tensor) and obj.is_leaf and obj.requires_grad
-            and obj.grad is not None}
+def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, **budget_options):
+    """actpack.search.trains_under_cap for a plan's `choice` (its codec, and auto+recompute's
+    recompute="auto"): the run report of `steps` real steps at `batch` under the budget's cap,
+    or None when they ran out of it."""
+    return search.trains_under_cap(step, budget_bytes, batch, codec=_codec_of(choice),
+                                   recompute=_RECOMPUTE.get(choice, False), steps=steps,
+                                   **budget_options)
 
 
 def _capped_from(choice):
-    """The first step a run of `choice` is held to the cap in: auto's policy plans at the end of
-    its second step, a fixed codec (or none) has nothing to plan and may lift it on its first;
-    auto+recompute as a user trains it (recompute="auto"), past what codecs alone hold,
-    switches to recomputation at the end of its second step and plans afresh after two more
-    (as the benchmark suite's truth counts)."""
-    if _RECOMPUTE.get(choice) == "auto":
-        return CAPPED_FROM + 2
-    return CAPPED_FROM if _codec_of(choice) == "auto" else 1
+    """The first step a run of `choice` is held to the cap in, as the user trains it
+    (actpack.search.capped_from)."""
+    return search.capped_from(_codec_of(choice), _RECOMPUTE.get(choice, False))
 
 
 def _calibration_steps(choice):
@@ -777,11 +734,18 @@ def _calibrate(step, budget_bytes, choice, fixed, per_sample, fresh):
     return None
 
 
+# verify's search (actpack.search's bracket): down by this factor from its start until a batch
+# fits, at most VERIFY_MISSES batches that run out, then bisection up to the bound.
+VERIFY_DOWN = 1 / 0.95
+VERIFY_MISSES = 8
+
+
 def _verify(step, budget_bytes, choice, predicted, upper, say, fresh, ran=None):
-    """The largest batch that trains under the cap, by real steps: down 5% at a time from the
-    estimate `predicted` until one fits (or from `ran`, a batch that already ran under the cap),
-    then a binary search up to `upper` (where the allocated bytes alone fill the budget, so
-    nothing larger can fit)."""
+    """The largest batch that trains under the cap, by real steps: actpack.search's bracket
+    from `ran` (a batch that already ran under the cap: tried first, for its report) or else
+    from the estimate `predicted`, down 5% at a time until one fits, then a binary search up to
+    `upper` (where the allocated bytes alone fill the budget, so nothing larger can fit).
+    Returns (the verified section, the report of the answer's run or None)."""
     def fits(batch):
         say(f"verify {choice} at batch {batch}")
         fresh()
@@ -789,35 +753,26 @@ def _verify(step, budget_bytes, choice, predicted, upper, say, fresh, ran=None):
                                 steps=max(VERIFY_STEPS, _capped_from(choice) + 2),
                                 _held_outside=fresh.held_outside)
 
-    batch, report, tries = predicted, None, 0
-    if ran is not None:
-        report = fits(ran)  # for its report: it fitted before, and in all likelihood again
-        batch, upper = (ran, upper) if report is not None else (int(ran * 0.95), ran - 1)
-    while batch >= 1 and tries < 8 and report is None:
-        report, tries = fits(batch), tries + 1
-        if report is not None:
-            break
-        upper = batch - 1
-        batch = min(batch - 1, int(batch * 0.95))
-    if report is None:
+    start = predicted if ran is None else ran
+    high = max(start, upper)
+    found = search.largest_batch(fits, 1, high, strategy=search.BRACKET, start=start, up=None,
+                                 down=(VERIFY_DOWN,),
+                                 misses=VERIFY_MISSES + (ran is not None))
+    tries = [{"batch": t["batch"], "fits": t["fits"], "seconds": round(t["seconds"], 3)}
+             for t in found.tries]
+    if not found.batch:
         return {"codec": choice, "batch_size": 0, "predicted_batch_size": predicted,
-                "smallest_tried": batch + 1, "peak_bytes": None,
-                "peak_allocated_bytes": None}, None
-    lo, hi = batch, max(batch, upper)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        found = fits(mid)
-        if found is not None:
-            lo, report = mid, found
-        else:
-            hi = mid - 1
+                "smallest_tried": min(t["batch"] for t in tries), "peak_bytes": None,
+                "peak_allocated_bytes": None, "tries": tries}, None
+    report = found.value
     steps = report["activations"]["steps"]
     capped = max(CAPPED_FROM, _capped_from(choice))
-    return ({"codec": choice, "batch_size": lo, "largest_run": lo,
-             "predicted_batch_size": predicted, "upper_bound": upper,
+    return ({"codec": choice, "batch_size": found.batch, "largest_run": found.batch,
+             "predicted_batch_size": predicted, "upper_bound": high,
              "peak_bytes": max(s["peak_reserved_bytes"] for s in steps[capped:])
              if len(steps) > capped else None,
-             "peak_allocated_bytes": report["run"]["peak_allocated_bytes"]}, report)
+             "peak_allocated_bytes": report["run"]["peak_allocated_bytes"], "tries": tries},
+            report)
 
 
 class _FreshStart:
