@@ -14,23 +14,26 @@ against actpack's pool is not). In one process, on the same weights and batches:
 
 The auto step is split by actpack's own clocks: the codecs (the session's clock of its encode
 and decode calls), the rest of the saved-tensor hooks (Python and C++, the codecs taken off),
-the end of the step (gradient norms, the policy, the peaks: _end_step), and what is left, the
+the end of the step (gradient norms, the policy, the peaks), and what is left, the
 model's own forward, backward and optimizer step, whose difference from plain's is what packing
 does to them (memory traffic, allocations). The rows take turns, --rounds times (plain, none,
 auto, plain, none, auto, ...; each budget row a fresh budget), so that a machine whose speed
-drifts (shared cores: 15-25% within minutes here) slows every row alike: the figures are medians
-over every round's steps, and auto's ratio is also given per round, against that round's plain.
-The budget's first steps (profiling, the first plan) are not timed.
+drifts (shared cores: 15-25% within minutes here) slows every row alike: the seconds are medians
+over every round's steps, and each row's ratio to plain is taken per round, against that round's
+plain (the median of its steps over the median of plain's), and reported with its spread over
+the rounds: min, lower quartile, median, upper quartile, max. A claim "at most X times plain"
+is made on the rounds' upper quartile (`q3`), not their median. The budget's first steps
+(profiling, the first plan) are not timed.
 
     python3 benchmarks/overhead.py --model gpt2-small --batch 42 --budget 192MiB --rounds 3
     python3 benchmarks/overhead.py --model resnet50 --batch 47 --budget 320MiB --rounds 3
 
---json FILE writes the figures (benchmarks/results/overhead_<model>.json are this command's).
+--json FILE writes the figures with the command, commit and machine
+(benchmarks/results/overhead_<model>.json are this command's).
 """
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -40,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import actpack  # noqa: E402
-from benchmarks import models  # noqa: E402
+from benchmarks import models, provenance  # noqa: E402
 
 WARM_STEPS = 3  # under a budget: auto's two profiling steps and its first planned step
 
@@ -48,6 +51,23 @@ WARM_STEPS = 3  # under a budget: auto's two profiling steps and its first plann
 def minor_faults():
     """The process's minor page faults so far (first touches of memory the OS hands out)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def spread(values):
+    """{"min", "q1", "median", "q3", "max", "n"} of per-round values: the quartiles by
+    linear interpolation between the sorted values (statistics.quantiles' inclusive method,
+    numpy.percentile's default), so within [min, max]; one value is its own quartiles."""
+    ordered = sorted(values)
+    q1, _, q3 = (statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1
+                 else [ordered[0]] * 3)
+    return {"min": ordered[0], "q1": q1, "median": statistics.median(ordered), "q3": q3,
+            "max": ordered[-1], "n": len(ordered)}
+
+
+def spread_text(s):
+    """'1.10x (rounds 0.91-1.35x, upper quartile 1.31x)'."""
+    return (f"{s['median']:.2f}x (rounds {s['min']:.2f}-{s['max']:.2f}x, upper quartile "
+            f"{s['q3']:.2f}x)")
 
 
 def timed_steps(step, steps, first_index):
@@ -63,40 +83,23 @@ def timed_steps(step, steps, first_index):
 
 def under_budget(step, budget, codec, steps):
     """Per timed step: (wall, codec, hooks without codecs, end of step) seconds and the minor
-    page faults."""
-    context = actpack.budget(budget, codec=codec)
-    pack, unpack = context._make_hooks(*context._session.hooks())
-    clock = {"hooks": 0.0, "end": 0.0}
-
-    def timed(fn, key):
-        def run(*args):
-            start = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                clock[key] += time.perf_counter() - start
-        return run
-
-    context._hooks = torch.autograd.graph.saved_tensors_hooks(timed(pack, "hooks"),
-                                                              timed(unpack, "hooks"))
-    # The engine's end-of-backward callback looks the method up on the budget when it queues it.
-    context._end_step = timed(context._end_step, "end")
-    session = context._session
+    page faults; the clocks are the budget's own (actpack.budget.timed, Run.clock)."""
     rows = []
-    with context:
+    with actpack.budget(budget, codec=codec).timed() as run:
         for i in range(WARM_STEPS):
             step(i)
         for i in range(steps):
-            clock["hooks"] = clock["end"] = 0.0
-            codec_before = session.totals()["codec_seconds"]
+            clock, codec_before = run.clock(), run.totals()["codec_seconds"]
             faults = minor_faults()
             start = time.perf_counter()
             step(WARM_STEPS + i)
             wall = time.perf_counter() - start
             faults = minor_faults() - faults
-            codec = session.totals()["codec_seconds"] - codec_before
-            rows.append((wall, codec, clock["hooks"] - codec, clock["end"], faults))
-    return rows, context.run.report
+            after = run.clock()
+            codec = run.totals()["codec_seconds"] - codec_before
+            rows.append((wall, codec, after["hooks_seconds"] - clock["hooks_seconds"] - codec,
+                         after["end_of_step_seconds"] - clock["end_of_step_seconds"], faults))
+    return rows, run.report
 
 
 def main():
@@ -139,17 +142,24 @@ def main():
 
     step(0)  # the optimizer's state, oneDNN's caches
     median = statistics.median
-    plain_rows, none_rows, auto_rows, accumulate_rows, ratios = [], [], [], [], []
+    plain_rows, none_rows, auto_rows, accumulate_rows = [], [], [], []
+    rounds = {"none": [], "auto": [], "accumulate": []}  # each row over plain, round by round
     for _ in range(args.rounds):
         if args.accumulate:
-            accumulate_rows += timed_steps(accumulation_step, args.steps, 1)
+            accumulate_round = timed_steps(accumulation_step, args.steps, 1)
         plain_round = timed_steps(step, args.steps, 1)
         none_round, _ = under_budget(step, 1 << 50, "none", args.steps)
         auto_round, report = under_budget(step, args.budget, "auto", args.steps)
-        ratios.append(median(r[0] for r in auto_round) / median(r[0] for r in plain_round))
+        plain_median = median(r[0] for r in plain_round)
+        rounds["none"].append(median(r[0] for r in none_round) / plain_median)
+        rounds["auto"].append(median(r[0] for r in auto_round) / plain_median)
+        if args.accumulate:
+            rounds["accumulate"].append(median(r[0] for r in accumulate_round) / plain_median)
+            accumulate_rows += accumulate_round
         plain_rows += plain_round
         none_rows += none_round
         auto_rows += auto_round
+    ratios = {name: spread(values) for name, values in rounds.items() if values}
     plain = median(r[0] for r in plain_rows)
     plain_faults = median(r[1] for r in plain_rows)
 
@@ -163,8 +173,9 @@ def main():
     print(f"{args.model} at batch {args.batch}, budget {args.budget}, {args.threads} threads, "
           f"medians of {args.rounds} rounds of {args.steps} steps; every row in actpack's pool")
     print(f"plain PyTorch          {plain:7.3f} s; {plain_faults:.0f} minor page faults a step")
-    for name, row in (("budget, codec none", none), ("budget, codec auto", auto)):
-        print(f"{name:<22} {row['wall']:7.3f} s = {row['wall'] / plain:.2f}x plain: model "
+    for name, key, row in (("budget, codec none", "none", none),
+                           ("budget, codec auto", "auto", auto)):
+        print(f"{name:<22} {row['wall']:7.3f} s, {spread_text(ratios[key])} plain: model "
               f"{row['model']:.3f}, codecs {row['codec']:.3f}, hooks {row['hooks']:.3f}, "
               f"end of step {row['end_of_step']:.3f}; {row['minor_faults']:.0f} minor page "
               "faults a step")
@@ -174,27 +185,27 @@ def main():
         accumulate = {"micro_batch": args.accumulate, "micro_steps": micro_steps,
                       "wall": median(r[0] for r in accumulate_rows),
                       "minor_faults": median(r[1] for r in accumulate_rows)}
-        print(f"{'plain, accumulating':<22} {accumulate['wall']:7.3f} s = "
-              f"{accumulate['wall'] / plain:.2f}x plain: {micro_steps} micro-batches of "
+        print(f"{'plain, accumulating':<22} {accumulate['wall']:7.3f} s, "
+              f"{spread_text(ratios['accumulate'])} plain: {micro_steps} micro-batches of "
               f"{args.accumulate} a step")
-    print("auto against plain, round by round: " + ", ".join(f"{r:.2f}x" for r in ratios))
+    print("auto against plain, round by round: "
+          + ", ".join(f"{r:.2f}x" for r in rounds["auto"]))
     packed = totals["packed_raw_bytes"]
     print(f"auto packed {packed / 2**20:.0f} MiB over its last run ({totals['packs']} tensors) "
           f"into {totals['packed_stored_bytes'] / 2**20:.0f} MiB, and kept "
           f"{totals['kept_bytes'] / 2**20:.0f} MiB as they were")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "python3 benchmarks/overhead.py " + " ".join(sys.argv[1:]),
+            json.dump({**provenance.record(),
                        "model": args.model, "batch": args.batch, "budget": args.budget,
                        "steps": args.steps, "rounds": args.rounds, "threads": args.threads,
                        "plain_seconds": plain, "plain_minor_faults": plain_faults,
-                       "none": none, "auto": auto, "auto_over_plain_per_round": ratios,
-                       "accumulate": accumulate,
+                       "none": none, "auto": auto, "accumulate": accumulate,
+                       # Each row's step time over plain's, per round and its spread.
+                       "per_round": rounds, "over_plain": ratios,
                        "auto_packed_raw_bytes": totals["packed_raw_bytes"],
                        "auto_packed_stored_bytes": totals["packed_stored_bytes"],
-                       "auto_kept_bytes": totals["kept_bytes"],
-                       "machine": {"torch": torch.__version__, "python": platform.python_version(),
-                                   "cpus": os.cpu_count()}}, f, indent=1)
+                       "auto_kept_bytes": totals["kept_bytes"]}, f, indent=1)
 
 
 if __name__ == "__main__":

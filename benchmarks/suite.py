@@ -371,6 +371,7 @@ class Bench:
         model.load_state_dict(state)
         exact = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         return {"losses": losses, "step_seconds": statistics.median(times) if times else None,
+                "step_seconds_each": times,
                 "gradients": gradient_error(grads, exact, models.parameter_groups(model))}
 
 
@@ -586,6 +587,11 @@ def summarize(results):
                 row[f"vs_{base}"] = m["max_batch"] / b if b else None
             if m.get("step_seconds") and plain.get("step_seconds"):
                 row["time_vs_plain"] = m["step_seconds"] / plain["step_seconds"]
+                if m.get("step_seconds_each"):  # each timed step over plain's median
+                    row["time_vs_plain_range"] = [min(m["step_seconds_each"]) /
+                                                  plain["step_seconds"],
+                                                  max(m["step_seconds_each"]) /
+                                                  plain["step_seconds"]]
             if "gradients" in m:
                 g = m["gradients"].values()
                 row["min_cosine"] = min(x["cosine"] for x in g)

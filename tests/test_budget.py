@@ -308,3 +308,27 @@ def test_session_hooks_are_plain_functions_over_packed_handles():
         pack(x, None)
     with pytest.raises(TypeError):
         actpack._C.PackedTensor()
+
+
+def test_a_timed_budget_clocks_its_hooks_and_the_ends_of_its_steps():
+    """budget.timed() (the overhead tools' clocks): the hooks' seconds hold the C++ session's,
+    which hold the codecs'; every pack and unpack is counted; each step's end is timed. An
+    untimed budget has the session's clock alone, and a budget is timed before it is entered."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 10))
+    x = torch.randn(64, 128)
+    with actpack.budget("64MiB", codec="quant8", min_bytes=0).timed() as run:
+        for _ in range(3):
+            model(x).square().mean().backward()
+    clock, totals = run.clock(), run.totals()
+    assert totals["packs"] > 0 and totals["codec_seconds"] > 0
+    assert clock["hook_calls"] >= 2 * totals["packs"]  # a pack and an unpack each, at least
+    assert clock["hooks_seconds"] >= clock["session_seconds"] >= totals["codec_seconds"]
+    assert clock["end_of_step_seconds"] > 0
+    with actpack.budget("64MiB", codec="quant8", min_bytes=0) as run:
+        model(x).square().mean().backward()
+    assert run.clock()["hooks_seconds"] is None and run.clock()["session_seconds"] > 0
+    context = actpack.budget("64MiB", codec="quant8")
+    with context:
+        with pytest.raises(RuntimeError, match="before the budget is entered"):
+            context.timed()

@@ -244,12 +244,24 @@ def test_ddp_two_gloo_ranks_each_with_a_budget(tmp_path):
 
 
 def test_report_path_per_rank_without_the_placeholder(tmp_path, monkeypatch):
-    from actpack import _budget
-    monkeypatch.setattr(_budget, "_distributed", lambda: (3, 4))
-    assert _budget._rank_path(str(tmp_path / "run.json")) == str(tmp_path / "run.rank3.json")
-    assert _budget._rank_path(str(tmp_path / "r{rank}/x.json")) == str(tmp_path / "r3/x.json")
-    monkeypatch.setattr(_budget, "_distributed", lambda: (0, 1))
-    assert _budget._rank_path(str(tmp_path / "run.json")) == str(tmp_path / "run.json")
+    """The report's file as a rank of torch.distributed writes it (the process group faked:
+    rank 3 of 4), with and without the "{rank}" placeholder, and alone."""
+    model = nn.Linear(64, 64)
+
+    def written(path):
+        with actpack.budget("64MiB", codec="quant8", report=path):
+            model(torch.randn(32, 64)).square().mean().backward()
+        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json"))
+
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a, **k: 3)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 4)
+    assert written(str(tmp_path / "run.json")) == ["run.rank3.json"]
+    (tmp_path / "r3").mkdir()
+    assert written(str(tmp_path / "r{rank}" / "x.json")) == ["r3/x.json", "run.rank3.json"]
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    assert written(str(tmp_path / "one.json")) == ["one.json", "r3/x.json", "run.rank3.json"]
 
 
 # ---- 5. torch.compile ----

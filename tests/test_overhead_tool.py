@@ -16,7 +16,15 @@ def test_the_split_adds_up_and_auto_packs(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "budget, codec auto" in run.stdout and "minor page faults" in run.stdout
     data = json.loads(out.read_text())
-    assert len(data["auto_over_plain_per_round"]) == 2  # the rows took turns twice
+    # The rows took turns twice: each row's ratio to plain per round, and its spread.
+    for row in ("none", "auto", "accumulate"):
+        values, spread = data["per_round"][row], data["over_plain"][row]
+        assert len(values) == 2 and spread["n"] == 2, (row, data["over_plain"])
+        assert spread["min"] == min(values) and spread["max"] == max(values)
+        assert spread["min"] <= spread["q1"] <= spread["median"] <= spread["q3"] <= spread["max"]
+    assert "upper quartile" in run.stdout
+    assert data["command"].startswith("python3 benchmarks/overhead.py --size smoke")
+    assert {"commit", "dirty", "date"} <= set(data) and data["machine"]["cpus"] > 0
     # Plain reaching batch 8 by accumulation over micro-batches of 3: 3, 3 and 2.
     assert data["accumulate"]["micro_steps"] == 3 and data["accumulate"]["wall"] > 0
     for row in ("none", "auto"):  # the codecs run inside the hooks: never more than them

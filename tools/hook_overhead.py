@@ -50,37 +50,22 @@ def main():
         step()
     plain = statistics.median(plain_step_seconds() for _ in range(args.steps))
 
-    context = actpack.budget("90%", codec="quant8", min_bytes=0)
-    pack, unpack = context._make_hooks(*context._session.hooks())
-    hook_seconds = [0.0]
-    calls = [0]
-
-    def timed(hook):
-        def run(value):
-            start = time.perf_counter()
-            result = hook(value)
-            hook_seconds[0] += time.perf_counter() - start
-            calls[0] += 1
-            return result
-        return run
-
-    context._hooks = torch.autograd.graph.saved_tensors_hooks(timed(pack), timed(unpack))
-    session = context._session
     # Per step: (wall, hooks, codecs, C++ session, hook calls, packs). Medians over steps, so
-    # that a step another process preempted does not set the number.
+    # that a step another process preempted does not set the number. The clocks are the
+    # budget's own (actpack.budget.timed, Run.clock).
     steps = []
-    with context:
+    with actpack.budget("90%", codec="quant8", min_bytes=0).timed() as run:
         step()  # the first step under a budget sets the session up
         for _ in range(args.steps):
-            hook_seconds[0], calls[0] = 0.0, 0
-            before = session.totals(), session.hook_seconds()
+            before = run.totals(), run.clock()
             start = time.perf_counter()
             step()
             wall = time.perf_counter() - start
-            after = session.totals(), session.hook_seconds()
-            steps.append((wall, hook_seconds[0],
+            after = run.totals(), run.clock()
+            steps.append((wall, after[1]["hooks_seconds"] - before[1]["hooks_seconds"],
                           after[0]["codec_seconds"] - before[0]["codec_seconds"],
-                          after[1] - before[1], calls[0],
+                          after[1]["session_seconds"] - before[1]["session_seconds"],
+                          after[1]["hook_calls"] - before[1]["hook_calls"],
                           after[0]["packs"] - before[0]["packs"]))
     median = statistics.median
     saved = median(s[4] for s in steps) / 2  # a pack and an unpack per saved tensor

@@ -24,6 +24,8 @@ class Run:
         self.budget = budget_spec
         self._session = session
         self._final_totals = None
+        self._final_session_seconds = None
+        self._timing = None  # budget.timed()'s clock
         self.report = None
         self.regions = False  # whether a region marked with actpack.recompute ran
         # The device the budget measures and caps: torch.device("cpu"), or a CUDA device (its
@@ -38,9 +40,23 @@ class Run:
             return dict(self._final_totals)
         return dict(self._session.totals())
 
+    def clock(self):
+        """Seconds the budget's own work took so far: "session_seconds", inside the C++
+        session's pack and unpack (the codecs included: totals()["codec_seconds"] is theirs);
+        with budget.timed(), also "hooks_seconds" (the whole saved-tensor hooks, Python and
+        C++), "hook_calls" (packs and unpacks) and "end_of_step_seconds" (the end of each
+        step: gradient norms, the policy, the peaks); None where not timed. Live inside the
+        context, as they were at its exit after it."""
+        session = (self._final_session_seconds if self._session is None
+                   else self._session.hook_seconds())
+        timing = self._timing or {"hooks_seconds": None, "hook_calls": None,
+                                  "end_of_step_seconds": None}
+        return {"session_seconds": session, **timing}
+
     def _close(self):
         # The run outlives the context; the session need not live as long.
         self._final_totals = dict(self._session.totals())
+        self._final_session_seconds = self._session.hook_seconds()
         self._session = None
 
 
@@ -234,6 +250,48 @@ class budget:
         self._entered = False  # a budget is entered once
         self._thread = self._thread_name = None  # the thread that entered it
         self._inner_open = False  # a budget opened inside this one is open: it governs
+
+    def timed(self):
+        """Times this budget's own work, for benchmarks (benchmarks/overhead.py): its
+        saved-tensor hooks and its end of each step add their seconds to run.clock() from here
+        on. Call before entering; returns the budget. A budget not timed pays nothing for it."""
+        if self._entered:
+            raise RuntimeError("actpack.budget.timed: call it before the budget is entered")
+        clock = self.run._timing = {"hooks_seconds": 0.0, "hook_calls": 0,
+                                    "end_of_step_seconds": 0.0}
+        now = time.perf_counter
+
+        def timed(hook, key, calls=None):
+            def run(*args):
+                start = now()
+                try:
+                    return hook(*args)
+                finally:
+                    clock[key] += now() - start
+                    if calls:
+                        clock[calls] += 1
+            return run
+
+        self._pack = timed(self._pack, "hooks_seconds", "hook_calls")
+        self._unpack = timed(self._unpack, "hooks_seconds", "hook_calls")
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        # The engine's end-of-backward callback is looked up on the budget when it is queued.
+        self._end_step = timed(self._end_step, "end_of_step_seconds")
+        return self
+
+    def relieve(self, needed):
+        """Frees memory toward `needed` bytes as the allocator's pressure callback does at the
+        cap (re-packs what the plan kept exact, or lets a step before the first plan go over
+        to measure: runtime::BudgetRun::Relieve); returns the bytes freed or made room for.
+        0 while a budget opened inside this one is open: that one governs the allocator."""
+        return self._relieve(int(needed))
+
+    @staticmethod
+    def open_budgets():
+        """The budgets open now, on every thread, outermost first (a budget is open from its
+        __enter__ to its __exit__)."""
+        with _open_lock:
+            return list(_open)
 
     def _make_hooks(self, session_pack, session_unpack):
         """The saved-tensor hooks, over the session's pack and unpack (Session.hooks()). They
