@@ -48,14 +48,20 @@ def run_script(body):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_failed_allocation_raises_out_of_memory_with_actpacks_reason():
-    result = run_script("""
+@pytest.fixture(scope="module")
+def on_the_host_backend():
+    """What the allocation functions memory.py hands torch did, in one fresh interpreter over
+    device stacks on the host backend (8 MiB budget): "pool" for a MemPool region's, "torch"
+    for install_allocator's."""
+    return run_script("""
         _C._configure_device_allocator("host", 8 * MiB)
         lib = ctypes.CDLL(_C.__file__)
         def address(name):
             return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
         lib.actpack_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                      ctypes.c_void_p]
+        pool = {"over": _C._call_alloc_fn(address(memory._POOL_ALLOC_FN), 64 * MiB, 0),
+                "reason": memory.last_allocator_error()}
         alloc = address(memory._ALLOC_FN)  # what install_allocator hands torch
         out = {}
         held = _C._call_alloc_fn(alloc, MiB, 0)
@@ -87,8 +93,12 @@ def test_a_failed_allocation_raises_out_of_memory_with_actpacks_reason():
         except Exception as error:
             out["bad_device"] = [type(error).__name__, str(error)]
         out["in_use"] = memory.memory_allocated(0)
-        report(out)
+        report({"pool": pool, "torch": out})
         """)
+
+
+def test_a_failed_allocation_raises_out_of_memory_with_actpacks_reason(on_the_host_backend):
+    result = on_the_host_backend["torch"]
     assert result["held"]
     assert "over" not in result, "a failed allocation returned a pointer instead of raising"
     assert result["type"] == "OutOfMemoryError" and result["is_oom"]
@@ -106,17 +116,11 @@ def test_a_failed_allocation_raises_out_of_memory_with_actpacks_reason():
     assert result["in_use"] == 0
 
 
-def test_a_mem_pool_region_keeps_the_null_returning_c_abi():
+def test_a_mem_pool_region_keeps_the_null_returning_c_abi(on_the_host_backend):
     """torch's own caching allocator serves a MemPool region: on a null segment it gives back
     the region's cached blocks and retries before it raises its own torch.OutOfMemoryError, a
     retry an exception would cut short."""
-    result = run_script("""
-        _C._configure_device_allocator("host", 8 * MiB)
-        lib = ctypes.CDLL(_C.__file__)
-        alloc = ctypes.cast(getattr(lib, memory._POOL_ALLOC_FN), ctypes.c_void_p).value
-        report({"over": _C._call_alloc_fn(alloc, 64 * MiB, 0),
-                "reason": memory.last_allocator_error()})
-        """)
+    result = on_the_host_backend["pool"]
     assert result["over"] == 0
     assert "out of budget" in result["reason"] and "requested 64.00 MiB" in result["reason"]
 

@@ -304,12 +304,11 @@ void BindAllocator(py::module& m) {
   m.def("_reset_peak_memory_stats", &ResetPeak, py::arg("device"));
   m.def("_empty_cache", &EmptyCache, py::arg("device"));
   m.def("_snapshot", &Snapshot, py::arg("device"));
-  // The reason of the last failed device allocation: actpack_torch_alloc's (torch's allocator
-  // is actpack's), else the C ABI's actpack_alloc's (a torch.cuda.MemPool region, ctypes). A
-  // process uses one of them: install_allocator refuses a MemPool region.
+  // The reason of the last failed device allocation: actpack_torch_alloc's where it ran (torch's
+  // allocator is actpack's), else the C ABI's actpack_alloc's (a torch.cuda.MemPool region,
+  // ctypes). A process uses one of them: install_allocator refuses a MemPool region.
   m.def("_last_allocator_error", [] {
-    std::string reason = LastTorchAllocError();
-    return reason.empty() ? std::string(actpack_last_error()) : reason;
+    return LastTorchAllocError().value_or(std::string(actpack_last_error()));
   });
   // For tests: calls the allocation function at `address` (what memory.py hands torch's
   // CUDAPluggableAllocator, its address found as torch finds it, by ctypes) as torch's

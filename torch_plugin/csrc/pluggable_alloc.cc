@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -16,12 +17,13 @@
 namespace actpack::torch_plugin {
 namespace {
 
-// The last failure's reason, and whether one is recorded: a success reads the flag alone, so
+// The last failure's reason, and whether one is recorded: a success reads the flags alone, so
 // the allocation path takes the lock only after a failure.
 struct LastError {
   std::mutex mutex;
   std::string message;
   std::atomic<bool> set{false};
+  std::atomic<bool> called{false};  // actpack_torch_alloc ran in this process
 };
 
 LastError& Last() {
@@ -31,6 +33,7 @@ LastError& Last() {
 
 void Record(const absl::Status& status) {
   LastError& last = Last();
+  last.called.store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(last.mutex);
   last.message = std::string(status.message());
   last.set.store(true, std::memory_order_release);
@@ -38,6 +41,9 @@ void Record(const absl::Status& status) {
 
 void ClearAfterSuccess() {
   LastError& last = Last();
+  if (!last.called.load(std::memory_order_relaxed)) {
+    last.called.store(true, std::memory_order_relaxed);
+  }
   if (!last.set.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(last.mutex);
   last.message.clear();
@@ -59,8 +65,9 @@ void ClearAfterSuccess() {
 
 }  // namespace
 
-std::string LastTorchAllocError() {
+std::optional<std::string> LastTorchAllocError() {
   LastError& last = Last();
+  if (!last.called.load(std::memory_order_relaxed)) return std::nullopt;
   std::lock_guard<std::mutex> lock(last.mutex);
   return last.message;
 }

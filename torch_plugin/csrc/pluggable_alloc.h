@@ -16,6 +16,7 @@
 #define ACTPACK_TORCH_PLUGIN_CSRC_PLUGGABLE_ALLOC_H_
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 extern "C" {
@@ -32,9 +33,10 @@ void* actpack_torch_alloc(size_t size, int device, void* stream);
 namespace actpack::torch_plugin {
 
 // Why the last actpack_torch_alloc that failed did ("" when none failed since the last one
-// that succeeded). One per process, not per thread: backward allocates on autograd's device
-// threads, and the reason is read on the thread that catches the error.
-std::string LastTorchAllocError();
+// that succeeded), or nullopt when actpack_torch_alloc has not been called in this process. One
+// per process, not per thread: backward allocates on autograd's device threads, and the reason
+// is read on the thread that catches the error.
+std::optional<std::string> LastTorchAllocError();
 
 }  // namespace actpack::torch_plugin
 
