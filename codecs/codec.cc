@@ -234,12 +234,19 @@ absl::Status DecodeDeferred(const DeferredEncoding& encoding, const uint8_t* buf
         "actpack: decode: ", (*codec)->name(),
         " needs the parameters its encode decided on the device; Resolve the encoding first"));
   }
+  if (encoding.bytes < kHeaderSize) {
+    return absl::InvalidArgumentError(absl::StrCat("actpack: decode: an encoding of ",
+                                                   encoding.bytes, " bytes has no header"));
+  }
 #ifdef ACTPACK_WITH_CUDA
   status_ok = cuda::CheckBuffer(buffer, encoding.bytes, WordsOf(header), KnownWords(encoding),
                                 status, context.stream);
   if (!status_ok.ok()) return status_ok;
-  status_ok =
-      (*codec)->DecodePayload(header, buffer + kHeaderSize, output, context, status);
+  status_ok = encoding.device_decided
+                  ? (*codec)->DecodeUnresolvedPayload(header, buffer + kHeaderSize,
+                                                      encoding.bytes - kHeaderSize, output,
+                                                      context, status)
+                  : (*codec)->DecodePayload(header, buffer + kHeaderSize, output, context, status);
   if (!status_ok.ok()) return status_ok;
   return cuda::Poison(status, output.data, header.numel,
                       static_cast<int>(ElementSize(header.dtype)), PoisonPattern(header.dtype),
@@ -259,8 +266,136 @@ std::string DescribeFailures(uint64_t failures) {
   if (failures & kFailParams) reasons.push_back("a parameter in its header is invalid");
   if (failures & kFailEbBlockHeader) reasons.push_back("an eb block header is invalid");
   if (failures & kFailEbChunkIndex) reasons.push_back("the eb chunk index does not match");
-  if (failures & kFailEbOutlier) reasons.push_back("an eb outlier slot or value is invalid");
+  if (failures & kFailEbOutlier) {
+    reasons.push_back("an eb outlier slot, value or count is invalid");
+  }
+  if (failures & kFailLost) reasons.push_back("it did not fit the room its size was given");
   return absl::StrJoin(reasons, "; ");
+}
+
+namespace {
+
+bool Aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+// kInvalidArgument unless the arena is one a placement can use: none (no counter), or memory
+// with a counter, 8-byte aligned.
+absl::Status CheckArena(const SpillArena& arena, const char* call) {
+  if (arena.used == nullptr) return absl::OkStatus();
+  if ((arena.data == nullptr && arena.capacity > 0) || !Aligned8(arena.data) ||
+      !Aligned8(arena.used)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "actpack: ", call, ": the spill arena needs 8-byte aligned memory and counter"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPlacementCall(const uint8_t* target, size_t target_capacity,
+                                const SpillArena& arena, const void* status,
+                                const ExecContext& context, const char* call) {
+  if (context.device != Device::kCuda || status == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("actpack: ", call, " takes CUDA memory and a DeviceStatus"));
+  }
+  absl::Status cuda = NeedsCuda(call);
+  if (!cuda.ok()) return cuda;
+  if (!Aligned8(target) || (target == nullptr && target_capacity > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "actpack: ", call, ": the target is not 8-byte aligned memory of its capacity"));
+  }
+  return CheckArena(arena, call);
+}
+
+// The arena as a placement sees it: no room without a counter.
+[[maybe_unused]] size_t ArenaCapacity(const SpillArena& arena) {
+  return arena.used == nullptr ? 0 : arena.capacity;
+}
+
+}  // namespace
+
+absl::Status PlaceDeferred(const uint8_t* staging, size_t staging_capacity, uint8_t* target,
+                           size_t target_capacity, const SpillArena& arena, DeviceStatus* status,
+                           const ExecContext& context) {
+  absl::Status ok =
+      CheckPlacementCall(target, target_capacity, arena, status, context, "PlaceDeferred");
+  if (!ok.ok()) return ok;
+  if (staging == nullptr || !Aligned8(staging) || staging_capacity < kHeaderSize) {
+    return absl::InvalidArgumentError(
+        "actpack: PlaceDeferred: the staging buffer is not 8-byte aligned memory that holds an "
+        "encoding");
+  }
+#ifdef ACTPACK_WITH_CUDA
+  return cuda::Place(staging, staging_capacity, target, target_capacity, arena.data,
+                     ArenaCapacity(arena), arena.used, status, context.stream);
+#else
+  return absl::OkStatus();
+#endif
+}
+
+absl::Status GatherDeferred(const uint8_t* target, size_t target_capacity,
+                            const SpillArena& arena, const DeviceStatus* status, uint8_t* dest,
+                            size_t dest_capacity, const ExecContext& context) {
+  absl::Status ok =
+      CheckPlacementCall(target, target_capacity, arena, status, context, "GatherDeferred");
+  if (!ok.ok()) return ok;
+  if (dest == nullptr || !Aligned8(dest)) {
+    return absl::InvalidArgumentError(
+        "actpack: GatherDeferred: the destination is not 8-byte aligned memory");
+  }
+#ifdef ACTPACK_WITH_CUDA
+  return cuda::Gather(target, target_capacity, arena.data, ArenaCapacity(arena), status, dest,
+                      dest_capacity, context.stream);
+#else
+  return absl::OkStatus();
+#endif
+}
+
+Placement PlacementOf(const DeviceStatus& read_back) {
+  Placement placement;
+  const unsigned long long kind = read_back.placement & kPlacementKindMask;
+  if (kind == kPlacedInTarget) {
+    placement.kind = PlacementKind::kTarget;
+  } else if (kind == kPlacedInArena) {
+    placement.kind = PlacementKind::kArena;
+    placement.arena_offset = read_back.placement & ~kPlacementKindMask;
+  } else if (kind != 0) {
+    placement.kind = PlacementKind::kLost;  // what DecodeDeferred's check takes it for too
+  }
+  return placement;
+}
+
+const uint8_t* PlacedBytes(const Placement& placement, const uint8_t* target,
+                           const SpillArena& arena) {
+  switch (placement.kind) {
+    case PlacementKind::kTarget: return target;
+    case PlacementKind::kArena: return arena.data + placement.arena_offset;
+    default: return nullptr;
+  }
+}
+
+absl::Status CopyPlaced(const Placement& placement, size_t bytes, const uint8_t* target,
+                        size_t target_capacity, const SpillArena& arena, uint8_t* dest,
+                        size_t dest_capacity, const ExecContext& context) {
+  if (context.device != Device::kCuda) {
+    return absl::InvalidArgumentError("actpack: CopyPlaced copies CUDA memory");
+  }
+  const uint8_t* from = PlacedBytes(placement, target, arena);
+  if (from == nullptr) {
+    return absl::InvalidArgumentError("actpack: CopyPlaced: the encoding is in no placement");
+  }
+  size_t room = target_capacity;
+  if (placement.kind == PlacementKind::kArena) {
+    room = placement.arena_offset <= arena.capacity ? arena.capacity - placement.arena_offset : 0;
+  }
+  if (bytes > room || bytes > dest_capacity) {
+    return absl::InvalidArgumentError(absl::StrCat("actpack: CopyPlaced: ", bytes,
+                                                   " bytes, from room for ", room, " into ",
+                                                   dest_capacity));
+  }
+#ifdef ACTPACK_WITH_CUDA
+  return cuda::CopyOnDevice(dest, from, bytes, context.stream);
+#else
+  return NeedsCuda("CopyPlaced");
+#endif
 }
 
 absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params, uint8_t* out,

@@ -167,9 +167,23 @@ class Codec {
   // OK when this codec runs on `device`; kUnimplemented saying what to use instead otherwise.
   virtual absl::Status CheckDevice(Device) const { return absl::OkStatus(); }
 
-  // Whether its GPU decoder reads the parameters the data decided from the buffer's header in
-  // device memory (and checks them there), so that the host need not know them.
+  // Whether its GPU decoder reads the parameters the data decided on the device (from the
+  // buffer's header, or the encode's DeviceStatus) and checks them there, so that the host need
+  // not know them: DecodeUnresolvedPayload.
   virtual bool ReadsDeviceParams() const { return false; }
+
+  // DecodePayload on a GPU of a deferred encoding the host has not resolved (ReadsDeviceParams):
+  // `header` holds 0 where the device decided (the parameters, and the payload's size where the
+  // device decided that too); `status` holds what the encode left in its own (it is that status
+  // or a copy of it); `capacity` is the bytes at `payload`. The default is DecodePayload, for
+  // the codecs whose kernels read the buffer's header in device memory.
+  virtual absl::Status DecodeUnresolvedPayload(const Header& header, const uint8_t* payload,
+                                               uint64_t capacity, const MutableTensorView& output,
+                                               const ExecContext& context,
+                                               DeviceStatus* status) const {
+    static_cast<void>(capacity);
+    return DecodePayload(header, payload, output, context, status);
+  }
 };
 
 // kHeaderSize + the codec's MaxPayloadSize; errors as Codec::CheckEncodable.

@@ -5,6 +5,7 @@
 // emulator under --config=cudaemu.
 #include "codecs/deferred.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -178,7 +179,10 @@ TEST_P(DeferredTest, TheBufferAndTheOutputAreTheCpus) {
   EXPECT_EQ(ReadStatus().failures, 0u) << DescribeFailures(ReadStatus().failures);
 }
 
-TEST_P(DeferredTest, UnresolvedEncodingsDecodeWhereTheCodecReadsItsParametersOnTheDevice) {
+// Decoded before the host has read the encode's status: every codec reads what its data
+// decided on the device (bitpack and mask from the buffer's header, eb from the status, here a
+// copy of the encode's in another slot, as the runtime decodes), and gives the CPU's output.
+TEST_P(DeferredTest, UnresolvedEncodingsDecodeAsOnTheCpu) {
   const std::vector<int64_t> shape = {5, 300};
   const std::vector<uint8_t> input = Data(GetParam().dtype, 1500, 3);
   const CodecParams params = *ParseCodecSpec(GetParam().spec);
@@ -188,16 +192,16 @@ TEST_P(DeferredTest, UnresolvedEncodingsDecodeWhereTheCodecReadsItsParametersOnT
       EncodeDeferred(TensorView{memory_.Upload(input), GetParam().dtype, shape, Device::kCuda},
                      params, buffer, capacity, context_, status_);
   ASSERT_TRUE(encoding.ok()) << encoding.status();
+  EXPECT_TRUE(!encoding->device_decided || FindCodec(params.codec)->ReadsDeviceParams());
+  auto* decode_status = reinterpret_cast<DeviceStatus*>(memory_.Alloc(sizeof(DeviceStatus)));
+  ASSERT_EQ(cudaMemcpyAsync(decode_status, status_, sizeof(DeviceStatus),
+                            cudaMemcpyDeviceToDevice, nullptr),
+            cudaSuccess);
   const size_t out_bytes = 1500 * ElementSize(GetParam().dtype);
   uint8_t* output = memory_.Alloc(out_bytes);
   const absl::Status decoded = DecodeDeferred(
       *encoding, buffer, MutableTensorView{output, GetParam().dtype, shape, Device::kCuda},
-      context_, status_);
-  if (encoding->device_decided && !FindCodec(params.codec)->ReadsDeviceParams()) {
-    // eb: the host must see the status first.
-    EXPECT_EQ(decoded.code(), absl::StatusCode::kFailedPrecondition) << decoded;
-    return;
-  }
+      context_, decode_status);
   ASSERT_TRUE(decoded.ok()) << decoded;
   std::vector<uint8_t> expected(out_bytes);
   const std::vector<uint8_t> on_device = DeviceMemory::Download(buffer, capacity);
@@ -205,6 +209,9 @@ TEST_P(DeferredTest, UnresolvedEncodingsDecodeWhereTheCodecReadsItsParametersOnT
                      {expected.data(), GetParam().dtype, shape, Device::kCpu}, {})
                   .ok());
   EXPECT_EQ(DeviceMemory::Download(output, out_bytes), expected);
+  DeviceStatus read;
+  std::memcpy(&read, DeviceMemory::Download(decode_status, sizeof(read)).data(), sizeof(read));
+  EXPECT_EQ(read.failures, 0u) << DescribeFailures(read.failures);
 }
 
 // A byte of the payload changed between the encode and the decode (memory corrupted while the
@@ -436,6 +443,403 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Unrepresentable>& info) {
       return std::string(info.param.spec) + "_" + std::to_string(info.index);
     });
+
+// ---- encodings moved into the room the host predicted for them (PlaceDeferred) ----
+
+template <typename T>
+T ReadBack(const T* device) {
+  T host;
+  std::memcpy(&host, DeviceMemory::Download(device, sizeof(T)).data(), sizeof(T));
+  return host;
+}
+
+// Whether every element is what a failed decode writes: NaN, or 0 for integer dtypes.
+bool AllPoison(const std::vector<uint8_t>& decoded, DType dtype) {
+  const size_t width = ElementSize(dtype);
+  for (size_t i = 0; i < decoded.size(); i += width) {
+    if (dtype == DType::kFloat32) {
+      float v;
+      std::memcpy(&v, decoded.data() + i, 4);
+      if (!std::isnan(v)) return false;
+    } else if (dtype == DType::kInt64) {
+      int64_t v;
+      std::memcpy(&v, decoded.data() + i, 8);
+      if (v != 0) return false;
+    } else {
+      ADD_FAILURE() << "no poison check for " << DTypeName(dtype);
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Tensor {
+  const char* spec;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint32_t seed;
+};
+
+// Data with a non-finite value every 97 (eb keeps those exactly, as outliers).
+std::vector<uint8_t> Spiky(const Tensor& t, size_t numel) {
+  if (t.dtype != DType::kFloat32) return Data(t.dtype, numel, t.seed);
+  std::vector<float> v = testing::Gaussian(numel, t.seed);
+  for (size_t i = 5; i < numel; i += 97) {
+    v[i] = i % 2 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  }
+  return testing::ToBytes(v, DType::kFloat32);
+}
+
+// An encoding of a tensor on the device, not resolved, and what the CPU makes of the tensor.
+struct Encoded {
+  Tensor tensor;
+  std::vector<uint8_t> cpu;       // the CPU's buffer: the bytes the encoding has
+  std::vector<uint8_t> expected;  // the CPU's decode
+  DeferredEncoding encoding;
+  uint8_t* staging = nullptr;     // DeferredEncoding::bytes
+  DeviceStatus* status = nullptr;
+};
+
+class PlacementTest : public OnDevice {
+ protected:
+  Encoded Encode(const Tensor& t, cudaStream_t stream = nullptr) {
+    Encoded e;
+    e.tensor = t;
+    const size_t numel = TensorSpec{t.dtype, t.shape}.numel();
+    const std::vector<uint8_t> input = Spiky(t, numel);
+    const CodecParams params = *ParseCodecSpec(t.spec);
+    e.cpu = *testing::EncodeToVector(input.data(), t.dtype, t.shape, params);
+    e.expected.resize(numel * ElementSize(t.dtype));
+    EXPECT_TRUE(Decode(e.cpu.data(), e.cpu.size(), {e.expected.data(), t.dtype, t.shape,
+                                                    Device::kCpu}, {})
+                    .ok());
+    const size_t bound = *MaxEncodedSize({t.dtype, t.shape}, params);
+    e.staging = memory_.Alloc(bound);
+    e.status = reinterpret_cast<DeviceStatus*>(memory_.Alloc(sizeof(DeviceStatus)));
+    ExecContext context = context_;
+    context.stream = stream;
+    absl::StatusOr<DeferredEncoding> encoding = EncodeDeferred(
+        {memory_.Upload(input), t.dtype, t.shape, Device::kCuda}, params, e.staging, bound,
+        context, e.status);
+    EXPECT_TRUE(encoding.ok()) << encoding.status();
+    if (encoding.ok()) e.encoding = *encoding;
+    EXPECT_TRUE(e.encoding.device_decided);
+    EXPECT_LE(e.encoding.bytes, bound);
+    EXPECT_GT(e.encoding.bytes, e.cpu.size() + 256) << "too little room to spill past a target";
+    return e;
+  }
+
+  SpillArena Arena(size_t capacity) {
+    SpillArena arena;
+    arena.data = memory_.Alloc(capacity);
+    arena.capacity = capacity;
+    arena.used = reinterpret_cast<unsigned long long*>(memory_.Alloc(8));
+    EXPECT_EQ(cudaMemset(arena.used, 0, 8), cudaSuccess);
+    return arena;
+  }
+
+  // Gathers the encoding into fresh room for its bound and decodes it there unresolved, with a
+  // copy of its status (as the runtime does); the output and the decode's status.
+  std::vector<uint8_t> GatherAndDecode(const Encoded& e, const uint8_t* target,
+                                       size_t target_capacity, const SpillArena& arena,
+                                       DeviceStatus* read, cudaStream_t stream = nullptr) {
+    ExecContext context = context_;
+    context.stream = stream;
+    uint8_t* dest = memory_.Alloc(e.encoding.bytes);
+    EXPECT_TRUE(GatherDeferred(target, target_capacity, arena, e.status, dest, e.encoding.bytes,
+                               context)
+                    .ok());
+    auto* decode_status = reinterpret_cast<DeviceStatus*>(memory_.Alloc(sizeof(DeviceStatus)));
+    EXPECT_EQ(cudaMemcpyAsync(decode_status, e.status, sizeof(DeviceStatus),
+                              cudaMemcpyDeviceToDevice, stream),
+              cudaSuccess);
+    uint8_t* output = memory_.Alloc(e.expected.size());
+    const absl::Status decoded = DecodeDeferred(
+        e.encoding, dest, {output, e.tensor.dtype, e.tensor.shape, Device::kCuda}, context,
+        decode_status);
+    EXPECT_TRUE(decoded.ok()) << decoded;
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    *read = ReadBack(decode_status);
+    return DeviceMemory::Download(output, e.expected.size());
+  }
+
+  // The bytes the placement holds.
+  static std::vector<uint8_t> Placed(const Encoded& e, const uint8_t* target,
+                                     const SpillArena& arena) {
+    const Placement placement = PlacementOf(ReadBack(e.status));
+    return DeviceMemory::Download(PlacedBytes(placement, target, arena), e.cpu.size());
+  }
+};
+
+const Tensor kEb = {"eb:rel=1e-3", DType::kFloat32, {8, 300}, 1};
+const Tensor kEb2D = {"eb:abs=1e-2", DType::kFloat32, {2, 24, 40}, 2};
+const Tensor kBitpack = {"bitpack", DType::kInt64, {6, 100}, 3};
+
+// A target the encoding fits exactly, at a 16-byte boundary and 8 bytes past one (the move
+// copies 16-byte words where every pointer allows, 8-byte words otherwise).
+TEST_F(PlacementTest, AnEncodingThatFitsItsTargetGoesThere) {
+  for (const Tensor& t : {kEb, kEb2D, kBitpack}) {
+    for (size_t misalign : {0, 8}) {
+      SCOPED_TRACE(std::string(t.spec) + " target at +" + std::to_string(misalign));
+      const Encoded e = Encode(t);
+      const size_t size = e.cpu.size();
+      uint8_t* target = memory_.Alloc(size + misalign) + misalign;
+      const SpillArena arena = Arena(4096);
+      ASSERT_TRUE(PlaceDeferred(e.staging, e.encoding.bytes, target, size, arena, e.status,
+                                context_)
+                      .ok());
+      const Placement placement = PlacementOf(ReadBack(e.status));
+      EXPECT_EQ(placement.kind, PlacementKind::kTarget);
+      EXPECT_EQ(ReadBack(arena.used), 0u);
+      EXPECT_EQ(DeviceMemory::Download(target, size), e.cpu);
+      // The staging buffer may be reused at once: the gather reads the target.
+      ASSERT_EQ(cudaMemset(e.staging, 0x5A, e.encoding.bytes), cudaSuccess);
+      DeviceStatus read;
+      EXPECT_EQ(GatherAndDecode(e, target, size, arena, &read), e.expected);
+      EXPECT_EQ(read.failures, 0u) << DescribeFailures(read.failures);
+    }
+  }
+}
+
+// One word too large for its target: into the arena, at the next multiple of 256 bytes; the
+// decode gathers it from there before the host knows, and after, the host finds it through
+// the placement (a copy out, or a decode of the resolved encoding where it lies).
+TEST_F(PlacementTest, AnEncodingLargerThanItsTargetSpillsIntoTheArena) {
+  const Encoded a = Encode(kEb), b = Encode(kBitpack);
+  const size_t room_a = (a.cpu.size() + 255) / 256 * 256;
+  const size_t room_b = (b.cpu.size() + 255) / 256 * 256;
+  const SpillArena arena = Arena(room_a + room_b);
+  uint8_t* target_a = memory_.Alloc(a.cpu.size() - 4);
+  uint8_t* target_b = memory_.Alloc(b.cpu.size() - 1);
+  ASSERT_TRUE(PlaceDeferred(a.staging, a.encoding.bytes, target_a, a.cpu.size() - 4, arena,
+                            a.status, context_)
+                  .ok());
+  ASSERT_TRUE(PlaceDeferred(b.staging, b.encoding.bytes, target_b, b.cpu.size() - 1, arena,
+                            b.status, context_)
+                  .ok());
+  const Placement pa = PlacementOf(ReadBack(a.status)), pb = PlacementOf(ReadBack(b.status));
+  EXPECT_EQ(pa.kind, PlacementKind::kArena);
+  EXPECT_EQ(pb.kind, PlacementKind::kArena);
+  EXPECT_EQ(pa.arena_offset, 0u);
+  EXPECT_EQ(pb.arena_offset, room_a);
+  EXPECT_EQ(ReadBack(arena.used), room_a + room_b);
+  EXPECT_EQ(Placed(a, target_a, arena), a.cpu);
+  EXPECT_EQ(Placed(b, target_b, arena), b.cpu);
+  for (const Encoded* e : {&a, &b}) {
+    SCOPED_TRACE(e->tensor.spec);
+    ASSERT_EQ(cudaMemset(e->staging, 0x5A, e->encoding.bytes), cudaSuccess);
+    uint8_t* target = e == &a ? target_a : target_b;
+    const size_t target_capacity = e == &a ? a.cpu.size() - 4 : b.cpu.size() - 1;
+    DeviceStatus read;
+    EXPECT_EQ(GatherAndDecode(*e, target, target_capacity, arena, &read), e->expected);
+    EXPECT_EQ(read.failures, 0u) << DescribeFailures(read.failures);
+    // The step's status read: the host resolves the encoding and finds it in the arena.
+    const DeviceStatus encoded = ReadBack(e->status);
+    const DeferredEncoding resolved = Resolve(e->encoding, encoded);
+    ASSERT_EQ(resolved.bytes, e->cpu.size());
+    const Placement placement = PlacementOf(encoded);
+    uint8_t* copy = memory_.Alloc(resolved.bytes);
+    ASSERT_TRUE(CopyPlaced(placement, resolved.bytes, target, target_capacity, arena, copy,
+                           resolved.bytes, context_)
+                    .ok());
+    EXPECT_EQ(DeviceMemory::Download(copy, resolved.bytes), e->cpu);
+    EXPECT_FALSE(CopyPlaced(placement, arena.capacity, target, target_capacity, arena, copy,
+                            arena.capacity, context_)
+                     .ok());
+    uint8_t* output = memory_.Alloc(e->expected.size());
+    ASSERT_TRUE(DecodeDeferred(resolved, PlacedBytes(placement, target, arena),
+                               {output, e->tensor.dtype, e->tensor.shape, Device::kCuda},
+                               context_, status_)
+                    .ok());
+    EXPECT_EQ(DeviceMemory::Download(output, e->expected.size()), e->expected);
+    EXPECT_EQ(ReadBack(status_).failures, 0u);
+  }
+}
+
+// No room left in the arena (or no arena): the encoding is placed nowhere, its gather copies
+// nothing, and its decode writes NaN (zeros for integers) and says why.
+TEST_F(PlacementTest, AnEncodingThatFitsNowhereIsLostAndDecodesAsNaN) {
+  for (const Tensor& t : {kEb, kBitpack}) {
+    for (bool no_arena : {false, true}) {
+      SCOPED_TRACE(std::string(t.spec) + (no_arena ? " without an arena" : " arena full"));
+      const Encoded e = Encode(t);
+      const size_t room = (e.cpu.size() + 255) / 256 * 256;
+      uint8_t* target = memory_.Alloc(64);
+      // An arena with room for one: a first placement of the encoding takes it (from a copy of
+      // its status), the second finds none.
+      const SpillArena arena = no_arena ? SpillArena{} : Arena(room);
+      auto* first = reinterpret_cast<DeviceStatus*>(memory_.Alloc(sizeof(DeviceStatus)));
+      ASSERT_EQ(cudaMemcpy(first, e.status, sizeof(DeviceStatus), cudaMemcpyDeviceToDevice),
+                cudaSuccess);
+      if (!no_arena) {
+        ASSERT_TRUE(
+            PlaceDeferred(e.staging, e.encoding.bytes, target, 64, arena, first, context_).ok());
+        EXPECT_EQ(PlacementOf(ReadBack(first)).kind, PlacementKind::kArena);
+      }
+      ASSERT_TRUE(
+          PlaceDeferred(e.staging, e.encoding.bytes, target, 64, arena, e.status, context_).ok());
+      EXPECT_EQ(PlacementOf(ReadBack(e.status)).kind, PlacementKind::kLost);
+      EXPECT_EQ(PlacedBytes(PlacementOf(ReadBack(e.status)), target, arena), nullptr);
+      // The room every spill asked for: what the arena would have needed.
+      if (!no_arena) {
+        EXPECT_EQ(ReadBack(arena.used), 2 * room);
+      }
+      DeviceStatus read;
+      EXPECT_TRUE(AllPoison(GatherAndDecode(e, target, 64, arena, &read), t.dtype));
+      EXPECT_EQ(read.failures, kFailLost) << DescribeFailures(read.failures);
+      EXPECT_NE(DescribeFailures(read.failures).find("did not fit"), std::string::npos);
+    }
+  }
+}
+
+// Placements queued on four streams at once share one arena through its counter: every spill
+// gets room of its own, 256-byte aligned, and each decodes as the CPU.
+TEST_F(PlacementTest, PlacementsFromSeveralStreamsShareTheArena) {
+  constexpr int kStreams = 4, kTensors = 8;
+  cudaStream_t streams[kStreams];
+  for (cudaStream_t& s : streams) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  }
+  std::vector<Encoded> encoded;
+  std::vector<uint8_t*> targets;
+  size_t rooms = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    Tensor t = i % 3 == 2 ? kBitpack : i % 3 == 1 ? kEb2D : kEb;
+    t.seed = 10 + i;
+    encoded.push_back(Encode(t, streams[i % kStreams]));
+    rooms += (encoded.back().cpu.size() + 255) / 256 * 256;
+    targets.push_back(memory_.Alloc(128));
+  }
+  const SpillArena arena = Arena(rooms);
+  for (int i = 0; i < kTensors; ++i) {
+    ExecContext context = context_;
+    context.stream = streams[i % kStreams];
+    ASSERT_TRUE(PlaceDeferred(encoded[i].staging, encoded[i].encoding.bytes, targets[i], 128,
+                              arena, encoded[i].status, context)
+                    .ok());
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(ReadBack(arena.used), rooms);
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (int i = 0; i < kTensors; ++i) {
+    const Placement p = PlacementOf(ReadBack(encoded[i].status));
+    ASSERT_EQ(p.kind, PlacementKind::kArena);
+    EXPECT_EQ(p.arena_offset % 256, 0u);
+    spans.push_back({p.arena_offset, p.arena_offset + encoded[i].cpu.size()});
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
+  for (int i = 0; i < kTensors; ++i) {
+    SCOPED_TRACE(i);
+    DeviceStatus read;
+    EXPECT_EQ(GatherAndDecode(encoded[i], targets[i], 128, arena, &read, streams[i % kStreams]),
+              encoded[i].expected);
+    EXPECT_EQ(read.failures, 0u) << DescribeFailures(read.failures);
+  }
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
+}
+
+TEST_F(PlacementTest, CallsThatCannotBeQueuedAreRefused) {
+  const Encoded e = Encode(kBitpack);
+  uint8_t* target = memory_.Alloc(256);
+  const SpillArena arena = Arena(256);
+  EXPECT_EQ(PlaceDeferred(e.staging + 4, e.encoding.bytes - 4, target, 256, arena, e.status,
+                          context_)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlaceDeferred(e.staging, e.encoding.bytes, nullptr, 256, arena, e.status, context_)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlaceDeferred(e.staging, 64, target, 256, arena, e.status, context_).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlaceDeferred(e.staging, e.encoding.bytes, target, 256, arena, nullptr, context_)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  SpillArena no_memory = arena;
+  no_memory.data = nullptr;
+  EXPECT_EQ(PlaceDeferred(e.staging, e.encoding.bytes, target, 256, no_memory, e.status, context_)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GatherDeferred(target, 256, arena, e.status, target + 4, 252, context_).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CopyPlaced(Placement{}, 128, target, 256, arena, target, 256, context_).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// What an unresolved eb decode reads from the status, corrupted there (the buffer is intact):
+// the decode checks it on the device, writes NaN and says what was wrong, and reads and writes
+// nothing out of bounds whatever the values (every device buffer is exactly its size, which
+// AddressSanitizer sees under --config=cudaemu_asan).
+struct Corruption {
+  const char* name;
+  void (*corrupt)(DeviceStatus* status, const Encoded& e);
+  uint64_t failure;  // a bit the decode must set
+  bool alone;        // ... and the only one
+};
+
+const Corruption kCorruptions[] = {
+    {"outliers_past_the_shape",
+     [](DeviceStatus* s, const Encoded& e) {
+       const uint64_t n = TensorSpec{e.tensor.dtype, e.tensor.shape}.numel() + 1;
+       s->params[4] = static_cast<uint32_t>(n);
+       s->params[5] = static_cast<uint32_t>(n >> 32);
+     },
+     kFailEbOutlier, true},
+    {"outliers_huge",
+     [](DeviceStatus* s, const Encoded&) { s->params[5] = 0x80000000u; }, kFailEbOutlier, true},
+    {"payload_past_the_bound",
+     [](DeviceStatus* s, const Encoded& e) { s->payload_bytes = e.encoding.bytes; }, kFailParams,
+     true},
+    {"payload_huge", [](DeviceStatus* s, const Encoded&) { s->payload_bytes = ~0ull << 2; },
+     kFailParams, true},
+    {"payload_not_whole_words", [](DeviceStatus* s, const Encoded&) { s->payload_bytes += 2; },
+     kFailParams, true},
+    {"payload_shorter_than_its_outliers",
+     [](DeviceStatus* s, const Encoded&) { s->payload_bytes = 8; }, kFailParams, true},
+    {"payload_a_word_short", [](DeviceStatus* s, const Encoded&) { s->payload_bytes -= 4; },
+     kFailHeader, false},
+    {"one_outlier_fewer", [](DeviceStatus* s, const Encoded&) { s->params[4] -= 1; },
+     kFailHeader, false},
+    {"half_bin_zero", [](DeviceStatus* s, const Encoded&) { s->params[1] = 0; }, kFailParams,
+     true},
+    {"half_bin_doubled", [](DeviceStatus* s, const Encoded&) { s->params[1] += 1u << 23; },
+     kFailHeader, true},
+    {"bound_infinite", [](DeviceStatus* s, const Encoded&) { s->params[2] = 0x7f800000u; },
+     kFailParams, true},
+    {"zeroed", [](DeviceStatus* s, const Encoded&) { std::memset(s, 0, sizeof(*s)); },
+     kFailParams, true},
+};
+
+void PrintTo(const Corruption& c, std::ostream* os) { *os << c.name; }
+
+class CorruptStatusTest : public PlacementTest,
+                          public ::testing::WithParamInterface<Corruption> {};
+
+TEST_P(CorruptStatusTest, AnUnresolvedEbDecodeChecksWhatTheStatusSays) {
+  const Encoded e = Encode(kEb);
+  DeviceStatus status = ReadBack(e.status);
+  ASSERT_GT(status.params[4], 0u) << "the data has no outliers";
+  GetParam().corrupt(&status, e);
+  auto* decode_status = reinterpret_cast<DeviceStatus*>(memory_.Alloc(sizeof(DeviceStatus)));
+  ASSERT_EQ(cudaMemcpy(decode_status, &status, sizeof(status), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  uint8_t* output = memory_.Alloc(e.expected.size());
+  ASSERT_TRUE(DecodeDeferred(e.encoding, e.staging,
+                             {output, e.tensor.dtype, e.tensor.shape, Device::kCuda}, context_,
+                             decode_status)
+                  .ok());
+  const uint64_t failures = ReadBack(decode_status).failures;
+  EXPECT_NE(failures & GetParam().failure, 0u) << DescribeFailures(failures);
+  if (GetParam().alone) {
+    EXPECT_EQ(failures, GetParam().failure) << DescribeFailures(failures);
+  }
+  EXPECT_TRUE(AllPoison(DeviceMemory::Download(output, e.expected.size()), e.tensor.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Statuses, CorruptStatusTest, ::testing::ValuesIn(kCorruptions),
+                         [](const ::testing::TestParamInfo<Corruption>& info) {
+                           return std::string(info.param.name);
+                         });
 
 #endif  // ACTPACK_WITH_CUDA
 

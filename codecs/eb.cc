@@ -71,6 +71,17 @@ uint64_t MaxBlockWords(const Layout& l, uint64_t numel, size_t element_bytes) {
   return element_bytes == 4 ? numel : (numel + l.blocks + 1) / 2;
 }
 
+// The most outliers the blocks can list: a block lists its outliers (kOutlierWords each) only
+// when they and its packed words take fewer words than its verbatim size.
+[[maybe_unused]] uint64_t MaxOutliers(const Layout& l, uint64_t numel, size_t element_bytes) {
+  return MaxBlockWords(l, numel, element_bytes) / eb_math::kOutlierWords;
+}
+
+// The largest payload of a shape (what MaxPayloadSize gives, less the encoder's scratch).
+uint64_t MaxPayloadBytes(const Layout& l, uint64_t numel, size_t element_bytes) {
+  return 4 * (SectionsOf(l, 0, 0).fixed_words + MaxBlockWords(l, numel, element_bytes));
+}
+
 uint64_t ReadU64(const uint32_t* words, uint64_t i) {
   return words[2 * i] | static_cast<uint64_t>(words[2 * i + 1]) << 32;
 }
@@ -97,8 +108,10 @@ void WriteParams(const Params& p, Header* header) {
   std::memcpy(header->params.data() + 16, &p.outliers, 8);
 }
 
-absl::StatusOr<Params> ReadParams(const Header& header) {
-  Params p;
+// The header's parameters; with `resolved` false, only those the host writes (the bound mode
+// and the layout: the rest the device decided, and they are 0 here).
+absl::StatusOr<Params> ReadParams(const Header& header, bool resolved = true) {
+  Params p{};
   const uint8_t mode = header.params[0];
   if (mode != static_cast<uint8_t>(EbMode::kAbsolute) &&
       mode != static_cast<uint8_t>(EbMode::kRelative)) {
@@ -116,6 +129,7 @@ absl::StatusOr<Params> ReadParams(const Header& header) {
     absl::Status unused = CheckParamBytesZero(header, first, last, "eb");
     if (!unused.ok()) return unused;
   }
+  if (!resolved) return p;
   std::memcpy(&p.half_bin, header.params.data() + 4, 4);
   std::memcpy(&p.bound, header.params.data() + 8, 4);
   std::memcpy(&p.outliers, header.params.data() + 16, 8);
@@ -564,9 +578,7 @@ class Eb final : public Codec {
   // The payload's worst case, plus scratch the CUDA encoder uses past it (16 bytes a chunk).
   uint64_t MaxPayloadSize(const TensorSpec& spec, const CodecParams&) const override {
     const Layout l = LayoutOf(ShapeOf(spec.shape, spec.numel()));
-    const uint64_t words =
-        SectionsOf(l, 0, 0).fixed_words + MaxBlockWords(l, spec.numel(), ElementSize(spec.dtype));
-    return 4 * words + 8 + 16 * l.chunks;
+    return MaxPayloadBytes(l, spec.numel(), ElementSize(spec.dtype)) + 8 + 16 * l.chunks;
   }
 
   absl::StatusOr<PayloadInfo> EncodePayload(const TensorView& input, const CodecParams& params,
@@ -583,7 +595,8 @@ class Eb final : public Codec {
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
                              elements::KindOf(input.dtype)};
       // Scratch past the worst-case payload, 8-byte aligned.
-      const uint64_t max_bytes = MaxPayloadSize(input.Spec(), params) - 8 - 16 * l.chunks;
+      const uint64_t max_bytes =
+          MaxPayloadBytes(l, header->numel, ElementSize(input.dtype));
       const uintptr_t end = reinterpret_cast<uintptr_t>(payload + max_bytes);
       uint8_t* scratch = payload + max_bytes + ((8 - end % 8) % 8);
       absl::Status queued =
@@ -642,8 +655,11 @@ class Eb final : public Codec {
       const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
                              elements::KindOf(header.dtype)};
       // The blocks and outliers are validated on the device (kFailEb* bits in the status).
-      return cuda::EbDecode(payload, cs, p.half_bin, data_words, p.outliers, status,
-                            output.data, context.stream);
+      cuda::EbPayload values;
+      values.half_bin = p.half_bin;
+      values.data_words = data_words;
+      values.outliers = p.outliers;
+      return cuda::EbDecode(payload, cs, values, status, output.data, context.stream);
 #else
       return internal::CudaNotCompiledIn("eb decode");
 #endif
@@ -690,6 +706,38 @@ class Eb final : public Codec {
       }
     });
     return absl::OkStatus();
+  }
+
+  bool ReadsDeviceParams() const override { return true; }
+
+  // The half-bin, the outlier count and the payload's size come from the encode's status, read
+  // and checked on the device (cuda::EbDecode).
+  absl::Status DecodeUnresolvedPayload(const Header& header, const uint8_t* payload,
+                                       uint64_t capacity, const MutableTensorView& output,
+                                       const ExecContext& context,
+                                       DeviceStatus* status) const override {
+    if (!IsLossyFloat(header.dtype)) {
+      return absl::DataLossError(
+          absl::StrCat("actpack: corrupt eb buffer: dtype ", DTypeName(header.dtype)));
+    }
+    absl::StatusOr<Params> params = ReadParams(header, /*resolved=*/false);
+    if (!params.ok()) return params.status();
+#ifdef ACTPACK_WITH_CUDA
+    const Shape shape = ShapeOf(header.Shape(), header.numel);
+    const Layout l = LayoutOf(shape);
+    const size_t element_bytes = ElementSize(header.dtype);
+    const cuda::EbShape cs{shape.dims, shape.planes, shape.rows, shape.cols,
+                           elements::KindOf(header.dtype)};
+    cuda::EbPayload values;
+    values.from_status = true;
+    values.max_outliers = MaxOutliers(l, header.numel, element_bytes);
+    values.max_bytes = std::min(capacity, MaxPayloadBytes(l, header.numel, element_bytes));
+    return cuda::EbDecode(payload, cs, values, status, output.data, context.stream);
+#else
+    static_cast<void>(payload), static_cast<void>(capacity), static_cast<void>(output);
+    static_cast<void>(context), static_cast<void>(status);
+    return internal::CudaNotCompiledIn("eb decode");
+#endif
   }
 
  private:

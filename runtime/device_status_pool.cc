@@ -189,6 +189,12 @@ absl::StatusOr<DeviceStatusPool::Sample> DeviceStatusPool::StageSample(const voi
   return Sample{host, chosen};
 }
 
+absl::Status DeviceStatusPool::ZeroOnStream(void* device, size_t bytes, void* stream) {
+  ACTPACK_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(device, 0, bytes, static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
+
 void DeviceStatusPool::ReleaseSample(const Sample& sample) {
   if (sample.chunk < 0) return;
   CheckedLock lock(&mu_);
@@ -344,6 +350,9 @@ absl::Status DeviceStatusPool::CopyStatus(const Slot&, const Slot&, void*) {
 absl::StatusOr<DeviceStatusPool::Sample> DeviceStatusPool::StageSample(const void*, size_t,
                                                                        void*) {
   return absl::UnimplementedError("actpack: staging a sample needs CUDA");
+}
+absl::Status DeviceStatusPool::ZeroOnStream(void*, size_t, void*) {
+  return absl::UnimplementedError("actpack: zeroing device memory needs CUDA");
 }
 void DeviceStatusPool::ReleaseSample(const Sample&) {}
 void DeviceStatusPool::UseStream(void*) {}

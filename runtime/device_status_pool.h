@@ -74,6 +74,9 @@ class DeviceStatusPool {
     int chunk = -1;
   };
   absl::StatusOr<Sample> StageSample(const void* device, size_t bytes, void* stream);
+  // Queues zeros over `bytes` of device memory at `device` on `stream`.
+  static absl::Status ZeroOnStream(void* device, size_t bytes, void* stream);
+
   // Gives a sample's staging memory back (after the Collect that completed it, once measured).
   void ReleaseSample(const Sample& sample);
 

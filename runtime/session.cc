@@ -383,6 +383,37 @@ std::shared_ptr<DeviceStatusPool> Session::StatusPoolFor(const codecs::ExecConte
   return pool;
 }
 
+absl::StatusOr<std::shared_ptr<SpillRoom>> Session::SpillRoomFor(
+    const codecs::ExecContext& context) {
+  const std::pair<int, void*> key{context.device_index, context.stream};
+  uint64_t capacity = 0;
+  {
+    CheckedLock lock(&mu_);
+    auto it = spill_rooms_.find(key);
+    if (it != spill_rooms_.end()) return it->second;
+    // Room for the largest encoding sized on the device so far, and an eighth: one outgrown
+    // prediction of any tensor fits whole.
+    constexpr uint64_t kMinimum = uint64_t{1} << 20;
+    capacity = std::max(kMinimum, (largest_sized_bytes_ + largest_sized_bytes_ / 8 + 255) /
+                                      256 * 256);
+  }
+  CheckNoneHeld("allocating the spill room");
+  constexpr uint64_t kCounterBytes = 256;
+  absl::StatusOr<std::unique_ptr<Buffer>> memory = factory_(capacity + kCounterBytes, context);
+  if (!memory.ok()) return memory.status();
+  auto room = std::make_shared<SpillRoom>();
+  room->memory = std::move(*memory);
+  room->arena.data = room->memory->data();
+  room->arena.capacity = capacity;
+  room->arena.used = reinterpret_cast<unsigned long long*>(room->memory->data() + capacity);
+  absl::Status zeroed =
+      DeviceStatusPool::ZeroOnStream(room->arena.used, sizeof(unsigned long long), context.stream);
+  if (!zeroed.ok()) return zeroed;
+  CheckedLock lock(&mu_);
+  auto [it, added] = spill_rooms_.emplace(key, room);
+  return it->second;  // another thread's, when it made one meanwhile
+}
+
 absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
     const SavedTensorInfo& info, const PackPlan& plan, const codecs::TensorView& contiguous,
     const codecs::ExecContext& context) {
@@ -391,28 +422,63 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
   if (!slot.ok()) return slot.status();
   const bool timed = ProfilingNow();
   absl::StatusOr<size_t> capacity = codecs::MaxEncodedSize(contiguous.Spec(), plan.params);
+  if (!capacity.ok()) {
+    pool->Release(*slot);
+    return capacity.status();
+  }
+  // Where the device decides the size (eb, bitpack), a record that has been resolved before
+  // says how large the encoding will be: the buffer is that and an eighth, and the encoding is
+  // written into room for its bound for a moment, then moved there (or into the step's spill
+  // room when it outgrew it). The bound stays the buffer of a record's first encoding.
+  size_t predicted = 0;
+  {
+    CheckedLock lock(&mu_);
+    if (plan.record >= 0 && static_cast<size_t>(plan.record) < records_.size()) {
+      const SavedRecord& record = records_[plan.record];
+      if (record.sized_bytes > 0 && record.sized_spec == codecs::FormatCodecSpec(plan.params)) {
+        predicted = (record.sized_bytes + record.sized_bytes / 8 + 255) / 256 * 256;
+      }
+    }
+  }
+  if (predicted >= *capacity) predicted = 0;
   CheckNoneHeld("allocating a packed tensor's buffer");
-  absl::StatusOr<std::unique_ptr<Buffer>> buffer =
-      capacity.ok() ? factory_(*capacity, context) : capacity.status();
+  std::unique_ptr<Buffer> staging;  // room for the bound, while the encode writes
+  absl::StatusOr<std::shared_ptr<SpillRoom>> spill = std::shared_ptr<SpillRoom>();
+  absl::StatusOr<std::unique_ptr<Buffer>> buffer = factory_(predicted > 0 ? predicted : *capacity,
+                                                            context);
+  if (buffer.ok() && predicted > 0) {
+    absl::StatusOr<std::unique_ptr<Buffer>> room = factory_(*capacity, context);
+    if (room.ok()) staging = std::move(*room);
+    spill = room.ok() ? SpillRoomFor(context) : room.status();
+    if (!spill.ok()) buffer = spill.status();
+  }
+  uint8_t* written = staging != nullptr ? staging->data() : buffer.ok() ? (*buffer)->data() : nullptr;
   absl::Status began = timed && buffer.ok()
                            ? pool->TimeBegin(*slot, DeviceStatusPool::kEncode, context.stream)
                            : absl::OkStatus();
   absl::StatusOr<codecs::DeferredEncoding> encoding =
       !began.ok() ? began
-      : buffer.ok() ? codecs::EncodeDeferred(contiguous, plan.params, (*buffer)->data(),
-                                             (*buffer)->size(), context, slot->device)
+      : buffer.ok() ? codecs::EncodeDeferred(contiguous, plan.params, written, *capacity, context,
+                                             slot->device)
                     : buffer.status();
   if (encoding.ok() && timed) {
     absl::Status ended = pool->TimeEnd(*slot, DeviceStatusPool::kEncode, context.stream);
     if (!ended.ok()) encoding = ended;
   }
+  if (encoding.ok() && staging != nullptr) {
+    absl::Status placed = codecs::PlaceDeferred(staging->data(), staging->size(),
+                                                (*buffer)->data(), (*buffer)->size(),
+                                                (*spill)->arena, slot->device, context);
+    if (!placed.ok()) encoding = placed;
+  }
+  staging.reset();  // free in stream order, after the move
   if (!encoding.ok()) {
     pool->Release(*slot);
     return encoding.status();
   }
   pool->UseStream(context.stream);
   // eb's and bitpack's sizes are decided on the device: their status is copied back as soon as
-  // the encode has run, and the buffer shrinks when the host sees it (never waiting for it).
+  // the encode has run, and the host completes the encoding when it sees it (never waiting).
   const bool sized_on_device = encoding->device_decided && encoding->header.payload_size == 0;
   if (sized_on_device) {
     absl::Status mirrored = pool->MirrorOne(*slot, context.stream);
@@ -427,12 +493,14 @@ absl::StatusOr<std::shared_ptr<PackedTensor>> Session::PackDeferred(
   packed->status_pool_ = pool;
   packed->slot_ = *slot;
   packed->record_ = plan.record;
+  packed->placed_ = predicted > 0;
+  if (packed->placed_) packed->spill_ = *spill;
   Deferred work;  // done after mu_
   {
     CheckedLock lock(&mu_);
     Admit(info, plan, plan.params, "", packed);
-    deferred_this_step_.push_back(
-        DeferredUse{pool, *slot, plan.record, encoding->header, packed});
+    deferred_this_step_.push_back(DeferredUse{pool, *slot, plan.record, encoding->header, packed,
+                                              /*decode=*/false, packed->spec_});
     if (sized_on_device) unresolved_[context.device_index].push_back(packed);
     ResolveReady(context.device_index, &work);
   }
@@ -481,6 +549,7 @@ void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
     policy_.relieved_bytes += packed->raw_bytes_;
   }
   packed->codec_ = params.codec;
+  packed->spec_ = record.codec;
   packed->sign_mask_ = plan.sign_mask;
   if (plan.sign_mask) record.note = "ReLU's output as its backward reads it: output <= 0";
   ++totals_.packs;
@@ -512,10 +581,33 @@ void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
 
 void Session::Resolve(const std::shared_ptr<PackedTensor>& packed,
                       const codecs::DeviceStatus& read_back, Deferred* work) {
+  const bool size_decided = packed->encoding_.device_decided &&
+                            packed->encoding_.header.payload_size == 0;
   packed->encoding_ = codecs::Resolve(packed->encoding_, read_back);
   packed->encoded_size_ = packed->encoding_.bytes;
-  if (packed->encoded_size_ < packed->buffer_->size()) {
+  SavedRecord* record = packed->record_ >= 0 && static_cast<size_t>(packed->record_) < records_.size()
+                            ? &records_[packed->record_]
+                            : nullptr;
+  if (packed->placed_) {
+    const codecs::Placement placement = codecs::PlacementOf(read_back);
+    if (placement.kind == codecs::PlacementKind::kArena) {
+      work->relocations.push_back({packed, placement});
+    } else if (placement.kind == codecs::PlacementKind::kLost) {
+      // Its decode writes NaN (the step's status read says so); from the next pack on, the
+      // record's encodings get their bound again, and it learns their size anew.
+      if (record != nullptr) record->sized_bytes = 0;
+      return;
+    } else {
+      packed->placed_ = false;
+      work->spills.push_back(std::move(packed->spill_));
+    }
+  } else if (packed->encoded_size_ < packed->buffer_->size()) {
     work->shrinks.push_back({packed, packed->encoded_size_});
+  }
+  if (size_decided && record != nullptr) {
+    record->sized_spec = packed->spec_;
+    record->sized_bytes = packed->encoded_size_;
+    largest_sized_bytes_ = std::max<uint64_t>(largest_sized_bytes_, packed->encoded_size_);
   }
 }
 
@@ -562,6 +654,39 @@ void Session::Finish(Deferred& work) {
     }
   }
   work.shrinks.clear();
+  // An encoding in the spill room moves to a buffer of its size, on its own stream; the room
+  // goes back once no tensor is in it. One that finds no memory stays where it is (its decodes
+  // read it there).
+  for (Relocation& relocation : work.relocations) {
+    CheckNoneHeld("moving an encoding out of the spill room");
+    PackedTensor& packed = *relocation.packed;
+    codecs::ExecContext context;
+    context.device = codecs::Device::kCuda;
+    context.device_index = packed.device_index_;
+    context.stream = packed.stream_;
+    absl::StatusOr<std::unique_ptr<Buffer>> exact = factory_(packed.encoded_size_, context);
+    if (!exact.ok()) continue;
+    const absl::Status copied = codecs::CopyPlaced(
+        relocation.placement, packed.encoded_size_, packed.buffer_->data(),
+        packed.buffer_->size(), packed.spill_->arena, (*exact)->data(), (*exact)->size(), context);
+    if (!copied.ok()) continue;
+    const uint64_t before = packed.buffer_->size();
+    std::unique_ptr<Buffer> predicted = std::exchange(packed.buffer_, std::move(*exact));
+    std::shared_ptr<SpillRoom> room = std::move(packed.spill_);
+    packed.placed_ = false;
+    const uint64_t after = packed.buffer_->size();
+    CheckedLock lock(&mu_);
+    packed.stored_bytes_ = after;
+    // Counted as the predicted buffer until now; the spill room is counted by the allocator.
+    totals_.live_stored = totals_.live_stored - std::min(totals_.live_stored, before) + after;
+    current_step_.stored_bytes =
+        current_step_.stored_bytes - std::min(current_step_.stored_bytes, before) + after;
+    if (packed.record_ >= 0 && static_cast<size_t>(packed.record_) < records_.size()) {
+      records_[packed.record_].stored_bytes = after;
+    }
+  }
+  work.relocations.clear();
+  work.spills.clear();
   // The samples' copies are complete (the status read that handed them over waited for them).
   for (PendingSample& sample : work.samples) {
     for (size_t i = 0; i < sample.candidates.size(); ++i) {
@@ -590,7 +715,19 @@ absl::Status Session::CheckDeferred(Deferred* work) {
                               : nullptr;
     std::shared_ptr<PackedTensor> packed = use.packed.lock();
     work->keep.push_back(packed);  // its last reference must not drop while mu_ is held
-    if (packed != nullptr && packed->encoding_.device_decided) Resolve(packed, read, work);
+    if (packed != nullptr && packed->encoding_.device_decided) {
+      Resolve(packed, read, work);
+    } else if (!use.decode && use.header.payload_size == 0 && record != nullptr) {
+      // Released before the host saw its size (its backward has run): what it told is kept
+      // for its record's next pack, as Resolve keeps it.
+      if (codecs::PlacementOf(read).kind == codecs::PlacementKind::kLost) {
+        record->sized_bytes = 0;
+      } else {
+        record->sized_spec = use.spec;
+        record->sized_bytes = codecs::kHeaderSize + read.payload_bytes;
+        largest_sized_bytes_ = std::max<uint64_t>(largest_sized_bytes_, record->sized_bytes);
+      }
+    }
     if ((read.nonfinite != 0 || read.unrepresentable != 0) && record != nullptr) {
       // The decode wrote NaN for it (the step's gradients are not finite: GradScaler skips the
       // step); from the next step on it is kept exact.
@@ -599,6 +736,16 @@ absl::Status Session::CheckDeferred(Deferred* work) {
       record->device_flagged = true;
       record->note = absl::StrCat(refused.message(), " (on the GPU: decoded as NaN at step ",
                                   step_index_, ", kept exact from the next step)");
+    }
+    if ((read.failures & codecs::kFailLost) != 0 && corrupt.empty()) {
+      corrupt = absl::StrCat(
+          "actpack: saved tensor #", record != nullptr ? record->ordinal : -1,
+          record != nullptr ? absl::StrCat(" (", record->producer, " in module '", record->module,
+                                           "')")
+                            : "",
+          " outgrew the buffer its last step's size gave it, and the spill room beside it; its "
+          "decode wrote NaN, so this step's gradients are not finite; from the next step it gets "
+          "room for its bound");
     }
     if ((read.failures & ~uint64_t{codecs::kFailUnrepresentable}) != 0 && corrupt.empty()) {
       corrupt = absl::StrCat(
@@ -626,6 +773,10 @@ absl::Status Session::Unpack(const PackedTensor& packed, const codecs::MutableTe
   // the decode queued there, not just the handle (which autograd may drop right after).
   if (context.device == codecs::Device::kCuda && context.stream != packed.stream_) {
     absl::Status recorded = packed.buffer_->RecordStream(context.stream);
+    // A placed encoding may be in the spill room: it is read on this stream too.
+    if (recorded.ok() && packed.spill_ != nullptr) {
+      recorded = packed.spill_->memory->RecordStream(context.stream);
+    }
     if (!recorded.ok()) return recorded;
   }
   if (packed.deferred_) return UnpackDeferred(packed, output, context);
@@ -653,40 +804,56 @@ absl::Status Session::UnpackDeferred(const PackedTensor& packed,
   bool timed = false;
   {
     CheckedLock lock(&mu_);
+    // What the device decided is read there by the decode (Codec::ReadsDeviceParams): the host
+    // completes what has reached it, and waits for nothing.
     if (packed.encoding_.device_decided) ResolveReady(packed.device_index_, &work);
-    // eb decodes with the parameters its encode decided on the device: when the host has not
-    // seen them yet, the step's statuses are read now, once for all of them.
-    if (packed.encoding_.device_decided && packed.codec_ == codecs::CodecId::kEb) {
-      status = CheckDeferred(&work);
-    }
     // The codecs' time on the device is measured on profile steps (events around the calls,
     // read at the step's end): the steps the policy measures its candidates on.
     timed = IsProfileStep(step_index_, options_.profile_every);
   }
-  // A shrink of this very buffer, if it was found resolved, is queued before its decode.
+  // A shrink or a move of this very buffer, if it was found resolved, is queued before its
+  // decode.
   Finish(work);
   if (status.ok()) {
     pool.UseStream(context.stream);
     status = pool.Order(context.stream, packed.stream_);
   }
   if (status.ok()) status = pool.CopyStatus(packed.slot_, *slot, context.stream);
+  // A placed encoding whose place the host has not read: gathered into room for its bound.
+  const uint8_t* encoded = packed.buffer_->data();
+  std::unique_ptr<Buffer> gathered;
+  if (status.ok() && packed.placed_ && packed.encoding_.device_decided) {
+    CheckNoneHeld("allocating room to gather an encoding");
+    absl::StatusOr<std::unique_ptr<Buffer>> room = factory_(packed.encoding_.bytes, context);
+    status = room.ok() ? codecs::GatherDeferred(packed.buffer_->data(), packed.buffer_->size(),
+                                                packed.spill_->arena, slot->device,
+                                                (*room)->data(), (*room)->size(), context)
+                       : room.status();
+    if (room.ok()) gathered = std::move(*room);
+    if (gathered != nullptr) encoded = gathered->data();
+  } else if (packed.placed_) {
+    // Resolved, still in the spill room (no memory to move it out): decoded where it is.
+    encoded = codecs::PlacedBytes(codecs::PlacementOf(pool.Mirror(packed.slot_)),
+                                  packed.buffer_->data(), packed.spill_->arena);
+    if (encoded == nullptr) encoded = packed.buffer_->data();  // lost: the decode writes NaN
+  }
   if (status.ok() && timed) {
     status = pool.TimeBegin(*slot, DeviceStatusPool::kDecode, context.stream);
   }
   if (status.ok()) {
-    status = codecs::DecodeDeferred(packed.encoding_, packed.buffer_->data(), output, context,
-                                    slot->device);
+    status = codecs::DecodeDeferred(packed.encoding_, encoded, output, context, slot->device);
   }
   if (status.ok() && timed) {
     status = pool.TimeEnd(*slot, DeviceStatusPool::kDecode, context.stream);
   }
+  gathered.reset();  // free in stream order, after the decode read it
   if (!status.ok()) {
     pool.Release(*slot);  // free after the next status read, which orders what was queued on it
     return status;
   }
   CheckedLock lock(&mu_);
   deferred_this_step_.push_back(DeferredUse{packed.status_pool_, *slot, packed.record_,
-                                            packed.encoding_.header, {}, /*decode=*/true});
+                                            packed.encoding_.header, {}, /*decode=*/true, {}});
   ++totals_.unpacks;
   return absl::OkStatus();
 }
@@ -706,6 +873,9 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   {
     CheckedLock lock(&mu_);
     checked = CheckDeferred(&work);
+    // The step's spill rooms go back once no packed tensor is in them (relocated above).
+    for (auto& [key, room] : spill_rooms_) work.spills.push_back(std::move(room));
+    spill_rooms_.clear();
   }
   Finish(work);
   CheckedLock lock(&mu_);

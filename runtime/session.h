@@ -33,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -170,6 +171,13 @@ enum class KeepReason {
 
 class PackedTensor;
 
+// A step's room, per device and stream, for encodings that outgrow the buffer their size was
+// predicted for (codecs::SpillArena); it lives while a packed tensor in it does.
+struct SpillRoom {
+  std::unique_ptr<Buffer> memory;  // the arena, then its 8-byte counter
+  codecs::SpillArena arena;
+};
+
 struct PackPlan {
   PackAction action = PackAction::kKeep;
   KeepReason reason = KeepReason::kNone;
@@ -223,6 +231,7 @@ class PackedTensor {
   size_t encoded_size_ = 0;
   void* stream_ = nullptr;  // the stream it was packed on (its buffer's allocation stream)
   codecs::CodecId codec_ = codecs::CodecId::kIdentity;
+  std::string spec_;  // the codec with its parameters ("eb:rel=1e-2")
   bool sign_mask_ = false;
   int device_index_ = 0;
   // A CUDA tensor's: packed without waiting (codecs/deferred.h), with its header as the host
@@ -232,6 +241,11 @@ class PackedTensor {
   std::shared_ptr<DeviceStatusPool> status_pool_;
   DeviceStatusPool::Slot slot_;
   int record_ = -1;
+  // Packed into a buffer sized from the record's last encoding (codecs::PlaceDeferred): until
+  // the host reads where the device put it, in `buffer_` or in the step's spill room, a decode
+  // gathers it into room for its bound (encoding_.bytes) first.
+  bool placed_ = false;
+  std::shared_ptr<SpillRoom> spill_;
 };
 
 // Per saved-tensor record: the same position of the step across steps folds into one record.
@@ -262,6 +276,12 @@ struct SavedRecord {
   int choice = -1;  // -1: not planned yet (the safe default: the harshest candidate)
   CodecMeasurement error;  // of the codec in use, as last measured
   uint64_t measured_step = UINT64_MAX;
+  // CUDA, where the device decides the encoding's size (eb, bitpack): the last one's bytes and
+  // the codec they were for. The next pack with that codec gets a buffer of this size and an
+  // eighth more, instead of the codec's bound (Session::PackDeferred); 0: not known, or the
+  // last one outgrew its buffer and the spill room beside it.
+  std::string sized_spec;
+  uint64_t sized_bytes = 0;
   bool device_flagged = false;  // KeepReason::kFlaggedOnDevice from the next step
 
   // Error-bounded mode: the mean square of the data (from the last measurement, 0: unknown),
@@ -509,10 +529,17 @@ class Session {
   // What the locked part of a call found to do once mu_ is released: shrinks and measurements
   // (they allocate, or call back into the session), and packed tensors whose last reference may
   // drop (their destructor takes mu_).
+  // A resolved encoding the device put in the spill room: copied into a buffer of its size.
+  struct Relocation {
+    std::shared_ptr<PackedTensor> packed;
+    codecs::Placement placement;
+  };
   struct Deferred {
     std::vector<Shrink> shrinks;
+    std::vector<Relocation> relocations;
     std::vector<PendingSample> samples;
     std::vector<std::shared_ptr<PackedTensor>> keep;
+    std::vector<std::shared_ptr<SpillRoom>> spills;
   };
   // Completes an encoding whose size the device decided from its status read back; a buffer
   // larger than the encoding goes to `work` to shrink.
@@ -527,6 +554,10 @@ class Session {
   absl::Status CheckDeferred(Deferred* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Does what the locked part left in `work`; takes mu_ itself.
   void Finish(Deferred& work) ABSL_LOCKS_EXCLUDED(mu_);
+  // The step's spill room for `context`'s device and stream, made on first use (an allocation:
+  // no lock held).
+  absl::StatusOr<std::shared_ptr<SpillRoom>> SpillRoomFor(const codecs::ExecContext& context)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The status pool of `context`'s device, made on first use.
   std::shared_ptr<DeviceStatusPool> StatusPoolFor(const codecs::ExecContext& context)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -567,12 +598,18 @@ class Session {
     codecs::Header header;
     std::weak_ptr<PackedTensor> packed;  // a pack's (a decode's is empty)
     bool decode = false;
+    std::string spec;  // a pack's codec, with its parameters
   };
   absl::flat_hash_map<int, std::shared_ptr<DeviceStatusPool>> status_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<DeferredUse> deferred_this_step_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::deque<std::weak_ptr<PackedTensor>>> unresolved_
       ABSL_GUARDED_BY(mu_);
   std::vector<PendingSample> pending_samples_ ABSL_GUARDED_BY(mu_);
+  // This step's spill rooms by device and stream, and the largest encoding whose size the
+  // device decided so far (a spill room holds one such and an eighth).
+  absl::flat_hash_map<std::pair<int, void*>, std::shared_ptr<SpillRoom>> spill_rooms_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t largest_sized_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   friend class PackedTensor;
 };

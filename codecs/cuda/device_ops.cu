@@ -1,6 +1,7 @@
 // What every codec's deferred call shares on the GPU: copies, the payload checksum, the header
-// written on the device (FinalizeHeader), the decode's check of a buffer (CheckBuffer) and the
-// overwrite of a decode that failed it (Poison).
+// written on the device (FinalizeHeader), the decode's check of a buffer (CheckBuffer), the
+// overwrite of a decode that failed it (Poison), and the move of an encoding whose size the
+// device decided into the room the host gave it (Place, Gather).
 #include <algorithm>
 
 #include "common/cuda_check.h"
@@ -15,6 +16,8 @@ namespace {
 __device__ __forceinline__ uint64_t Words64(const uint32_t* w) {
   return w[0] | static_cast<uint64_t>(w[1]) << 32;
 }
+
+constexpr uint64_t kHeaderBytes = kHeaderWords * 4;
 
 // A grid-stride sum of the payload's checksum terms into *sum. The size is `bytes`, or read
 // from `device_bytes` (clamped to `bytes`) when given.
@@ -79,6 +82,9 @@ __global__ void CheckHeaderKernel(const uint32_t* __restrict__ buffer, uint64_t 
   if (Words64(w + kPayloadSizeWord) > capacity - kHeaderWords * 4) failures |= kFailHeader;
   const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + status->decode_sum);
   if (checksum != Words64(w + kChecksumWord)) failures |= kFailChecksum;
+  // An encoding PlaceDeferred placed nowhere: the buffer holds no bytes of it, so what the
+  // checks above found says nothing more.
+  if (PlacedNowhere(status)) failures = kFailLost;
   status->failures = failures;
   status->decode_sum = 0;  // the next decode of the same buffer sums afresh
 }
@@ -99,6 +105,107 @@ __global__ void PoisonKernel(const DeviceStatus* __restrict__ status, void* __re
       static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(pattern);
     }
   }
+}
+
+// The bytes of the encoding at `buffer` (`capacity` bytes): its header and the payload the
+// header's size word gives, clamped to the capacity (0 when not even a header fits).
+__device__ __forceinline__ uint64_t EncodingBytes(const uint8_t* buffer, uint64_t capacity) {
+  if (capacity < kHeaderBytes) return 0;
+  const uint64_t payload = Words64(reinterpret_cast<const uint32_t*>(buffer) + kPayloadSizeWord);
+  return payload <= capacity - kHeaderBytes ? kHeaderBytes + payload : capacity;
+}
+
+// One thread: where the encoding in `staging` goes (status->placement): into the target when
+// it fits there, else into the arena, bump-allocated in kArenaAlignment units, else nowhere.
+// *arena_used grows by every spill's room, those that did not fit too.
+__global__ void PlaceKernel(const uint8_t* __restrict__ staging, uint64_t staging_capacity,
+                            uint64_t target_capacity, uint64_t arena_capacity,
+                            unsigned long long* __restrict__ arena_used,
+                            DeviceStatus* __restrict__ status) {
+  const uint64_t bytes = EncodingBytes(staging, staging_capacity);
+  unsigned long long placement = kPlacedNowhere;
+  if (bytes <= target_capacity) {
+    placement = kPlacedInTarget;
+  } else if (arena_used != nullptr) {
+    const uint64_t room = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    const uint64_t offset = atomicAdd(arena_used, static_cast<unsigned long long>(room));
+    if (room <= arena_capacity && offset <= arena_capacity - room) {
+      placement = offset | kPlacedInArena;
+    }
+  }
+  status->placement = placement;
+}
+
+// Copies the encoding between `outer` (the staging buffer, or a gather's destination) and where
+// status->placement says (the target, or the arena at its offset): into the placement where
+// `into_placement`, out of it otherwise; nothing where it was placed nowhere. Its size is the
+// one in the source's header, clamped to both sides' capacities. Unit: the copy's word, which
+// every pointer is aligned to.
+template <typename Unit>
+__global__ void MoveKernel(uint8_t* outer, uint64_t outer_capacity, uint8_t* target,
+                           uint64_t target_capacity, uint8_t* arena, uint64_t arena_capacity,
+                           const DeviceStatus* __restrict__ status, bool into_placement) {
+  const unsigned long long placement = status->placement;
+  const unsigned long long kind = placement & kPlacementKindMask;
+  const uint64_t offset = placement & ~kPlacementKindMask;
+  uint8_t* placed = nullptr;
+  uint64_t placed_capacity = 0;
+  if (kind == kPlacedInTarget) {
+    placed = target;
+    placed_capacity = target_capacity;
+  } else if (kind == kPlacedInArena && offset < arena_capacity) {
+    placed = arena + offset;
+    placed_capacity = arena_capacity - offset;
+  }
+  if (placed == nullptr) return;
+  const uint8_t* from = into_placement ? outer : placed;
+  uint8_t* to = into_placement ? placed : outer;
+  const uint64_t from_capacity = into_placement ? outer_capacity : placed_capacity;
+  const uint64_t to_capacity = into_placement ? placed_capacity : outer_capacity;
+  const uint64_t found = EncodingBytes(from, from_capacity);
+  const uint64_t bytes = found < to_capacity ? found : to_capacity;
+  const uint64_t units = bytes / sizeof(Unit);
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  const uint64_t first = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (uint64_t i = first; i < units; i += stride) {
+    reinterpret_cast<Unit*>(to)[i] = reinterpret_cast<const Unit*>(from)[i];
+  }
+  if (first == 0) {
+    for (uint64_t b = units * sizeof(Unit); b < bytes; ++b) to[b] = from[b];
+  }
+}
+
+// The copy's words: 16 bytes where every pointer allows, else 8.
+struct alignas(16) Bytes16 {
+  uint32_t w[4];
+};
+struct alignas(8) Bytes8 {
+  uint32_t w[2];
+};
+
+bool Aligned16(const void* a, const void* b, const void* c) {
+  return (reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+          reinterpret_cast<uintptr_t>(c)) % 16 == 0;
+}
+
+absl::Status Move(uint8_t* outer, uint64_t outer_capacity, uint8_t* target,
+                  uint64_t target_capacity, uint8_t* arena, uint64_t arena_capacity,
+                  const DeviceStatus* status, bool into_placement, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // A grid for the largest encoding the outer buffer holds, a grid-stride loop past that.
+  const int blocks = static_cast<int>(
+      std::min<uint64_t>(1024, std::max<uint64_t>(1, (outer_capacity / 16 + 255) / 256)));
+  if (Aligned16(outer, target, arena)) {  // coverage: every branch
+    ACTPACK_LAUNCH(MoveKernel<Bytes16>, blocks, 256, s)(outer, outer_capacity, target,
+                                                         target_capacity, arena, arena_capacity,
+                                                         status, into_placement);
+  } else {
+    ACTPACK_LAUNCH(MoveKernel<Bytes8>, blocks, 256, s)(outer, outer_capacity, target,
+                                                        target_capacity, arena, arena_capacity,
+                                                        status, into_placement);
+  }
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 int ChecksumBlocks(uint64_t bytes) {
@@ -185,6 +292,24 @@ absl::Status Poison(const DeviceStatus* status, void* output, uint64_t numel, in
   }
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+absl::Status Place(const uint8_t* staging, uint64_t staging_capacity, uint8_t* target,
+                   uint64_t target_capacity, uint8_t* arena, uint64_t arena_capacity,
+                   unsigned long long* arena_used, DeviceStatus* status, void* stream) {
+  ACTPACK_LAUNCH(PlaceKernel, 1, 1, static_cast<cudaStream_t>(stream))(
+      staging, staging_capacity, target_capacity, arena_capacity, arena_used, status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Move(const_cast<uint8_t*>(staging), staging_capacity, target, target_capacity, arena,
+              arena_capacity, status, /*into_placement=*/true, stream);
+}
+
+absl::Status Gather(const uint8_t* target, uint64_t target_capacity, const uint8_t* arena,
+                    uint64_t arena_capacity, const DeviceStatus* status, uint8_t* dest,
+                    uint64_t dest_capacity, void* stream) {
+  return Move(dest, dest_capacity, const_cast<uint8_t*>(target), target_capacity,
+              const_cast<uint8_t*>(arena), arena_capacity, status, /*into_placement=*/false,
+              stream);
 }
 
 }  // namespace actpack::codecs::cuda

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "codecs/internal/device_status.h"
 
 namespace actpack::codecs::cuda {
 
@@ -31,6 +32,13 @@ __device__ __forceinline__ void WarpMaxToGlobal(uint64_t value, unsigned long lo
   if ((threadIdx.x & 31) == 0 && value != 0) {
     atomicMax(target, static_cast<unsigned long long>(value));
   }
+}
+
+// Whether PlaceDeferred placed the status's encoding nowhere (or its placement word is none it
+// writes): the decode's buffer holds none of it, so the decode's check says that alone
+// (kFailLost) and a codec's own checks of the buffer add nothing.
+__device__ __forceinline__ bool PlacedNowhere(const DeviceStatus* status) {
+  return (status->placement & kPlacementKindMask) > kPlacedInArena;
 }
 
 // Blocks for a grid-stride loop over `work_items` items, `per_block` per block per pass.

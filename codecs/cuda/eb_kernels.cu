@@ -15,10 +15,17 @@
 //  Then the checksum over the finished payload, whose size the scan left in the status.
 // Decode: EbValidateKernel (warp per chunk: header words, block sizes against the chunk index)
 // and EbValidateOutliersKernel (thread per outlier) set failure bits; only when none is set
-// (nor one of the buffer's check before them), EbDecodeKernel (warp per chunk: unpack, inverse prediction as prefix sums in shared memory,
-// dequantize) and EbScatterKernel (thread per outlier) write the output.
+// (nor one of the buffer's check before them), EbDecodeKernel (warp per chunk: unpack, inverse
+// prediction as prefix sums in shared memory, dequantize) and EbScatterKernel (thread per
+// outlier) write the output. What the encode's data decided (the half-bin, the data words, the
+// outliers) comes from the host's header, or, for an encoding the host has not resolved, from
+// the encode's status on the device (ValuesOf): the grids are then sized from the shape, the
+// outlier kernels loop over the count the status gives, and every kernel clamps that count
+// and the payload's size to the most the shape allows, so a corrupt status reads nothing past
+// the payload.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -372,11 +379,64 @@ __global__ void EbQuantizerKernel(int mode, double value, DeviceStatus* __restri
 
 // ---- decode ----
 
+// What a decode reads of what the encode's data decided, and the failures the values earn.
+struct EbValues {
+  float half_bin;
+  uint64_t data_words;
+  uint64_t outliers;
+  uint64_t failures;  // DecodeFailure bits: then no data words and no outliers are read
+};
+
+// The host's values, or the status's (params words 1, 2, 4..5 and payload_bytes, as the
+// encode left them) checked as eb.cc's ReadParams and DecodePayload check a header's: a normal
+// half-bin up to 2^100, a finite bound >= 0, the unused words 0 (else kFailParams), at most
+// `max_outliers` outliers (else kFailEbOutlier), a whole number of words up to `max_bytes` that
+// holds the fixed sections (else kFailParams).
+__device__ __forceinline__ EbValues ValuesOf(const Layout& l, const EbPayload& p,
+                                             const DeviceStatus* status) {
+  if (!p.from_status) return EbValues{p.half_bin, p.data_words, p.outliers, 0};
+  const uint32_t* params = status->params;
+  const float half_bin = portable::BitsToFloat(params[1]);
+  const float bound = portable::BitsToFloat(params[2]);
+  const uint64_t outliers = params[4] | static_cast<uint64_t>(params[5]) << 32;
+  const uint64_t bytes = status->payload_bytes;
+  uint64_t failures = 0;
+  if (!(half_bin >= eb_math::kMinNormal && half_bin <= eb_math::kMaxHalfBin) ||
+      !(bound >= 0.0f && portable::IsFinite(bound)) || params[0] != 0 || params[3] != 0) {
+    failures |= kFailParams;
+  }
+  if (outliers > p.max_outliers) failures |= kFailEbOutlier;
+  const uint64_t fixed =
+      eb_math::SectionsOf(l, 0, outliers > p.max_outliers ? 0 : outliers).fixed_words;
+  if (bytes % 4 != 0 || bytes > p.max_bytes || bytes / 4 < fixed) failures |= kFailParams;
+  if (failures != 0) return EbValues{half_bin, 0, 0, failures};
+  return EbValues{half_bin, bytes / 4 - fixed, outliers, 0};
+}
+
+// Whether the buffer's header (the words before the payload, which its checksum covers) holds
+// the values the status gives.
+__device__ __forceinline__ bool StatusIsTheHeaders(const uint32_t* header,
+                                                   const DeviceStatus* status) {
+  bool same = header[kPayloadSizeWord] == static_cast<uint32_t>(status->payload_bytes) &&
+              header[kPayloadSizeWord + 1] == static_cast<uint32_t>(status->payload_bytes >> 32);
+  for (int j = 1; j < 6; ++j) same = same && header[kParamsWord + j] == status->params[j];
+  return same;
+}
+
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
-    EbValidateKernel(const uint32_t* __restrict__ words, Layout l, uint64_t data_words,
+    EbValidateKernel(const uint32_t* __restrict__ words, Layout l, EbPayload p,
                      DeviceStatus* __restrict__ status) {
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  if (PlacedNowhere(status)) return;
+  const EbValues v = ValuesOf(l, p, status);
+  if (p.from_status && blockIdx.x == 0 && threadIdx.x == 0) {
+    uint64_t bad = v.failures;
+    if (bad == 0 && !StatusIsTheHeaders(words - kHeaderWords, status)) bad = kFailHeader;
+    if (bad != 0) atomicOr(&status->failures, static_cast<unsigned long long>(bad));
+  }
+  if (v.failures != 0) return;
+  const uint64_t data_words = v.data_words;
   const int lane = threadIdx.x & 31;
   const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarps;
@@ -404,10 +464,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 __global__ void EbValidateOutliersKernel(const uint32_t* __restrict__ words, Layout l,
-                                         const uint32_t* __restrict__ slots,
-                                         const uint32_t* __restrict__ raw, uint64_t outliers,
-                                         uint32_t element_bytes,
+                                         EbPayload p, uint32_t element_bytes,
                                          DeviceStatus* __restrict__ status) {
+  if (PlacedNowhere(status)) return;
+  const EbValues v = ValuesOf(l, p, status);
+  const eb_math::Sections sections = eb_math::SectionsOf(l, v.data_words, v.outliers);
+  const uint32_t* slots = words + sections.slots;
+  const uint32_t* raw = words + sections.raw;
+  const uint64_t outliers = v.outliers;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t j = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < outliers; j += stride) {
     const uint64_t slot = ReadU64(slots, j);
@@ -422,10 +486,12 @@ __global__ void EbValidateOutliersKernel(const uint32_t* __restrict__ words, Lay
 
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
-    EbDecodeKernel(const uint32_t* __restrict__ words, Layout l, float half_bin,
+    EbDecodeKernel(const uint32_t* __restrict__ words, Layout l, EbPayload p,
                    uint64_t data_start, const DeviceStatus* __restrict__ status,
                    void* __restrict__ output) {
   if (status->failures != 0) return;
+  // EbValidateKernel has checked the status's half-bin (a failure there returned above).
+  const float half_bin = p.from_status ? portable::BitsToFloat(status->params[1]) : p.half_bin;
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
   __shared__ WarpTile tiles[kWarps];
   const int warp = threadIdx.x / 32;
@@ -511,11 +577,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <int Width>
-__global__ void EbScatterKernel(Layout l, const uint32_t* __restrict__ slots,
-                                const uint32_t* __restrict__ raw, uint64_t outliers,
+__global__ void EbScatterKernel(const uint32_t* __restrict__ words, Layout l, EbPayload p,
                                 const DeviceStatus* __restrict__ status,
                                 void* __restrict__ output) {
   if (status->failures != 0) return;
+  const EbValues v = ValuesOf(l, p, status);
+  const eb_math::Sections sections = eb_math::SectionsOf(l, v.data_words, v.outliers);
+  const uint32_t* slots = words + sections.slots;
+  const uint32_t* raw = words + sections.raw;
+  const uint64_t outliers = v.outliers;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t j = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < outliers; j += stride) {
     const uint64_t slot = ReadU64(slots, j);
@@ -585,46 +655,48 @@ absl::Status EbEncode(const void* input, const EbShape& shape, int mode, double 
                   &status->payload_sum, stream);
 }
 
-absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin,
-                      uint64_t data_words, uint64_t outliers, DeviceStatus* status, void* output,
-                      void* stream) {
+absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, const EbPayload& values,
+                      DeviceStatus* status, void* output, void* stream) {
   const Layout l = LayoutOf(shape);
   const uint32_t element_bytes = shape.element_kind == elements::kF32 ? 4 : 2;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const eb_math::Sections sections = eb_math::SectionsOf(l, data_words, outliers);
-  const uint64_t data_start = sections.data;
-  const uint32_t* slots = words + sections.slots;
-  const uint32_t* raw = words + sections.raw;
+  const uint64_t data_start = eb_math::SectionsOf(l, 0, 0).data;
   const int blocks = BlocksFor(l.chunks, kWarps);
-  if (l.blocks > 0) {
+  // Threads for the outliers: one each where the host knows their count; where only the device
+  // does, at most as many as the decode's own, looping over the rest.
+  const uint64_t outlier_threads =
+      values.from_status ? std::min<uint64_t>(values.max_outliers, uint64_t{256} * blocks)
+                         : values.outliers;
+  // From the status, the check of its values runs whatever the shape (no blocks: one warp).
+  if (l.blocks > 0 || values.from_status) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbValidateKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          words, l, data_words, status);
+          words, l, values, status);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  if (outliers > 0) {
-    ACTPACK_LAUNCH(EbValidateOutliersKernel, BlocksFor(outliers, 256), 256, s)(
-        words, l, slots, raw, outliers, element_bytes, status);
+  if (outlier_threads > 0) {
+    ACTPACK_LAUNCH(EbValidateOutliersKernel, BlocksFor(outlier_threads, 256), 256, s)(
+        words, l, values, element_bytes, status);
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   // The kernels below write nothing when a check above (or the buffer's) failed.
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
       ACTPACK_LAUNCH(EbDecodeKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          words, l, half_bin, data_start, status, output);
+          words, l, values, data_start, status, output);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  if (outliers > 0) {
+  if (outlier_threads > 0) {
     // After the blocks (same stream): an outlier overwrites its block's placeholder value.
     if (element_bytes == 4) {  // coverage: every branch
-      ACTPACK_LAUNCH(EbScatterKernel<4>, BlocksFor(outliers, 256), 256, s)(
-          l, slots, raw, outliers, status, output);
+      ACTPACK_LAUNCH(EbScatterKernel<4>, BlocksFor(outlier_threads, 256), 256, s)(
+          words, l, values, status, output);
     } else {
-      ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outliers, 256), 256, s)(
-          l, slots, raw, outliers, status, output);
+      ACTPACK_LAUNCH(EbScatterKernel<2>, BlocksFor(outlier_threads, 256), 256, s)(
+          words, l, values, status, output);
     }
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

@@ -49,7 +49,8 @@ absl::Status FinalizeHeader(const HeaderWords& header, bool device_sized,
 
 // Checks the buffer at `buffer` (`capacity` bytes) on the device: its header words against
 // `expected` where bit j of `known` is set (the words the host knows), its flags, its payload
-// size against the capacity, and its checksum. Sets DecodeFailure bits in status->failures.
+// size against the capacity, and its checksum. Sets DecodeFailure bits in status->failures:
+// kFailLost alone where status->placement says the encoding was placed nowhere.
 absl::Status CheckBuffer(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
                          uint32_t known, DeviceStatus* status, void* stream);
 
@@ -57,6 +58,21 @@ absl::Status CheckBuffer(const uint8_t* buffer, uint64_t capacity, const HeaderW
 // status->failures is not 0 (NaN for floating-point tensors, 0 for the others).
 absl::Status Poison(const DeviceStatus* status, void* output, uint64_t numel, int element_bytes,
                     uint64_t pattern, void* stream);
+
+// Queues the move of the encoding at `staging` (`staging_capacity` bytes; its size is its
+// header's) into `target` when it fits in `target_capacity` bytes, else into the arena
+// (`arena_capacity` bytes at `arena`, bump-allocated with an atomicAdd on *arena_used in
+// kArenaAlignment units; no arena where arena_used is null), else nowhere; status->placement
+// says which. Every pointer 8-byte aligned.
+absl::Status Place(const uint8_t* staging, uint64_t staging_capacity, uint8_t* target,
+                   uint64_t target_capacity, uint8_t* arena, uint64_t arena_capacity,
+                   unsigned long long* arena_used, DeviceStatus* status, void* stream);
+
+// Queues the copy of the encoding status->placement says where (the target, or the arena at its
+// offset) into `dest` (`dest_capacity` bytes); nothing where it was placed nowhere.
+absl::Status Gather(const uint8_t* target, uint64_t target_capacity, const uint8_t* arena,
+                    uint64_t arena_capacity, const DeviceStatus* status, uint8_t* dest,
+                    uint64_t dest_capacity, void* stream);
 
 // Per-group stochastic quantization; writes the same payload as the CPU reference (quant.cc).
 // status: payload_sum; nonfinite; unrepresentable = groups whose range overflows float.
@@ -83,8 +99,9 @@ absl::Status MaskEncode(const void* input, uint64_t numel, int dtype, uint8_t* p
                         DeviceStatus* status, void* stream);
 
 // Writes the value in the parameters of `header` (the buffer's header, in device memory) where
-// a bit is set and zero elsewhere. A value the dtype cannot hold sets kFailParams; nothing is
-// written while status->failures is not 0.
+// a bit is set and zero elsewhere. A value the dtype cannot hold sets kFailParams (unless the
+// encoding was placed nowhere: PlacedNowhere); nothing is written while status->failures is
+// not 0.
 absl::Status MaskDecode(const uint8_t* header, uint64_t numel, int dtype, DeviceStatus* status,
                         void* output, void* stream);
 
@@ -95,8 +112,8 @@ absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, uint8_t*
                            DeviceStatus* status, void* stream);
 
 // Writes base + each stored offset, with base and bits from `header` (the buffer's header, in
-// device memory). Parameters the dtype cannot hold set kFailParams; nothing is written while
-// status->failures is not 0.
+// device memory). Parameters the dtype cannot hold set kFailParams (unless the encoding was
+// placed nowhere); nothing is written while status->failures is not 0.
 absl::Status BitpackDecode(const uint8_t* header, uint64_t numel, int kind, DeviceStatus* status,
                            void* output, void* stream);
 
@@ -143,12 +160,25 @@ struct EbShape {
 absl::Status EbEncode(const void* input, const EbShape& shape, int mode, double value,
                       uint8_t* payload, uint8_t* scratch, DeviceStatus* status, void* stream);
 
-// `eb`: validates the block headers, the chunk index and the outliers of a payload with
-// `data_words` words of block data (kFailEb* bits in status->failures), then writes the output
-// unless status->failures is not 0.
-absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, float half_bin,
-                      uint64_t data_words, uint64_t outliers, DeviceStatus* status, void* output,
-                      void* stream);
+// What an `eb` decode needs besides the shape: the values the encode's data decided, from the
+// host (a resolved encoding's header) or, where `from_status`, from the encode's DeviceStatus
+// on the device (params words 1 and 4..5, payload_bytes; checked there against `max_outliers`
+// and `max_bytes`, the most the shape allows, and against the buffer's header).
+struct EbPayload {
+  bool from_status = false;
+  float half_bin = 0.0f;
+  uint64_t data_words = 0;
+  uint64_t outliers = 0;
+  uint64_t max_outliers = 0;
+  uint64_t max_bytes = 0;
+};
+
+// `eb`: validates the block headers, the chunk index and the outliers of the payload (kFailEb*
+// bits in status->failures; from the status, also its values: kFailParams, kFailEbOutlier,
+// kFailHeader), then writes the output unless status->failures is not 0. The payload follows
+// its header (kHeaderWords words), which the checks of values from the status read.
+absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, const EbPayload& values,
+                      DeviceStatus* status, void* output, void* stream);
 
 }  // namespace actpack::codecs::cuda
 

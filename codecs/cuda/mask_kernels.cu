@@ -87,7 +87,7 @@ __global__ void MaskCheckKernel(const uint32_t* __restrict__ header, int dtype,
                                 DeviceStatus* __restrict__ status) {
   bool ok = ValidValue(dtype, header[kParamsWord]);
   for (int j = 1; j < 6; ++j) ok = ok && header[kParamsWord + j] == 0;
-  if (!ok) status->failures |= kFailParams;
+  if (!ok && !PlacedNowhere(status)) status->failures |= kFailParams;
 }
 
 template <int Width>

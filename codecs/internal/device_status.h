@@ -18,14 +18,18 @@ enum DecodeFailure : uint64_t {
   kFailHeader = 1,            // the buffer's header is not the one the host kept
   kFailChecksum = 2,          // header or payload bytes changed after they were written
   kFailUnrepresentable = 4,   // the encoder met values its codec cannot hold (header flag)
-  kFailParams = 8,            // a parameter the data decided (mask's value, bitpack's bits) is invalid
+  kFailParams = 8,            // a parameter the data decided (mask's value, bitpack's bits,
+                              // eb's half-bin or payload size) is invalid
   kFailEbBlockHeader = 16,    // eb: a block header is invalid
   kFailEbChunkIndex = 32,     // eb: the chunk index does not match the blocks
-  kFailEbOutlier = 64,        // eb: an outlier slot or value is invalid
+  kFailEbOutlier = 64,        // eb: an outlier slot or value, or the outlier count, is invalid
+  kFailLost = 128,            // the encoding did not fit the room its size was given
+                              // (PlaceDeferred placed it nowhere)
 };
 
 // One encoded tensor's status: zeroed by the caller before the encode; the encode kernels sum
-// into it, the decode's check writes `failures`. 128 bytes, 8-byte aligned.
+// into it, PlaceDeferred records where it moved the encoding, the decode's check writes
+// `failures`. 128 bytes, 8-byte aligned.
 struct DeviceStatus {
   unsigned long long payload_sum;      // the payload's checksum terms (format.h)
   unsigned long long nonfinite;        // non-finite values the codec could not keep
@@ -35,9 +39,20 @@ struct DeviceStatus {
   uint32_t params[6];                  // header bytes 80..103 the data decided (else 0)
   unsigned long long failures;         // DecodeFailure bits of the last deferred decode
   unsigned long long decode_sum;       // the decode check's payload sum (reset after use)
-  unsigned long long work[7];          // a codec's own accumulators during an encode
+  unsigned long long work[6];          // a codec's own accumulators during an encode (the host
+                                       // reads some after it: mask's and division's Refusal)
+  unsigned long long placement;        // where PlaceDeferred put the encoding: kPlaced* in
+                                       // the low byte, the arena offset (a multiple of 256)
+                                       // above it; 0 where it was never placed
 };
 static_assert(sizeof(DeviceStatus) == 128, "DeviceStatus is 16 words");
+
+// DeviceStatus::placement's low byte.
+inline constexpr unsigned long long kPlacementKindMask = 0xff;
+inline constexpr unsigned long long kPlacedInTarget = 1;
+inline constexpr unsigned long long kPlacedInArena = 2;  // | the offset
+inline constexpr unsigned long long kPlacedNowhere = 3;
+inline constexpr unsigned long long kArenaAlignment = 256;
 
 // The header as little-endian 32-bit words (format.h's byte offsets / 4).
 inline constexpr int kHeaderWords = 32;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "codecs/deferred.h"
 
 #if ACTPACK_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -173,6 +174,61 @@ absl::Status DeviceRunner::Decode(const std::vector<uint8_t>& buffer, size_t siz
   s = ToHost(output->data(), out.data(), bytes, stream);
   if (!s.ok()) return s;
   return decoded;
+#else
+  return absl::FailedPreconditionError(why_unavailable_);
+#endif
+}
+
+absl::StatusOr<std::vector<uint8_t>> DeviceRunner::EncodePlaced(
+    const std::vector<uint8_t>& input, DType dtype, const std::vector<int64_t>& shape,
+    const CodecParams& params, size_t target_capacity, std::vector<uint8_t>* unresolved,
+    uint64_t* failures) {
+  const uint64_t bytes = Bytes(dtype, shape);
+  unresolved->assign(bytes, 0xA5);
+  if (device_ == Device::kCpu) return absl::FailedPreconditionError("a deferred call is CUDA's");
+#if ACTPACK_WITH_CUDA
+  absl::StatusOr<size_t> capacity = MaxEncodedSize({dtype, shape}, params);
+  if (!capacity.ok()) return capacity.status();
+  const cudaStream_t stream = static_cast<cudaStream_t>(context_.stream);
+  DeviceMemory in(input.size()), staging(*capacity), target(target_capacity), dest(*capacity),
+      out(bytes), statuses(2 * sizeof(DeviceStatus));
+  for (const DeviceMemory* m : {&in, &staging, &target, &dest, &out, &statuses}) {
+    if (!m->status().ok()) return m->status();
+  }
+  DeviceStatus* encode_status = reinterpret_cast<DeviceStatus*>(statuses.data());
+  DeviceStatus* decode_status = encode_status + 1;
+  absl::Status s = ToDevice(in.data(), input.data(), input.size(), stream);
+  if (s.ok()) s = ToDevice(out.data(), unresolved->data(), bytes, stream);
+  if (!s.ok()) return s;
+  absl::StatusOr<DeferredEncoding> encoding =
+      EncodeDeferred({in.data(), dtype, shape, Device::kCuda}, params, staging.data(), *capacity,
+                     context_, encode_status);
+  if (!encoding.ok()) return encoding.status();
+  s = PlaceDeferred(staging.data(), encoding->bytes, target.data(), target_capacity, SpillArena{},
+                    encode_status, context_);
+  if (s.ok()) {
+    s = GatherDeferred(target.data(), target_capacity, SpillArena{}, encode_status, dest.data(),
+                       *capacity, context_);
+  }
+  if (s.ok()) {
+    s = Check(cudaMemcpyAsync(decode_status, encode_status, sizeof(DeviceStatus),
+                              cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpyAsync of the status");
+  }
+  if (s.ok()) {
+    s = DecodeDeferred(*encoding, dest.data(), {out.data(), dtype, shape, Device::kCuda},
+                       context_, decode_status);
+  }
+  if (s.ok()) s = ToHost(unresolved->data(), out.data(), bytes, stream);
+  DeviceStatus read[2];
+  if (s.ok()) s = ToHost(read, statuses.data(), sizeof(read), stream);
+  if (!s.ok()) return s;
+  *failures = read[1].failures;
+  std::vector<uint8_t> encoded(Resolve(*encoding, read[0]).bytes);
+  if (encoded.size() > encoding->bytes) return absl::DataLossError("an encoding past its bound");
+  s = ToHost(encoded.data(), staging.data(), encoded.size(), stream);
+  if (!s.ok()) return s;
+  return encoded;
 #else
   return absl::FailedPreconditionError(why_unavailable_);
 #endif

@@ -50,6 +50,21 @@ class DeviceRunner {
   absl::Status Decode(const std::vector<uint8_t>& buffer, size_t size, DType dtype,
                       const std::vector<int64_t>& shape, std::vector<uint8_t>* output);
 
+  // Encode through the deferred calls, as the runtime takes an encoding whose size the device
+  // decides (eb, bitpack) before the host has read the encode's status: EncodeDeferred into
+  // room for the bound, PlaceDeferred into a target of `target_capacity` bytes (no arena),
+  // GatherDeferred into fresh room for the bound, and DecodeDeferred of the unresolved encoding
+  // from there, with a copy of the encode's status, into `unresolved` (filled with 0xA5 first;
+  // `failures`: the decode's DeviceStatus::failures). Returns the bytes EncodeDeferred wrote, as
+  // many as the status then read back says. Every device buffer is exactly its size (a read
+  // past one is a sanitizer error).
+  absl::StatusOr<std::vector<uint8_t>> EncodePlaced(const std::vector<uint8_t>& input,
+                                                    DType dtype, const std::vector<int64_t>& shape,
+                                                    const CodecParams& params,
+                                                    size_t target_capacity,
+                                                    std::vector<uint8_t>* unresolved,
+                                                    uint64_t* failures);
+
   // Verify() on the first `size` bytes of `buffer`, placed as for Decode.
   absl::StatusOr<Header> Verify(const std::vector<uint8_t>& buffer, size_t size);
 

@@ -4,7 +4,10 @@
 // requests, the 32-byte sectors per request against the ideal for the bytes asked for, the
 // bytes asked for and the bytes DRAM must move per input byte, the passes over the input, the
 // shared-memory wavefronts per request; then per codec, dtype and phase, a roofline estimate of
-// its time on an H100 and an A100 as a fraction of a device-to-device copy of the input.
+// its time on an H100 and an A100 as a fraction of a device-to-device copy of the input. The
+// phases: encode, decode, and for the codecs whose size the device decides (eb, bitpack) place
+// (PlaceDeferred into a target of the encoding's size), gather (GatherDeferred back into room
+// for the bound) and decode_unresolved (DecodeDeferred from there before the status is read).
 //
 // tools/traffic_check.py builds and runs it (bazel run --config=cudaemu_race) and compares the
 // output with the table. Usage: traffic_report [--bytes N] (input size, default 1 MiB).
@@ -107,6 +110,46 @@ void Print(const char* codec, DType dtype, const char* phase, const Phase& p, si
               seconds[0], seconds[1]);
 }
 
+int SizedOnDevice(const Case& c, const DeferredEncoding& encoding,
+                  const DeferredEncoding& resolved, uint8_t* buffer, size_t capacity,
+                  DeviceStatus* status, void* output, const std::vector<int64_t>& shape,
+                  size_t input_bytes, const ExecContext& context) {
+  auto* target = static_cast<uint8_t*>(Device(resolved.bytes));
+  auto* gathered = static_cast<uint8_t*>(Device(capacity));
+  absl::Status ok = absl::OkStatus();
+  cudaemu::StartTrafficRecording(false);
+  cudaemu::SetTrafficInput(buffer, resolved.bytes);
+  ok.Update(PlaceDeferred(buffer, encoding.bytes, target, resolved.bytes, SpillArena{}, status,
+                          context));
+  cudaDeviceSynchronize();
+  Phase place{cudaemu::StopTrafficRecording()};
+  cudaemu::StartTrafficRecording(false);
+  cudaemu::SetTrafficInput(target, resolved.bytes);
+  ok.Update(GatherDeferred(target, resolved.bytes, SpillArena{}, status, gathered, capacity,
+                           context));
+  cudaDeviceSynchronize();
+  Phase gather{cudaemu::StopTrafficRecording()};
+  cudaemu::StartTrafficRecording(false);
+  cudaemu::SetTrafficInput(gathered, resolved.bytes);
+  ok.Update(DecodeDeferred(encoding, gathered, {output, c.dtype, shape, Device::kCuda}, context,
+                           status));
+  cudaDeviceSynchronize();
+  Phase decode{cudaemu::StopTrafficRecording()};
+  DeviceStatus read;
+  cudaMemcpy(&read, status, sizeof(read), cudaMemcpyDeviceToHost);
+  if (!ok.ok() || read.failures != 0) {
+    std::fprintf(stderr, "%s: placed and unresolved: %s %s\n", c.spec,
+                 std::string(ok.message()).c_str(), DescribeFailures(read.failures).c_str());
+    return 1;
+  }
+  Print(c.spec, c.dtype, "place", place, input_bytes);
+  Print(c.spec, c.dtype, "gather", gather, input_bytes);
+  Print(c.spec, c.dtype, "decode_unresolved", decode, input_bytes);
+  cudaFree(target);
+  cudaFree(gathered);
+  return 0;
+}
+
 int Run(size_t input_bytes) {
   if (!cudaemu::StartTrafficRecording(false)) {
     std::fprintf(stderr, "traffic_report: build with --config=cudaemu_race\n");
@@ -160,6 +203,14 @@ int Run(size_t input_bytes) {
     }
     Print(c.spec, c.dtype, "encode", encode, host.size());
     Print(c.spec, c.dtype, "decode", decode, host.size());
+    if (encoding->device_decided && encoding->header.payload_size == 0) {
+      // The size is the device's: the move into a target of exactly that size, the copy back
+      // into room for the bound, and the decode of the unresolved encoding from there (with
+      // the encode's status, as before its read).
+      const int status_ok = SizedOnDevice(c, *encoding, resolved, buffer, capacity, status,
+                                          output, shape, host.size(), context);
+      if (status_ok != 0) return status_ok;
+    }
     cudaFree(input);
     cudaFree(buffer);
     cudaFree(output);

@@ -102,6 +102,16 @@ runtime::BufferFactory TorchBufferFactory() {
   return [](size_t bytes, const codecs::ExecContext& context)
              -> absl::StatusOr<std::unique_ptr<runtime::Buffer>> {
     try {
+#ifdef ACTPACK_WITH_CUDA
+      // Allocated on the stream the session names (the buffer's stream from then on), which
+      // is not always the current one (an encoding moved out of the spill room at a step's end).
+      std::optional<c10::cuda::CUDAStreamGuard> on_stream;
+      if (context.device == codecs::Device::kCuda) {
+        on_stream.emplace(c10::cuda::getStreamFromExternal(
+            static_cast<cudaStream_t>(context.stream),
+            static_cast<c10::DeviceIndex>(context.device_index)));
+      }
+#endif
       at::Tensor storage = Empty({static_cast<int64_t>(bytes)}, BufferOptions(context));
       return std::unique_ptr<runtime::Buffer>(new TensorBuffer(std::move(storage), context.stream));
     } catch (const c10::OutOfMemoryError& error) {
