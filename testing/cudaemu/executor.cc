@@ -443,6 +443,26 @@ uint64_t Collective(CollectiveOp op, unsigned mask, uint64_t bits, int arg, int 
   return f->result;
 }
 
+void MisalignedVectorAccess(const void* address, size_t bytes, bool write) {
+  const internal::ThreadContext* t = internal::CurrentThread();
+  char buf[300];
+  if (t == nullptr) {
+    std::snprintf(buf, sizeof buf, "a misaligned %zu-byte vector %s at %p outside a kernel", bytes,
+                  write ? "write" : "read", address);
+    internal::Fatal(buf);
+  }
+  const dim3 g = t->launch->grid;
+  const dim3 b = t->launch->block;
+  std::snprintf(buf, sizeof buf,
+                "a misaligned %zu-byte vector %s at %p (a GPU faults: misaligned address) in "
+                "kernel %s, block (%u,%u,%u), thread (%u,%u,%u)",
+                bytes, write ? "write" : "read", address, t->launch->name,
+                static_cast<unsigned>(t->block % g.x), static_cast<unsigned>(t->block / g.x % g.y),
+                static_cast<unsigned>(t->block / (uint64_t{g.x} * g.y)), t->thread % b.x,
+                t->thread / b.x % b.y, t->thread / (b.x * b.y));
+  internal::Fatal(buf);
+}
+
 void SyncThreads(const Site& site) {
   internal::Fiber* f = internal::current;
   if (f == nullptr) internal::Fatal("__syncthreads called outside a kernel");

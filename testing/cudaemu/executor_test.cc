@@ -405,6 +405,74 @@ TEST(LaunchDeathTest, HostPointersAreRefused) {
                "kernel CountKernel argument 0 is 0x[0-9a-f]+, which is not device memory");
 }
 
+// ---- vector types ----
+
+// Copies 16-byte vectors from `in` + `offset` bytes to `out` + `offset` bytes, a vector a thread.
+// Kept from UBSan's alignment check, which would stop a misaligned one first: the point is the
+// emulator's own fault.
+__attribute__((no_sanitize("alignment"))) __global__ void VectorCopyKernel(
+    const unsigned char* in, unsigned char* out, int in_offset, int out_offset) {
+  const float4* from = reinterpret_cast<const float4*>(in + in_offset);
+  float4* to = reinterpret_cast<float4*>(out + out_offset);
+  const float4 v = from[threadIdx.x];
+  to[threadIdx.x] = make_float4(v.w, v.z, v.y, v.x);
+}
+
+__attribute__((no_sanitize("alignment"))) __global__ void Vector8CopyKernel(
+    const unsigned char* in, unsigned char* out, int in_offset) {
+  const uint2* from = reinterpret_cast<const uint2*>(in + in_offset);
+  reinterpret_cast<uint2*>(out)[threadIdx.x] = from[threadIdx.x];
+}
+
+TEST(VectorTest, SixteenByteTypesHaveCudasLayoutAndCopyWhole) {
+  static_assert(sizeof(float4) == 16 && alignof(float4) == 16);
+  static_assert(sizeof(int4) == 16 && alignof(int4) == 16);
+  static_assert(sizeof(uint4) == 16 && alignof(uint4) == 16);
+  static_assert(sizeof(float2) == 8 && alignof(float2) == 8);
+  static_assert(sizeof(uint2) == 8 && alignof(uint2) == 8);
+  const int4 i = make_int4(1, -2, 3, -4);
+  const uint4 u = make_uint4(5, 6, 7, 8);
+  EXPECT_EQ(i.y, -2);
+  EXPECT_EQ(u.w, 8u);
+  DeviceBuffer<float> in(64 + 4), out(64 + 4);
+  std::vector<float> host(64 + 4);
+  std::iota(host.begin(), host.end(), 0.0f);
+  ASSERT_EQ(cudaMemcpy(in.data, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  LAUNCH(VectorCopyKernel, 1, 16)(reinterpret_cast<const unsigned char*>(in.data),
+                                  reinterpret_cast<unsigned char*>(out.data), 16, 0);
+  const std::vector<float> got = out.Read();
+  for (int v = 0; v < 16; ++v) {
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(got[4 * v + k], 4 + 4 * v + (3 - k));
+  }
+}
+
+TEST(VectorDeathTest, AMisalignedSixteenByteReadOrWriteStopsTheProgram) {
+  DeviceBuffer<float> in(64 + 4), out(64 + 4);
+  const unsigned char* from = reinterpret_cast<const unsigned char*>(in.data);
+  unsigned char* to = reinterpret_cast<unsigned char*>(out.data);
+  // 8-byte aligned is not enough for a 16-byte vector.
+  EXPECT_DEATH(
+      {
+        LAUNCH(VectorCopyKernel, 1, 16)(from, to, 8, 0);
+        cudaDeviceSynchronize();
+      },
+      "a misaligned 16-byte vector read at 0x[0-9a-f]+ .*in kernel VectorCopyKernel, block "
+      "\\(0,0,0\\), thread \\(0,0,0\\)");
+  EXPECT_DEATH(
+      {
+        LAUNCH(VectorCopyKernel, 1, 16)(from, to, 0, 4);
+        cudaDeviceSynchronize();
+      },
+      "a misaligned 16-byte vector write .*in kernel VectorCopyKernel");
+  EXPECT_DEATH(
+      {
+        LAUNCH(Vector8CopyKernel, 1, 16)(from, to, 4);
+        cudaDeviceSynchronize();
+      },
+      "a misaligned 8-byte vector read .*in kernel Vector8CopyKernel");
+}
+
 // ---- fiber stacks ----
 
 // Not checked by UBSan (which would stop a bad index first): the point is ASan on fibers.

@@ -44,6 +44,72 @@ struct dim3 {
   constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
 };
 
+namespace cudaemu {
+// Stops the program: a vector access (`bytes` wide, a read or a write) at an address that is not
+// a multiple of its width, which a GPU faults on ("misaligned address"). Names the kernel, block
+// and thread.
+[[noreturn]] void MisalignedVectorAccess(const void* address, size_t bytes, bool write);
+}  // namespace cudaemu
+
+// CUDA's vector types (vector_types.h) with the alignment CUDA gives them: a copy of one to or
+// from memory is one access of its full width (a 16-byte LDG.E.128 on a GPU), checked here for
+// that alignment. Copies go through the check, so here they are not aggregates nor trivially
+// copyable: build one with make_float4(...) and the like, or member by member.
+#define CUDAEMU_VECTOR_TYPE(name, T, align, ...)                                              \
+  struct alignas(align) name {                                                                \
+    T __VA_ARGS__;                                                                            \
+    name() = default;                                                                         \
+    name(const name& o) { CopyFrom(o); }                                                      \
+    name& operator=(const name& o) {                                                          \
+      if (reinterpret_cast<uintptr_t>(this) % align != 0) {                                   \
+        ::cudaemu::MisalignedVectorAccess(this, align, true);                                 \
+      }                                                                                       \
+      CopyFrom(o);                                                                            \
+      return *this;                                                                           \
+    }                                                                                         \
+                                                                                              \
+   private:                                                                                   \
+    void CopyFrom(const name& o) {                                                            \
+      if (reinterpret_cast<uintptr_t>(&o) % align != 0) {                                     \
+        ::cudaemu::MisalignedVectorAccess(&o, align, false);                                  \
+      }                                                                                       \
+      __builtin_memcpy(static_cast<void*>(this), &o, align);                                  \
+    }                                                                                         \
+  };
+CUDAEMU_VECTOR_TYPE(float2, float, 8, x, y)
+CUDAEMU_VECTOR_TYPE(float4, float, 16, x, y, z, w)
+CUDAEMU_VECTOR_TYPE(int2, int, 8, x, y)
+CUDAEMU_VECTOR_TYPE(int4, int, 16, x, y, z, w)
+CUDAEMU_VECTOR_TYPE(uint2, unsigned int, 8, x, y)
+CUDAEMU_VECTOR_TYPE(uint4, unsigned int, 16, x, y, z, w)
+#undef CUDAEMU_VECTOR_TYPE
+static_assert(sizeof(float4) == 16 && alignof(float4) == 16 && sizeof(uint2) == 8);
+
+#define CUDAEMU_MAKE2(name, T) \
+  inline name make_##name(T x, T y) {  \
+    name v;                             \
+    v.x = x;                            \
+    v.y = y;                            \
+    return v;                           \
+  }
+#define CUDAEMU_MAKE4(name, T)                     \
+  inline name make_##name(T x, T y, T z, T w) {  \
+    name v;                                        \
+    v.x = x;                                       \
+    v.y = y;                                       \
+    v.z = z;                                       \
+    v.w = w;                                       \
+    return v;                                      \
+  }
+CUDAEMU_MAKE2(float2, float)
+CUDAEMU_MAKE4(float4, float)
+CUDAEMU_MAKE2(int2, int)
+CUDAEMU_MAKE4(int4, int)
+CUDAEMU_MAKE2(uint2, unsigned int)
+CUDAEMU_MAKE4(uint4, unsigned int)
+#undef CUDAEMU_MAKE2
+#undef CUDAEMU_MAKE4
+
 // The built-in variables: the executor sets them before it resumes a thread's fiber. Plain
 // globals, not thread-locals: one kernel runs at a time (the executor holds the device lock).
 inline uint3 threadIdx;
