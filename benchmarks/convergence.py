@@ -36,6 +36,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import provenance  # noqa: E402
 
 import actpack  # noqa: E402
 
@@ -281,7 +282,7 @@ def main(argv=None):
         args.seeds, args.cnn_steps, args.lm_steps = 1, 12, 12
     torch.set_num_threads(max(1, torch.get_num_threads()))
     seeds = list(range(args.seeds))
-    results = {"command": "python3 benchmarks/convergence.py " + " ".join(argv or sys.argv[1:]),
+    results = {**provenance.record(["benchmarks/convergence.py"] + list(argv or sys.argv[1:])),
                "torch": torch.__version__, "actpack": actpack.__version__,
                "threads": torch.get_num_threads(), "tasks": {}}
     for task in (DigitsTask(args.cnn_steps), StdlibLMTask(args.lm_steps)):

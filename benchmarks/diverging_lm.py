@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import provenance  # noqa: E402
 
 import actpack  # noqa: E402
 
@@ -98,9 +99,8 @@ def main():
         print(f"{name:<30} {r['ended']:<34} {r['last_loss']:>9.3f} {norm:>14}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "python3 benchmarks/diverging_lm.py --steps "
-                       f"{args.steps} --json {args.json}", "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+            json.dump({**provenance.record(), "torch": torch.__version__, "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

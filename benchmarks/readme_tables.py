@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +54,9 @@ def _machine(m):
     parts = []
     if m.get("device"):
         parts.append(m["device"])
-    if m.get("processor"):
+    if m.get("cpu"):
+        parts.append(m["cpu"])
+    elif m.get("processor"):
         parts.append(m["processor"])
     if m.get("cpus"):
         parts.append(f"{m['cpus']} CPUs")
@@ -66,11 +69,33 @@ def _machine(m):
     return ", ".join(parts) or NOT_RECORDED
 
 
-def provenance(path, command=None, date=None, machine=None):
-    """One line: the file, its command, when and where it was measured (as the file says)."""
+def _commit(d):
+    """A result file's commit record (benchmarks/provenance.py), in words."""
+    if not d.get("commit"):
+        return NOT_RECORDED
+    return f"`{d['commit'][:10]}`" + (" with uncommitted changes in the tree" if d.get("dirty")
+                                       else "")
+
+
+def provenance(path, command=None, date=None, machine=None, commit=None):
+    """One line: the file, its command, commit, when and where it was measured (as the file
+    says)."""
     return (f"File [`{path}`]({_rel(path)}); command: "
             + (f"`{command}`" if command else NOT_RECORDED)
+            + f"; commit: {commit or NOT_RECORDED}"
             + f"; measured: {date or NOT_RECORDED}; machine: {machine or NOT_RECORDED}.")
+
+
+def _measured(d):
+    """(date, machine record) of a result file or row: benchmarks/provenance.py's "date" and
+    "machine", or an older file's "measured" (a date, or a dict with the date and the
+    machine's fields)."""
+    if d.get("date") or isinstance(d.get("machine"), dict):
+        return d.get("date"), d.get("machine")
+    measured = d.get("measured")
+    if isinstance(measured, dict):
+        return measured.get("date"), measured
+    return measured, d.get("machine")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,9 +109,10 @@ def convergence():
 
 def convergence_source():
     d = load("convergence.json")
-    machine = _machine({"torch": d.get("torch"), "threads": d.get("threads")})
-    return provenance("benchmarks/results/convergence.json", d.get("command"), d.get("measured"),
-                      machine)
+    date, machine = _measured(d)
+    machine = _machine(machine or {"torch": d.get("torch"), "threads": d.get("threads")})
+    return provenance("benchmarks/results/convergence.json", d.get("command"), date, machine,
+                      _commit(d))
 
 
 def diverging_lm():
@@ -103,19 +129,56 @@ def diverging_lm():
 
 def diverging_lm_source():
     d = load("diverging_lm.json")
-    return provenance("benchmarks/results/diverging_lm.json", d.get("command"), None,
-                      _machine({"torch": d.get("torch")}))
+    date, machine = _measured(d)
+    return provenance("benchmarks/results/diverging_lm.json", d.get("command"), date,
+                      _machine(machine or {"torch": d.get("torch")}), _commit(d))
+
+
+def _truth_search(r):
+    """How a planner row's truth was found, in words."""
+    search = r.get("truth_search")
+    if not search:
+        return "searched from the planner's answer (bisection)"
+    tries = r["truth_tries"]
+    return (f"{search['strategy']} of [{search['low']}, {search['high']}]: {len(tries)} tries, "
+            f"{r['truth_seconds'] / 60:.0f} min")
 
 
 def planner():
     data = load("planner.json")
-    lines = ["| model, budget, choice | planner | truth | planner / truth | steps | tries "
-             "| its measured headroom |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model, budget, choice | planner | truth | planner / truth | how the truth was "
+             "found | planner's steps | its tries | its measured headroom |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in (r for r in data["rows"] if "truth" in r):
         lines.append(f"| {r['model']}, {r['budget']}, `{r['codec']}` | {r['estimate']} | "
-                     f"{r['truth']} | {r['estimate'] / r['truth']:.2f} | {r['steps_run']} | "
-                     f"{r['calibration_tries']} | {r['headroom']:.1%} |")
+                     f"{r['truth']} | {r['estimate'] / r['truth']:.2f} | {_truth_search(r)} | "
+                     f"{r['steps_run']} | {r['calibration_tries']} | {r['headroom']:.1%} |")
+    return "\n".join(lines)
+
+
+def planner_tries():
+    """Each scanned truth's tries: the batches that did not train, and the cost."""
+    data = load("planner.json")
+    lines = ["| model, budget, choice | truth | batches tried that did not train (step it ran "
+             "out in) | above the truth, tried and trained | seconds: all tries (largest try) |",
+             "|---|---|---|---|---|"]
+    scanned = [r for r in data["rows"] if r.get("truth_search")]
+    if not scanned:
+        return "No row's truth has been scanned yet: every truth above was searched from the " \
+               "planner's answer."
+    for r in scanned:
+        tries = r["truth_tries"]
+        failed = ", ".join(f"{t['batch']}" + (f" ({t['ran_out_in_step']})"
+                                              if t.get("ran_out_in_step") else "")
+                           for t in sorted(tries, key=lambda t: t["batch"])
+                           if not t.get("fits") and t["batch"] <= 2 * r["truth"])
+        beyond = [t["batch"] for t in tries if not t.get("fits") and t["batch"] > 2 * r["truth"]]
+        if beyond:
+            failed += f"; and {len(beyond)} more from {min(beyond)} to {max(beyond)}"
+        above = [t["batch"] for t in tries if t.get("fits") and t["batch"] > r["estimate"]]
+        lines.append(f"| {r['model']}, {r['budget']}, `{r['codec']}` | {r['truth']} | {failed} | "
+                     f"{', '.join(map(str, sorted(above))) or '-'} | {r['truth_seconds']:.0f} "
+                     f"({max(t['seconds'] for t in tries):.0f}) |")
     return "\n".join(lines)
 
 
@@ -135,33 +198,69 @@ def planner_steps():
 
 def planner_source():
     rows = load("planner.json")["rows"]
-    dates = sorted({(r.get("measured") or {}).get("date") or NOT_RECORDED for r in rows})
-    machines = sorted({_machine(r.get("measured")) for r in rows})
-    commands = "\n".join(f"    {r.get('command') or NOT_RECORDED}" for r in rows)
+    dates = sorted({_measured(r)[0] or NOT_RECORDED for r in rows})
+    machines = sorted({_machine(_measured(r)[1]) for r in rows})
+    commands = "\n".join(f"    {r.get('command') or NOT_RECORDED}  # {_measured(r)[0]}, "
+                         f"commit {r['commit'][:10] if r.get('commit') else NOT_RECORDED}" for r in rows)
     return (f"File [`benchmarks/results/planner.json`]({_rel('benchmarks/results/planner.json')}), "
             f"one command per row; measured: {', '.join(dates)}; machine: "
-            f"{'; '.join(machines)}. The rows' commands:\n\n{commands}")
+            f"{'; '.join(machines)}. The rows' commands, dates and commits:\n\n{commands}")
+
+
+def _ratio_spread(spread):
+    """'1.12x (0.87-1.31x)': the median over rounds and their range; a file that kept one
+    ratio (of the medians over all rounds) says so."""
+    if spread["n"] == 1:
+        return f"{spread['median']:.2f}x (medians over all rounds; no per-round record)"
+    return f"{spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}x)"
+
+
+def _spread(values):
+    """benchmarks/overhead.py's spread of per-round values (quartiles inclusive)."""
+    ordered = sorted(values)
+    q1, _, q3 = (statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1
+                 else [ordered[0]] * 3)
+    return {"min": ordered[0], "q1": q1, "median": statistics.median(ordered), "q3": q3,
+            "max": ordered[-1], "n": len(ordered)}
+
+
+def _over_plain(d):
+    """Each row's step time over plain's as a spread over rounds: the file's "over_plain", or
+    from a file written before it, which kept auto's per-round ratios and only the overall
+    medians of the others."""
+    if "over_plain" in d:
+        return d["over_plain"]
+    plain = d["plain_seconds"]
+    ratios = {"auto": _spread(d["auto_over_plain_per_round"]),
+              "none": _spread([d["none"]["wall"] / plain])}
+    if d.get("accumulate"):
+        ratios["accumulate"] = _spread([d["accumulate"]["wall"] / plain])
+    return ratios
 
 
 def overhead():
-    """benchmarks/overhead.py's rows, one line per model (every row in actpack's pool)."""
+    """benchmarks/overhead.py's rows, one line per model (every row in actpack's pool): each
+    ratio to plain per round, as the rounds' median and range; the upper quartile is what a
+    claim "at most" uses."""
     names = {"gpt2-small": "GPT-2-small-like", "resnet50": "ResNet-50"}
-    lines = ["| model, batch, budget | plain | `none` | `auto` | `auto` per round "
-             "| plain accumulating micro-batches | auto: codecs "
+    lines = ["| model, batch, budget | plain | `none` / plain | `auto` / plain "
+             "| `auto` / plain, upper quartile of rounds "
+             "| plain accumulating micro-batches / plain | auto: codecs "
              "| hooks (no codecs) | end of step | the model's own work "
              "| page faults a step (plain / auto) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in names:
         d = load(f"overhead_{model}.json")
-        plain, none, auto = d["plain_seconds"], d["none"], d["auto"]
-        rounds = ", ".join(f"{r:.2f}x" for r in d["auto_over_plain_per_round"])
+        plain, auto, ratios = d["plain_seconds"], d["auto"], _over_plain(d)
         acc = d.get("accumulate")
-        accumulated = (f"{acc['wall'] / plain:.2f}x ({acc['micro_steps']} of "
+        accumulated = (f"{_ratio_spread(ratios['accumulate'])} ({acc['micro_steps']} of "
                        f"{acc['micro_batch']})" if acc else "-")
         lines.append(f"| {names[model]}, {d['batch']}, {d['budget'].replace('MiB', ' MiB')} "
-                     f"| {plain:.3f} s | {none['wall'] / plain:.2f}x | {auto['wall'] / plain:.2f}x "
-                     f"| {rounds} | {accumulated} | {auto['codec']:.3f} s | {auto['hooks']:.3f} s "
-                     f"| {auto['end_of_step']:.3f} s | {auto['model']:.3f} s "
+                     f"| {plain:.3f} s | {_ratio_spread(ratios['none'])} "
+                     f"| {_ratio_spread(ratios['auto'])} | {ratios['auto']['q3']:.2f}x "
+                     f"({ratios['auto']['n']} rounds) | {accumulated} | {auto['codec']:.3f} s "
+                     f"| {auto['hooks']:.3f} s | {auto['end_of_step']:.3f} s "
+                     f"| {auto['model']:.3f} s "
                      f"| {d['plain_minor_faults']:,.0f} / {auto['minor_faults']:,.0f} |")
     return "\n".join(lines)
 
@@ -170,8 +269,9 @@ def overhead_source():
     lines = []
     for model in ("gpt2-small", "resnet50"):
         d = load(f"overhead_{model}.json")
+        date, machine = _measured(d)
         lines.append("- " + provenance(f"benchmarks/results/overhead_{model}.json", d.get("command"),
-                                       d.get("measured"), _machine(d.get("machine"))))
+                                       date, _machine(machine), _commit(d)))
     return "\n".join(lines)
 
 
@@ -244,6 +344,8 @@ def suite_table(model, suffix=""):
                                       "actpack:none"):
             own = r.get("min_cosine")  # exact methods: the same gradients at any batch
         time = f(r.get("time_vs_plain"), ".2f") if not r.get("error") else "out of memory"
+        if r.get("time_vs_plain_range") and not r.get("error"):
+            time += " ({:.2f}-{:.2f})".format(*r["time_vs_plain_range"])
         lines.append(f"| {name} | {batch} | {f(r.get('vs_plain'), '.2f')} | "
                      f"{f(r.get('vs_checkpoint'), '.2f')} | {time} | "
                      f"{f(r.get('min_cosine'), '.4f')} | {f(own, '.4f')} | "
@@ -253,8 +355,13 @@ def suite_table(model, suffix=""):
 
 def suite_source(model, suffix=""):
     d = load(f"suite_cpu_{model}{suffix}.json")
+    date, _ = _measured(d)
+    searched = ("each largest batch by `actpack.search`'s scan of the whole range"
+                if d.get("search") == "scan" else
+                "each largest batch bracketed from the planner's answer and bisected to 4% "
+                "(no scan: a batch above a failing one was not tried)")
     return provenance(f"benchmarks/results/suite_cpu_{model}{suffix}.json", d.get("command"),
-                      d.get("measured"), _machine(d.get("machine")))
+                      date, _machine(d.get("machine")), _commit(d)) + f" Search: {searched}."
 
 
 def suite_versus_native():
@@ -587,7 +694,7 @@ def roofline_source():
 
 
 TABLES = {"convergence": convergence, "diverging-lm": diverging_lm, "planner": planner,
-          "planner-steps": planner_steps, "overhead": overhead,
+          "planner-tries": planner_tries, "planner-steps": planner_steps, "overhead": overhead,
           "suite-limits": suite_limits, "soak": soak, "ci-time": ci_time,
           "gpu-runs": gpu_runs, "gpu-sync": gpu_sync, "gpu-codecs": gpu_codecs,
           "gpu-allocator": gpu_allocator, "gpu-demo": gpu_demo,
@@ -664,10 +771,14 @@ def results_doc():
             "trains each model of `benchmarks/models.py` plainly, with activation "
             "checkpointing, with bf16 autocast and under actpack's codecs, on the CPU here. "
             "Columns: the largest batch that trains under the budget (each try in a fresh "
-            "process, bracketing then bisecting to 4%; \"101 (103)\" means 101 trained and 104 "
-            "did not), that batch against plain PyTorch's and against per-block "
+            "process, searched as each file's line says; \"101 (103)\" means 101 trained and "
+            "104 did not), that batch against plain PyTorch's and against per-block "
             "checkpointing's, the step time at checkpointing's largest batch relative to plain "
-            "PyTorch's in the same host pool, the worst parameter group's gradient cosine "
+            "PyTorch's in the same host pool (the median of the method's timed steps over "
+            "plain's, and where the file has each step's time their range against plain's "
+            "median; the methods run one after another, not in rounds, so a drift of the "
+            "machine moves them apart: the overhead table below is the measurement of time), "
+            "the worst parameter group's gradient cosine "
             "against exact training at that batch and at the method's own largest batch, and "
             "the loss after 8 steps from the same start. The budget counts everything the step "
             "allocates but the weights.",
@@ -685,23 +796,34 @@ def results_doc():
             "Where `auto`'s time goes (CPU)",
             "`benchmarks/overhead.py` runs one suite model at checkpointing's largest batch, "
             "every row in actpack's host pool, the rows taking turns round by round so that "
-            "the machine's drift slows each alike; medians of 4 steps a round over all rounds. "
-            "The `auto` step is split by actpack's own clocks; \"plain accumulating\" reaches "
+            "the machine's drift slows each alike. Each ratio is taken per round (the median "
+            "of the row's 4 steps over the median of plain's in that round) and shown as the "
+            "median over the rounds with their range (min-max); the seconds are medians over "
+            "every round's steps. A claim that `auto` costs at most some multiple of plain's "
+            "step time is made on the upper quartile of the rounds, not their median. The "
+            "`auto` step is split by actpack's own clocks; \"plain accumulating\" reaches "
             "the same batch with gradient accumulation over micro-batches of plain's largest "
-            "batch under the budget. The per-round column is the spread: read a single round "
-            "as noise.",
+            "batch under the budget.",
             overhead_source(), TABLES["overhead"]()),
         _section(
             "The planner against the truth",
             "The planner's answer is `actpack.plan(...)` for one choice without `verify`; the "
             "truth is the largest batch that trains the file's `steps` steps under the cap, "
-            "each try in a fresh process (`tools/budget_check.py plan`). \"steps\" counts the "
-            "plan's calls of `step`; \"tries\" its tries under the cap; the headroom is the "
-            "share of the budget its line leaves free at its answer. `gpt-d4w64` and "
+            "each try in a fresh process (`tools/budget_check.py plan`), found independently "
+            "of the planner's answer by `actpack.search`'s scan of the whole range (a grid, "
+            "finer around the largest batch that trained, then every batch up to the next "
+            "that did not; fits are not monotone in the batch, so no bisection). A row whose "
+            "truth was \"searched from the planner's answer\" predates the scan and may sit "
+            "nearer the answer than the largest batch that trains. \"planner's steps\" counts "
+            "the plan's calls of `step`; \"its tries\" its tries under the cap; the headroom "
+            "is the share of the budget its line leaves free at its answer. `gpt-d4w64` and "
             "`vit-d4w64` are the suite's GPT and ViT at depth 4 and width 64, their blocks "
-            "`actpack.recompute` regions. The second table is the default plan (every choice) "
-            "and what it costs.",
-            planner_source(), TABLES["planner"](), TABLES["planner-steps"]()),
+            "`actpack.recompute` regions. The second table lists each scan's batches that did "
+            "not train up to twice the truth (with the step each ran out in) and those above "
+            "the planner's answer that did; the third is the default plan (every choice) and "
+            "what it costs.",
+            planner_source(), TABLES["planner"](), TABLES["planner-tries"](),
+            TABLES["planner-steps"]()),
         _section(
             "Training to the end: convergence on real data",
             "Whole training runs from scratch on the CPU, mean ± standard deviation over seeds, "

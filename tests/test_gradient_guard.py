@@ -4,7 +4,7 @@ the weights still finite (two of the last three steps: a runaway whose norms dip
 factor between two high steps is one too); a single spike, lossless packing, non-finite steps (GradScaler's) and
 gradient_guard=False do not; under auto it tightens the fidelity floor and drops the step before
 it stops the run. The runaway is made here by scaling the loss; the real one (2-bit attention
-inputs in a small GPT) is benchmarks/diverging_lm.py and test_auto_runaway.py."""
+inputs in a small GPT, benchmarks/diverging_lm.py) is the last test here."""
 import json
 import os
 import sys

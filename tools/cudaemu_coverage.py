@@ -24,9 +24,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "testing", "cudaemu"))
 from race_config import CONFIG, bazel, execution_root, gcov_test_env  # noqa: E402
 
-# Every test that links the emulator (the codec, allocator and session tests with CUDA cases);
-# //torch_plugin builds against the wheel's CPU LibTorch and stays out of emulated builds.
-EMULATED = 'kind(".*_test", rdeps(//... except //torch_plugin/..., //testing/cudaemu:runtime))'
+# Every test that runs kernels (the codec and session tests with CUDA cases) and the race
+# checker's own test. The allocator's and the emulator's other tests launch no kernel: the race
+# checker has nothing to see there, and --config=cudaemu_asan runs them. //torch_plugin builds
+# against the wheel's CPU LibTorch and stays out of emulated builds.
+EMULATED = ('kind(".*_test", rdeps(//... except //torch_plugin/..., //codecs:cuda_kernels))'
+            ' + //testing/cudaemu:race_checker_test')
 MARKER = "coverage: every branch"
 
 

@@ -7,9 +7,9 @@
 #                 //testing/...                   (the CUDA code paths on the CUDA emulator, and
 #                                                 the CPU paths, under AddressSanitizer + UBSan,
 #                                                 blocks in the reverse schedule)
-#      python3 tools/cudaemu_coverage.py         (the emulated tests with the race checker in the
-#                                                 forward schedule, and kernel line coverage
-#                                                 >= 95%, mode branches)
+#      python3 tools/cudaemu_coverage.py         (the emulated tests that run kernels, with the
+#                                                 race checker in the forward schedule, and
+#                                                 kernel line coverage >= 95%, mode branches)
 #      python3 tools/traffic_check.py            (each kernel's memory traffic, as the race
 #                                                 checker sees it, against codecs/cuda/traffic.tsv)
 #      python3 tools/kernel_model.py --check     (each kernel's H100 time from its SASS against
