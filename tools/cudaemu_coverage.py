@@ -26,10 +26,12 @@ from race_config import CONFIG, bazel, execution_root, gcov_test_env  # noqa: E4
 
 # Every test that runs kernels (the codec and session tests with CUDA cases) and the race
 # checker's own test. The allocator's and the emulator's other tests launch no kernel: the race
-# checker has nothing to see there, and --config=cudaemu_asan runs them. //torch_plugin builds
-# against the wheel's CPU LibTorch and stays out of emulated builds.
+# checker has nothing to see there, and --config=cudaemu_asan runs them; a test tagged
+# no_race_stage runs only kernels other tests run here. //torch_plugin builds against the
+# wheel's CPU LibTorch and stays out of emulated builds.
 EMULATED = ('kind(".*_test", rdeps(//... except //torch_plugin/..., //codecs:cuda_kernels))'
-            ' + //testing/cudaemu:race_checker_test')
+            ' + //testing/cudaemu:race_checker_test'
+            ' except attr(tags, "no_race_stage", //...)')
 MARKER = "coverage: every branch"
 
 
