@@ -272,7 +272,7 @@ TEST_P(SessionCapTest, AtTheCapAStepWaitsOnceAndNeitherMallocsNorFrees) {
   SessionOptions options;
   options.codec = *ParseCodecChoice(GetParam().codec);
   options.min_bytes = 4096;
-  options.profile_every = 4;  // a profile step among the counted ones
+  options.profile_every = 3;  // a profile step (the fourth) among the counted ones
   // Weights, optimizer state and gradients: 8 MiB held throughout. Beyond them, one small
   // segment (statuses and small buffers share 2 MiB segments) and a share of the activations.
   constexpr uint64_t kWeights = uint64_t{8} << 20, kSmallSegment = uint64_t{2} << 20;
@@ -284,7 +284,7 @@ TEST_P(SessionCapTest, AtTheCapAStepWaitsOnceAndNeitherMallocsNorFrees) {
   ASSERT_NE(weights_, nullptr);
   Session session(options, Factory());
   stack_->budget().AddPressureCallback([&](size_t needed) { return Relieve(session, needed); });
-  constexpr int kWarmUp = 3, kCounted = 3;
+  constexpr int kWarmUp = 2, kCounted = 2;
   std::string counts;
   for (int step = 0; step < kWarmUp + kCounted; ++step) {
     cudaemu::ResetHostCalls();
