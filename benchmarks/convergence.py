@@ -272,7 +272,7 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--svg", default=None)
     parser.add_argument("--render", metavar="JSON",
-                        help="print the table of a results file (the README's) and exit")
+                        help="print the table of a results file (docs/results.md's) and exit")
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render) as f:

@@ -700,7 +700,7 @@ def main(argv=None):
                              "the truth) or in this one (faster, for the smoke run)")
     parser.add_argument("--picture", nargs="+", metavar="RESULTS",
                         help="only draw the bar chart of these benchmark.json files, merged, "
-                             "to OUT/benchmark.svg (the README's picture from its result files)")
+                             "to OUT/benchmark.svg (docs/results.md's picture from its result files)")
     parser.add_argument("--trial", nargs=3, metavar=("MODEL", "METHOD", "BATCH"),
                         help=argparse.SUPPRESS)  # one try of the search, in its own process
     parser.add_argument("--gradients", nargs=3, metavar=("MODEL", "METHOD", "BATCH"),

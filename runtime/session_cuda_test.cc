@@ -797,7 +797,7 @@ TEST_P(SessionWaitTest, PacksUnpacksAndProfilesNeverWaitAndAStepWaitsOnce) {
   const bool eb = std::string(codec) == "eb" || std::string(codec) == "auto";
   const std::vector<StepWaits> waits = Run(session, pattern, 6, raw / 4, eb);
   ASSERT_EQ(waits.size(), 6u);
-  // The counts, for the record (the README's table and the closing notes quote them).
+  // The counts, printed so that a failure shows every step's.
   std::string counts;
   for (const StepWaits& w : waits) {
     counts += absl::StrCat(" [profile ", w.profile, ", pack ", w.pack, ", unpack ", w.unpack,

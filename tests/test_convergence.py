@@ -1,6 +1,6 @@
 """The convergence benchmark's smoke run (benchmarks/convergence.py --smoke): both tasks and
 every method run a few steps of real training, and what it writes means what it says. The full
-runs (3 seeds, full schedules) are the README's convergence table."""
+runs (3 seeds, full schedules) make docs/results.md's convergence table."""
 import json
 import math
 import os

@@ -15,9 +15,10 @@ than 5% must say why in the table's `note` column. When a change is intended, re
 
 Usage (from the repository root):
   python3 tools/traffic_check.py [--update] [--bytes N]
-  python3 tools/traffic_check.py --markdown FILE    (the README's roofline table from a table)
+  python3 tools/traffic_check.py --markdown FILE    (a table's roofline rows as markdown)
 --bytes (default 1 MiB) sizes every input; the committed table is at the default, and
-ACTPACK_FULL=1 runs (tools/test.sh) also print the table at 16 MiB for the README.
+ACTPACK_FULL=1 runs (tools/test.sh) also print the table at 16 MiB (codecs/cuda/traffic_16MiB.tsv,
+which docs/gpu.md's roofline table is made from).
 """
 import argparse
 import os
@@ -53,7 +54,7 @@ def read_table(path):
 
 
 def markdown(path):
-    """The roofline summary rows of a table as the README's markdown table."""
+    """The roofline summary rows of a table as a markdown table."""
     _, rows = read_table(path)
     summary = {}
     for r in rows:
