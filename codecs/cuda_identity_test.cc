@@ -27,6 +27,9 @@
 
 #if ACTPACK_WITH_CUDA
 #include <cuda_runtime_api.h>
+#if defined(CUDAEMU)
+#include "cudaemu/control.h"
+#endif
 #endif
 
 namespace actpack::codecs {
@@ -374,6 +377,43 @@ TEST(CudaIdentityLargeTest, SixteenMebibytes) {
     ASSERT_TRUE(out_a == out_b) << spec;
   }
 }
+
+#if defined(CUDAEMU)
+// eb's encode finds where each chunk's data starts by looking back at the chunks before it.
+// Whatever order the blocks run in (forward: every chunk before done; reverse: none, so each
+// looks back through chunks with no state yet and quantizes them itself; random: a mix), the
+// bytes are the CPU's. 48 chunks, so look-backs span more than one window of 32 chunks; values
+// past the code range and NaNs make outliers in most chunks, listed after the data of all.
+TEST(CudaIdentityEbTest, EveryBlockOrderWritesTheCpuBytes) {
+  DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  const std::string saved = cudaemu::ScheduleName();
+  const CodecParams params = *ParseCodecSpec("eb:abs=1e-4");
+  const std::pair<std::vector<int64_t>, DType> cases[] = {
+      {{48, 64, 64}, DType::kFloat32},        // 8 x 16 tiles, 32 a plane
+      {{48 * 4096 + 77}, DType::kBFloat16}};  // 1-D blocks of 128, a partial last chunk
+  for (const auto& [shape, dtype] : cases) {
+    std::vector<float> values = MakeValues(Data::kOutliers, shape, 4);
+    for (size_t i = 3; i < values.size(); i += 4099) {
+      values[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    const std::vector<uint8_t> input = testing::ToBytes(values, dtype);
+    absl::StatusOr<std::vector<uint8_t>> expected = cpu.Encode(input, dtype, shape, params);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    for (const char* schedule : {"forward", "reverse", "random:1", "random:2"}) {
+      cudaemu::SetSchedule(schedule);
+      absl::StatusOr<std::vector<uint8_t>> encoded = cuda.Encode(input, dtype, shape, params);
+      cudaemu::SetSchedule(saved);
+      ASSERT_TRUE(encoded.ok()) << schedule << ": " << encoded.status();
+      ASSERT_EQ(encoded->size(), expected->size()) << schedule;
+      for (size_t i = 0; i < expected->size(); ++i) {
+        ASSERT_EQ((*encoded)[i], (*expected)[i])
+            << schedule << ": first differing byte " << i << " of " << expected->size();
+      }
+    }
+  }
+}
+#endif  // CUDAEMU
 
 #if ACTPACK_WITH_CUDA
 // Every byte a codec uses on the device comes from the caller: its output buffer and the

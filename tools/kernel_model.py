@@ -612,6 +612,11 @@ def checksum_blocks(s):
 
 
 QUANT = "codecs/cuda/quant_kernels.cu"
+# eb's quantizer tries the neighbouring bin only for a value at a bin's edge that the rounded
+# division put in the wrong one.
+EB_SECOND_BIN = (("codecs/internal/eb_math.h", "const int32_t other = a > decoded ? m + 1 : m - 1;"),
+                 ("codecs/internal/eb_math.h",
+                  "if (other >= 1 && other <= kMaxCode && BinFits<K>(a, other, qz)) {"))
 EB = "codecs/cuda/eb_kernels.cu"
 DIVISION = "codecs/cuda/division_kernels.cu"
 OPS = "codecs/cuda/device_ops.cu"
@@ -639,25 +644,35 @@ def work(kernels_tree):
                  lambda s: s["groups"] * s["group"] / 32, loads=1, cold=(UNIFORM_FLOAT,)),
             Trip("for (uint32_t offset = 1; offset < per_word; offset *= 2)",
                  lambda s: s["groups"] * s["group"] / 32 * math.log2(s["per_word"]))]),
-        # eb (1-D blocks of 128): one warp per chunk of 32 blocks, block after block.
+        # eb (1-D blocks of 128): a thread block of 4 warps per chunk of 32 blocks, 8 blocks a
+        # warp: planned, then (after warp 0's look-back) packed. No chunk is planned again by a
+        # look-back (that takes a predecessor that has not started), no block is verbatim and
+        # no value an outlier in this data.
         "EbRangeKernel": Launch(EB, 256, lambda s: blocks_for(s["numel"], 256 * 8), [
-            Trip("i < numel; i += stride", lambda s: s["numel"] / 32, loads=1)]),
+            Trip("i += kRangeLoads * stride) {", lambda s: s["numel"] / 32 / 4, loads=4)]),
         "EbQuantizerKernel": Launch(EB, 1, lambda s: 1),
-        "EbPlanKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
-            Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
-            Trip("for (uint64_t b = first; b < last; ++b)", lambda s: s["blocks"])]),
-        "EbScanKernel": Launch(EB, 1024, lambda s: 1, [
-            Trip("for (uint64_t c = begin; c < end; ++c)", lambda s: s["chunks"] / 32, nth=1),
-            Trip("for (uint64_t c = begin; c < end; ++c)", lambda s: s["chunks"] / 32, nth=2)]),
-        "EbWriteKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
-            Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
-            Trip("for (uint64_t b = first; b < last; ++b)", lambda s: s["blocks"]),
-            # a lane packs one data word; PackWord reads the values that overlap it
-            Trip("word < state.choice.data_words; word += 32",
+        "EbEncodeKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 1), [
+            Trip("c < l.chunks; c += gridDim.x", lambda s: s["chunks"] * 4),
+            Trip("for (uint32_t t = lane; t < eb_math::kBlockValues; t += 32) pack[t] = 0;",
+                 lambda s: blocks_for(s["chunks"], 1) * 4 * 4),
+            Trip("bi < (warp + 1) * kBlocksPerWarp; ++bi", lambda s: s["blocks"], nth=1,
+                 cold=((EB, ": PlanBlock<K>(input, l, qz, first + bi, codes[bi], lane).choice;"),
+                       ) + EB_SECOND_BIN),
+            # LoadFour's one-at-a-time loads: the last block only (an aligned input)
+            Trip("x[j] = j < n ? elements::Load<K>(input, i + j) : 0.0f;", lambda s: 0),
+            Trip("bi < (warp + 1) * kBlocksPerWarp; ++bi", lambda s: s["blocks"], nth=2,
+                 cold=((EB, "OrBits(pack, elements::LoadBits<kBytes>(input, origin + s), s * width"),
+                       (EB, "const Tile t = eb_math::TileOf(l, b);"), (EB, "count = t.count;"),
+                       (EB, "const Slot slot = SlotOf(l, t, kSlotsPerLane * lane + j);"))),
+            Trip("for (uint32_t s = s0; s < s0 + kSlotsPerLane && s < count; ++s) {", lambda s: 0),
+            Trip("for (uint32_t w = lane; w < n; w += 32)",
                  lambda s: s["blocks"] * ceil_div(s["block_words"], 32)),
-            Trip("for (uint32_t i = first_bit / width; i < count; ++i)",
-                 lambda s: s["blocks"] * ceil_div(s["block_words"], 32)
-                 * (128 / s["block_words"] + 1), file="codecs/internal/eb_math.h")]),
+            Trip("while (j > 0)", lambda s: s["chunks"]),
+            Trip("spin < kLookBackSpins", lambda s: 0),
+            Trip("for (uint64_t b = first; b < last; ++b)", lambda s: 0)]),
+        "EbOutlierKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
+            Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
+            Trip("for (uint64_t b = first; b < last; ++b)", lambda s: 0)]),
         "EbValidateKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
             Trip("c < l.chunks;", lambda s: s["chunks"])]),
         "EbDecodeKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
@@ -717,16 +732,47 @@ def work(kernels_tree):
             per_value()]),
         "BitpackParamsKernel": Launch(bitpack, 1, lambda s: 1),
         "BitpackCheckKernel": Launch(bitpack, 1, lambda s: 1),
-        # a thread per group of 32; values of up to 32 bits (the other loop is for wider ones)
+        # a warp per pass of 4 groups of 32 (a lane per element of each), storing the pass's
+        # 4 x bits words 32 at a time, about 8 passes a warp; each warp zeroes its 256 shared
+        # words once
         "BitpackEncodeKernel": Launch(bitpack, 256, lambda s: blocks_for(s["groups"], 256), [
-            Trip("g < groups; g += stride", lambda s: s["groups"] / 32),
-            Trip("for (uint32_t j = 0; j < count; ++j)", lambda s: s["groups"] / 32 * 32, loads=1,
-                 file="codecs/internal/bitpack_math.h", nth=1),
-            Trip("for (uint32_t j = 0; j < count; ++j)", lambda s: 0,
-                 file="codecs/internal/bitpack_math.h", nth=2)]),
+            Trip("g0 < groups; g0 += warp_stride", lambda s: s["groups"] / 4, loads=4),
+            Trip("t < kPassWords; t += 32) words[t] = 0;",
+                 lambda s: blocks_for(s["groups"], 256) * 8 * 8),
+            Trip("t < pass_words; t += 32", lambda s: s["groups"] / 4 * ceil_div(4 * s["bits"], 32))]),
         "BitpackDecodeKernel": Launch(bitpack, 256, lambda s: blocks_for(s["numel"], 256), [
             per_value()]),
     })
+    with open(os.path.join(kernels_tree, EB)) as f:
+        single_pass = "EbEncodeKernel" in f.read()
+    if not single_pass:  # the kernels of 2026-11-27: plan, scan and write, a warp per chunk
+        del w["EbEncodeKernel"], w["EbOutlierKernel"]
+        w.update({
+            "EbRangeKernel": Launch(EB, 256, lambda s: blocks_for(s["numel"], 256 * 8), [
+                Trip("i < numel; i += stride", lambda s: s["numel"] / 32, loads=1)]),
+            "EbPlanKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
+                Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
+                Trip("for (uint64_t b = first; b < last; ++b)", lambda s: s["blocks"])]),
+            "EbScanKernel": Launch(EB, 1024, lambda s: 1, [
+                Trip("for (uint64_t c = begin; c < end; ++c)", lambda s: s["chunks"] / 32, nth=1),
+                Trip("for (uint64_t c = begin; c < end; ++c)", lambda s: s["chunks"] / 32, nth=2)]),
+            "EbWriteKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
+                Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
+                Trip("for (uint64_t b = first; b < last; ++b)", lambda s: s["blocks"]),
+                # a lane packs one data word; PackWord reads the values that overlap it
+                Trip("word < state.choice.data_words; word += 32",
+                     lambda s: s["blocks"] * ceil_div(s["block_words"], 32)),
+                Trip("for (uint32_t i = first_bit / width; i < count; ++i)",
+                     lambda s: s["blocks"] * ceil_div(s["block_words"], 32)
+                     * (128 / s["block_words"] + 1), file="codecs/internal/eb_math.h")]),
+            "EbDecodeKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
+                Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
+                Trip("for (uint32_t bi = 0; bi < blocks; ++bi)", lambda s: s["blocks"]),
+                Trip("for (uint32_t i = lane; i < t.count; i += 32)", lambda s: 0),
+                Trip("for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc] +=", lambda s: 0),
+                Trip("for (uint32_t col = 1; col < tc; ++col)", lambda s: 0),
+                Trip("for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc + lane]", lambda s: 0)]),
+        })
     quant_decode = os.path.join(kernels_tree, QUANT)
     with open(quant_decode) as f:
         one_warp_per_group = "for (uint32_t k = lane; k < n; k += 32)" in f.read()
@@ -771,7 +817,8 @@ def shape_of(spec, dtype, nbytes, ratio=1.0):
     elif spec == "pool":
         s.update(window=4, words=ceil_div(n, 4))
     elif spec == "bitpack":
-        s.update(groups=ceil_div(n, 32))
+        # the traffic table's data (traffic_report.cc): indices below 4096, 12 bits each
+        s.update(groups=ceil_div(n, 32), bits=12)
     return s
 
 

@@ -4,8 +4,10 @@
 // Range: a grid-stride pass over the elements; each thread keeps the largest value and the
 // largest complement (for the smallest) of the elements as order-preserving unsigned numbers
 // (v with its sign bit flipped), reduced per warp into the call's DeviceStatus, from which one
-// thread derives base and b. Encode: one thread per group of 32 elements in a grid-stride loop
-// writes the group's b words and adds their checksum terms, summed per warp. Decode: one thread
+// thread derives base and b. Encode: a warp per 4 groups of 32 elements, a lane per element of
+// each, in a grid-stride loop: the lanes' offsets are ORed into the groups' words in shared
+// memory, which consecutive lanes then store with their checksum terms, summed per warp.
+// Decode: one thread
 // checks base and b in the buffer's header, then one thread per element reads the words
 // holding its bits.
 #include <cuda_runtime.h>
@@ -67,17 +69,66 @@ __device__ __forceinline__ int64_t BaseOf(const uint32_t* params) {
   return static_cast<int64_t>(params[0] | static_cast<uint64_t>(params[1]) << 32);
 }
 
+// Groups a warp packs per pass: their elements are loaded first, all in flight together, and
+// their words (consecutive in the payload) stored together. A warp makes about kPassesPerWarp
+// passes (its shared words are zeroed once).
+constexpr int kGroupsPerPass = 4;
+constexpr int kPassesPerWarp = 8;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr uint32_t kPassWords = kGroupsPerPass * 64;  // groups of 32 elements of up to 64 bits
+
+// A warp per kGroupsPerPass consecutive groups at a time, grid-stride. Lane j holds element j of
+// each group (consecutive lanes load consecutive elements) and ORs its offset's bits into the
+// pass's words in the warp's shared memory (the bits of different lanes never overlap, so the
+// order of the ORs does not matter); then consecutive lanes store consecutive words, adding
+// their checksum terms.
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     BitpackEncodeKernel(const void* __restrict__ input, uint64_t numel,
                         uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
+  __shared__ uint32_t staged[kWarpsPerBlock][kPassWords];
   const int64_t base = BaseOf(status->params);
   const uint32_t bits = status->params[2];
   const uint64_t groups = bits == 0 ? 0 : (numel + bm::kGroup - 1) / bm::kGroup;
+  const uint32_t lane = threadIdx.x & 31;
+  uint32_t* words = staged[threadIdx.x / 32];
+  for (uint32_t t = lane; t < kPassWords; t += 32) words[t] = 0;
+  __syncwarp();
+  // Lane j's bits start at bit j * b of its group: the group's word `first`, bit `shift`.
+  const uint32_t first = lane * bits / 32, shift = lane * bits % 32;
   uint64_t checksum = 0;
-  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (uint64_t g = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    checksum += bm::PackGroup<K>(input, numel, g, base, bits, payload);
+  const uint64_t warp = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const uint64_t warp_stride = uint64_t{gridDim.x} * kWarpsPerBlock * kGroupsPerPass;
+  for (uint64_t g0 = warp * kGroupsPerPass; g0 < groups; g0 += warp_stride) {
+    uint64_t offsets[kGroupsPerPass];
+    for (int k = 0; k < kGroupsPerPass; ++k) {
+      const uint64_t i = (g0 + k) * bm::kGroup + lane;
+      offsets[k] = i < numel ? static_cast<uint64_t>(bm::Load<K>(input, i)) -
+                                   static_cast<uint64_t>(base)
+                             : 0;
+    }
+    for (int k = 0; k < kGroupsPerPass; ++k) {
+      const uint64_t d = offsets[k];  // < 2^b; 0 past the tensor's end
+      uint32_t* group = words + k * bits + first;
+      if (d != 0) {
+        atomicOr(&group[0], static_cast<uint32_t>(d << shift));
+        const uint64_t high = d >> (32 - shift);  // the bits past the first word
+        if (high != 0) atomicOr(&group[1], static_cast<uint32_t>(high));
+        if ((high >> 32) != 0) atomicOr(&group[2], static_cast<uint32_t>(high >> 32));
+      }
+    }
+    __syncwarp();
+    const uint64_t rest = numel - g0 * bm::kGroup;  // elements from the pass's first on
+    const uint32_t pass_words = static_cast<uint32_t>(
+        rest >= kGroupsPerPass * bm::kGroup ? kGroupsPerPass * bits : bm::PayloadWords(rest, bits));
+    for (uint32_t t = lane; t < pass_words; t += 32) {
+      const uint32_t word = words[t];
+      words[t] = 0;
+      const uint64_t index = g0 * bits + t;
+      payload[index] = word;
+      checksum += portable::ChecksumTerm(word, index);
+    }
+    __syncwarp();
   }
   WarpSumToGlobal(checksum, &status->payload_sum);
 }
@@ -152,8 +203,9 @@ absl::Status BitpackEncode(const void* input, uint64_t numel, int kind, uint8_t*
   const uint64_t groups = (numel + bm::kGroup - 1) / bm::kGroup;
   if (groups > 0) {
     DispatchKind(kind, [&](auto k) {
-      ACTPACK_LAUNCH(BitpackEncodeKernel<decltype(k)::value>, BlocksFor(groups, kThreads),
-                     kThreads, s)(input, numel, words, status);
+      ACTPACK_LAUNCH(BitpackEncodeKernel<decltype(k)::value>,
+                   BlocksFor(groups, kWarpsPerBlock * kGroupsPerPass * kPassesPerWarp), kThreads,
+                   s)(input, numel, words, status);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

@@ -1,18 +1,20 @@
 // CUDA kernels of the `eb` codec. They write exactly the payload of the CPU reference (eb.cc):
-// every code, predictor choice, header word and packed word comes from eb_math.h, and no
-// atomic operation decides a byte of output (atomics only sum counters and failure bits).
+// every code, predictor choice, header word and packed word comes from eb_math.h. Atomics sum
+// counters and failure bits, carry the encode's look-back state, and OR a block's values into
+// its packed words, whose bits no two values share (so the order of the ORs changes nothing).
 //
 // Encode, with nothing read back by the host: EbRangeKernel (relative mode) and
 // EbQuantizerKernel put the quantizer in the call's DeviceStatus, then
-//  1. EbPlanKernel, one warp per chunk of 32 blocks, block after block: quantize the tile into
-//     shared memory (4 slots per lane), OR-reduce each predictor's ZigZag residuals, choose
-//     (ChooseBlock), write the header word; per chunk, its data words and outliers to scratch.
-//  2. EbScanKernel, one thread block: exclusive prefix sums of the chunk sums, giving the chunk
-//     index (into the payload) and each chunk's first outlier (scratch), and the totals.
-//  3. EbWriteKernel, one warp per chunk again: re-quantize each tile (the same choice comes
-//     out), pack the chosen residuals one word per lane (PackWord) or copy the raw bits, and
-//     list the outliers in slot order (a warp scan of per-lane counts).
-//  Then the checksum over the finished payload, whose size the scan left in the status.
+//  1. EbEncodeKernel, one pass over the input, a thread block per chunk of 32 blocks: its four
+//     warps quantize their blocks into shared memory (4 slots per lane), OR-reduce each
+//     predictor's ZigZag residuals and choose (ChooseBlock); warp 0 finds where the chunk's
+//     data starts by a decoupled look-back over the chunks before it (the scratch holds each
+//     chunk's sums, then its prefix), writes the chunk index entry and the block headers; the
+//     warps pack the chosen residuals (or the raw bits) there. The last chunk writes the totals.
+//  2. EbOutlierKernel, a warp per chunk that has outliers (none, usually): its blocks quantized
+//     again, their outliers listed in slot order (a warp scan of per-lane counts) once the
+//     totals place the outlier section.
+//  Then the checksum over the finished payload, whose size the last chunk left in the status.
 // Decode: EbValidateKernel (warp per chunk: header words, block sizes against the chunk index)
 // and EbValidateOutliersKernel (thread per outlier) set failure bits; only when none is set
 // (nor one of the buffer's check before them), EbDecodeKernel (warp per chunk: unpack, inverse
@@ -44,7 +46,14 @@ using eb_math::Layout;
 using eb_math::Quantizer;
 using eb_math::Tile;
 
-constexpr int kWarps = 4;  // warps per thread block, each on its own chunk
+// A loop nvcc unrolls whole (its trip count is a constant).
+#if defined(__CUDACC__)
+#define EB_UNROLL _Pragma("unroll")
+#else
+#define EB_UNROLL
+#endif
+
+constexpr int kWarps = 4;  // warps per thread block
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr uint32_t kSlotsPerLane = eb_math::kBlockValues / 32;
 
@@ -118,7 +127,8 @@ struct BlockState {
 // predictor as eb.cc does. Ends with the tile's codes visible to the whole warp.
 template <int K>
 __device__ BlockState PlanBlock(const void* __restrict__ input, const Layout& l,
-                                const Quantizer& qz, uint64_t b, WarpTile& w, int lane) {
+                                const Quantizer& qz, uint64_t b, int32_t* __restrict__ k,
+                                int lane) {
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
   BlockState state;
   state.tile = eb_math::TileOf(l, b);
@@ -135,28 +145,111 @@ __device__ BlockState PlanBlock(const void* __restrict__ input, const Layout& l,
       lo = min(lo, code);
       hi = max(hi, code);
     }
-    w.k[s] = code;
+    k[s] = code;
   }
   __syncwarp();
   lo = WarpMin(lo);
   hi = WarpMax(hi);
   const int32_t mid = eb_math::MidCode(lo, hi);
-  const int32_t first = w.k[0];
+  const int32_t first = k[0];
   uint32_t or_offset = 0, or_row = 0, or_lorenzo = 0;
   for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
     const Slot slot = SlotOf(l, t, kSlotsPerLane * lane + j);
     if (!slot.real) continue;
     or_offset |= eb_math::ZigZag(
-        eb_math::Residual(eb_math::kOffset, w.k, l.tile_cols, slot.r, slot.c, mid));
+        eb_math::Residual(eb_math::kOffset, k, l.tile_cols, slot.r, slot.c, mid));
     or_row |= eb_math::ZigZag(
-        eb_math::Residual(eb_math::kRow, w.k, l.tile_cols, slot.r, slot.c, first));
+        eb_math::Residual(eb_math::kRow, k, l.tile_cols, slot.r, slot.c, first));
     or_lorenzo |= eb_math::ZigZag(
-        eb_math::Residual(eb_math::kLorenzo, w.k, l.tile_cols, slot.r, slot.c, first));
+        eb_math::Residual(eb_math::kLorenzo, k, l.tile_cols, slot.r, slot.c, first));
   }
   const uint32_t outliers = WarpSum(__popc(state.outlier_bits));
   state.choice = eb_math::ChooseBlock(WarpOr(or_offset), WarpOr(or_row), WarpOr(or_lorenzo), mid,
                                       first, outliers, t.count, kBytes);
   return state;
+}
+
+// The value of 16 bits `bits` of element kind K.
+template <int K>
+__device__ __forceinline__ float HalfBitsToFloat(uint32_t bits) {
+  if constexpr (K == elements::kF16) {
+    return portable::HalfToFloat(static_cast<uint16_t>(bits));
+  } else {
+    return portable::Bf16ToFloat(static_cast<uint16_t>(bits));
+  }
+}
+
+// Elements i .. i + 3 of the input, the first n of them (0 for the rest): one 16-byte load
+// (float) or 8-byte load (16-bit kinds) when `aligned` (the input is aligned to that width and
+// i is a multiple of 4) and n >= 4; else one element at a time.
+template <int K>
+__device__ __forceinline__ void LoadFour(const void* __restrict__ input, uint64_t i, uint32_t n,
+                                         bool aligned, float* x) {
+  if (aligned && n >= 4) {
+    if constexpr (K == elements::kF32) {
+      const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(input) + i);
+      x[0] = v.x;
+      x[1] = v.y;
+      x[2] = v.z;
+      x[3] = v.w;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(input) + i);
+      x[0] = HalfBitsToFloat<K>(v.x & 0xffffu);
+      x[1] = HalfBitsToFloat<K>(v.x >> 16);
+      x[2] = HalfBitsToFloat<K>(v.y & 0xffffu);
+      x[3] = HalfBitsToFloat<K>(v.y >> 16);
+    }
+    return;
+  }
+  for (uint32_t j = 0; j < 4; ++j) x[j] = j < n ? elements::Load<K>(input, i + j) : 0.0f;
+}
+
+// PlanBlock's choice for a 1-D block (a run of up to 128 consecutive values, tile_rows = 1),
+// with the same codes in the tile: lane i holds values 4i .. 4i + 3, loaded at once (LoadFour),
+// and the row predictor's left neighbour of its first comes from the lane before. In one row
+// 2-D Lorenzo's residuals are the row predictor's, so its OR is the row's.
+template <int K>
+__device__ eb_math::BlockChoice PlanRun(const void* __restrict__ input, const Layout& l,
+                                        const Quantizer& qz, uint64_t b, bool aligned,
+                                        int32_t* __restrict__ k, int lane) {
+  constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  const uint64_t origin = b * eb_math::kBlockValues;
+  const uint32_t count = static_cast<uint32_t>(Min64(l.cols - origin, eb_math::kBlockValues));
+  const uint32_t s0 = kSlotsPerLane * lane;
+  float x[kSlotsPerLane];
+  LoadFour<K>(input, origin + s0, count > s0 ? count - s0 : 0u, aligned, x);
+  int32_t code[kSlotsPerLane];
+  uint32_t outliers = 0;
+  int32_t lo = eb_math::kMaxCode, hi = -eb_math::kMaxCode;
+  EB_UNROLL
+  for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
+    code[j] = 0;
+    if (s0 + j < count) {
+      if (!eb_math::Quantize<K>(x[j], qz, &code[j])) ++outliers;
+      lo = min(lo, code[j]);
+      hi = max(hi, code[j]);
+    }
+    k[s0 + j] = code[j];
+  }
+  lo = WarpMin(lo);
+  hi = WarpMax(hi);
+  const int32_t mid = eb_math::MidCode(lo, hi);
+  const int32_t before = __shfl_up_sync(kFullMask, code[kSlotsPerLane - 1], 1);
+  uint32_t or_offset = 0, or_row = 0;
+  EB_UNROLL
+  for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
+    const uint32_t here = static_cast<uint32_t>(code[j]);
+    const uint32_t left = static_cast<uint32_t>(j > 0 ? code[j - 1] : before);
+    if (s0 + j < count) {
+      or_offset |= eb_math::ZigZag(static_cast<int32_t>(here - static_cast<uint32_t>(mid)));
+      or_row |= eb_math::ZigZag(s0 + j > 0 ? static_cast<int32_t>(here - left) : 0);
+    }
+  }
+  __syncwarp();  // the tile's codes, for the packing
+  const int32_t first = __shfl_sync(kFullMask, code[0], 0);
+  or_row = WarpOr(or_row);
+  return eb_math::ChooseBlock(WarpOr(or_offset), or_row, or_row, mid, first, WarpSum(outliers),
+                              count, kBytes);
 }
 
 // DeviceStatus::work words of the encode.
@@ -182,141 +275,282 @@ __device__ __forceinline__ eb_math::Sections SectionsOf(const Layout& l,
   return eb_math::SectionsOf(l, status->work[kDataWordsWord], outliers);
 }
 
+// ---- the encode's single pass ----
+//
+// A thread block per chunk (grid-stride): its warps plan the chunk's blocks (codes in shared
+// memory), warp 0 sums their sizes and finds where the chunk starts by looking back at the
+// chunks before it, then the warps pack the blocks there. Each chunk's look-back state is two
+// words of the scratch, its data words and its outliers, each (value << 2) | flag: flag 0
+// nothing yet, kAggregate the chunk's own sums, kPrefix the sums of the chunks up to it. The
+// state is zeroed before the launch. A chunk's state is published as soon as its sums are known
+// and its prefix as soon as its look-back ends, so the look-back usually stops at the chunk
+// before it. A chunk whose state is still empty after kLookBackSpins reads is planned again by
+// the looking warp (the same sums come out) and published for later look-backs: no block waits
+// for one that is not running, so no order in which blocks run, nor how many are resident at
+// once, can hang the scan.
+constexpr unsigned long long kAggregate = 1;
+constexpr unsigned long long kPrefix = 2;
+constexpr int kLookBackSpins = 256;
+constexpr uint32_t kBlocksPerWarp = eb_math::kBlocksPerChunk / kWarps;
+
+struct ChunkSums {
+  uint64_t words;
+  uint64_t outliers;
+};
+
+// A word of the look-back state, read atomically (it is written by other blocks meanwhile).
+__device__ __forceinline__ uint64_t LoadState(unsigned long long* word) {
+  return atomicAdd(word, 0ull);
+}
+
+// The flag both words of a chunk's state carry (0 while they differ: one is being written).
+__device__ __forceinline__ uint64_t FlagOf(uint64_t words_state, uint64_t outliers_state) {
+  return (words_state & 3u) == (outliers_state & 3u) ? words_state & 3u : 0u;
+}
+
+__device__ __forceinline__ uint64_t WarpSum64(uint64_t v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// The sums of chunk c, planned by one warp with the tile `k` (what the chunk's own block
+// computes).
+template <int K>
+__device__ ChunkSums PlanChunk(const void* __restrict__ input, const Layout& l,
+                               const Quantizer& qz, uint64_t c, int32_t* __restrict__ k,
+                               int lane) {
+  ChunkSums sums{0, 0};
+  const uint64_t first = c * eb_math::kBlocksPerChunk;
+  const uint64_t last = Min64(l.blocks, first + eb_math::kBlocksPerChunk);
+  for (uint64_t b = first; b < last; ++b) {
+    const BlockState state = PlanBlock<K>(input, l, qz, b, k, lane);
+    sums.words += state.choice.data_words;
+    sums.outliers += state.choice.outliers;
+    __syncwarp();  // the tile is rewritten by the next block
+  }
+  return sums;
+}
+
+// Warp 0 of chunk c's block: the sums of the chunks before c. Reads the states of up to 32
+// chunks at once (lane i: chunk j - i) and adds them up to the nearest prefix; a chunk with no
+// state yet is waited for kLookBackSpins reads, then planned here with the tile `k`.
+template <int K>
+__device__ ChunkSums LookBack(const void* __restrict__ input, const Layout& l,
+                              const Quantizer& qz, uint64_t c,
+                              unsigned long long* __restrict__ state, int32_t* __restrict__ k,
+                              int lane) {
+  ChunkSums before{0, 0};
+  uint64_t j = c;  // the chunks [0, j) are still to add
+  while (j > 0) {
+    uint64_t words = kPrefix, outliers = kPrefix;  // before chunk 0: a prefix of 0
+    if (static_cast<uint64_t>(lane) < j) {
+      words = LoadState(&state[2 * (j - 1 - lane)]);
+      outliers = LoadState(&state[2 * (j - 1 - lane) + 1]);
+    }
+    const uint64_t flag = FlagOf(words, outliers);
+    const unsigned prefixes = __ballot_sync(kFullMask, flag == kPrefix);
+    const unsigned missing = __ballot_sync(kFullMask, flag == 0);
+    const int first_prefix = prefixes != 0 ? __ffs(prefixes) - 1 : 32;
+    const int first_missing = missing != 0 ? __ffs(missing) - 1 : 32;
+    // Lanes [0, take) are added: up to the first prefix, or the chunks before a missing one.
+    const int take = first_prefix < first_missing ? first_prefix + 1 : first_missing;
+    before.words += WarpSum64(lane < take ? words >> 2 : 0);
+    before.outliers += WarpSum64(lane < take ? outliers >> 2 : 0);
+    if (first_prefix < first_missing) break;
+    j -= take;
+    if (first_missing == 32) continue;  // 32 aggregates: the next window
+    // Chunk j - 1 has no state yet: wait for it a while, then plan it.
+    const uint64_t m = j - 1;
+    uint64_t flag_m = 0;
+    for (int spin = 0; spin < kLookBackSpins && flag_m == 0; ++spin) {
+      words = LoadState(&state[2 * m]);
+      outliers = LoadState(&state[2 * m + 1]);
+      flag_m = FlagOf(words, outliers);
+    }
+    if (flag_m == 0) {
+      const ChunkSums sums = PlanChunk<K>(input, l, qz, m, k, lane);
+      words = sums.words << 2 | kAggregate;
+      outliers = sums.outliers << 2 | kAggregate;
+      if (lane == 0) {  // for later look-backs, unless its block has written it meanwhile
+        atomicCAS(&state[2 * m], 0ull, static_cast<unsigned long long>(words));
+        atomicCAS(&state[2 * m + 1], 0ull, static_cast<unsigned long long>(outliers));
+      }
+      flag_m = kAggregate;
+    }
+    before.words += words >> 2;
+    before.outliers += outliers >> 2;
+    j = m;
+    if (flag_m == kPrefix) break;
+  }
+  return before;
+}
+
+// ORs `value` (< 2^width, width <= 32) into the words at bit `bit`.
+__device__ __forceinline__ void OrBits(uint32_t* words, uint32_t value, uint32_t bit,
+                                       uint32_t width) {
+  if (value == 0) return;
+  const uint32_t shift = bit % 32;
+  atomicOr(&words[bit / 32], value << shift);
+  if (shift + width > 32) atomicOr(&words[bit / 32 + 1], value >> (32 - shift));
+}
+
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
-    EbPlanKernel(const void* __restrict__ input, Layout l, const DeviceStatus* __restrict__ status,
-                 uint32_t* __restrict__ headers, uint64_t* __restrict__ chunk_words,
-                 uint64_t* __restrict__ chunk_outliers) {
-  __shared__ WarpTile tiles[kWarps];
+    EbEncodeKernel(const void* __restrict__ input, Layout l, bool aligned,
+                   DeviceStatus* __restrict__ status, uint32_t* __restrict__ words,
+                   unsigned long long* __restrict__ state) {
+  constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  __shared__ int32_t codes[eb_math::kBlocksPerChunk][eb_math::kBlockValues];
+  __shared__ uint32_t packed[kWarps][eb_math::kBlockValues];
+  __shared__ int32_t spare[eb_math::kBlockValues];  // the look-back's tile
+  __shared__ uint32_t headers[eb_math::kBlocksPerChunk];
+  __shared__ uint32_t sizes[eb_math::kBlocksPerChunk];  // data words; then where each starts
+  __shared__ uint32_t listed[eb_math::kBlocksPerChunk];  // outliers
+  __shared__ uint64_t chunk_start;  // data words before the chunk
   const Quantizer qz = QuantizerOf(status);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
-  WarpTile& w = tiles[warp];
-  const uint64_t warp_stride = uint64_t{gridDim.x} * kWarps;
-  for (uint64_t c = uint64_t{blockIdx.x} * kWarps + warp; c < l.chunks; c += warp_stride) {
-    uint64_t words = 0, outliers = 0;
+  uint32_t* pack = packed[warp];
+  for (uint32_t t = lane; t < eb_math::kBlockValues; t += 32) pack[t] = 0;
+  uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
+  uint32_t* data = words + eb_math::SectionsOf(l, 0, 0).data;
+  for (uint64_t c = blockIdx.x; c < l.chunks; c += gridDim.x) {
     const uint64_t first = c * eb_math::kBlocksPerChunk;
-    const uint64_t last = Min64(l.blocks, first + eb_math::kBlocksPerChunk);
-    for (uint64_t b = first; b < last; ++b) {
-      const BlockState state = PlanBlock<K>(input, l, qz, b, w, lane);
-      if (lane == 0) headers[b] = state.choice.header;
-      words += state.choice.data_words;
-      outliers += state.choice.outliers;
-      __syncwarp();  // the tile is rewritten by the next block
+    const uint32_t blocks = static_cast<uint32_t>(Min64(l.blocks - first, 32));
+    // 1. Plan: each warp its blocks of the chunk, codes kept for the packing.
+    for (uint32_t bi = warp * kBlocksPerWarp; bi < (warp + 1) * kBlocksPerWarp; ++bi) {
+      if (bi >= blocks) break;
+      const eb_math::BlockChoice choice =
+          l.tile_rows == 1 ? PlanRun<K>(input, l, qz, first + bi, aligned, codes[bi], lane)
+                           : PlanBlock<K>(input, l, qz, first + bi, codes[bi], lane).choice;
+      if (lane == 0) {
+        headers[bi] = choice.header;
+        sizes[bi] = choice.data_words;
+        listed[bi] = choice.outliers;
+      }
     }
-    if (lane == 0) {
-      chunk_words[c] = words;
-      chunk_outliers[c] = outliers;
+    __syncthreads();
+    // 2. Warp 0: where the blocks start in the chunk, the chunk's sums published, the look-back,
+    //    the chunk's prefix published, its index entry and block headers written.
+    if (warp == 0) {
+      const uint32_t size = static_cast<uint32_t>(lane) < blocks ? sizes[lane] : 0u;
+      const uint32_t count = static_cast<uint32_t>(lane) < blocks ? listed[lane] : 0u;
+      const uint32_t end = WarpInclusiveScan(size, lane);
+      const uint32_t chunk_words = __shfl_sync(kFullMask, end, 31);
+      const uint32_t chunk_outliers = WarpSum(count);
+      if (lane == 0 && c > 0) {
+        atomicExch(&state[2 * c], static_cast<unsigned long long>(chunk_words) << 2 | kAggregate);
+        atomicExch(&state[2 * c + 1],
+                   static_cast<unsigned long long>(chunk_outliers) << 2 | kAggregate);
+      }
+      const ChunkSums before = LookBack<K>(input, l, qz, c, state, spare, lane);
+      if (lane == 0) {
+        atomicExch(&state[2 * c],
+                   static_cast<unsigned long long>((before.words + chunk_words) << 2 | kPrefix));
+        atomicExch(&state[2 * c + 1], static_cast<unsigned long long>(
+                                          (before.outliers + chunk_outliers) << 2 | kPrefix));
+        WriteU64(index, c, before.words);
+        chunk_start = before.words;
+        if (c + 1 == l.chunks) {  // the totals
+          const uint64_t total_words = before.words + chunk_words;
+          const uint64_t total_outliers = before.outliers + chunk_outliers;
+          status->work[kDataWordsWord] = total_words;
+          status->params[4] = static_cast<uint32_t>(total_outliers);
+          status->params[5] = static_cast<uint32_t>(total_outliers >> 32);
+          status->payload_bytes = 4 * eb_math::SectionsOf(l, total_words, total_outliers).end;
+        }
+      }
+      if (static_cast<uint32_t>(lane) < blocks) {
+        words[first + lane] = headers[lane];
+        sizes[lane] = end - size;
+      }
     }
+    __syncthreads();
+    // 3. Pack: each warp its blocks, the residuals of the chosen predictor (or the raw bits) ORed
+    //    into the warp's words, which consecutive lanes store.
+    for (uint32_t bi = warp * kBlocksPerWarp; bi < (warp + 1) * kBlocksPerWarp; ++bi) {
+      if (bi >= blocks) break;
+      const uint64_t b = first + bi;
+      const uint32_t h = headers[bi];
+      const uint32_t mode = eb_math::HeaderMode(h);
+      const int32_t anchor = eb_math::HeaderAnchor(h);
+      const uint32_t width = mode == eb_math::kVerbatim ? 8 * kBytes : eb_math::HeaderWidth(h);
+      uint32_t count;
+      if (l.tile_rows == 1) {  // a run: value s of the block is slot s, lane i has 4i .. 4i + 3
+        const uint64_t origin = b * eb_math::kBlockValues;
+        count = static_cast<uint32_t>(Min64(l.cols - origin, eb_math::kBlockValues));
+        const uint32_t s0 = kSlotsPerLane * lane;
+        if (mode == eb_math::kVerbatim) {
+          for (uint32_t s = s0; s < s0 + kSlotsPerLane && s < count; ++s) {
+            OrBits(pack, elements::LoadBits<kBytes>(input, origin + s), s * width, width);
+          }
+        } else {
+          EB_UNROLL
+          for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
+            if (s0 + j >= count) break;
+            const uint32_t value = eb_math::ZigZag(
+                eb_math::Residual(mode, codes[bi], eb_math::kBlockValues, 0, s0 + j, anchor));
+            OrBits(pack, value, (s0 + j) * width, width);
+          }
+        }
+      } else {
+        const Tile t = eb_math::TileOf(l, b);
+        count = t.count;
+        for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
+          const Slot slot = SlotOf(l, t, kSlotsPerLane * lane + j);
+          if (!slot.real) continue;
+          const uint32_t value =
+              mode == eb_math::kVerbatim
+                  ? elements::LoadBits<kBytes>(input, t.origin + slot.r * l.cols + slot.c)
+                  : eb_math::ZigZag(
+                        eb_math::Residual(mode, codes[bi], l.tile_cols, slot.r, slot.c, anchor));
+          OrBits(pack, value, (slot.r * t.cols + slot.c) * width, width);
+        }
+      }
+      __syncwarp();
+      const uint32_t n = eb_math::DataWords(h, count, kBytes);
+      uint32_t* out = data + chunk_start + sizes[bi];
+      for (uint32_t w = lane; w < n; w += 32) {
+        out[w] = pack[w];
+        pack[w] = 0;
+      }
+      __syncwarp();
+    }
+    __syncthreads();  // the chunk's shared words are rewritten by the next
   }
 }
 
-// One thread block of kScanThreads: exclusive prefix sums of the chunk sums. Writes the chunk
-// index, turns chunk_outliers into each chunk's first outlier, and puts the totals in the
-// status: the data words, the outlier count (header parameter words 4..5) and the payload's
-// size.
-constexpr int kScanThreads = 1024;
-
-__global__ void __launch_bounds__(kScanThreads)
-    EbScanKernel(const uint64_t* __restrict__ chunk_words, uint64_t* __restrict__ chunk_outliers,
-                 Layout l, uint32_t* __restrict__ index, DeviceStatus* __restrict__ status) {
-  const uint64_t chunks = l.chunks;
-  __shared__ uint64_t words_sum[kScanThreads];
-  __shared__ uint64_t outliers_sum[kScanThreads];
-  const uint64_t per_thread = (chunks + kScanThreads - 1) / kScanThreads;
-  const uint64_t begin = Min64(chunks, threadIdx.x * per_thread);
-  const uint64_t end = Min64(chunks, begin + per_thread);
-  uint64_t words = 0, outliers = 0;
-  for (uint64_t c = begin; c < end; ++c) {
-    words += chunk_words[c];
-    outliers += chunk_outliers[c];
-  }
-  words_sum[threadIdx.x] = words;
-  outliers_sum[threadIdx.x] = outliers;
-  __syncthreads();
-  // Hillis-Steele inclusive scan over the threads' sums.
-  for (int offset = 1; offset < kScanThreads; offset *= 2) {
-    const uint64_t w = threadIdx.x >= offset ? words_sum[threadIdx.x - offset] : 0;
-    const uint64_t o = threadIdx.x >= offset ? outliers_sum[threadIdx.x - offset] : 0;
-    __syncthreads();
-    words_sum[threadIdx.x] += w;
-    outliers_sum[threadIdx.x] += o;
-    __syncthreads();
-  }
-  uint64_t word_offset = words_sum[threadIdx.x] - words;
-  uint64_t outlier_offset = outliers_sum[threadIdx.x] - outliers;
-  for (uint64_t c = begin; c < end; ++c) {
-    const uint64_t chunk_outlier_count = chunk_outliers[c];
-    WriteU64(index, c, word_offset);
-    chunk_outliers[c] = outlier_offset;
-    word_offset += chunk_words[c];
-    outlier_offset += chunk_outlier_count;
-  }
-  if (threadIdx.x == kScanThreads - 1) {
-    const uint64_t total_words = words_sum[threadIdx.x];
-    const uint64_t total_outliers = outliers_sum[threadIdx.x];
-    status->work[kDataWordsWord] = total_words;
-    status->params[4] = static_cast<uint32_t>(total_outliers);
-    status->params[5] = static_cast<uint32_t>(total_outliers >> 32);
-    status->payload_bytes = 4 * eb_math::SectionsOf(l, total_words, total_outliers).end;
-  }
-}
-
+// A warp per chunk that has outliers (grid-stride): plans its blocks again and lists their
+// outliers in slot order (a warp scan of per-lane counts), after the chunks before it.
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
-    EbWriteKernel(const void* __restrict__ input, Layout l,
-                  const DeviceStatus* __restrict__ status, uint32_t* __restrict__ words,
-                  const uint64_t* __restrict__ chunk_first_outlier) {
+    EbOutlierKernel(const void* __restrict__ input, Layout l,
+                    const DeviceStatus* __restrict__ status, uint32_t* __restrict__ words,
+                    const unsigned long long* __restrict__ state) {
   constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
   const Quantizer qz = QuantizerOf(status);
   const eb_math::Sections sections = SectionsOf(l, status);
   __shared__ WarpTile tiles[kWarps];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
-  WarpTile& w = tiles[warp];
-  const uint32_t* index = words + eb_math::SectionsOf(l, 0, 0).index;
-  uint32_t* data = words + sections.data;
+  int32_t* k = tiles[warp].k;
   uint32_t* slots = words + sections.slots;
   uint32_t* raw = words + sections.raw;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarps;
   for (uint64_t c = uint64_t{blockIdx.x} * kWarps + warp; c < l.chunks; c += warp_stride) {
-    uint64_t offset = ReadU64(index, c);
-    uint64_t outlier = chunk_first_outlier[c];
+    // The state holds every chunk's prefix now.
+    uint64_t outlier = c > 0 ? state[2 * c - 1] >> 2 : 0;
+    if (state[2 * c + 1] >> 2 == outlier) continue;
     const uint64_t first = c * eb_math::kBlocksPerChunk;
     const uint64_t last = Min64(l.blocks, first + eb_math::kBlocksPerChunk);
     for (uint64_t b = first; b < last; ++b) {
-      const BlockState state = PlanBlock<K>(input, l, qz, b, w, lane);
-      const Tile& t = state.tile;
-      const uint32_t mode = eb_math::HeaderMode(state.choice.header);
-      const int32_t anchor = eb_math::HeaderAnchor(state.choice.header);
-      // The values to pack, in the dense order.
-      for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
-        const Slot slot = SlotOf(l, t, kSlotsPerLane * lane + j);
-        if (!slot.real) continue;
-        const uint32_t i = slot.r * t.cols + slot.c;
-        w.v[i] = mode == eb_math::kVerbatim
-                     ? elements::LoadBits<kBytes>(input, t.origin + slot.r * l.cols + slot.c)
-                     : eb_math::ZigZag(
-                           eb_math::Residual(mode, w.k, l.tile_cols, slot.r, slot.c, anchor));
-      }
-      __syncwarp();
-      const uint32_t width = eb_math::HeaderWidth(state.choice.header);
-      for (uint32_t word = lane; word < state.choice.data_words; word += 32) {
-        uint32_t value;
-        if (mode != eb_math::kVerbatim) {  // coverage: every branch
-          value = eb_math::PackWord(w.v, t.count, width, word);
-        } else if (kBytes == 4) {
-          value = w.v[word];
-        } else {
-          value = w.v[2 * word] | (2 * word + 1 < t.count ? w.v[2 * word + 1] << 16 : 0u);
-        }
-        data[offset + word] = value;
-      }
-      if (state.choice.outliers > 0) {
-        const uint32_t mine = __popc(state.outlier_bits);
+      const BlockState s = PlanBlock<K>(input, l, qz, b, k, lane);
+      if (s.choice.outliers > 0) {
+        const Tile& t = s.tile;
+        const uint32_t mine = __popc(s.outlier_bits);
         uint64_t position = outlier + WarpInclusiveScan(mine, lane) - mine;
         for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
-          if ((state.outlier_bits >> j & 1u) == 0) continue;
+          if ((s.outlier_bits >> j & 1u) == 0) continue;
           const Slot slot = SlotOf(l, t, kSlotsPerLane * lane + j);
           const uint32_t i = slot.r * t.cols + slot.c;
           WriteU64(slots, position, b * eb_math::kBlockValues + i);
@@ -324,8 +558,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           ++position;
         }
       }
-      offset += state.choice.data_words;
-      outlier += state.choice.outliers;
+      outlier += s.choice.outliers;
       __syncwarp();
     }
   }
@@ -341,18 +574,28 @@ __host__ __device__ __forceinline__ float FromOrderedKey(uint32_t key) {
   return portable::BitsToFloat(key >> 31 ? key & 0x7fffffffu : ~key);
 }
 
+// Elements a thread loads per pass of the range.
+constexpr int kRangeLoads = 4;
+
 template <int K>
 __global__ void EbRangeKernel(const void* __restrict__ input, uint64_t numel,
                               DeviceStatus* __restrict__ status) {
   uint64_t max_key = 0, max_inverted_key = 0, finite = 0;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
-    const float v = elements::Load<K>(input, i);
-    if (!portable::IsFinite(v)) continue;
-    const uint32_t key = OrderedKey(v);
-    max_key = key > max_key ? key : max_key;
-    max_inverted_key = ~key > max_inverted_key ? ~key : max_inverted_key;
-    ++finite;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel;
+       i += kRangeLoads * stride) {
+    float v[kRangeLoads];
+    for (int u = 0; u < kRangeLoads; ++u) {  // the loads first, all in flight at once
+      const uint64_t at = i + u * stride;
+      v[u] = at < numel ? elements::Load<K>(input, at) : portable::BitsToFloat(0x7fc00000u);
+    }
+    for (int u = 0; u < kRangeLoads; ++u) {
+      if (!portable::IsFinite(v[u])) continue;  // NaN past the end
+      const uint32_t key = OrderedKey(v[u]);
+      max_key = key > max_key ? key : max_key;
+      max_inverted_key = ~key > max_inverted_key ? ~key : max_inverted_key;
+      ++finite;
+    }
   }
   WarpMaxToGlobal(max_key, &status->work[kMaxKeyWord]);
   WarpMaxToGlobal(max_inverted_key, &status->work[kMaxInvertedKeyWord]);
@@ -626,25 +869,20 @@ absl::Status EbEncode(const void* input, const EbShape& shape, int mode, double 
   ACTPACK_LAUNCH(EbQuantizerKernel, 1, 1, s)(mode, value, status);
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  uint64_t* chunk_words = reinterpret_cast<uint64_t*>(scratch);
-  uint64_t* chunk_outliers = chunk_words + l.chunks;
-  const int blocks = BlocksFor(l.chunks, kWarps);
+  unsigned long long* state = reinterpret_cast<unsigned long long*>(scratch);
   if (l.blocks > 0) {
+    ACTPACK_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, 16 * l.chunks, s));
     DispatchKind(shape.element_kind, [&](auto kind) {
-      ACTPACK_LAUNCH(EbPlanKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          input, l, status, words, chunk_words, chunk_outliers);
+      // 1-D blocks load 4 elements at once where the input allows.
+      const uintptr_t width = shape.element_kind == elements::kF32 ? 16 : 8;
+      const bool aligned = reinterpret_cast<uintptr_t>(input) % width == 0;
+      ACTPACK_LAUNCH(EbEncodeKernel<decltype(kind)::value>, BlocksFor(l.chunks, 1), kWarps * 32,
+                     s)(input, l, aligned, status, words, state);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  // Also with no blocks: it writes the totals (zero) and the payload's size.
-  ACTPACK_LAUNCH(EbScanKernel, 1, kScanThreads, s)(chunk_words, chunk_outliers, l,
-                                                   words + eb_math::SectionsOf(l, 0, 0).index,
-                                                   status);
-  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
-      ACTPACK_LAUNCH(EbWriteKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          input, l, status, words, chunk_outliers);
+      ACTPACK_LAUNCH(EbOutlierKernel<decltype(kind)::value>, BlocksFor(l.chunks, kWarps),
+                     kWarps * 32, s)(input, l, status, words, state);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

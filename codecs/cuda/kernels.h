@@ -155,7 +155,8 @@ struct EbShape {
 
 // `eb` under bound mode `mode` (EbMode) and `value`: the payload of eb.cc, with the quantizer
 // computed on the device from the finite values' range (eb_math::QuantizerFor). `scratch`
-// (8-byte aligned, 16 bytes per chunk of 32 blocks) holds the chunk sums. status: payload_sum;
+// (8-byte aligned, 16 bytes per chunk of 32 blocks) holds each chunk's look-back state (its
+// sums, then the sums up to it), zeroed here first. status: payload_sum;
 // params = half bin, bound (words 1..2) and the outlier count (words 4..5); payload_bytes.
 absl::Status EbEncode(const void* input, const EbShape& shape, int mode, double value,
                       uint8_t* payload, uint8_t* scratch, DeviceStatus* status, void* stream);
