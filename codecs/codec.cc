@@ -94,14 +94,6 @@ void PoisonOnHost(const Header& header, void* output) {
   for (uint64_t i = 0; i < header.numel; ++i) std::memcpy(out + i * width, &pattern, width);
 }
 
-HeaderWords WordsOf(const Header& header) {
-  uint8_t bytes[kHeaderSize];
-  WriteHeader(header, bytes);
-  HeaderWords words;
-  std::memcpy(words.w, bytes, kHeaderSize);
-  return words;
-}
-
 // The header words the host knows of a deferred encoding (CheckBuffer's `known`).
 uint32_t KnownWords(const DeferredEncoding& encoding) {
   uint32_t known = (1u << kChecksumWord) - 1;
@@ -121,6 +113,14 @@ absl::Status NeedsCuda(const char* what) {
 }
 
 }  // namespace
+
+HeaderWords HeaderWordsOf(const Header& header) {
+  uint8_t bytes[kHeaderSize];
+  WriteHeader(header, bytes);
+  HeaderWords words;
+  std::memcpy(words.w, bytes, kHeaderSize);
+  return words;
+}
 
 absl::Status Codec::Refusal(const DeviceStatus& counts, const Header&) const {
   if (counts.nonfinite == 0 && counts.unrepresentable == 0) return absl::OkStatus();
@@ -179,9 +179,11 @@ absl::StatusOr<DeferredEncoding> EncodeDeferred(const TensorView& input, const C
   if (!payload.ok()) return payload.status();
   // What the device decides is 0 in the host's header; FinalizeHeader ORs it in.
   header->payload_size = payload->size_on_device ? 0 : payload->payload_size;
-  absl::Status written = cuda::FinalizeHeader(WordsOf(*header), payload->size_on_device, status,
-                                              out, context.stream);
-  if (!written.ok()) return written;
+  if (!payload->header_written) {
+    absl::Status written = cuda::FinalizeHeader(HeaderWordsOf(*header), payload->size_on_device,
+                                                status, out, context.stream);
+    if (!written.ok()) return written;
+  }
   encoding.header = *header;
   encoding.device_decided = payload->params_on_device;
   encoding.bytes = kHeaderSize + payload->payload_size;
@@ -239,7 +241,16 @@ absl::Status DecodeDeferred(const DeferredEncoding& encoding, const uint8_t* buf
                                                    encoding.bytes, " bytes has no header"));
   }
 #ifdef ACTPACK_WITH_CUDA
-  status_ok = cuda::CheckBuffer(buffer, encoding.bytes, WordsOf(header), KnownWords(encoding),
+  if ((*codec)->ChecksOwnBuffer() && !encoding.device_decided) {
+    const DeviceBufferCheck check{buffer, encoding.bytes, HeaderWordsOf(header),
+                                  KnownWords(encoding)};
+    status_ok = (*codec)->DecodeCheckedPayload(header, check, output, context, status);
+    if (!status_ok.ok()) return status_ok;
+    return cuda::Poison(status, output.data, header.numel,
+                        static_cast<int>(ElementSize(header.dtype)), PoisonPattern(header.dtype),
+                        context.stream);
+  }
+  status_ok = cuda::CheckBuffer(buffer, encoding.bytes, HeaderWordsOf(header), KnownWords(encoding),
                                 status, context.stream);
   if (!status_ok.ok()) return status_ok;
   status_ok = encoding.device_decided
@@ -485,6 +496,47 @@ absl::Status DeviceDecodeFailures(const Codec& codec, const ExecContext& context
                                           DescribeFailures(failures)));
 }
 
+// The GPU's decode of a buffer whose codec checks it in the launch that decodes it
+// (ChecksOwnBuffer): that launch and Poison, then one wait for the failures. A buffer whose
+// flag says its encoder met values it could not hold decodes to the poison pattern, as on the
+// CPU; any other failure is kDataLoss naming it.
+absl::Status DecodeCheckedOnDevice(const Codec& codec, const Header& header, const uint8_t* buffer,
+                                   const MutableTensorView& output, const ExecContext& context) {
+#ifdef ACTPACK_WITH_CUDA
+  absl::StatusOr<internal::DeviceCounters> status = internal::DeviceCounters::Make(context);
+  if (!status.ok()) return status.status();
+  const DeviceBufferCheck check{buffer, kHeaderSize + header.payload_size, HeaderWordsOf(header),
+                                (1u << kChecksumWord) - 1};
+  absl::Status decoded = codec.DecodeCheckedPayload(header, check, output, context, status->get());
+  if (decoded.code() == absl::StatusCode::kDataLoss) {
+    // The codec refused the header's parameters before launching: as on the CPU, a checksum
+    // that does not match is the error (the payload summed on its own, a failed decode only).
+    absl::Status verified = VerifyOnDevice(header, buffer, context, status->get());
+    return verified.ok() ? decoded : verified;
+  }
+  if (decoded.ok()) {
+    decoded = cuda::Poison(status->get(), output.data, header.numel,
+                           static_cast<int>(ElementSize(header.dtype)),
+                           PoisonPattern(header.dtype), context.stream);
+  }
+  if (!decoded.ok()) return decoded;
+  uint64_t failures = 0;
+  decoded = CopyToHost(&failures, &status->get()->failures, sizeof(failures), context);
+  if (!decoded.ok()) return decoded;
+  failures &= ~static_cast<uint64_t>(kFailUnrepresentable);
+  if (failures == 0) return absl::OkStatus();
+  if (failures == kFailChecksum) {
+    // The CPU's message, with both checksums: the payload summed again (a failed decode only).
+    absl::Status verified = VerifyOnDevice(header, buffer, context, status->get());
+    if (!verified.ok()) return verified;
+  }
+  return absl::DataLossError(absl::StrCat("actpack: corrupt ", codec.name(), " buffer: ",
+                                          DescribeFailures(failures)));
+#else
+  return internal::CudaNotCompiledIn("decode");
+#endif
+}
+
 // The GPU's decode of a verified buffer: the flag's overwrite, or the codec's kernels and then
 // what their own checks found.
 absl::Status DecodeOnDevice(const Codec& codec, const Header& header, const uint8_t* buffer,
@@ -563,6 +615,9 @@ absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView&
   }
   status = (*codec)->CheckDevice(Device::kCuda);
   if (!status.ok()) return status;
+  if ((*codec)->ChecksOwnBuffer()) {
+    return DecodeCheckedOnDevice(**codec, *header, buffer, output, context);
+  }
   absl::StatusOr<internal::DeviceCounters> device_status = internal::DeviceCounters::Make(context);
   if (!device_status.ok()) return device_status.status();
   status = VerifyOnDevice(*header, buffer, context, device_status->get());

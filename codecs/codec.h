@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "codecs/dtype.h"
 #include "codecs/format.h"
@@ -124,7 +125,23 @@ struct PayloadInfo {
   bool params_on_device = false;
   // ... and the payload's size too (eb, bitpack).
   bool size_on_device = false;
+  // On a GPU: the codec's launch wrote the header too (its last block, from the header the
+  // encoder completed), so no FinalizeHeader follows.
+  bool header_written = false;
 };
+
+// What a GPU decode checks of the buffer before it gives the tensor back (kernels.h's
+// CheckBuffer): the buffer (`capacity` bytes), the header words the host expects and which of
+// them it knows (bit j: word j).
+struct DeviceBufferCheck {
+  const uint8_t* buffer = nullptr;
+  uint64_t capacity = 0;
+  HeaderWords expected{};
+  uint32_t known = 0;
+};
+
+// The header as the words the kernels write and check.
+HeaderWords HeaderWordsOf(const Header& header);
 
 class Codec {
  public:
@@ -163,6 +180,20 @@ class Codec {
   virtual absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                                      const MutableTensorView& output, const ExecContext& context,
                                      DeviceStatus* status) const = 0;
+
+  // Whether its GPU decode checks the buffer in the launch that decodes it (DecodeCheckedPayload),
+  // so that a decode of a buffer whose parameters the host knows needs no CheckBuffer launch.
+  virtual bool ChecksOwnBuffer() const { return false; }
+
+  // DecodePayload on a GPU that also checks the buffer (CheckBuffer's checks, failures into
+  // status->failures) in the same launch; Poison follows it. For ChecksOwnBuffer codecs.
+  virtual absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                            const MutableTensorView& output,
+                                            const ExecContext& context,
+                                            DeviceStatus* status) const {
+    return absl::UnimplementedError(
+        absl::StrCat("actpack: ", name(), " does not check its buffer while decoding"));
+  }
 
   // OK when this codec runs on `device`; kUnimplemented saying what to use instead otherwise.
   virtual absl::Status CheckDevice(Device) const { return absl::OkStatus(); }

@@ -6,6 +6,7 @@
 #include "codecs/deferred.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,6 +19,9 @@
 
 #if ACTPACK_WITH_CUDA
 #include <cuda_runtime_api.h>
+#endif
+#if defined(CUDAEMU)
+#include "cudaemu/control.h"
 #endif
 
 namespace actpack::codecs {
@@ -287,6 +291,191 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// The fixed-size codecs whose kernels check and finish the buffer in the launch that writes it:
+// an encode is the status's memset and one launch, a decode one launch and Poison's.
+class LaunchesTest : public OnDevice, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(LaunchesTest, AnEncodeAndADecodeQueueAtMostTwoOperationsEach) {
+#if !defined(CUDAEMU)
+  GTEST_SKIP() << "the emulator counts the operations (--config=cudaemu)";
+#else
+  const std::vector<int64_t> shape = {3, 333};
+  const std::vector<uint8_t> input = Data(GetParam().dtype, 999, 4);
+  const CodecParams params = *ParseCodecSpec(GetParam().spec);
+  const size_t capacity = *MaxEncodedSize({GetParam().dtype, shape}, params);
+  uint8_t* buffer = memory_.Alloc(capacity);
+  uint8_t* on_device = memory_.Upload(input);
+  const size_t out_bytes = 999 * ElementSize(GetParam().dtype);
+  uint8_t* output = memory_.Alloc(out_bytes);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const uint64_t before_encode = cudaemu::DeviceOperationsQueued();
+  absl::StatusOr<DeferredEncoding> encoding =
+      EncodeDeferred(TensorView{on_device, GetParam().dtype, shape, Device::kCuda}, params,
+                     buffer, capacity, context_, status_);
+  ASSERT_TRUE(encoding.ok()) << encoding.status();
+  EXPECT_LE(cudaemu::DeviceOperationsQueued() - before_encode, 2u);
+  const DeferredEncoding resolved = Resolve(*encoding, ReadStatus());
+  const uint64_t before_decode = cudaemu::DeviceOperationsQueued();
+  const absl::Status decoded = DecodeDeferred(
+      resolved, buffer, MutableTensorView{output, GetParam().dtype, shape, Device::kCuda},
+      context_, status_);
+  ASSERT_TRUE(decoded.ok()) << decoded;
+  EXPECT_LE(cudaemu::DeviceOperationsQueued() - before_decode, 2u);
+  EXPECT_EQ(ReadStatus().failures, 0u) << DescribeFailures(ReadStatus().failures);
+  std::vector<uint8_t> expected(out_bytes);
+  const std::vector<uint8_t> encoded = DeviceMemory::Download(buffer, resolved.bytes);
+  ASSERT_TRUE(Decode(encoded.data(), encoded.size(), {expected.data(), GetParam().dtype, shape,
+                                                      Device::kCpu}, {})
+                  .ok());
+  EXPECT_EQ(DeviceMemory::Download(output, out_bytes), expected);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, LaunchesTest,
+    ::testing::Values(Case{"identity", DType::kFloat32}, Case{"identity", DType::kFloat16},
+                      Case{"quant2", DType::kFloat32}, Case{"quant4", DType::kFloat16},
+                      Case{"quant8", DType::kBFloat16}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = std::string(info.param.spec) + "_" + std::string(DTypeName(info.param.dtype));
+      std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+      return name;
+    });
+
+// Inputs and outputs at every alignment a tensor view can have (offsets of 2, 4, 8 and 16
+// bytes) and lengths that leave words and bytes past the last 16-byte vector: the kernels'
+// vector paths where both sides are 16-byte aligned, their word and byte paths elsewhere, and
+// the CPU's bytes and output every time (the emulator stops a misaligned vector access).
+class AlignmentTest : public OnDevice, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(AlignmentTest, EveryOffsetAndTailGivesTheCpusBytesAndOutput) {
+  const CodecParams params = *ParseCodecSpec(GetParam().spec);
+  const DType dtype = GetParam().dtype;
+  const size_t width = ElementSize(dtype);
+  for (size_t numel : {size_t{1}, size_t{37}, size_t{515}}) {
+    const std::vector<int64_t> shape = {static_cast<int64_t>(numel)};
+    const std::vector<uint8_t> input = Data(dtype, numel, static_cast<uint32_t>(numel));
+    absl::StatusOr<std::vector<uint8_t>> on_cpu =
+        testing::EncodeToVector(input.data(), dtype, shape, params);
+    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+    const size_t capacity = *MaxEncodedSize({dtype, shape}, params);
+    for (size_t offset : {size_t{0}, size_t{2}, size_t{4}, size_t{8}, size_t{16}}) {
+      if (offset % width != 0) continue;
+      SCOPED_TRACE(::testing::Message() << numel << " elements at offset " << offset);
+      std::vector<uint8_t> shifted(offset, 0xEE);
+      shifted.insert(shifted.end(), input.begin(), input.end());
+      const uint8_t* in = memory_.Upload(shifted) + offset;
+      uint8_t* buffer = memory_.Alloc(capacity);
+      absl::StatusOr<DeferredEncoding> encoding = EncodeDeferred(
+          TensorView{in, dtype, shape, Device::kCuda}, params, buffer, capacity, context_, status_);
+      ASSERT_TRUE(encoding.ok()) << encoding.status();
+      const DeferredEncoding resolved = Resolve(*encoding, ReadStatus());
+      ASSERT_EQ(DeviceMemory::Download(buffer, resolved.bytes), *on_cpu);
+      uint8_t* out = memory_.Alloc(numel * width + offset) + offset;
+      const absl::Status decoded = DecodeDeferred(
+          resolved, buffer, MutableTensorView{out, dtype, shape, Device::kCuda}, context_, status_);
+      ASSERT_TRUE(decoded.ok()) << decoded;
+      ASSERT_EQ(ReadStatus().failures, 0u) << DescribeFailures(ReadStatus().failures);
+      std::vector<uint8_t> expected(numel * width);
+      ASSERT_TRUE(Decode(on_cpu->data(), on_cpu->size(), {expected.data(), dtype, shape, Device::kCpu},
+                         {})
+                      .ok());
+      ASSERT_EQ(DeviceMemory::Download(out, numel * width), expected);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, AlignmentTest,
+    ::testing::Values(Case{"identity", DType::kFloat32}, Case{"identity", DType::kFloat16},
+                      Case{"identity", DType::kBool}, Case{"quant2", DType::kFloat32},
+                      Case{"quant1:group=32", DType::kFloat32}, Case{"quant8", DType::kFloat16},
+                      Case{"quant4:group=512", DType::kBFloat16},
+                      Case{"quant2:group=512", DType::kFloat32}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = std::string(info.param.spec) + "_" + std::string(DTypeName(info.param.dtype));
+      std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+      return name;
+    });
+
+// Buffers that pass every check of a decode but one, the checksum resealed over what the check
+// reads: only that check can catch them (its mutant in tools/mutate_kernels.py must fail here).
+class ResealedTest : public OnDevice, public ::testing::WithParamInterface<Case> {
+ protected:
+  // The tensor encoded on the device, resolved; `bytes` the buffer's bytes read back.
+  uint8_t* Encode(DeferredEncoding* resolved, std::vector<uint8_t>* bytes) {
+    const CodecParams params = *ParseCodecSpec(GetParam().spec);
+    const size_t capacity = *MaxEncodedSize({GetParam().dtype, shape_}, params);
+    uint8_t* buffer = memory_.Alloc(capacity);
+    absl::StatusOr<DeferredEncoding> encoding = EncodeDeferred(
+        TensorView{memory_.Upload(Data(GetParam().dtype, 256, 8)), GetParam().dtype, shape_,
+                   Device::kCuda},
+        params, buffer, capacity, context_, status_);
+    EXPECT_TRUE(encoding.ok()) << encoding.status();
+    *resolved = Resolve(*encoding, ReadStatus());
+    *bytes = DeviceMemory::Download(buffer, resolved->bytes);
+    return buffer;
+  }
+
+  // Writes `header` over the buffer with the checksum of it and the payload's first
+  // `payload_bytes` bytes.
+  static void Reseal(Header header, const std::vector<uint8_t>& bytes, size_t payload_bytes,
+                     uint8_t* buffer) {
+    header.checksum = CombineChecksum(HeaderChecksum(header),
+                                      PayloadChecksum(bytes.data() + kHeaderSize, payload_bytes));
+    uint8_t written[kHeaderSize];
+    WriteHeader(header, written);
+    ASSERT_EQ(cudaMemcpy(buffer, written, kHeaderSize, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+
+  // Decodes `encoding` and expects `failure` among the failures and the output poisoned.
+  void ExpectRefused(const DeferredEncoding& encoding, const uint8_t* buffer, uint64_t failure) {
+    const size_t width = ElementSize(GetParam().dtype);
+    uint8_t* output = memory_.Alloc(256 * width);
+    ASSERT_TRUE(DecodeDeferred(encoding, buffer,
+                               MutableTensorView{output, GetParam().dtype, shape_, Device::kCuda},
+                               context_, status_)
+                    .ok());
+    const uint64_t failures = ReadStatus().failures;
+    EXPECT_NE(failures & failure, 0u) << DescribeFailures(failures);
+    const std::vector<uint8_t> decoded = DeviceMemory::Download(output, 256 * width);
+    const uint32_t nan = 0x7fc00000u;  // float32
+    for (size_t i = 0; i < 256; ++i) {
+      ASSERT_EQ(std::memcmp(decoded.data() + i * width, &nan, width), 0) << "element " << i;
+    }
+  }
+
+  const std::vector<int64_t> shape_ = {256};
+};
+
+TEST_P(ResealedTest, AnUnknownHeaderFlagIsRefused) {
+  DeferredEncoding resolved;
+  std::vector<uint8_t> bytes;
+  uint8_t* buffer = Encode(&resolved, &bytes);
+  Header flagged = resolved.header;
+  flagged.flags |= 2;  // no such flag
+  Reseal(flagged, bytes, resolved.header.payload_size, buffer);
+  ExpectRefused(resolved, buffer, kFailHeader);
+}
+
+// The encoding's room ends 4 bytes before its payload does (its header's size, which the host
+// knows, is the payload's): the payload's size against the buffer's capacity catches it.
+TEST_P(ResealedTest, APayloadPastTheBuffersEndIsRefused) {
+  DeferredEncoding resolved;
+  std::vector<uint8_t> bytes;
+  uint8_t* buffer = Encode(&resolved, &bytes);
+  Reseal(resolved.header, bytes, resolved.header.payload_size - 4, buffer);
+  DeferredEncoding truncated = resolved;
+  truncated.bytes -= 4;
+  ExpectRefused(truncated, buffer, kFailHeader);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, ResealedTest,
+    ::testing::Values(Case{"identity", DType::kFloat32}, Case{"quant2", DType::kFloat32},
+                      Case{"cast", DType::kFloat32}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.spec); });
+
 // Values a codec cannot hold, met without the host looking: the header's flag is set, the
 // decode writes NaN over the whole tensor, and CheckEncode gives the CPU encoder's refusal.
 struct Unrepresentable {
@@ -430,6 +619,53 @@ TEST_F(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDev
   EXPECT_EQ(read.failures, kFailParams) << DescribeFailures(read.failures);
   const std::vector<uint8_t> decoded = DeviceMemory::Download(output, 256 * 8);
   EXPECT_EQ(decoded, std::vector<uint8_t>(256 * 8, 0));
+}
+
+// Mask buffers with a parameter no mask encode writes (a NaN value; a second parameter word
+// that is not zero), resealed: the device's check of the parameters refuses each, and the
+// output is NaN.
+TEST_F(DeferredParamsTest, MaskParametersNoEncodeWritesAreRefusedOnTheDevice) {
+  const std::vector<int64_t> shape = {256};
+  std::vector<float> values(256, 0.0f);
+  for (size_t i = 0; i < 256; i += 3) values[i] = 1.5f;
+  const std::vector<uint8_t> input = testing::ToBytes(values, DType::kFloat32);
+  absl::StatusOr<std::vector<uint8_t>> buffer =
+      testing::EncodeToVector(input.data(), DType::kFloat32, shape, *ParseCodecSpec("mask"));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  absl::StatusOr<Header> header = ParseHeader(buffer->data(), buffer->size());
+  ASSERT_TRUE(header.ok());
+  for (int forgery = 0; forgery < 2; ++forgery) {
+    SCOPED_TRACE(forgery == 0 ? "a NaN value" : "a second parameter word");
+    Header forged = *header;
+    const uint32_t nan = 0x7fc00000u;
+    if (forgery == 0) {
+      std::memcpy(forged.params.data(), &nan, 4);
+    } else {
+      forged.params[4] = 1;
+    }
+    forged.checksum = CombineChecksum(
+        HeaderChecksum(forged), PayloadChecksum(buffer->data() + kHeaderSize, forged.payload_size));
+    std::vector<uint8_t> bytes = *buffer;
+    WriteHeader(forged, bytes.data());
+    uint8_t* device = memory_.Upload(bytes);
+    DeferredEncoding encoding;  // as a deferred encode leaves it: the value to come
+    encoding.header = *header;
+    encoding.header.params.fill(0);
+    encoding.header.checksum = 0;
+    encoding.device_decided = true;
+    encoding.bytes = bytes.size();
+    uint8_t* output = memory_.Alloc(256 * 4);
+    ASSERT_TRUE(DecodeDeferred(encoding, device, {output, DType::kFloat32, shape, Device::kCuda},
+                               context_, status_)
+                    .ok());
+    EXPECT_EQ(ReadStatus().failures, kFailParams) << DescribeFailures(ReadStatus().failures);
+    const std::vector<uint8_t> decoded = DeviceMemory::Download(output, 256 * 4);
+    for (size_t i = 0; i < 256; ++i) {
+      float v;
+      std::memcpy(&v, decoded.data() + 4 * i, 4);
+      ASSERT_TRUE(std::isnan(v)) << "element " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

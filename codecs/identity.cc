@@ -33,12 +33,14 @@ class Identity final : public Codec {
     header->params.fill(0);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status queued = cuda::CopyOnDevice(payload, input.data, bytes, context.stream);
-      if (queued.ok()) {
-        queued = cuda::Checksum(payload, bytes, nullptr, &status->payload_sum, context.stream);
-      }
+      // One launch: the copy, its checksum and the header (the payload follows it).
+      header->payload_size = bytes;
+      absl::Status queued = cuda::IdentityEncode(input.data, bytes, HeaderWordsOf(*header), status,
+                                                 payload - kHeaderSize, context.stream);
       if (!queued.ok()) return queued;
-      return PayloadInfo{bytes, 0};
+      PayloadInfo info{bytes, 0};
+      info.header_written = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("identity encode");
 #endif
@@ -50,13 +52,9 @@ class Identity final : public Codec {
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
                              DeviceStatus*) const override {
-    absl::Status unused = CheckParamBytesZero(header, 0, kParamBytes, "identity");
-    if (!unused.ok()) return unused;
-    const uint64_t bytes = header.numel * ElementSize(header.dtype);
-    if (header.payload_size != bytes) {
-      return absl::DataLossError(absl::StrCat("actpack: corrupt identity buffer: payload of ",
-                                              header.payload_size, " bytes, expected ", bytes));
-    }
+    absl::Status valid = CheckHeader(header);
+    if (!valid.ok()) return valid;
+    const uint64_t bytes = header.payload_size;
     if (output.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
       return cuda::CopyOnDevice(output.data, payload, bytes, context.stream);
@@ -65,6 +63,34 @@ class Identity final : public Codec {
 #endif
     }
     if (bytes > 0) std::memcpy(output.data, payload, bytes);
+    return absl::OkStatus();
+  }
+
+  bool ChecksOwnBuffer() const override { return true; }
+
+  absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                    const MutableTensorView& output, const ExecContext& context,
+                                    DeviceStatus* status) const override {
+    absl::Status valid = CheckHeader(header);
+    if (!valid.ok()) return valid;
+#ifdef ACTPACK_WITH_CUDA
+    return cuda::IdentityDecode(check.buffer, check.capacity, check.expected, check.known,
+                                header.payload_size, output.data, status, context.stream);
+#else
+    return internal::CudaNotCompiledIn("identity decode");
+#endif
+  }
+
+ private:
+  // kDataLoss unless the parameters are zero and the payload is the tensor's bytes.
+  static absl::Status CheckHeader(const Header& header) {
+    absl::Status unused = CheckParamBytesZero(header, 0, kParamBytes, "identity");
+    if (!unused.ok()) return unused;
+    const uint64_t bytes = header.numel * ElementSize(header.dtype);
+    if (header.payload_size != bytes) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt identity buffer: payload of ",
+                                              header.payload_size, " bytes, expected ", bytes));
+    }
     return absl::OkStatus();
   }
 };

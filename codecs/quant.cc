@@ -187,10 +187,15 @@ class Quant final : public Codec {
     WriteParams(l, header);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status queued = cuda::QuantEncode(input.data, l, elements::KindOf(input.dtype),
-                                              payload, status, context.stream);
+      // One launch: the payload, its checksum and counts, and the header before it.
+      header->payload_size = 4 * l.payload_words();
+      absl::Status queued =
+          cuda::QuantEncode(input.data, l, elements::KindOf(input.dtype), HeaderWordsOf(*header),
+                            payload - kHeaderSize, status, context.stream);
       if (!queued.ok()) return queued;
-      return PayloadInfo{4 * l.payload_words(), 0};
+      PayloadInfo info{4 * l.payload_words(), 0};
+      info.header_written = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("quant encode");
 #endif
@@ -234,27 +239,16 @@ class Quant final : public Codec {
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
-                             DeviceStatus*) const override {
-    absl::StatusOr<Layout> layout = ReadParams(header);
+                             DeviceStatus* status) const override {
+    if (output.device == Device::kCuda) {
+      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
+      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
+                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
+      return DecodeCheckedPayload(header, check, output, context, status);
+    }
+    absl::StatusOr<Layout> layout = CheckedLayout(header);
     if (!layout.ok()) return layout.status();
     const Layout& l = *layout;
-    if (!IsLossyFloat(header.dtype)) {
-      return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: dtype ",
-                                              DTypeName(header.dtype)));
-    }
-    if (header.payload_size != 4 * l.payload_words()) {
-      return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: payload of ",
-                                              header.payload_size, " bytes, expected ",
-                                              4 * l.payload_words()));
-    }
-    if (output.device == Device::kCuda) {
-#ifdef ACTPACK_WITH_CUDA
-      const elements::Kind kind = elements::KindOf(header.dtype);
-      return cuda::QuantDecode(payload, l, kind, output.data, context.stream);
-#else
-      return internal::CudaNotCompiledIn("quant decode");
-#endif
-    }
     const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
     internal::ParallelFor(l.groups, GroupGrain(l), [&](int, int64_t begin, int64_t end) {
       elements::DispatchKindAndBits(header.dtype, l.bits, [&]<int K, int kBits>() {
@@ -262,6 +256,39 @@ class Quant final : public Codec {
       });
     });
     return absl::OkStatus();
+  }
+
+  bool ChecksOwnBuffer() const override { return true; }
+
+  absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                    const MutableTensorView& output, const ExecContext& context,
+                                    DeviceStatus* status) const override {
+    absl::StatusOr<Layout> layout = CheckedLayout(header);
+    if (!layout.ok()) return layout.status();
+#ifdef ACTPACK_WITH_CUDA
+    return cuda::QuantDecode(check.buffer, check.capacity, check.expected, check.known, *layout,
+                             elements::KindOf(header.dtype), output.data, status, context.stream);
+#else
+    return internal::CudaNotCompiledIn("quant decode");
+#endif
+  }
+
+ private:
+  // The payload's layout from the header; kDataLoss for parameters, a dtype or a payload size
+  // no quant encode writes.
+  static absl::StatusOr<Layout> CheckedLayout(const Header& header) {
+    absl::StatusOr<Layout> layout = ReadParams(header);
+    if (!layout.ok()) return layout.status();
+    if (!IsLossyFloat(header.dtype)) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: dtype ",
+                                              DTypeName(header.dtype)));
+    }
+    if (header.payload_size != 4 * layout->payload_words()) {
+      return absl::DataLossError(absl::StrCat("actpack: corrupt quant buffer: payload of ",
+                                              header.payload_size, " bytes, expected ",
+                                              4 * layout->payload_words()));
+    }
+    return layout;
   }
 };
 

@@ -497,11 +497,13 @@ class Kernel:
         calls = sum(1 for k in own for i in self.f.blocks[k] if i.op.startswith("CALL"))
         return summarize([i for k in sorted(hot) for i in self.f.blocks[k]], calls)
 
-    def outside(self):
-        """The fast path's instructions outside every loop: once per thread."""
+    def outside(self, cold_lines=()):
+        """The fast path's instructions outside every loop: once per thread; less the blocks
+        that run code of `cold_lines` (what one thread of a launch runs, not every thread)."""
         in_loops = set().union(*self.f.loops.values()) if self.f.loops else set()
-        return summarize([i for k in sorted(self.f.hot - in_loops) for i in self.f.blocks[k]],
-                         loop=False)
+        cold = {k for k, b in enumerate(self.f.blocks) if any(matches(i, cold_lines) for i in b)}
+        return summarize([i for k in sorted(self.f.hot - in_loops - cold)
+                          for i in self.f.blocks[k]], loop=False)
 
     def closing_line(self, header):
         """(path, line) of the branch that closes a loop."""
@@ -578,7 +580,8 @@ class Trip:
     and how many warp-iterations it runs in one launch. `loads` is the global loads one source
     iteration issues: the SASS loop's loads over it is the unrolling (none given: not
     unrolled; a version unrolled more than `per_entry`, the iterations each entry of the loop
-    runs, never runs). `cold` lists lines (file, text) whose code this data does not run."""
+    runs, never runs). `cold` lists lines (file, text) whose code this data does not run, or
+    gives them from the shape."""
     anchor: str
     iterations: object
     loads: int = 0
@@ -611,6 +614,39 @@ def checksum_blocks(s):
     return min(4096, ceil_div(s["bytes"] // 4 + 1, 256))
 
 
+def identity_blocks(s):
+    """LaunchIdentity in codecs/cuda/device_ops.cu (16-byte path: 64 bytes a thread)."""
+    return min(2048, max(1, s["input_bytes"] // 64 // 256 + 1))
+
+
+def identity_stride(s):
+    return identity_blocks(s) * 256
+
+
+def identity_vectors(s):
+    return s["input_bytes"] // 16
+
+
+def quant_lane_vectors(s):
+    """The 16-byte float32 vectors a lane of quant's vector kernels handles per group."""
+    return ceil_div(s["group"] // 4, 32)
+
+
+def quant_vector_cold(s):
+    """What quant's vector encode does not run on these shapes: the draws of a group straddling
+    a 2^32-element stream, and whichever way of writing code words the bits do not take. (The
+    partial vector at the tensor's end is a call-out, off the fast path.)"""
+    if 4 * s["bits"] >= 32:
+        return [UNIFORM_FLOAT,
+                (QUANT, "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1))")]
+    return [UNIFORM_FLOAT,
+            (QUANT, "const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * q));")]
+
+
+# What the last block of a launch that closes it (device_ops.cuh's CloseLaunch) runs in one
+# thread: the header written or the buffer checked. Not per thread.
+CLOSING = (("codecs/cuda/device_ops.cuh", "BufferFailures(closing.header_at"),
+           ("codecs/cuda/device_ops.cuh", "WriteFinalHeader(closing.header, false, status"))
 QUANT = "codecs/cuda/quant_kernels.cu"
 # eb's quantizer tries the neighbouring bin only for a value at a bin's edge that the rounded
 # division put in the wrong one.
@@ -634,6 +670,17 @@ def work(kernels_tree):
         "FinalizeHeaderKernel": Launch(OPS, 1, lambda s: 1),
         "CheckHeaderKernel": Launch(OPS, 1, lambda s: 1),
         "PoisonKernel": Launch(OPS, 256, lambda s: min(32, ceil_div(s["numel"], 256))),
+        # identity: a grid of at most 2048 blocks, each thread 4 independent 16-byte vectors per
+        # iteration (aligned input and output), the vectors left over, then words and bytes past
+        # the last vector (none at these sizes).
+        "IdentityKernel": Launch(OPS, 256, identity_blocks, [
+            Trip("i + (kCopyUnroll - 1) * stride < vectors;",
+                 lambda s: identity_vectors(s) // (4 * identity_stride(s)) * identity_stride(s)
+                 / 32, loads=4),
+            Trip("for (; i < vectors; i += stride)",
+                 lambda s: identity_vectors(s) % (4 * identity_stride(s)) / 32, loads=1),
+            Trip("w < words; w += stride", lambda s: 0),
+            Trip("for (uint64_t b = words * 4; b < bytes; ++b)", lambda s: 0)]),
         # quant: one warp per group of 256; the range pass, then the codes (each lane one value
         # per 32), the codes of 32 / bits lanes OR-ed into a word by log2(32 / bits) shuffles.
         "QuantEncodeKernel": Launch(QUANT, 256, lambda s: blocks_for(s["groups"], 8), [
@@ -644,6 +691,25 @@ def work(kernels_tree):
                  lambda s: s["groups"] * s["group"] / 32, loads=1, cold=(UNIFORM_FLOAT,)),
             Trip("for (uint32_t offset = 1; offset < per_word; offset *= 2)",
                  lambda s: s["groups"] * s["group"] / 32 * math.log2(s["per_word"]))]),
+        # quant where the input is 16-byte aligned: one warp per group, each lane its 16-byte
+        # vectors loaded first (two of float32 in a group of 256), the range and the codes from
+        # those registers; the codes of a vector (4 values) are bits * 4 bits, ORed across
+        # 32 / (bits * 4) lanes by shuffles, or whole words of the lane's own at 8 bits.
+        "QuantEncodeVectorKernel": Launch(QUANT, 256, lambda s: blocks_for(s["groups"], 8), [
+            Trip("g < layout.groups;", lambda s: s["groups"], loads=2, cold=quant_vector_cold),
+            Trip("offset < lanes_per_word; offset *= 2",
+                 lambda s: s["groups"] * quant_lane_vectors(s)
+                 * math.log2(max(1, 32 // (4 * s["bits"])))),
+            Trip("for (uint32_t q = 0; q < vector_bits / 32; ++q)",
+                 lambda s: s["groups"] * quant_lane_vectors(s) * (4 * s["bits"] // 32))]),
+        # ... and its decode where the output is: a lane a vector of output at a time, from
+        # the code word its vector's codes are in (summed for the checksum by the lane whose
+        # vector starts it).
+        "QuantDecodeVectorKernel": Launch(QUANT, 256, lambda s: blocks_for(s["groups"], 8), [
+            Trip("g < layout.groups;", lambda s: s["groups"], nth=1),
+            Trip("for (uint32_t j = lane; j < vectors; j += 32)",
+                 lambda s: s["groups"] * quant_lane_vectors(s), loads=1, per_entry=1,
+                 cold=((QUANT, "if (j * kPer + e < n) elements::Store<K>(output, first"),))]),
         # eb (1-D blocks of 128): a thread block of 4 warps per chunk of 32 blocks, 8 blocks a
         # warp: planned, then (after warp 0's look-back) packed. No chunk is planned again by a
         # look-back (that takes a predecessor that has not started), no block is verbatim and
@@ -775,12 +841,16 @@ def work(kernels_tree):
         })
     quant_decode = os.path.join(kernels_tree, QUANT)
     with open(quant_decode) as f:
-        one_warp_per_group = "for (uint32_t k = lane; k < n; k += 32)" in f.read()
+        source = f.read()
+    one_warp_per_group = "for (uint32_t k = lane; k < n; k += 32)" in source
     if one_warp_per_group:
         w["QuantDecodeKernel"] = Launch(QUANT, 256, lambda s: blocks_for(s["groups"], 8), [
             Trip("g < layout.groups;", lambda s: s["groups"]),
             Trip("for (uint32_t k = lane; k < n; k += 32)", lambda s: s["groups"] * s["group"] / 32,
-                 loads=1)])
+                 loads=1)] + ([Trip("w < layout.words_per_group; w += 32",
+                                    lambda s: s["groups"] * ceil_div(s["group"] * s["bits"] // 32,
+                                                                     32), loads=1)]
+                              if "GroupTerms(" in source else []))
     else:  # a thread per value (the kernels of 2026-11-27)
         w["QuantDecodeKernel"] = Launch(QUANT, 256, lambda s: blocks_for(s["numel"], 256), [
             Trip("i < layout.numel;", lambda s: s["numel"] / 32, loads=2)])
@@ -801,7 +871,7 @@ def shape_of(spec, dtype, nbytes, ratio=1.0):
     s = {"numel": n, "element_bytes": width, "input_bytes": nbytes}
     if spec.startswith("quant"):
         bits = int(spec[len("quant"):])
-        s.update(group=256, groups=ceil_div(n, 256), per_word=32 // bits)
+        s.update(group=256, groups=ceil_div(n, 256), per_word=32 // bits, bits=bits)
     elif spec.startswith("eb"):
         blocks = ceil_div(n, 128)
         # a block's data words: its 128 values' bytes over the compression ratio
@@ -848,17 +918,27 @@ def sync_ops(rows, phase):
     DecodeVerified), from the traffic table's rows of the deferred path: an encode adds the
     counters' memset and the status read back; a decode verifies the checksum on its own (a
     memset, the checksum, a read back), then decodes (a memset, the kernels, a read back of
-    the failures), and reads the header first; it has no CheckHeaderKernel nor PoisonKernel."""
+    the failures), and reads the header first; it has no CheckHeaderKernel nor PoisonKernel.
+    A codec that checks its buffer in its decode launch decodes as below (checks_own)."""
+    # A codec whose decode launch checks the buffer itself (ChecksOwnBuffer: no ChecksumKernel
+    # nor CheckHeaderKernel on its deferred path) decodes synchronously as it does deferred: the
+    # header read, the counters' memset, its kernels and Poison, the failures read back.
+    checks_own = phase == "decode" and not any(
+        r["kernel"].startswith(("ChecksumKernel", "CheckHeaderKernel")) for r in rows)
     ops = []
     for r in rows:
         if r["kernel"] == "(all)":
             continue
-        if phase == "decode" and r["kernel"].startswith(("CheckHeaderKernel", "PoisonKernel")):
+        if (phase == "decode" and not checks_own
+                and r["kernel"].startswith(("CheckHeaderKernel", "PoisonKernel"))):
             continue
         ops.append(Op(r["kernel"], int(r["launches"]), float(r["dram_per_input_byte"]),
                       asked=float(r["bytes_per_input_byte"] or 0)))
     small = ["cudaMemsetAsync (counters)", "cudaMemcpyAsync (status to host)"]
-    if phase == "decode":
+    if checks_own:
+        small = ["cudaMemcpyAsync (header to host)", "cudaMemsetAsync (counters)",
+                 "cudaMemcpyAsync (failures to host)"]
+    elif phase == "decode":
         small = ["cudaMemcpyAsync (header to host)", "cudaMemsetAsync (counters)",
                  "cudaMemcpyAsync (sum to host)", "cudaMemsetAsync (counters)",
                  "cudaMemcpyAsync (failures to host)"]
@@ -886,7 +966,20 @@ def sass_kernel(kernels, name, dtype):
     return kernels.get(base)
 
 
-def resolve_trips(kernel, launch, tree):
+def lines_of(tree, places):
+    """[(file, line)] of the lines of `places` ((file, text)) in the tree; none where a file
+    or a text is not there."""
+    found = []
+    for path, text in places:
+        try:
+            with open(os.path.join(tree, path)) as f:
+                found += [(path, k + 1) for k, t in enumerate(f.read().splitlines()) if text in t]
+        except OSError:
+            pass
+    return found
+
+
+def resolve_trips(kernel, launch, tree, shape):
     """[(Trip, header, Body, unrolling)]: each source loop's SASS loop (of its versions, the
     most unrolled that can run, then the costliest); and the SASS loops with global accesses
     that no Trip names."""
@@ -902,7 +995,7 @@ def resolve_trips(kernel, launch, tree):
                              f"(#{trip.nth}) in {trip.file or launch.file}: update work()")
         line = lines[trip.nth - 1]
         cold = []
-        for cold_file, text in trip.cold:
+        for cold_file, text in (trip.cold(shape) if callable(trip.cold) else trip.cold):
             with open(os.path.join(tree, cold_file)) as f:
                 cold += [(cold_file, k + 1) for k, t in enumerate(f.read().splitlines())
                          if text in t]
@@ -951,8 +1044,8 @@ def predict_op(op, kernels, works, dtype, shape, tree):
     warps_per_sm = min(resident_blocks, ceil_div(blocks, sms)) * warps_per_block
     chip_warps = warps_per_sm * sms
     width = min(ISSUE_PER_SM, warps_per_sm)
-    found, unnamed = resolve_trips(kernel, launch, tree)
-    outside = kernel.outside()
+    found, unnamed = resolve_trips(kernel, launch, tree, s)
+    outside = kernel.outside(lines_of(tree, CLOSING))
     grid_warps = blocks * warps_per_block
     # A stall waits a DRAM latency for the share of the bytes asked for that DRAM supplies
     # (the traffic table's unique sectors over the bytes requested), an L1 hit for the rest.

@@ -13,10 +13,6 @@
 namespace actpack::codecs::cuda {
 namespace {
 
-__device__ __forceinline__ uint64_t Words64(const uint32_t* w) {
-  return w[0] | static_cast<uint64_t>(w[1]) << 32;
-}
-
 constexpr uint64_t kHeaderBytes = kHeaderWords * 4;
 
 // A grid-stride sum of the payload's checksum terms into *sum. The size is `bytes`, or read
@@ -47,45 +43,16 @@ __global__ void ChecksumKernel(const uint8_t* __restrict__ payload, uint64_t byt
 
 // One thread: the host's header completed with what the data decided, then its checksum.
 __global__ void FinalizeHeaderKernel(HeaderWords header, bool device_sized,
-                                     const DeviceStatus* __restrict__ status,
+                                     DeviceStatus* __restrict__ status,
                                      uint32_t* __restrict__ out) {
-  uint32_t* w = header.w;
-  for (int j = 0; j < 6; ++j) w[kParamsWord + j] |= status->params[j];
-  if (device_sized) {
-    w[kPayloadSizeWord] = static_cast<uint32_t>(status->payload_bytes);
-    w[kPayloadSizeWord + 1] = static_cast<uint32_t>(status->payload_bytes >> 32);
-  }
-  if (status->nonfinite != 0 || status->unrepresentable != 0) {
-    w[kFlagsWord] |= kFlagUnrepresentable << 16;
-  }
-  const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + status->payload_sum);
-  w[kChecksumWord] = static_cast<uint32_t>(checksum);
-  w[kChecksumWord + 1] = static_cast<uint32_t>(checksum >> 32);
-  for (int j = 0; j < kHeaderWords; ++j) out[j] = w[j];
+  WriteFinalHeader(header, device_sized, status, out, false);
 }
 
 // One thread, after ChecksumKernel summed the payload into status->decode_sum.
 __global__ void CheckHeaderKernel(const uint32_t* __restrict__ buffer, uint64_t capacity,
                                   HeaderWords expected, uint32_t known,
                                   DeviceStatus* __restrict__ status) {
-  uint64_t failures = 0;
-  uint32_t w[kHeaderWords];
-  for (int j = 0; j < kHeaderWords; ++j) w[j] = buffer[j];
-  for (int j = 0; j < kChecksumWord; ++j) {
-    // The flags (the high half of word 2) are checked on their own below.
-    const uint32_t mask = j == kFlagsWord ? 0xffffu : 0xffffffffu;
-    if ((known >> j & 1u) != 0 && ((w[j] ^ expected.w[j]) & mask) != 0) failures |= kFailHeader;
-  }
-  const uint32_t flags = w[kFlagsWord] >> 16;
-  if ((flags & ~kFlagUnrepresentable) != 0) failures |= kFailHeader;
-  if ((flags & kFlagUnrepresentable) != 0) failures |= kFailUnrepresentable;
-  if (Words64(w + kPayloadSizeWord) > capacity - kHeaderWords * 4) failures |= kFailHeader;
-  const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + status->decode_sum);
-  if (checksum != Words64(w + kChecksumWord)) failures |= kFailChecksum;
-  // An encoding PlaceDeferred placed nowhere: the buffer holds no bytes of it, so what the
-  // checks above found says nothing more.
-  if (PlacedNowhere(status)) failures = kFailLost;
-  status->failures = failures;
+  status->failures = BufferFailures(buffer, capacity, expected, known, status->decode_sum, status);
   status->decode_sum = 0;  // the next decode of the same buffer sums afresh
 }
 
@@ -105,6 +72,85 @@ __global__ void PoisonKernel(const DeviceStatus* __restrict__ status, void* __re
       static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(pattern);
     }
   }
+}
+
+// Vectors a thread loads before it stores any: independent loads in flight.
+constexpr int kCopyUnroll = 4;
+
+__device__ __forceinline__ uint64_t VectorTerms(const uint4& v, uint64_t word) {
+  return portable::ChecksumTerm(v.x, word) + portable::ChecksumTerm(v.y, word + 1) +
+         portable::ChecksumTerm(v.z, word + 2) + portable::ChecksumTerm(v.w, word + 3);
+}
+
+// identity's one launch: copies `bytes` from `from` to `to` and sums the checksum terms of the
+// bytes as payload words (word 0 at the start), then closes (LaunchClosing). `unit`: 16 (both
+// pointers 16-byte aligned: 16-byte vectors, then the words and bytes past the last one), 4
+// (both 4-byte aligned: words) or 1 (bytes, assembled into words).
+__global__ void __launch_bounds__(256)
+    IdentityKernel(const uint8_t* __restrict__ from, uint8_t* __restrict__ to, uint64_t bytes,
+                   int unit, LaunchClosing closing, DeviceStatus* __restrict__ status) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  const uint64_t first = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  uint64_t sum = 0;
+  uint64_t word = 0;  // the first word past the vectors
+  if (unit == 16) {
+    const uint4* src = reinterpret_cast<const uint4*>(from);
+    uint4* dst = reinterpret_cast<uint4*>(to);
+    const uint64_t vectors = bytes / 16;
+    uint64_t i = first;
+    for (; i + (kCopyUnroll - 1) * stride < vectors; i += kCopyUnroll * stride) {
+      uint4 v[kCopyUnroll];
+      for (int k = 0; k < kCopyUnroll; ++k) v[k] = src[i + k * stride];
+      for (int k = 0; k < kCopyUnroll; ++k) {
+        dst[i + k * stride] = v[k];
+        sum += VectorTerms(v[k], 4 * (i + k * stride));
+      }
+    }
+    for (; i < vectors; i += stride) {
+      const uint4 v = src[i];
+      dst[i] = v;
+      sum += VectorTerms(v, 4 * i);
+    }
+    word = vectors * 4;
+  }
+  const uint64_t words = bytes / 4;
+  for (uint64_t w = word + first; w < words; w += stride) {
+    uint32_t value = 0;
+    if (unit >= 4) {
+      value = reinterpret_cast<const uint32_t*>(from)[w];
+      reinterpret_cast<uint32_t*>(to)[w] = value;
+    } else {
+      for (int b = 0; b < 4; ++b) {
+        const uint8_t byte = from[4 * w + b];
+        to[4 * w + b] = byte;
+        value |= static_cast<uint32_t>(byte) << (8 * b);
+      }
+    }
+    sum += portable::ChecksumTerm(value, w);
+  }
+  if (first == 0 && bytes % 4 != 0) {  // the last word's bytes, zero-padded
+    uint32_t tail = 0;
+    for (uint64_t b = words * 4; b < bytes; ++b) {
+      to[b] = from[b];
+      tail |= static_cast<uint32_t>(from[b]) << (8 * (b - words * 4));
+    }
+    sum += portable::ChecksumTerm(tail, words);
+  }
+  WarpSumToGlobal(sum, closing.decode ? &status->decode_sum : &status->payload_sum);
+  CloseLaunch(closing, status);
+}
+
+absl::Status LaunchIdentity(const uint8_t* from, uint8_t* to, uint64_t bytes,
+                            const LaunchClosing& closing, DeviceStatus* status, void* stream) {
+  const uintptr_t both = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to);
+  const int unit = both % 16 == 0 ? 16 : both % 4 == 0 ? 4 : 1;
+  const uint64_t per_thread = unit == 16 ? 16 * kCopyUnroll : 4;
+  const int blocks = static_cast<int>(
+      std::min<uint64_t>(2048, std::max<uint64_t>(1, bytes / per_thread / 256 + 1)));
+  ACTPACK_LAUNCH(IdentityKernel, blocks, 256, static_cast<cudaStream_t>(stream))(
+      from, to, bytes, unit, closing, status);
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 // The bytes of the encoding at `buffer` (`capacity` bytes): its header and the payload the
@@ -253,7 +299,7 @@ absl::Status Checksum(const uint8_t* payload, uint64_t bytes, const uint32_t* de
 absl::Status FinalizeHeader(const HeaderWords& header, bool device_sized,
                             const DeviceStatus* status, uint8_t* out, void* stream) {
   ACTPACK_LAUNCH(FinalizeHeaderKernel, 1, 1, static_cast<cudaStream_t>(stream))(
-      header, device_sized, status, reinterpret_cast<uint32_t*>(out));
+      header, device_sized, const_cast<DeviceStatus*>(status), reinterpret_cast<uint32_t*>(out));
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -276,6 +322,20 @@ absl::Status CheckBuffer(const uint8_t* buffer, uint64_t capacity, const HeaderW
       header, capacity, expected, known, status);
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+absl::Status IdentityEncode(const void* input, uint64_t bytes, const HeaderWords& header,
+                            DeviceStatus* status, uint8_t* out, void* stream) {
+  return LaunchIdentity(static_cast<const uint8_t*>(input), out + kHeaderBytes, bytes,
+                        EncodeClosing(header, out), status, stream);
+}
+
+absl::Status IdentityDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                            uint32_t known, uint64_t bytes, void* output, DeviceStatus* status,
+                            void* stream) {
+  return LaunchIdentity(buffer + kHeaderBytes, static_cast<uint8_t*>(output),
+                        std::min(bytes, capacity - kHeaderBytes),
+                        DecodeClosing(buffer, capacity, expected, known), status, stream);
 }
 
 absl::Status Poison(const DeviceStatus* status, void* output, uint64_t numel, int element_bytes,

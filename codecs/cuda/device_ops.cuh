@@ -11,6 +11,14 @@
 #include "absl/status/status.h"
 #include "codecs/internal/device_status.h"
 
+// Unrolls the loop that follows fully under nvcc (its trip count a constant), so that arrays it
+// indexes stay in registers; nothing in host C++.
+#if defined(__CUDACC__)
+#define ACTPACK_UNROLL _Pragma("unroll")
+#else
+#define ACTPACK_UNROLL
+#endif
+
 namespace actpack::codecs::cuda {
 
 // Sums `value` over the warp and adds it to *target once per warp (mod 2^64).
@@ -39,6 +47,129 @@ __device__ __forceinline__ void WarpMaxToGlobal(uint64_t value, unsigned long lo
 // (kFailLost) and a codec's own checks of the buffer add nothing.
 __device__ __forceinline__ bool PlacedNowhere(const DeviceStatus* status) {
   return (status->placement & kPlacementKindMask) > kPlacedInArena;
+}
+
+// Bits 32..63 of DeviceStatus::failures count the blocks of a launch that finished
+// (LastBlockToFinish); 0 between launches, so the DecodeFailure bits read the same.
+constexpr unsigned long long kBlockDone = 1ull << 32;
+constexpr unsigned long long kFailureBits = kBlockDone - 1;
+
+// A read of a word other blocks of this launch added to with atomics (an atomic read: a plain
+// one may see a stale line of this SM's L1).
+__device__ __forceinline__ unsigned long long AtomicRead(unsigned long long* word) {
+  return atomicAdd(word, 0ull);
+}
+__device__ __forceinline__ uint32_t AtomicRead(uint32_t* word) { return atomicOr(word, 0u); }
+
+// Called by every thread of every block at the end of a launch whose blocks summed into
+// *status with atomics: true in the block that finished last (every other block's sums are in
+// *status then), which resets the count. A __syncthreads, so no thread may have returned.
+__device__ __forceinline__ bool LastBlockToFinish(DeviceStatus* status) {
+  __shared__ bool last;
+  __threadfence();  // this thread's sums and stores, before the block counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long before = atomicAdd(&status->failures, kBlockDone);
+    const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
+    last = (before >> 32) == blocks - 1;
+    if (last) atomicAnd(&status->failures, kFailureBits);
+  }
+  __syncthreads();
+  return last;
+}
+
+__device__ __forceinline__ uint64_t Words64(const uint32_t* w) {
+  return w[0] | static_cast<uint64_t>(w[1]) << 32;
+}
+
+// The header at `out` written from the host's `header`: its parameter words ORed with
+// status->params, its payload size status->payload_bytes where `device_sized`, the
+// unrepresentable flag where the status counts such values, and the checksum from
+// status->payload_sum (FinalizeHeader in kernels.h). One thread, after every sum is in; with
+// `atomic` reads of the status where other blocks of the same launch summed into it.
+__device__ __forceinline__ void WriteFinalHeader(HeaderWords header, bool device_sized,
+                                                 DeviceStatus* status, uint32_t* out, bool atomic) {
+  auto read = [atomic](auto* word) { return atomic ? AtomicRead(word) : *word; };
+  uint32_t* w = header.w;
+  for (int j = 0; j < 6; ++j) w[kParamsWord + j] |= read(&status->params[j]);
+  if (device_sized) {
+    const uint64_t bytes = read(&status->payload_bytes);
+    w[kPayloadSizeWord] = static_cast<uint32_t>(bytes);
+    w[kPayloadSizeWord + 1] = static_cast<uint32_t>(bytes >> 32);
+  }
+  if (read(&status->nonfinite) != 0 || read(&status->unrepresentable) != 0) {
+    w[kFlagsWord] |= kFlagUnrepresentable << 16;
+  }
+  const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + read(&status->payload_sum));
+  w[kChecksumWord] = static_cast<uint32_t>(checksum);
+  w[kChecksumWord + 1] = static_cast<uint32_t>(checksum >> 32);
+  for (int j = 0; j < kHeaderWords; ++j) out[j] = w[j];
+}
+
+// The DecodeFailure bits of the buffer at `buffer` (`capacity` bytes) whose payload's checksum
+// terms sum to `payload_sum`: its header words against `expected` where bit j of `known` is
+// set, its flags, its payload size against the capacity, its checksum; kFailLost alone where
+// status->placement says the encoding was placed nowhere (CheckBuffer in kernels.h).
+__device__ __forceinline__ uint64_t BufferFailures(const uint32_t* buffer, uint64_t capacity,
+                                                   const HeaderWords& expected, uint32_t known,
+                                                   uint64_t payload_sum,
+                                                   const DeviceStatus* status) {
+  uint64_t failures = 0;
+  uint32_t w[kHeaderWords];
+  for (int j = 0; j < kHeaderWords; ++j) w[j] = buffer[j];
+  for (int j = 0; j < kChecksumWord; ++j) {
+    // The flags (the high half of word 2) are checked on their own below.
+    const uint32_t mask = j == kFlagsWord ? 0xffffu : 0xffffffffu;
+    if ((known >> j & 1u) != 0 && ((w[j] ^ expected.w[j]) & mask) != 0) failures |= kFailHeader;
+  }
+  const uint32_t flags = w[kFlagsWord] >> 16;
+  if ((flags & ~kFlagUnrepresentable) != 0) failures |= kFailHeader;
+  if ((flags & kFlagUnrepresentable) != 0) failures |= kFailUnrepresentable;
+  if (Words64(w + kPayloadSizeWord) > capacity - kHeaderWords * 4) failures |= kFailHeader;
+  const uint64_t checksum = portable::SplitMix64(HeaderWordsSum(w) + payload_sum);
+  if (checksum != Words64(w + kChecksumWord)) failures |= kFailChecksum;
+  // An encoding PlaceDeferred placed nowhere: the buffer holds no bytes of it, so what the
+  // checks above found says nothing more.
+  if (PlacedNowhere(status)) failures = kFailLost;
+  return failures;
+}
+
+// What a launch that writes a whole buffer (an encode) or reads one (a decode) does in its last
+// block, so that no other launch need: an encode writes the header at `header_at` from the
+// host's `header` (WriteFinalHeader), a decode checks the buffer (BufferFailures against the
+// words `header` expected where `known`, the payload's sum in status->decode_sum) and leaves the
+// failures in status->failures.
+struct LaunchClosing {
+  HeaderWords header;
+  uint32_t known;      // decode: the header words the host knows
+  uint64_t capacity;   // decode: the buffer's bytes
+  uint32_t* header_at; // the buffer's header
+  bool decode;
+};
+
+// Called by every thread of every block after the block's sums went into *status (the
+// payload's checksum terms into payload_sum for an encode, decode_sum for a decode).
+__device__ __forceinline__ void CloseLaunch(const LaunchClosing& closing, DeviceStatus* status) {
+  if (!LastBlockToFinish(status) || threadIdx.x != 0) return;
+  if (closing.decode) {
+    const uint64_t failures =
+        BufferFailures(closing.header_at, closing.capacity, closing.header, closing.known,
+                       AtomicRead(&status->decode_sum), status);
+    atomicExch(&status->failures, static_cast<unsigned long long>(failures));
+    atomicExch(&status->decode_sum, 0ull);  // the next decode of the same buffer sums afresh
+  } else {
+    WriteFinalHeader(closing.header, false, status, closing.header_at, true);
+  }
+}
+
+// The closing of an encode whose header goes at `out`, and of a decode of `check`'s buffer.
+inline LaunchClosing EncodeClosing(const HeaderWords& header, uint8_t* out) {
+  return LaunchClosing{header, 0, 0, reinterpret_cast<uint32_t*>(out), false};
+}
+inline LaunchClosing DecodeClosing(const uint8_t* buffer, uint64_t capacity,
+                                   const HeaderWords& expected, uint32_t known) {
+  return LaunchClosing{expected, known, capacity,
+                       reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(buffer)), true};
 }
 
 // Blocks for a grid-stride loop over `work_items` items, `per_block` per block per pass.

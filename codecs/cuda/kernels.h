@@ -74,14 +74,33 @@ absl::Status Gather(const uint8_t* target, uint64_t target_capacity, const uint8
                     uint64_t arena_capacity, const DeviceStatus* status, uint8_t* dest,
                     uint64_t dest_capacity, void* stream);
 
-// Per-group stochastic quantization; writes the same payload as the CPU reference (quant.cc).
+// identity's encode in one launch: copies `bytes` from `input` to the payload (at `out` + the
+// header) summing its checksum terms into status->payload_sum, and the launch's last block
+// writes the header at `out` from `header` (what FinalizeHeader writes). 16-byte accesses where
+// input and payload are 16-byte aligned.
+absl::Status IdentityEncode(const void* input, uint64_t bytes, const HeaderWords& header,
+                            DeviceStatus* status, uint8_t* out, void* stream);
+
+// identity's decode in one launch: copies the first `bytes` of the payload of the buffer at
+// `buffer` (`capacity` bytes; clamped to it) to `output` and checks the buffer as CheckBuffer
+// does, its failures in status->failures, which Poison reads after it.
+absl::Status IdentityDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                            uint32_t known, uint64_t bytes, void* output, DeviceStatus* status,
+                            void* stream);
+
+// Per-group stochastic quantization in one launch: the payload of the CPU reference (quant.cc)
+// at `out` + the header, and the header at `out` (what FinalizeHeader writes, from `header`).
 // status: payload_sum; nonfinite; unrepresentable = groups whose range overflows float.
 absl::Status QuantEncode(const void* input, const quant_math::Layout& layout,
-                         elements::Kind kind, uint8_t* payload, DeviceStatus* status,
-                         void* stream);
+                         elements::Kind kind, const HeaderWords& header, uint8_t* out,
+                         DeviceStatus* status, void* stream);
 
-absl::Status QuantDecode(const uint8_t* payload, const quant_math::Layout& layout,
-                         elements::Kind kind, void* output, void* stream);
+// quant's decode of the buffer at `buffer` (`capacity` bytes, its payload laid out as `layout`)
+// in one launch, which checks the buffer as CheckBuffer does (failures in status->failures, for
+// Poison after it).
+absl::Status QuantDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                         uint32_t known, const quant_math::Layout& layout, elements::Kind kind,
+                         void* output, DeviceStatus* status, void* stream);
 
 // `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc.
 // status: payload_sum; unrepresentable = finite values that became infinite.

@@ -131,6 +131,7 @@ struct Machine {
   bool eager = false;
   std::mt19937_64 progress{0};
   uint64_t kernels_launched = 0;
+  uint64_t device_operations = 0;  // kernels, memsets and copies queued
   uint64_t launches_this_schedule = 0;
   uint64_t kernels_executed = 0;
   // Failures armed by FailCall: per API, the call counts at which to fail and with what.
@@ -395,6 +396,7 @@ cudaError_t Copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
       run();
     };
   }
+  ++TheMachine().device_operations;
   const uint64_t position = Enqueue(s, std::move(run));
   // A copy into pageable host memory returns once it is done.
   if (synchronous || to == Memory::kPageable) RunUntil(s, position);
@@ -407,6 +409,7 @@ cudaError_t Set(void* p, int value, size_t count, cudaStream_t stream) {
   if (memory != Memory::kDevice && memory != Memory::kPinned) return Fail(cudaErrorInvalidValue);
   StreamState* s = Resolve(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  ++TheMachine().device_operations;
   Enqueue(s, [p, value, count] {
     if (TrafficRecorder* traffic = GetTrafficRecorder()) {
       traffic->Transfer("cudaMemsetAsync", 0, count);
@@ -513,6 +516,7 @@ void EnqueueKernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes,
   launch->body = body;
   launch->closure = std::move(closure);
   launch->id = ++m.kernels_launched;
+  ++m.device_operations;
   launch->schedule_index = m.launches_this_schedule++;
   Enqueue(s, [launch, &m] {
     RunKernel(*launch);
@@ -613,6 +617,11 @@ bool RunOne(cudaStream_t stream) {
 uint64_t KernelsLaunched() {
   std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
   return internal::TheMachine().kernels_launched;
+}
+
+uint64_t DeviceOperationsQueued() {
+  std::lock_guard<std::recursive_mutex> lock(internal::DeviceLock());
+  return internal::TheMachine().device_operations;
 }
 
 uint64_t KernelsExecuted() {

@@ -105,6 +105,9 @@ bool RunOne(cudaStream_t stream);
 // Kernels queued and kernels executed since the process started.
 uint64_t KernelsLaunched();
 uint64_t KernelsExecuted();
+// Kernels, memsets and copies queued on streams since the process started: the operations a
+// profiler's trace of the device shows, each at least a launch's time.
+uint64_t DeviceOperationsQueued();
 
 // The schedule in force, as CUDAEMU_SCHEDULE spells it ("forward", "reverse", "random:7").
 std::string ScheduleName();
