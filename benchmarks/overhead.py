@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import actpack  # noqa: E402
 from benchmarks import models, provenance  # noqa: E402
+from benchmarks.spread import spread  # noqa: E402
 
 WARM_STEPS = 3  # under a budget: auto's two profiling steps and its first planned step
 
@@ -51,17 +52,6 @@ WARM_STEPS = 3  # under a budget: auto's two profiling steps and its first plann
 def minor_faults():
     """The process's minor page faults so far (first touches of memory the OS hands out)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def spread(values):
-    """{"min", "q1", "median", "q3", "max", "n"} of per-round values: the quartiles by
-    linear interpolation between the sorted values (statistics.quantiles' inclusive method,
-    numpy.percentile's default), so within [min, max]; one value is its own quartiles."""
-    ordered = sorted(values)
-    q1, _, q3 = (statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1
-                 else [ordered[0]] * 3)
-    return {"min": ordered[0], "q1": q1, "median": statistics.median(ordered), "q3": q3,
-            "max": ordered[-1], "n": len(ordered)}
 
 
 def spread_text(s):

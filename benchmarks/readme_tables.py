@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,21 +206,12 @@ def planner_source():
             f"{'; '.join(machines)}. The rows' commands, dates and commits:\n\n{commands}")
 
 
-def _ratio_spread(spread):
+def _ratio_spread(ratios):
     """'1.12x (0.87-1.31x)': the median over rounds and their range; a file that kept one
     ratio (of the medians over all rounds) says so."""
-    if spread["n"] == 1:
-        return f"{spread['median']:.2f}x (medians over all rounds; no per-round record)"
-    return f"{spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f}x)"
-
-
-def _spread(values):
-    """benchmarks/overhead.py's spread of per-round values (quartiles inclusive)."""
-    ordered = sorted(values)
-    q1, _, q3 = (statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1
-                 else [ordered[0]] * 3)
-    return {"min": ordered[0], "q1": q1, "median": statistics.median(ordered), "q3": q3,
-            "max": ordered[-1], "n": len(ordered)}
+    if ratios["n"] == 1:
+        return f"{ratios['median']:.2f}x (medians over all rounds; no per-round record)"
+    return f"{ratios['median']:.2f}x ({ratios['min']:.2f}-{ratios['max']:.2f}x)"
 
 
 def _over_plain(d):
@@ -230,11 +220,13 @@ def _over_plain(d):
     medians of the others."""
     if "over_plain" in d:
         return d["over_plain"]
+    sys.path.insert(0, ROOT)
+    from benchmarks.spread import spread
     plain = d["plain_seconds"]
-    ratios = {"auto": _spread(d["auto_over_plain_per_round"]),
-              "none": _spread([d["none"]["wall"] / plain])}
+    ratios = {"auto": spread(d["auto_over_plain_per_round"]),
+              "none": spread([d["none"]["wall"] / plain])}
     if d.get("accumulate"):
-        ratios["accumulate"] = _spread([d["accumulate"]["wall"] / plain])
+        ratios["accumulate"] = spread([d["accumulate"]["wall"] / plain])
     return ratios
 
 
