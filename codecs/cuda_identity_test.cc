@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <set>
 #include <string>
@@ -20,6 +21,8 @@
 #include "codecs/codec.h"
 #include "codecs/deferred.h"
 #include "codecs/dtype.h"
+#include "codecs/format.h"
+#include "codecs/internal/eb_math.h"
 #include "codecs/registry.h"
 #include "codecs/testing/device_runner.h"
 #include "codecs/testing/test_util.h"
@@ -414,6 +417,70 @@ TEST(CudaIdentityEbTest, EveryBlockOrderWritesTheCpuBytes) {
   }
 }
 #endif  // CUDAEMU
+
+// eb buffers forged past the checksum (recomputed over the forgery): a block header no encoder
+// writes, chunk index entries a word off, outliers out of order or past the blocks, an
+// outlier's raw bits wider than its half. The CPU refuses each, and so must the device: its own
+// checks of the buffer (EbValidateKernel, EbValidateOutliersKernel) are what read the blocks
+// and outliers of a decode into device memory, and a decode that skipped one succeeds.
+TEST(CudaIdentityEbTest, ForgedBuffersAreRefusedOnTheDevice) {
+  DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  const std::vector<int64_t> shape = {2, 16, 24, 24};  // 8 x 16 tiles: 192 blocks, 6 chunks
+  const CodecParams params = *ParseCodecSpec("eb:abs=1e-4");
+  for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    const std::vector<uint8_t> input =
+        testing::ToBytes(MakeValues(Data::kOutliers, shape, 4), dtype);
+    absl::StatusOr<std::vector<uint8_t>> buffer = cpu.Encode(input, dtype, shape, params);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const absl::StatusOr<Header> header = ParseHeader(buffer->data(), buffer->size());
+    ASSERT_TRUE(header.ok()) << header.status();
+    uint64_t outliers;
+    std::memcpy(&outliers, header->params.data() + 16, 8);
+    ASSERT_GE(outliers, 2u) << DTypeName(dtype);
+    const eb_math::Layout l = eb_math::MakeLayout(2, 32, 24, 24);
+    const uint64_t fixed = eb_math::SectionsOf(l, 0, outliers).fixed_words;
+    const eb_math::Sections s =
+        eb_math::SectionsOf(l, header->payload_size / 4 - fixed, outliers);
+    const uint64_t past_blocks = l.blocks * eb_math::kBlockValues;
+    struct Forgery {
+      const char* name;
+      std::function<void(uint32_t*)> forge;
+    };
+    std::vector<Forgery> forgeries = {
+        {"a block header 31 bits wide",
+         [](uint32_t* w) { w[0] = eb_math::HeaderWord(eb_math::kOffset, 31, 0); }},
+        {"the first chunk's index entry not 0", [&](uint32_t* w) { w[s.index] += 1; }},
+        {"the second chunk's index entry a word on", [&](uint32_t* w) { w[s.index + 2] += 1; }},
+        {"the first two outliers swapped",
+         [&](uint32_t* w) {
+           std::swap(w[s.slots], w[s.slots + 2]);
+           std::swap(w[s.slots + 1], w[s.slots + 3]);
+         }},
+        {"the last outlier past the blocks",
+         [&](uint32_t* w) {
+           w[s.slots + 2 * (outliers - 1)] = static_cast<uint32_t>(past_blocks);
+           w[s.slots + 2 * (outliers - 1) + 1] = static_cast<uint32_t>(past_blocks >> 32);
+         }},
+    };
+    if (dtype == DType::kFloat16) {
+      forgeries.push_back({"an outlier's raw bits past 16", [&](uint32_t* w) { w[s.raw] |= 1u << 16; }});
+    }
+    for (const Forgery& f : forgeries) {
+      std::vector<uint8_t> bytes = *buffer;
+      f.forge(reinterpret_cast<uint32_t*>(bytes.data() + kHeaderSize));
+      Header forged = *header;
+      forged.checksum = CombineChecksum(
+          HeaderChecksum(forged), PayloadChecksum(bytes.data() + kHeaderSize, forged.payload_size));
+      WriteHeader(forged, bytes.data());
+      std::vector<uint8_t> out_cpu, out_cuda;
+      const absl::Status on_cpu = cpu.Decode(bytes, bytes.size(), dtype, shape, &out_cpu);
+      const absl::Status on_cuda = cuda.Decode(bytes, bytes.size(), dtype, shape, &out_cuda);
+      EXPECT_EQ(on_cpu.code(), absl::StatusCode::kDataLoss) << f.name << ": " << on_cpu;
+      EXPECT_EQ(on_cuda.code(), absl::StatusCode::kDataLoss) << f.name << ": " << on_cuda;
+    }
+  }
+}
 
 #if ACTPACK_WITH_CUDA
 // Every byte a codec uses on the device comes from the caller: its output buffer and the

@@ -578,9 +578,12 @@ TEST_P(UnrepresentableTest, TheFlagIsSetAndTheDecodeIsNaN) {
   }
 }
 
-// A bitpack buffer whose bits no int64 holds, with a checksum that matches (forged, or written
-// by a broken encoder): the device's own check of the parameters refuses it before the decode
-// reads past its payload, and the output is zeros.
+// Bitpack buffers whose parameters no decoder may use, with a checksum that matches (forged,
+// or written by a broken encoder): more bits than an int64 has, a base the bits would carry past
+// the largest int64, an unused parameter byte set, a payload a word short of what the bits
+// take. The host's header of a deferred decode knows none of them, so the device's own check
+// of the parameters refuses each before the decode reads past its payload, and the output is
+// zeros.
 using DeferredParamsTest = OnDevice;
 
 TEST_F(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDevice) {
@@ -594,31 +597,49 @@ TEST_F(DeferredParamsTest, BitpackParametersTheDtypeCannotHoldAreRefusedOnTheDev
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   absl::StatusOr<Header> header = ParseHeader(buffer->data(), buffer->size());
   ASSERT_TRUE(header.ok());
-  Header forged = *header;
-  forged.params[8] = 65;  // bits
-  forged.checksum = CombineChecksum(
-      HeaderChecksum(forged), PayloadChecksum(buffer->data() + kHeaderSize, forged.payload_size));
-  std::vector<uint8_t> bytes = *buffer;
-  WriteHeader(forged, bytes.data());
-  ASSERT_TRUE(Verify(bytes.data(), bytes.size(), {}).ok());  // the CPU accepts it
-  uint8_t* device = memory.Upload(bytes);
-  // The host's header as a deferred encode leaves it: parameters and size to come.
-  DeferredEncoding encoding;
-  encoding.header = *header;
-  encoding.header.params.fill(0);
-  encoding.header.payload_size = 0;
-  encoding.header.checksum = 0;
-  encoding.device_decided = true;
-  encoding.bytes = bytes.size();
-  uint8_t* output = memory.Alloc(256 * 8);
-  ASSERT_TRUE(DecodeDeferred(encoding, device, {output, DType::kInt64, shape, Device::kCuda},
-                             context_, status)
-                  .ok());
-  DeviceStatus read;
-  std::memcpy(&read, DeviceMemory::Download(status, sizeof(read)).data(), sizeof(read));
-  EXPECT_EQ(read.failures, kFailParams) << DescribeFailures(read.failures);
-  const std::vector<uint8_t> decoded = DeviceMemory::Download(output, 256 * 8);
-  EXPECT_EQ(decoded, std::vector<uint8_t>(256 * 8, 0));
+  struct Forgery {
+    const char* name;
+    void (*forge)(Header* header);
+  };
+  const Forgery forgeries[] = {
+      {"65 bits", [](Header* h) { h->params[8] = 65; }},
+      {"a base the bits carry past int64",
+       [](Header* h) {
+         const int64_t base = std::numeric_limits<int64_t>::max() - 2;
+         std::memcpy(h->params.data(), &base, 8);
+       }},
+      {"an unused parameter byte", [](Header* h) { h->params[12] = 1; }},
+      {"a payload a word short", [](Header* h) { h->payload_size -= 4; }},
+  };
+  for (const Forgery& f : forgeries) {
+    Header forged = *header;
+    f.forge(&forged);
+    forged.checksum = CombineChecksum(
+        HeaderChecksum(forged), PayloadChecksum(buffer->data() + kHeaderSize, forged.payload_size));
+    std::vector<uint8_t> bytes = *buffer;
+    WriteHeader(forged, bytes.data());
+    ASSERT_TRUE(Verify(bytes.data(), bytes.size(), {}).ok()) << f.name;  // the CPU accepts it
+    uint8_t* device = memory.Upload(bytes);
+    // The host's header as a deferred encode leaves it: parameters and size to come.
+    DeferredEncoding encoding;
+    encoding.header = *header;
+    encoding.header.params.fill(0);
+    encoding.header.payload_size = 0;
+    encoding.header.checksum = 0;
+    encoding.device_decided = true;
+    encoding.bytes = bytes.size();
+    uint8_t* output = memory.Alloc(256 * 8);
+    ASSERT_EQ(cudaMemset(status, 0, sizeof(DeviceStatus)), cudaSuccess);
+    ASSERT_TRUE(DecodeDeferred(encoding, device, {output, DType::kInt64, shape, Device::kCuda},
+                               context_, status)
+                    .ok())
+        << f.name;
+    DeviceStatus read;
+    std::memcpy(&read, DeviceMemory::Download(status, sizeof(read)).data(), sizeof(read));
+    EXPECT_EQ(read.failures, kFailParams) << f.name << ": " << DescribeFailures(read.failures);
+    const std::vector<uint8_t> decoded = DeviceMemory::Download(output, 256 * 8);
+    EXPECT_EQ(decoded, std::vector<uint8_t>(256 * 8, 0)) << f.name;
+  }
 }
 
 // Mask buffers with a parameter no mask encode writes (a NaN value; a second parameter word
@@ -1042,6 +1063,8 @@ const Corruption kCorruptions[] = {
      kFailHeader, true},
     {"bound_infinite", [](DeviceStatus* s, const Encoded&) { s->params[2] = 0x7f800000u; },
      kFailParams, true},
+    {"unused_word_set", [](DeviceStatus* s, const Encoded&) { s->params[3] = 1; }, kFailParams,
+     true},
     {"zeroed", [](DeviceStatus* s, const Encoded&) { std::memset(s, 0, sizeof(*s)); },
      kFailParams, true},
 };

@@ -741,10 +741,19 @@ def work(kernels_tree):
             Trip("for (uint64_t b = first; b < last; ++b)", lambda s: 0)]),
         "EbValidateKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
             Trip("c < l.chunks;", lambda s: s["chunks"])]),
+        # a warp per chunk, block after block; a 1-D block in registers (DecodeRun), 4 values a
+        # lane, one 16-byte store
         "EbDecodeKernel": Launch(EB, 128, lambda s: blocks_for(s["chunks"], 4), [
             Trip("c < l.chunks; c += warp_stride", lambda s: s["chunks"]),
-            Trip("for (uint32_t bi = 0; bi < blocks; ++bi)", lambda s: s["blocks"]),
-            # verbatim blocks, and the 2-D tiles' scans: not in these 1-D, compressible data
+            Trip("for (uint32_t bi = 0; bi < blocks; ++bi)", lambda s: s["blocks"],
+                 cold=((EB, "const Tile t = eb_math::TileOf(l, b);"),
+                       (EB, "for (uint32_t s = s0; s < s0 + kSlotsPerLane && s < count; ++s) {"),
+                       (EB, "const uint32_t bits = kBytes == 4 ? data[s] : (data[s / 2] >> (16"),
+                       (EB, "for (uint32_t j = 0; j < n && j < 4; ++j) elements::Store<K>"))),
+            # verbatim blocks, the last block's one-at-a-time stores, and the 2-D tiles' loops:
+            # not in these 1-D, compressible data
+            Trip("for (uint32_t s = s0; s < s0 + kSlotsPerLane && s < count; ++s) {", lambda s: 0),
+            Trip("for (uint32_t j = 0; j < n && j < 4; ++j) elements::Store<K>", lambda s: 0),
             Trip("for (uint32_t i = lane; i < t.count; i += 32)", lambda s: 0),
             Trip("for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc] +=", lambda s: 0),
             Trip("for (uint32_t col = 1; col < tc; ++col)", lambda s: 0),

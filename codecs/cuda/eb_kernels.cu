@@ -18,8 +18,8 @@
 // Decode: EbValidateKernel (warp per chunk: header words, block sizes against the chunk index)
 // and EbValidateOutliersKernel (thread per outlier) set failure bits; only when none is set
 // (nor one of the buffer's check before them), EbDecodeKernel (warp per chunk: unpack, inverse
-// prediction as prefix sums in shared memory, dequantize) and EbScatterKernel (thread per
-// outlier) write the output. What the encode's data decided (the half-bin, the data words, the
+// prediction as prefix sums, in registers and a warp scan for 1-D blocks, in shared memory for
+// 2-D tiles, dequantize) and EbScatterKernel (thread per outlier) write the output. What the encode's data decided (the half-bin, the data words, the
 // outliers) comes from the host's header, or, for an encoding the host has not resolved, from
 // the encode's status on the device (ValuesOf): the grids are then sized from the shape, the
 // outlier kernels loop over the count the status gives, and every kernel clamps that count
@@ -727,10 +727,79 @@ __global__ void EbValidateOutliersKernel(const uint32_t* __restrict__ words, Lay
   }
 }
 
+// Stores y[0 .. n) at elements i .. i + n - 1 of the output: one 16-byte store (float) or
+// 8-byte store (16-bit kinds) when `aligned` (the output is aligned to that width and i is a
+// multiple of 4) and n >= 4; else one element at a time.
+template <int K>
+__device__ __forceinline__ void StoreFour(void* __restrict__ output, uint64_t i, uint32_t n,
+                                          bool aligned, const float* y) {
+  if (aligned && n >= 4) {
+    if constexpr (K == elements::kF32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(output) + i) =
+          make_float4(y[0], y[1], y[2], y[3]);
+    } else {
+      uint32_t half[4];
+      for (int j = 0; j < 4; ++j) {
+        half[j] = K == elements::kF16 ? portable::FloatToHalf(y[j]) : portable::FloatToBf16(y[j]);
+      }
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(output) + i) =
+          make_uint2(half[0] | half[1] << 16, half[2] | half[3] << 16);
+    }
+    return;
+  }
+  for (uint32_t j = 0; j < n && j < 4; ++j) elements::Store<K>(output, i + j, y[j]);
+}
+
+// Decodes 1-D block b (a run of up to 128 values, tile_rows = 1) with header h and data words
+// `data`, without shared memory: lane i unpacks values 4i .. 4i + 3, the row predictor's prefix
+// sum (2-D Lorenzo's too, in one row) runs over its four and then over the lanes' totals (a
+// warp scan), and the four are stored at once where the output allows (StoreFour).
+template <int K>
+__device__ __forceinline__ void DecodeRun(const uint32_t* __restrict__ data, uint32_t h,
+                                          const Layout& l, uint64_t b, float half_bin,
+                                          bool aligned, void* __restrict__ output, int lane) {
+  constexpr uint32_t kBytes = K == elements::kF32 ? 4 : 2;
+  const uint64_t origin = b * eb_math::kBlockValues;
+  const uint32_t count = static_cast<uint32_t>(Min64(l.cols - origin, eb_math::kBlockValues));
+  const uint32_t s0 = kSlotsPerLane * lane;
+  const uint32_t mine = count > s0 ? count - s0 : 0u;  // this lane's values
+  const uint32_t mode = eb_math::HeaderMode(h);
+  if (mode == eb_math::kVerbatim) {
+    for (uint32_t s = s0; s < s0 + kSlotsPerLane && s < count; ++s) {
+      const uint32_t bits = kBytes == 4 ? data[s] : (data[s / 2] >> (16 * (s % 2))) & 0xffffu;
+      elements::StoreBits<kBytes>(output, origin + s, bits);
+    }
+    return;
+  }
+  const uint32_t width = eb_math::HeaderWidth(h);
+  uint32_t v[kSlotsPerLane];
+  EB_UNROLL
+  for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
+    v[j] = j < mine ? static_cast<uint32_t>(
+                          eb_math::UnZigZag(eb_math::UnpackValue(data, s0 + j, width)))
+                    : 0u;
+  }
+  if (mode != eb_math::kOffset) {  // coverage: every branch
+    EB_UNROLL
+    for (uint32_t j = 1; j < kSlotsPerLane; ++j) v[j] += v[j - 1];
+    const uint32_t total = v[kSlotsPerLane - 1];
+    const uint32_t carry = WarpInclusiveScan(total, lane) - total;
+    EB_UNROLL
+    for (uint32_t j = 0; j < kSlotsPerLane; ++j) v[j] += carry;
+  }
+  const uint32_t anchor = static_cast<uint32_t>(eb_math::HeaderAnchor(h));
+  float y[kSlotsPerLane];
+  EB_UNROLL
+  for (uint32_t j = 0; j < kSlotsPerLane; ++j) {
+    y[j] = eb_math::Dequantize(static_cast<int32_t>(v[j] + anchor), half_bin);
+  }
+  StoreFour<K>(output, origin + s0, mine, aligned, y);
+}
+
 template <int K>
 __global__ void __launch_bounds__(kWarps * 32)
     EbDecodeKernel(const uint32_t* __restrict__ words, Layout l, EbPayload p,
-                   uint64_t data_start, const DeviceStatus* __restrict__ status,
+                   uint64_t data_start, bool aligned, const DeviceStatus* __restrict__ status,
                    void* __restrict__ output) {
   if (status->failures != 0) return;
   // EbValidateKernel has checked the status's half-bin (a failure there returned above).
@@ -747,16 +816,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     // Each lane sizes one block of the chunk; a warp scan places them.
     const uint64_t first = c * eb_math::kBlocksPerChunk;
     const uint64_t mine = first + lane;
+    const uint32_t header = mine < l.blocks ? words[mine] : 0u;
     const uint32_t size =
-        mine < l.blocks ? eb_math::DataWords(words[mine], eb_math::TileOf(l, mine).count, kBytes)
-                        : 0u;
+        mine < l.blocks ? eb_math::DataWords(header, eb_math::TileOf(l, mine).count, kBytes) : 0u;
     const uint32_t before = WarpInclusiveScan(size, lane) - size;
     const uint32_t* chunk_data = words + data_start + ReadU64(index, c);
     const uint32_t blocks = static_cast<uint32_t>(Min64(l.blocks - first, 32));
     for (uint32_t bi = 0; bi < blocks; ++bi) {
       const uint64_t b = first + bi;
       const uint32_t* data = chunk_data + __shfl_sync(kFullMask, before, bi);
-      const uint32_t h = words[b];
+      const uint32_t h = __shfl_sync(kFullMask, header, bi);
+      if (l.tile_rows == 1) {
+        DecodeRun<K>(data, h, l, b, half_bin, aligned, output, lane);
+        continue;
+      }
       const Tile t = eb_math::TileOf(l, b);
       const uint32_t mode = eb_math::HeaderMode(h);
       if (mode == eb_math::kVerbatim) {  // coverage: every branch
@@ -778,29 +851,20 @@ __global__ void __launch_bounds__(kWarps * 32)
       // Inverse prediction on k' = k - anchor (padded slots hold 0 and come after every real
       // slot of their row and column, so they change nothing real): row mode is a prefix sum
       // down the first column, then along the rows; 2-D Lorenzo is a 2-D prefix sum.
-      if (mode == eb_math::kRow && l.tile_rows > 1) {  // coverage: every branch
+      if (mode == eb_math::kRow) {  // coverage: every branch
         if (lane == 0) {
           for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc] += k[(r - 1) * tc];
         }
         __syncwarp();
       }
       if (mode != eb_math::kOffset) {  // coverage: every branch
-        if (l.tile_rows == 1) {
-          // One row of 128: each lane scans its 4 slots, then the lanes' totals.
-          uint32_t* mine4 = k + kSlotsPerLane * lane;
-          for (uint32_t j = 1; j < kSlotsPerLane; ++j) mine4[j] += mine4[j - 1];
-          const uint32_t total = mine4[kSlotsPerLane - 1];
-          const uint32_t carry = WarpInclusiveScan(total, lane) - total;
-          for (uint32_t j = 0; j < kSlotsPerLane; ++j) mine4[j] += carry;
-        } else if (static_cast<uint32_t>(lane) < l.tile_rows) {
+        if (static_cast<uint32_t>(lane) < l.tile_rows) {
           uint32_t* row = k + lane * tc;
           for (uint32_t col = 1; col < tc; ++col) row[col] += row[col - 1];
         }
         __syncwarp();
       }
-      // (Not marked for coverage: a 1-D block's Lorenzo residuals are its row residuals, so
-      // ChooseBlock never picks Lorenzo there and that pair of branches cannot run.)
-      if (mode == eb_math::kLorenzo && l.tile_rows > 1) {
+      if (mode == eb_math::kLorenzo) {  // coverage: every branch
         if (static_cast<uint32_t>(lane) < tc) {
           for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc + lane] += k[(r - 1) * tc + lane];
         }
@@ -922,8 +986,10 @@ absl::Status EbDecode(const uint8_t* payload, const EbShape& shape, const EbPayl
   // The kernels below write nothing when a check above (or the buffer's) failed.
   if (l.blocks > 0) {
     DispatchKind(shape.element_kind, [&](auto kind) {
+      // 1-D blocks store 4 elements at once where the output allows.
+      const bool aligned = reinterpret_cast<uintptr_t>(output) % (4 * element_bytes) == 0;
       ACTPACK_LAUNCH(EbDecodeKernel<decltype(kind)::value>, blocks, kWarps * 32, s)(
-          words, l, values, data_start, status, output);
+          words, l, values, data_start, aligned, status, output);
     });
     ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
