@@ -497,16 +497,17 @@ absl::Status DeviceDecodeFailures(const Codec& codec, const ExecContext& context
 }
 
 // The GPU's decode of a buffer whose codec checks it in the launch that decodes it
-// (ChecksOwnBuffer): that launch and Poison, then one wait for the failures. A buffer whose
-// flag says its encoder met values it could not hold decodes to the poison pattern, as on the
-// CPU; any other failure is kDataLoss naming it.
+// (ChecksOwnBuffer): that launch, then one wait for its failures and payload sum. A buffer
+// whose flag says its encoder met values it could not hold is then overwritten with the poison
+// pattern, as on the CPU; any other failure is kDataLoss naming it (the output is then
+// unspecified, as the CPU's).
 absl::Status DecodeCheckedOnDevice(const Codec& codec, const Header& header, const uint8_t* buffer,
                                    const MutableTensorView& output, const ExecContext& context) {
 #ifdef ACTPACK_WITH_CUDA
   absl::StatusOr<internal::DeviceCounters> status = internal::DeviceCounters::Make(context);
   if (!status.ok()) return status.status();
   const DeviceBufferCheck check{buffer, kHeaderSize + header.payload_size, HeaderWordsOf(header),
-                                (1u << kChecksumWord) - 1};
+                                ((1u << kChecksumWord) - 1) | kKnownKeepsSum};
   absl::Status decoded = codec.DecodeCheckedPayload(header, check, output, context, status->get());
   if (decoded.code() == absl::StatusCode::kDataLoss) {
     // The codec refused the header's parameters before launching: as on the CPU, a checksum
@@ -514,22 +515,22 @@ absl::Status DecodeCheckedOnDevice(const Codec& codec, const Header& header, con
     absl::Status verified = VerifyOnDevice(header, buffer, context, status->get());
     return verified.ok() ? decoded : verified;
   }
-  if (decoded.ok()) {
-    decoded = cuda::Poison(status->get(), output.data, header.numel,
-                           static_cast<int>(ElementSize(header.dtype)),
-                           PoisonPattern(header.dtype), context.stream);
-  }
   if (!decoded.ok()) return decoded;
-  uint64_t failures = 0;
-  decoded = CopyToHost(&failures, &status->get()->failures, sizeof(failures), context);
+  // failures and decode_sum, adjacent words of the status.
+  uint64_t read[2] = {0, 0};
+  decoded = CopyToHost(read, &status->get()->failures, sizeof(read), context);
   if (!decoded.ok()) return decoded;
-  failures &= ~static_cast<uint64_t>(kFailUnrepresentable);
-  if (failures == 0) return absl::OkStatus();
-  if (failures == kFailChecksum) {
-    // The CPU's message, with both checksums: the payload summed again (a failed decode only).
-    absl::Status verified = VerifyOnDevice(header, buffer, context, status->get());
+  const uint64_t failures = read[0];
+  if ((failures & kFailChecksum) != 0) {
+    absl::Status verified = VerifyChecksum(header, read[1]);  // the CPU's message
     if (!verified.ok()) return verified;
   }
+  if (failures == kFailUnrepresentable) {
+    return cuda::Poison(status->get(), output.data, header.numel,
+                        static_cast<int>(ElementSize(header.dtype)), PoisonPattern(header.dtype),
+                        context.stream);
+  }
+  if (failures == 0) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat("actpack: corrupt ", codec.name(), " buffer: ",
                                           DescribeFailures(failures)));
 #else

@@ -930,16 +930,16 @@ def sync_ops(rows, phase):
     the failures), and reads the header first; it has no CheckHeaderKernel nor PoisonKernel.
     A codec that checks its buffer in its decode launch decodes as below (checks_own)."""
     # A codec whose decode launch checks the buffer itself (ChecksOwnBuffer: no ChecksumKernel
-    # nor CheckHeaderKernel on its deferred path) decodes synchronously as it does deferred: the
-    # header read, the counters' memset, its kernels and Poison, the failures read back.
+    # nor CheckHeaderKernel on its deferred path) decodes synchronously in that launch: the
+    # header read, the counters' memset, its kernels, the failures read back (Poison only for a
+    # buffer flagged unrepresentable).
     checks_own = phase == "decode" and not any(
         r["kernel"].startswith(("ChecksumKernel", "CheckHeaderKernel")) for r in rows)
     ops = []
     for r in rows:
         if r["kernel"] == "(all)":
             continue
-        if (phase == "decode" and not checks_own
-                and r["kernel"].startswith(("CheckHeaderKernel", "PoisonKernel"))):
+        if phase == "decode" and r["kernel"].startswith(("CheckHeaderKernel", "PoisonKernel")):
             continue
         ops.append(Op(r["kernel"], int(r["launches"]), float(r["dram_per_input_byte"]),
                       asked=float(r["bytes_per_input_byte"] or 0)))

@@ -72,23 +72,13 @@ MUTANTS = [
     # quant's vector kernels (16-byte aligned tensors: the identity test's) ...
     Mutant("quant-minmax-lane", "a lane-dependent loop around a warp collective",
            "codecs/cuda/quant_kernels.cu",
-           "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = portable::Min(lo, "
-           "__shfl_xor_sync(kFullMask, lo, offset));\n      hi = portable::Max(hi, __shfl_xor_sync("
-           "kFullMask, hi, offset));\n    }\n    const quant_math::GroupParams p = quant_math::"
-           "MakeGroupParams(lo, hi, layout.bits);\n    if (lane == 0) {\n      payload[g] = "
-           "p.packed;\n      checksum += portable::ChecksumTerm(p.packed, g);\n      if (!p.ok) "
-           "++overflow;\n    }\n    const portable::UniformDraws draws(layout.seed, first, last);"
-           "\n    const uint64_t first_word = layout.CodeWord(g, 0);\n    for (uint32_t t",
-           "    for (int offset = 16; offset > (lane & 1); offset /= 2) {\n      lo = portable::Min(lo, "
-           "__shfl_xor_sync(kFullMask, lo, offset));\n      hi = portable::Max(hi, __shfl_xor_sync("
-           "kFullMask, hi, offset));\n    }\n    const quant_math::GroupParams p = quant_math::"
-           "MakeGroupParams(lo, hi, layout.bits);\n    if (lane == 0) {\n      payload[g] = "
-           "p.packed;\n      checksum += portable::ChecksumTerm(p.packed, g);\n      if (!p.ok) "
-           "++overflow;\n    }\n    const portable::UniformDraws draws(layout.seed, first, last);"
-           "\n    const uint64_t first_word = layout.CodeWord(g, 0);\n    for (uint32_t t",
+           "        nonfinite += partial.nonfinite;\n      }\n    }\n"
+           "    for (int offset = 16; offset > 0; offset /= 2) {",
+           "        nonfinite += partial.nonfinite;\n      }\n    }\n"
+           "    for (int offset = 16; offset > (lane & 1); offset /= 2) {",
            identity("quant2")),
     Mutant("quant-vector-partial", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
-           "} else if (j < vectors && at < last) {", "} else if (j < vectors && at + 1 < last) {",
+           "? static_cast<uint32_t>(last - at)", "? static_cast<uint32_t>(last - at - 1)",
            identity("quant8")),
     Mutant("quant-vector-shift", "a wrong shift in bit packing", "codecs/cuda/quant_kernels.cu",
            "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);",
@@ -102,8 +92,8 @@ MUTANTS = [
            "if (j * kPer + kPer <= n) {", "if (j * kPer + kPer <= n + 1) {", identity("quant2")),
     Mutant("quant-vector-draw-key", "a random stream keyed per group, not per 2^32 elements",
            "codecs/cuda/quant_kernels.cu",
-           "codes |= CodesOf<K>{quant_math::Quantize(x, p, draws(at + e), levels)}",
-           "codes |= CodesOf<K>{quant_math::Quantize(x, p, draws(at + e + 1), levels)}",
+           "kWholeOneKey ? portable::UniformFromHashedKey(draws.hashed_key, at + e)",
+           "kWholeOneKey ? portable::UniformFromHashedKey(draws.hashed_key, at + e + 1)",
            identity("quant2")),
     Mutant("quant-vector-terms", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
            "if ((bit & 31) == 0) checksum += portable::ChecksumTerm(word, first_word + (bit >> 5));",

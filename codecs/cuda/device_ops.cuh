@@ -156,7 +156,9 @@ __device__ __forceinline__ void CloseLaunch(const LaunchClosing& closing, Device
         BufferFailures(closing.header_at, closing.capacity, closing.header, closing.known,
                        AtomicRead(&status->decode_sum), status);
     atomicExch(&status->failures, static_cast<unsigned long long>(failures));
-    atomicExch(&status->decode_sum, 0ull);  // the next decode of the same buffer sums afresh
+    if ((closing.known & kKnownKeepsSum) == 0) {
+      atomicExch(&status->decode_sum, 0ull);  // the next decode of the same buffer sums afresh
+    }
   } else {
     WriteFinalHeader(closing.header, false, status, closing.header_at, true);
   }

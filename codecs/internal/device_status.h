@@ -68,6 +68,12 @@ struct HeaderWords {
   uint32_t w[kHeaderWords];
 };
 
+// A decode's check of a buffer (kernels.h's CheckBuffer, and the decodes that check their own)
+// is given the header words the host knows as bits 0..29 of a mask; this bit asks it to leave
+// the payload's sum in DeviceStatus::decode_sum (a synchronous decode reads it back for its
+// error) instead of zeroing it for the next decode of the same buffer.
+inline constexpr uint32_t kKnownKeepsSum = 1u << 31;
+
 // The header's checksum contribution (format.h's HeaderChecksum) from its words.
 ACTPACK_HD uint64_t HeaderWordsSum(const uint32_t* w) {
   uint64_t sum = 0;
