@@ -442,7 +442,7 @@ TEST(CudaIdentityEbTest, ForgedBuffersAreRefusedOnTheDevice) {
     const uint64_t fixed = eb_math::SectionsOf(l, 0, outliers).fixed_words;
     const eb_math::Sections s =
         eb_math::SectionsOf(l, header->payload_size / 4 - fixed, outliers);
-    const uint64_t past_blocks = l.blocks * eb_math::kBlockValues;
+    const uint64_t far_past = uint64_t{1} << 40;  // a block whose header would be far away
     struct Forgery {
       const char* name;
       std::function<void(uint32_t*)> forge;
@@ -450,6 +450,8 @@ TEST(CudaIdentityEbTest, ForgedBuffersAreRefusedOnTheDevice) {
     std::vector<Forgery> forgeries = {
         {"a block header 31 bits wide",
          [](uint32_t* w) { w[0] = eb_math::HeaderWord(eb_math::kOffset, 31, 0); }},
+        {"a block header's anchor past the codes (its size unchanged)",
+         [](uint32_t* w) { w[0] = (w[0] & 0x7fu) | (eb_math::kMaxAnchor + 1) << 7; }},
         {"the first chunk's index entry not 0", [&](uint32_t* w) { w[s.index] += 1; }},
         {"the second chunk's index entry a word on", [&](uint32_t* w) { w[s.index + 2] += 1; }},
         {"the first two outliers swapped",
@@ -457,10 +459,10 @@ TEST(CudaIdentityEbTest, ForgedBuffersAreRefusedOnTheDevice) {
            std::swap(w[s.slots], w[s.slots + 2]);
            std::swap(w[s.slots + 1], w[s.slots + 3]);
          }},
-        {"the last outlier past the blocks",
+        {"the last outlier far past the blocks",
          [&](uint32_t* w) {
-           w[s.slots + 2 * (outliers - 1)] = static_cast<uint32_t>(past_blocks);
-           w[s.slots + 2 * (outliers - 1) + 1] = static_cast<uint32_t>(past_blocks >> 32);
+           w[s.slots + 2 * (outliers - 1)] = static_cast<uint32_t>(far_past);
+           w[s.slots + 2 * (outliers - 1) + 1] = static_cast<uint32_t>(far_past >> 32);
          }},
     };
     if (dtype == DType::kFloat16) {
