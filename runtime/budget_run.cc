@@ -6,37 +6,122 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/units.h"
 
 namespace actpack::runtime {
 
 using allocator::FormatBytes;
 
-BudgetRun::BudgetRun(BudgetRunOptions options, Session& session, BudgetMemory& memory,
-                     std::function<size_t(size_t)> repack)
-    : options_(std::move(options)),
+BudgetMemoryFacts HoldingOutside(BudgetMemoryFacts facts, uint64_t held_outside) {
+  const uint64_t allowance = facts.outside_allowance_bytes;
+  const uint64_t beyond = held_outside > allowance ? held_outside - allowance : 0;
+  facts.budget_bytes = facts.budget_bytes > beyond ? facts.budget_bytes - beyond : 1;
+  facts.outside_allowance_bytes = allowance > held_outside ? allowance - held_outside : 0;
+  return facts;
+}
+
+std::optional<std::string> GradientGuard::Observe(
+    int64_t step, double norm, const std::vector<std::pair<std::string, double>>& modules) {
+  if (!std::isfinite(norm)) return std::nullopt;
+  double usual = 0;
+  const bool judged = norms_.size() >= kGuardWarmup;
+  if (judged) {
+    std::vector<double> sorted = norms_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    usual = n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  }
+  const bool high = judged && usual != 0 && norm > kRunawayFactor * usual;
+  high_.push_back(high);
+  if (high_.size() > static_cast<size_t>(kRunawayOf)) high_.erase(high_.begin());
+  if (high) {
+    // A runaway's norms stay out of the median.
+    if (std::count(high_.begin(), high_.end(), true) < kRunawaySteps) return std::nullopt;
+    high_.clear();
+    std::vector<std::pair<std::string, double>> worst = modules;
+    std::stable_sort(worst.begin(), worst.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    if (worst.size() > 3) worst.resize(3);
+    std::vector<std::string> names;
+    for (const auto& [name, unused] : worst) names.push_back(name.empty() ? "(top)" : name);
+    return absl::StrCat(
+        "actpack: the gradient norm ran away under codec ", codec_, ": ",
+        absl::StrFormat("%.3g", norm), " at step ", step, ", ",
+        absl::StrFormat("%.0f", norm / usual), "x its median over the last ", norms_.size(),
+        " steps (", absl::StrFormat("%.3g", usual), "), in ", kRunawaySteps, " of the last ",
+        kRunawayOf, " steps; largest in ", absl::StrJoin(names, ", "));
+  }
+  norms_.push_back(norm);
+  if (norms_.size() > kGuardWindow) norms_.erase(norms_.begin());
+  return std::nullopt;
+}
+
+BudgetRun::BudgetRun(BudgetConfig config, BudgetMemoryFacts memory_facts, Session& session,
+                     BudgetMemory& memory, std::function<size_t(size_t)> repack)
+    : config_(std::move(config)),
+      facts_(memory_facts),
+      automatic_(config_.Automatic()),
+      recompute_(config_.Recompute()),
       session_(session),
       memory_(memory),
       repack_(std::move(repack)),
-      recomputing_(options_.recompute == RecomputeMode::kOn) {}
+      recomputing_(recompute_ == RecomputeMode::kOn) {
+  if (config_.GuardsGradients()) guard_.emplace(config_.CodecText());
+}
+
+BudgetRun::GradientVerdict BudgetRun::ObserveGradients(
+    const std::vector<std::pair<std::string, double>>& modules) {
+  GradientVerdict verdict;
+  if (!guard_.has_value() || modules.empty()) return verdict;
+  double square = 0;
+  for (const auto& [name, norm] : modules) square += norm * norm;
+  const std::optional<std::string> runaway = guard_->Observe(steps_, std::sqrt(square), modules);
+  if (!runaway.has_value()) return verdict;
+  const uint64_t tightenings = session_.Policy().floor_tightenings;
+  if (!config_.Chooses() || tightenings >= kFloorTightenings) {
+    verdict.action = GradientVerdict::kStop;
+    verdict.message =
+        tightenings > 0
+            ? absl::StrCat(*runaway, ", after auto had tightened its fidelity floor ",
+                           tightenings,
+                           " times for runaways. Stopped before the optimizer step, with the "
+                           "weights still finite: use a larger budget, recompute=True, or a "
+                           "smaller learning rate")
+            : absl::StrCat(*runaway,
+                           ". Stopped before the optimizer step, with the weights still finite: "
+                           "use a finer codec (quant4, quant8, eb) or a larger budget, or "
+                           "budget(..., gradient_guard=False) to train on");
+    return verdict;
+  }
+  const double floor = session_.TightenFloor();
+  verdict.action = GradientVerdict::kDropStep;
+  verdict.message = absl::StrCat(
+      *runaway, ". auto falls back to finer codecs: its fidelity floor is now max_rel_rms=",
+      absl::StrFormat("%g", floor), " (tightening ", tightenings + 1, " of ", kFloorTightenings,
+      "), and this step's gradients were dropped (the optimizer skips parameters without one)");
+  Warn(verdict.message);
+  return verdict;
+}
 
 void BudgetRun::Start() {
   started_ = true;
-  if (options_.capped) {
+  if (facts_.capped) {
     // Capped from the first step on: what the system counts must hold then too.
     cap_before_ = memory_.Cap();
-    memory_.SetCap(options_.budget_bytes);
+    memory_.SetCap(facts_.budget_bytes);
   }
   // A cap binds new reservations only: give back what ran before (it is not the run's either).
   memory_.ReleaseCache();
   (void)memory_.TakePeaks();
   // Peaks restart at the current values: an idle window's peak is what the pool holds now.
   const uint64_t held = memory_.TakePeaks().reserved;
-  if (options_.capped && held > options_.budget_bytes) {
+  if (facts_.capped && held > facts_.budget_bytes) {
     // Segments that live tensors pin (weights, gradients, optimizer state made before the
     // run) cannot be given back, and the run's tensors fill their free space under any cap.
     Warn(absl::StrCat("the pool holds ", FormatBytes(held), " at the start of the run, over the "
-                      "budget ", FormatBytes(options_.budget_bytes), ": segments that live "
+                      "budget ", FormatBytes(facts_.budget_bytes), ": segments that live "
                       "tensors made before it pin cannot be given back, and a cap binds new "
                       "reservations only, so the run's steps may use them all"));
   }
@@ -44,22 +129,22 @@ void BudgetRun::Start() {
 
 int64_t BudgetRun::UnplannedSteps() const {
   // The policy plans at the end of the second step; a fixed codec has nothing to plan.
-  return recompute_from_step_ + (options_.automatic ? 2 : 1);
+  return recompute_from_step_ + (automatic_ ? 2 : 1);
 }
 
 uint64_t BudgetRun::LiftedCapBytes() const {
-  const uint64_t budget = options_.budget_bytes;
-  return std::max(kLiftedCapFactor * budget, budget + options_.lifted_cap_extra_bytes);
+  const uint64_t budget = facts_.budget_bytes;
+  return std::max(kLiftedCapFactor * budget, budget + facts_.lifted_cap_extra_bytes);
 }
 
 size_t BudgetRun::Relieve(size_t needed) {
   // A run that stopped (or never started) makes no room: its pressure callback may outlive it
   // where a front end could not remove it, and must not lift the next run's cap.
   if (!started_) return 0;
-  if (options_.automatic && repack_) {
+  if (automatic_ && repack_) {
     if (const size_t freed = repack_(needed); freed > 0) return freed;
   }
-  if (!options_.capped || planned_ || steps_ >= UnplannedSteps()) return 0;
+  if (!facts_.capped || planned_ || steps_ >= UnplannedSteps()) return 0;
   // A step before the first plan does not fit even packed at the harshest: let it finish over
   // the cap so that its end measures it and says what budget it needs. By what the request
   // lacks, not at once to the bound: the pool still gives back its cache before it grows, so
@@ -67,7 +152,7 @@ size_t BudgetRun::Relieve(size_t needed) {
   // the system counts outside the pool takes from the cap too. Not without bound: a batch far
   // too large fails fast instead of taking the machine.
   const uint64_t current = memory_.Cap();
-  const uint64_t cap = current == kNoCap ? options_.budget_bytes : current;
+  const uint64_t cap = current == kNoCap ? facts_.budget_bytes : current;
   const uint64_t lifted =
       std::min(LiftedCapBytes(), std::max(cap + needed + kLiftGranuleBytes, cap / 4 * 5));
   if (lifted <= cap) return 0;
@@ -102,7 +187,7 @@ void BudgetRun::ReleaseCache() {
 bool BudgetRun::RestoreCap() {
   if (!lifted_) return false;
   lifted_ = false;
-  memory_.SetCap(options_.budget_bytes);
+  memory_.SetCap(facts_.budget_bytes);
   ReleaseCache();
   return true;
 }
@@ -124,7 +209,7 @@ absl::StatusOr<BudgetRun::StepEnd> BudgetRun::EndStep() {
   const MemoryPeaks peaks = TakePeaks();
   const bool overflowed = RestoreCap();  // after the peaks: it releases the cache
   const bool can_switch =
-      regions_ran_ && options_.recompute == RecomputeMode::kAuto && !recomputing_;
+      regions_ran_ && recompute_ == RecomputeMode::kAuto && !recomputing_;
   const absl::Status status = session_.EndStep(peaks.allocated, peaks.reserved, peaks.system);
   if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted) return status;
   const bool no_plan_fits = !status.ok();
@@ -154,18 +239,18 @@ absl::StatusOr<BudgetRun::StepEnd> BudgetRun::EndStep() {
   }
   regions_ran_ = false;
   if (overflowed_unplanned) {
-    const uint64_t system = peaks.system > options_.outside_allowance_bytes
-                                ? peaks.system - options_.outside_allowance_bytes
+    const uint64_t system = peaks.system > facts_.outside_allowance_bytes
+                                ? peaks.system - facts_.outside_allowance_bytes
                                 : 0;
     const uint64_t measured = std::max(peaks.reserved, system);
     // As the policy sizes a budget: the peak is what it may use, less the headroom.
-    const uint64_t needed = BudgetFor(measured, options_.headroom);
+    const uint64_t needed = BudgetFor(measured, config_.headroom);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "actpack: a budget of ", FormatBytes(options_.budget_bytes),
-        " cannot hold this training step with ", options_.packing, ": step ", steps_,
+        "actpack: a budget of ", FormatBytes(facts_.budget_bytes),
+        " cannot hold this training step with ", config_.Packing(), ": step ", steps_,
         " went over it and peaked at ", FormatBytes(measured),
         "; the smallest budget that would work is ", FormatBytes(needed), " (with ",
-        std::lround(options_.headroom * 100), "% headroom), or use another codec or a smaller "
+        std::lround(config_.headroom * 100), "% headroom), or use another codec or a smaller "
         "batch"));
   }
   // The next step's peak must show a new plan's footprint, not this plan's cache. The same plan
@@ -182,12 +267,12 @@ void BudgetRun::Stop() {
   (void)TakePeaks();
   stopped_lifted_ = lifted_;
   lifted_ = false;
-  if (options_.capped) memory_.SetCap(cap_before_);
+  if (facts_.capped) memory_.SetCap(cap_before_);
 }
 
 std::optional<std::string> BudgetRun::OutOfMemoryWhileMeasuring(absl::string_view cause) const {
   if (!stopped_lifted_) return std::nullopt;
-  return absl::StrCat("actpack: a budget of ", FormatBytes(options_.budget_bytes),
+  return absl::StrCat("actpack: a budget of ", FormatBytes(facts_.budget_bytes),
                       " cannot hold this training step: step ", steps_ + 1, " ran out even at ",
                       FormatBytes(LiftedCapBytes()),
                       ", the most a step before the first plan may take to measure what it "
@@ -202,7 +287,7 @@ bool BudgetRun::Warn(const std::string& message) {
 }
 
 json::Value BudgetRun::RunSection(json::Value facts) const {
-  const uint64_t budget = options_.budget_bytes;
+  const uint64_t budget = facts_.budget_bytes;
   facts["budget_bytes"] = budget;
   facts["peak_allocated_bytes"] = run_peaks_.allocated;
   facts["peak_reserved_bytes"] = run_peaks_.reserved;
@@ -217,7 +302,7 @@ json::Value BudgetRun::RunSection(json::Value facts) const {
     list.emplace_back(absl::StrCat("peak memory ", FormatBytes(run_peaks_.reserved),
                                    " exceeded the budget ", FormatBytes(budget)));
   }
-  const uint64_t allowance = options_.outside_allowance_bytes;
+  const uint64_t allowance = facts_.outside_allowance_bytes;
   if (system_measured_ && run_peaks_.system > budget + allowance) {
     const json::Value* how = json::Find(facts, "system_memory");
     list.emplace_back(absl::StrCat(

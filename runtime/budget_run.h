@@ -12,9 +12,11 @@
 //     the smallest budget that would work, unless the model's recompute regions can take over
 //     (recompute "auto"), which they do from the next step;
 //   - a new plan releases the pool's cache, so the next step's peak is the plan's footprint;
+//   - the gradient guard judges each step's gradient norms (ObserveGradients): a runaway
+//     under lossy packing tightens auto's fidelity floor or stops the run;
 //   - the run's peaks and warnings become the report's run section (RunSection).
 //
-//   BudgetRun run(options, session, memory, repack);
+//   BudgetRun run(config, {budget_bytes, capped, outside_allowance}, session, memory, repack);
 //   run.Start();
 //   ... a step; the allocator's pressure callback calls run.Relieve(needed) ...
 //   absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep(regions_ran);
@@ -29,10 +31,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/budget_config.h"
 #include "runtime/json.h"
 #include "runtime/policy.h"
 #include "runtime/session.h"
@@ -70,37 +74,60 @@ inline constexpr uint64_t kLiftedCapExtraBytes = uint64_t{1} << 30;
 // What a lift adds beyond the bytes a request lacks: a small segment.
 inline constexpr uint64_t kLiftGranuleBytes = uint64_t{2} << 20;
 
-// Whether the regions a model marks for recomputation (actpack.recompute) recompute.
-enum class RecomputeMode {
-  kOff,   // never: they run as plain calls
-  kOn,    // always
-  kAuto,  // from the first step that packing alone cannot hold
-};
-
-struct BudgetRunOptions {
-  uint64_t budget_bytes = 0;
-  double headroom = kDefaultHeadroom;
-  // The policy plans (codec "auto" or per-module rules, packing enabled); false for a fixed
-  // codec and for plain training (enabled=False), which have nothing to plan.
-  bool automatic = true;
+// What the front end found out about the memory the budget caps, beside its configuration.
+struct BudgetMemoryFacts {
+  uint64_t budget_bytes = 0;  // the limit resolved on the budget's device
   // Whether the memory can be capped; false where torch's own CUDA allocator serves the
   // device and the budget is a target.
   bool capped = true;
-  RecomputeMode recompute = RecomputeMode::kOff;
   // What the system may count outside the pool before it takes from the budget.
   uint64_t outside_allowance_bytes = 0;
-  // What the step packs with, for errors: "codec 'quant2'", "plain training (enabled=False)".
-  std::string packing;
   // The lift's bound beyond the budget (tests make it small).
   uint64_t lifted_cap_extra_bytes = kLiftedCapExtraBytes;
+};
+
+// `facts` for a run that starts with `held_outside` bytes already outside the pool (the
+// planner's tries: what their warm-up left there, torch's one-time setup among it), counted as
+// a fresh process's run counts them: against the allowance, and what exceeds the allowance
+// against the budget (at least a byte stays: every step then runs out).
+BudgetMemoryFacts HoldingOutside(BudgetMemoryFacts facts, uint64_t held_outside);
+
+// The gradient guard: under lossy packing, a gradient norm over kRunawayFactor x its recent
+// median in kRunawaySteps of the last kRunawayOf judged steps is a runaway (two in a row would
+// let one through whose norms alternate around the factor, each lower one resetting the
+// count), caught in the backward that produced it, before the optimizer steps on it. Steps
+// with non-finite gradients are not judged (a GradScaler makes them on purpose).
+inline constexpr double kRunawayFactor = 100.0;
+inline constexpr int kRunawaySteps = 2;
+inline constexpr int kRunawayOf = 3;
+inline constexpr size_t kGuardWindow = 16;  // the recent steps whose median is the usual size
+inline constexpr size_t kGuardWarmup = 4;   // steps measured before any judgment
+// Floors auto tries (0.2, 0.1, 0.05 from none) before a runaway stops the run.
+inline constexpr uint64_t kFloorTightenings = 3;
+
+class GradientGuard {
+ public:
+  // `codec` as messages quote it (BudgetConfig::CodecText).
+  explicit GradientGuard(std::string codec) : codec_(std::move(codec)) {}
+
+  // Judges `norm`, step `step`'s total gradient norm; `modules` (name, norm), in the front
+  // end's order, name the worst layers. nullopt, or the runaway's description (one sentence).
+  std::optional<std::string> Observe(int64_t step, double norm,
+                                     const std::vector<std::pair<std::string, double>>& modules);
+
+ private:
+  std::string codec_;
+  std::vector<double> norms_;  // the recent finite norms, oldest first
+  std::vector<bool> high_;     // of the last kRunawayOf judged steps: over the factor
 };
 
 class BudgetRun {
  public:
   // `repack` frees memory under pressure by re-packing what the plan kept exact (the plugin's
   // SavedTensorSession::Relieve); the bytes it freed. Session and memory outlive the run.
-  BudgetRun(BudgetRunOptions options, Session& session, BudgetMemory& memory,
-            std::function<size_t(size_t)> repack);
+  // `config` is valid (BudgetConfig::Validate).
+  BudgetRun(BudgetConfig config, BudgetMemoryFacts memory_facts, Session& session,
+            BudgetMemory& memory, std::function<size_t(size_t)> repack);
 
   // Caps the memory at the budget and releases what was cached before the run.
   void Start();
@@ -132,6 +159,19 @@ class BudgetRun {
   // it needs more than LiftedCapBytes(). nullopt when the cap was not lifted then.
   std::optional<std::string> OutOfMemoryWhileMeasuring(absl::string_view cause) const;
 
+  // The gradient guard's decision on a step's gradients, `modules` (name, norm of its own
+  // parameters' gradients) as the front end measured them after the step's backward.
+  struct GradientVerdict {
+    enum Action {
+      kTrainOn,    // no runaway (or the guard is off)
+      kDropStep,   // auto tightened its fidelity floor: drop this step's gradients, warn
+      kStop,       // raise GradientRunaway with `message`
+    };
+    Action action = kTrainOn;
+    std::string message;
+  };
+  GradientVerdict ObserveGradients(const std::vector<std::pair<std::string, double>>& modules);
+
   // Adds `message` to the run's warnings; false when it is there already.
   bool Warn(const std::string& message);
 
@@ -144,7 +184,8 @@ class BudgetRun {
   uint64_t LiftedCapBytes() const;
   int64_t steps() const { return steps_; }
   const MemoryPeaks& run_peaks() const { return run_peaks_; }
-  const BudgetRunOptions& options() const { return options_; }
+  const BudgetConfig& config() const { return config_; }
+  const BudgetMemoryFacts& memory_facts() const { return facts_; }
 
  private:
   // Folds the window's peaks into the run's, restarts the window.
@@ -156,7 +197,11 @@ class BudgetRun {
   int64_t UnplannedSteps() const;
   std::string RecomputeHint() const;
 
-  const BudgetRunOptions options_;
+  const BudgetConfig config_;
+  const BudgetMemoryFacts facts_;
+  const bool automatic_;
+  const RecomputeMode recompute_;
+  std::optional<GradientGuard> guard_;
   Session& session_;
   BudgetMemory& memory_;
   const std::function<size_t(size_t)> repack_;

@@ -3,9 +3,12 @@
 // hint), the switch to recomputation, and the run section's peaks and warnings.
 #include "runtime/budget_run.h"
 
+#include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -39,26 +42,28 @@ class ScriptedMemory : public BudgetMemory {
   int releases = 0;
 };
 
-BudgetRunOptions Fixed(uint64_t budget) {
-  BudgetRunOptions options;
-  options.budget_bytes = budget;
-  options.automatic = false;
-  options.headroom = 0.15;
-  options.packing = "codec 'quant2'";
-  return options;
+BudgetConfig Config(const std::string& codec) {
+  BudgetConfig config;
+  config.limit = "64MiB";
+  config.codec = codec;
+  config.headroom = 0.15;
+  return config;
 }
 
-BudgetRunOptions Automatic(uint64_t budget) {
-  BudgetRunOptions options = Fixed(budget);
-  options.automatic = true;
-  return options;
+BudgetConfig Fixed() { return Config("quant2"); }
+BudgetConfig Automatic() { return Config("auto"); }
+
+BudgetMemoryFacts Facts(uint64_t budget) {
+  BudgetMemoryFacts facts;
+  facts.budget_bytes = budget;
+  return facts;
 }
 
 TEST(BudgetRunTest, CapsFromTheStartAndPutsTheCapBackWhenStopped) {
   Session session(Options("quant2"), HostFactory());
   ScriptedMemory memory;
   memory.cap = 123 * kMiB;
-  BudgetRun run(Fixed(64 * kMiB), session, memory, nullptr);
+  BudgetRun run(Fixed(), Facts(64 * kMiB), session, memory, nullptr);
   run.Start();
   EXPECT_EQ(memory.cap, 64 * kMiB);
   EXPECT_EQ(memory.releases, 1);  // what ran before the run is given back under the cap
@@ -88,7 +93,7 @@ TEST(BudgetRunTest, APoolThatHoldsMoreThanTheBudgetAtTheStartIsSaid) {
   Session session(Options("quant2"), HostFactory());
   PinnedMemory memory;
   memory.held = 2 * kMiB;  // a segment a live gradient pins
-  BudgetRun run(Fixed(kMiB / 4), session, memory, nullptr);
+  BudgetRun run(Fixed(), Facts(kMiB / 4), session, memory, nullptr);
   run.Start();
   run.Stop();
   const json::Value warnings = run.RunSection(json::Value::object())["warnings"];
@@ -102,7 +107,7 @@ TEST(BudgetRunTest, APoolThatHoldsMoreThanTheBudgetAtTheStartIsSaid) {
 TEST(BudgetRunTest, AFixedCodecsFirstStepMayGoOverToSayWhatBudgetItNeeds) {
   Session session(Options("quant2"), HostFactory());
   ScriptedMemory memory;
-  BudgetRun run(Fixed(64 * kMiB), session, memory, nullptr);
+  BudgetRun run(Fixed(), Facts(64 * kMiB), session, memory, nullptr);
   run.Start();
   // Short by 1 MiB: lifted by that and a small segment, at least a quarter of the cap.
   EXPECT_EQ(run.Relieve(kMiB), 16 * kMiB);
@@ -128,7 +133,7 @@ TEST(BudgetRunTest, AFixedCodecsFirstStepMayGoOverToSayWhatBudgetItNeeds) {
 TEST(BudgetRunTest, TheLiftIsBoundedAndAStepThatRanOutUnderItSaysSo) {
   Session session(Options("quant2"), HostFactory());
   ScriptedMemory memory;
-  BudgetRun run(Fixed(64 * kMiB), session, memory, nullptr);
+  BudgetRun run(Fixed(), Facts(64 * kMiB), session, memory, nullptr);
   run.Start();
   EXPECT_EQ(run.LiftedCapBytes(), 64 * kMiB + (1u << 30));  // 1 GiB over beats 4x here
   EXPECT_EQ(run.Relieve(8ull << 30), run.LiftedCapBytes() - 64 * kMiB);
@@ -146,12 +151,12 @@ TEST(BudgetRunTest, ThePolicyRepacksFirstAndItsFirstTwoStepsMayLift) {
   Session session(AutoOptions(64 * kMiB), HostFactory());
   ScriptedMemory memory;
   size_t repacked = 0;
-  BudgetRun run(Automatic(64 * kMiB), session, memory,
+  BudgetRun run(Automatic(), Facts(64 * kMiB), session, memory,
                 [&](size_t needed) { return repacked = needed; });
   run.Start();
   EXPECT_EQ(run.Relieve(kMiB), kMiB);  // the policy's re-packing made the room
   EXPECT_EQ(memory.cap, 64 * kMiB);
-  BudgetRun lifting(Automatic(64 * kMiB), session, memory, [](size_t) { return size_t{0}; });
+  BudgetRun lifting(Automatic(), Facts(64 * kMiB), session, memory, [](size_t) { return size_t{0}; });
   lifting.Start();
   // The first step may go over: the policy plans at the end of the second.
   EXPECT_GT(lifting.Relieve(kMiB), 0u);
@@ -171,7 +176,7 @@ TEST(BudgetRunTest, NoPlanFitsSaysWhatRecomputationWouldDo) {
   for (bool regions : {false, true}) {
     Session session(AutoOptions(2 * kMiB), HostFactory());
     ScriptedMemory memory;
-    BudgetRun run(Automatic(2 * kMiB), session, memory, nullptr);
+    BudgetRun run(Automatic(), Facts(2 * kMiB), session, memory, nullptr);
     run.Start();
     absl::Status status;
     for (int step = 0; step < 3 && status.ok(); ++step) {
@@ -194,9 +199,9 @@ TEST(BudgetRunTest, NoPlanFitsSaysWhatRecomputationWouldDo) {
 TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
   Session session(AutoOptions(2 * kMiB), HostFactory());
   ScriptedMemory memory;
-  BudgetRunOptions options = Automatic(2 * kMiB);
-  options.recompute = RecomputeMode::kAuto;
-  BudgetRun run(options, session, memory, nullptr);
+  BudgetConfig config = Automatic();
+  config.recompute = "auto";
+  BudgetRun run(config, Facts(2 * kMiB), session, memory, nullptr);
   run.Start();
   std::optional<std::string> warning;
   int step = 0;
@@ -228,7 +233,7 @@ TEST(BudgetRunTest, OnlyAPlanThatChangesACodecGivesTheCacheBack) {
   // Four 64 KiB tensors under 2 MiB: kept exact beside 1 MiB, packed beside 1.9 MiB.
   Session session(AutoOptions(2 * kMiB), HostFactory());
   ScriptedMemory memory;
-  BudgetRun run(Automatic(2 * kMiB), session, memory, nullptr);
+  BudgetRun run(Automatic(), Facts(2 * kMiB), session, memory, nullptr);
   run.Start();
   auto step = [&](uint64_t other_bytes) {
     const uint64_t held = RunStep(session);
@@ -252,10 +257,10 @@ TEST(BudgetRunTest, OnlyAPlanThatChangesACodecGivesTheCacheBack) {
 TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
   Session session(Options("quant2"), HostFactory());
   ScriptedMemory memory;
-  BudgetRunOptions options = Fixed(64 * kMiB);
-  options.capped = false;  // torch's CUDA allocator: a target
-  options.outside_allowance_bytes = 4 * kMiB;
-  BudgetRun run(options, session, memory, nullptr);
+  BudgetMemoryFacts target = Facts(64 * kMiB);
+  target.capped = false;  // torch's CUDA allocator: a target
+  target.outside_allowance_bytes = 4 * kMiB;
+  BudgetRun run(Fixed(), target, session, memory, nullptr);
   run.Start();
   EXPECT_EQ(memory.cap, kNoCap);  // never set
   EXPECT_EQ(run.Relieve(kMiB), 0u);  // nothing to lift
@@ -281,10 +286,90 @@ TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
             "and the 4.00 MiB allowed outside it");
   // No system count: null, and no warning about it.
   ScriptedMemory quiet;
-  BudgetRun unmeasured(Fixed(64 * kMiB), session, quiet, nullptr);
+  BudgetRun unmeasured(Fixed(), Facts(64 * kMiB), session, quiet, nullptr);
   unmeasured.Start();
   unmeasured.Stop();
   EXPECT_TRUE(unmeasured.RunSection(json::Value::object())["peak_system_bytes"].is_null());
+}
+
+TEST(BudgetRunTest, HeldOutsideTakesFromTheAllowanceThenFromTheBudget) {
+  BudgetMemoryFacts facts = Facts(64 * kMiB);
+  facts.outside_allowance_bytes = 8 * kMiB;
+  BudgetMemoryFacts within = HoldingOutside(facts, 3 * kMiB);
+  EXPECT_EQ(within.budget_bytes, 64 * kMiB);
+  EXPECT_EQ(within.outside_allowance_bytes, 5 * kMiB);
+  BudgetMemoryFacts beyond = HoldingOutside(facts, 10 * kMiB);
+  EXPECT_EQ(beyond.budget_bytes, 62 * kMiB);
+  EXPECT_EQ(beyond.outside_allowance_bytes, 0u);
+  EXPECT_EQ(HoldingOutside(facts, 100 * kMiB).budget_bytes, 1u);  // a byte stays
+}
+
+TEST(GradientGuardTest, TwoHighStepsOfThreeAreARunawayAndOneSpikeIsNot) {
+  // Norms 397, 154, 440 against a median of 3: 130x, 51x, 146x. The 51x step does not reset
+  // the count: the third step is the second high one of three. A high step's norm stays out
+  // of the median; the 51x one is in it.
+  GradientGuard guard("'quant2'");
+  for (int step = 0; step < 8; ++step) EXPECT_EQ(guard.Observe(step, 3.0, {}), std::nullopt);
+  EXPECT_EQ(guard.Observe(8, 397.0, {{"blocks.0", 1.0}}), std::nullopt);
+  EXPECT_EQ(guard.Observe(9, 154.0, {{"blocks.0", 1.0}}), std::nullopt);
+  const std::optional<std::string> caught =
+      guard.Observe(10, 440.0, {{"", 5.0}, {"blocks.0", 1.0}, {"a", 3.0}, {"b", 2.0}});
+  ASSERT_TRUE(caught.has_value());
+  EXPECT_EQ(*caught,
+            "actpack: the gradient norm ran away under codec 'quant2': 440 at step 10, 147x its "
+            "median over the last 9 steps (3), in 2 of the last 3 steps; largest in (top), a, b");
+  GradientGuard spikes("'quant2'");
+  const std::vector<double> norms = {3, 3, 3, 3, 3, 3, 3, 3, 400, 3, 3, 400, 3, 3, 400};
+  for (size_t step = 0; step < norms.size(); ++step) {
+    EXPECT_EQ(spikes.Observe(static_cast<int64_t>(step), norms[step], {}), std::nullopt) << step;
+  }
+  GradientGuard infinite("'quant2'");
+  for (int step = 0; step < 8; ++step) infinite.Observe(step, 3.0, {});
+  EXPECT_EQ(infinite.Observe(8, INFINITY, {}), std::nullopt);  // not judged
+  EXPECT_EQ(infinite.Observe(9, INFINITY, {}), std::nullopt);
+}
+
+TEST(BudgetRunTest, AGradientRunawayStopsAFixedCodecAndTightensAutoThreeTimes) {
+  for (const std::string codec : {"quant2", "auto"}) {
+    Session session(codec == "auto" ? AutoOptions(64 * kMiB) : Options(codec.c_str()), HostFactory());
+    ScriptedMemory memory;
+    BudgetRun run(Config(codec), Facts(64 * kMiB), session, memory, nullptr);
+    run.Start();
+    std::vector<std::string> verdicts;
+    for (int step = 1; step <= 20; ++step) {
+      memory.next = {kMiB, kMiB, 0};
+      ASSERT_TRUE(run.EndStep().ok());
+      const double norm = step <= 8 ? 1.0 : 1e4;
+      const BudgetRun::GradientVerdict verdict = run.ObserveGradients({{"fc", norm}});
+      if (verdict.action == BudgetRun::GradientVerdict::kTrainOn) continue;
+      verdicts.push_back(absl::StrCat(step, verdict.action == BudgetRun::GradientVerdict::kStop
+                                                ? " stop"
+                                                : " drop"));
+      if (verdict.action == BudgetRun::GradientVerdict::kStop) {
+        EXPECT_THAT(verdict.message, HasSubstr(codec == "auto" ? "tightened its fidelity floor 3"
+                                                               : "use a finer codec"));
+        break;
+      }
+      EXPECT_THAT(verdict.message, HasSubstr("this step's gradients were dropped"));
+    }
+    if (codec == "auto") {
+      EXPECT_EQ(verdicts, (std::vector<std::string>{"10 drop", "12 drop", "14 drop", "16 stop"}));
+      EXPECT_EQ(session.Policy().floor_tightenings, 3u);
+    } else {
+      EXPECT_EQ(verdicts, (std::vector<std::string>{"10 stop"}));
+    }
+  }
+  // Lossless packing and a guard turned off do not judge.
+  for (BudgetConfig config : {Config("identity"), Config("quant2")}) {
+    config.gradient_guard = config.codec == "identity";
+    Session session(Options(config.codec.c_str()), HostFactory());
+    ScriptedMemory memory;
+    BudgetRun run(config, Facts(64 * kMiB), session, memory, nullptr);
+    for (int step = 1; step <= 12; ++step) {
+      EXPECT_EQ(run.ObserveGradients({{"fc", step <= 8 ? 1.0 : 1e4}}).action,
+                BudgetRun::GradientVerdict::kTrainOn);
+    }
+  }
 }
 
 }  // namespace

@@ -26,15 +26,15 @@ constexpr Unit kUnits[] = {
     {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
 };
 
-absl::Status BadSize(absl::string_view text, absl::string_view why) {
+absl::Status BadSize(absl::string_view what, absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(
-      "actpack: invalid memory size '", text, "': ", why,
+      "actpack: invalid ", what, " '", text, "': ", why,
       "; expected a positive number with a unit, e.g. '6GiB', '512MiB', '1.5GB' or '80%'"));
 }
 
 }  // namespace
 
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, absl::string_view what) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
   const auto digit_at = [&](size_t i) { return i < trimmed.size() && absl::ascii_isdigit(trimmed[i]); };
   size_t split = 0;
@@ -59,18 +59,18 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
       absl::AsciiStrToLower(absl::StripAsciiWhitespace(trimmed.substr(split)));
   double number = 0;
   if (number_text.empty() || !absl::SimpleAtod(number_text, &number) || std::isnan(number)) {
-    return BadSize(text, "no number");
+    return BadSize(what, text, "no number");
   }
   const auto out_of_range = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "actpack: invalid memory size '", text, "': out of range; expected 1 byte to 9.2e18 bytes (",
+        "actpack: invalid ", what, " '", text, "': out of range; expected 1 byte to 9.2e18 bytes (",
         allocator::FormatBytes(kMaxSizeBytes), ")"));
   };
   // A non-zero mantissa whose exponent took it to 0 or to infinity ("1e-400", "1e400").
   const bool nonzero_mantissa =
       trimmed.substr(0, mantissa_end).find_first_of("123456789") != absl::string_view::npos;
   if (std::isinf(number) || (number == 0 && nonzero_mantissa)) return out_of_range();
-  if (number <= 0) return BadSize(text, "the size must be positive");
+  if (number <= 0) return BadSize(what, text, "the size must be positive");
   for (const Unit& unit : kUnits) {
     if (unit_text == unit.name) {
       const double bytes = number * unit.multiplier;
@@ -78,7 +78,7 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
       return static_cast<uint64_t>(std::llround(bytes));
     }
   }
-  return BadSize(text, absl::StrCat("unknown unit '", unit_text, "'"));
+  return BadSize(what, text, absl::StrCat("unknown unit '", unit_text, "'"));
 }
 
 uint64_t Budget::Resolve(uint64_t device_total) const {

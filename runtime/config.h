@@ -24,8 +24,9 @@ inline constexpr uint64_t kMaxSizeBytes = 9'200'000'000'000'000'000ull;
 
 // Binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) units, or plain bytes ("B" optional).
 // kInvalidArgument naming the text and what was expected for anything else, negative or zero
-// sizes included.
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+// sizes included; `what` names the value in it ("invalid min_bytes '-5': ...").
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text,
+                                       absl::string_view what = "memory size");
 
 struct Budget {
   uint64_t bytes = 0;     // an absolute budget, or 0

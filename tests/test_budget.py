@@ -290,7 +290,8 @@ def test_module_names_take_one_walk_of_the_model_and_follow_a_change():
 
 
 def test_session_hooks_are_plain_functions_over_packed_handles():
-    session = actpack._C.Session(codec="identity", min_bytes=0)
+    config = actpack._C.BudgetConfig("1GiB", codec="identity", min_bytes="0")
+    session = actpack._C.Session(config)
     pack, unpack = session.hooks()
     x = torch.randn(4, 5)
     handle = pack(x, "layer")

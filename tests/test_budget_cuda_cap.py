@@ -32,10 +32,10 @@ def cuda_with_actpack(monkeypatch):
 
 def _run(memory, automatic):
     """The C++ budget run over `memory`, as actpack.budget makes it."""
-    session = _C.Session(codec="auto" if automatic else "quant2")
-    return _C.BudgetRun(session, memory, memory.budget_bytes, 0.15, automatic=automatic,
-                        capped=memory.capped, recompute="off", outside_allowance_bytes=0,
-                        packing="codec 'auto'")
+    config = _C.BudgetConfig("64MiB", codec="auto" if automatic else "quant2", headroom=0.15)
+    session = _C.Session(config)
+    return _C.BudgetRun(session, memory, config, memory.budget_bytes, capped=memory.capped,
+                        outside_allowance_bytes=0)
 
 
 def test_the_budget_caps_the_cuda_allocator_from_its_start_and_restores_it(cuda_with_actpack):

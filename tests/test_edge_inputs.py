@@ -35,13 +35,16 @@ WHITESPACE = " \t\n\v\f\r"
 
 
 def names(value):
-    """How a message may name `value`: its repr, its one-line repr, its text; for a mapping
-    (a codec per module pattern), also how it names one of its keys or values."""
+    """How a message may name `value`: its repr, its one-line repr, its text (an int also as
+    the float it is to a float option); for a mapping (a codec per module pattern), also how it
+    names one of its keys or values."""
     found = [repr(value), _args.show(value)]
     if isinstance(value, str):
         found += [value, value.strip(WHITESPACE)]
     elif _args.is_int(value):
         found.append(str(int(value)))
+        if abs(value) < 2**1023:  # a float option's range check names it as a float
+            found.append(repr(float(value)))
     elif isinstance(value, dict):
         found += [n for item in value.items() for part in item for n in names(part)]
     return [n for n in found if n]
@@ -134,7 +137,7 @@ def test_wrong_types_name_the_value():
         (lambda: actpack.budget("1GiB", enabled="false"), "'false' (str)"),
         (lambda: actpack.budget("1GiB", headroom=math.nan), "headroom=nan is not finite"),
         (lambda: actpack.budget("1GiB", profile_every=10**30), "profile_every=1000"),
-        (lambda: actpack.budget("1GiB", min_bytes=10**30), "min_bytes 1000"),
+        (lambda: actpack.budget("1GiB", min_bytes=10**30), "min_bytes '1000"),
         (lambda: actpack.budget("1GiB", report=5), "report must be a path"),
         (lambda: actpack.budget("1GiB", allowed_loss_increase=math.inf), "got inf"),
         (lambda: actpack.plan(_never, "1GiB", batch_sizes=(8.5, 16)), "8.5 (float)"),

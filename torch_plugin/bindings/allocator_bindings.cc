@@ -280,6 +280,11 @@ void BindAllocator(py::module& m) {
       .def(py::init<>())
       .def("start", &allocator::ResidentPeakMeter::Start)
       .def("take_peak", &allocator::ResidentPeakMeter::TakePeak);
+  m.def("_resident_bytes", []() -> py::object {
+    // The process's resident set (allocator::ResidentBytes); None where it cannot be read.
+    absl::StatusOr<size_t> resident = allocator::ResidentBytes();
+    return resident.ok() ? py::object(py::int_(*resident)) : py::object(py::none());
+  });
   m.def("_device_used_bytes", [](int device) {
     absl::StatusOr<size_t> used = allocator::CudaDeviceUsedMemory(device);
     ThrowIfError(used.status());

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "report/writer.h"
+#include "runtime/budget_config.h"
 #include "runtime/budget_run.h"
 #include "runtime/session.h"
 #include "torch_plugin/csrc/saved_tensors.h"
@@ -28,7 +30,9 @@ namespace py = pybind11;
 
 class PySession {
  public:
-  explicit PySession(const SessionSettings& settings) : session_(settings) {}
+  PySession(const runtime::BudgetConfig& config, uint64_t budget_bytes,
+            uint64_t outside_allowance_bytes)
+      : session_(config, budget_bytes, outside_allowance_bytes) {}
 
   // New references; nullptr with a Python error set.
   PyObject* Pack(const at::Tensor& tensor, std::string module);
@@ -263,12 +267,115 @@ class PyBudgetMemory final : public runtime::BudgetMemory {
   }
 };
 
-runtime::RecomputeMode ParseRecompute(const std::string& mode) {
-  if (mode == "off") return runtime::RecomputeMode::kOff;
-  if (mode == "on") return runtime::RecomputeMode::kOn;
-  if (mode == "auto") return runtime::RecomputeMode::kAuto;
-  throw py::value_error("actpack._C.BudgetRun: recompute is \"off\", \"on\" or \"auto\", got \"" +
-                        mode + "\"");
+const char* VerdictName(runtime::BudgetRun::GradientVerdict::Action action) {
+  switch (action) {
+    case runtime::BudgetRun::GradientVerdict::kDropStep:
+      return "drop_step";
+    case runtime::BudgetRun::GradientVerdict::kStop:
+      return "stop";
+    case runtime::BudgetRun::GradientVerdict::kTrainOn:
+      break;
+  }
+  return "train_on";
+}
+
+void BindBudgetConfig(py::module_& m) {
+  using runtime::BudgetConfig;
+  py::class_<BudgetConfig>(m, "BudgetConfig",
+                           "actpack.budget's options as the runtime checks them "
+                           "(runtime/budget_config.h); validate() raises ValueError naming the "
+                           "first bad one")
+      .def(py::init([](std::string limit, std::string codec,
+                       std::vector<std::pair<std::string, std::string>> rules,
+                       std::string report, std::string min_bytes, uint64_t seed, bool enabled,
+                       double headroom, int64_t profile_every, bool snapshot,
+                       std::optional<double> allowed_loss_increase, double max_rel_rms,
+                       std::string recompute, bool gradient_guard) {
+             BudgetConfig config;
+             config.limit = std::move(limit);
+             config.codec = std::move(codec);
+             config.rules = std::move(rules);
+             config.report = std::move(report);
+             config.min_bytes = std::move(min_bytes);
+             config.seed = seed;
+             config.enabled = enabled;
+             config.headroom = headroom;
+             config.profile_every = profile_every;
+             config.snapshot = snapshot;
+             config.allowed_loss_increase = allowed_loss_increase;
+             config.max_rel_rms = max_rel_rms;
+             config.recompute = std::move(recompute);
+             config.gradient_guard = gradient_guard;
+             return config;
+           }),
+           py::arg("limit"), py::arg("codec") = "auto",
+           py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
+           py::arg("report") = "", py::arg("min_bytes") = BudgetConfig::DefaultMinBytesText(),
+           py::arg("seed") = 0, py::arg("enabled") = true,
+           py::arg("headroom") = runtime::kDefaultHeadroom,
+           py::arg("profile_every") = runtime::kDefaultProfileEvery, py::arg("snapshot") = false,
+           py::arg("allowed_loss_increase") = py::none(),
+           py::arg("max_rel_rms") = runtime::kDefaultMaxRelRms, py::arg("recompute") = "false",
+           py::arg("gradient_guard") = true)
+      .def("validate", [](const BudgetConfig& config) { ThrowIfError(config.Validate()); })
+      .def_property_readonly("min_bytes", &BudgetConfig::MinBytes)
+      .def_property_readonly("packs", &BudgetConfig::Packs)
+      .def_property_readonly("automatic", &BudgetConfig::Automatic)
+      .def_property_readonly("chooses", &BudgetConfig::Chooses)
+      .def_property_readonly("guards_gradients", &BudgetConfig::GuardsGradients)
+      .def_property_readonly("packing", &BudgetConfig::Packing);
+  m.def(
+      "parse_conf",
+      [](const std::string& text) {
+        absl::StatusOr<runtime::BudgetConf> conf = runtime::ParseBudgetConf(text);
+        ThrowIfError(conf.status());
+        const BudgetConfig& c = conf->config;
+        py::dict options;
+        for (const std::string& key : conf->given) {
+          if (key == "budget") options["budget"] = c.limit;
+          if (key == "codec") options["codec"] = c.codec;
+          if (key == "report") options["report"] = c.report;
+          if (key == "min_bytes") options["min_bytes"] = c.min_bytes;
+          if (key == "seed") options["seed"] = c.seed;
+          if (key == "enabled") options["enabled"] = c.enabled;
+          if (key == "allocator") options["allocator"] = conf->allocator;
+          if (key == "device") options["device"] = conf->device;
+          if (key == "allowed_loss_increase") {
+            options["allowed_loss_increase"] = *c.allowed_loss_increase;
+          }
+          if (key == "max_rel_rms") {
+            options["max_rel_rms"] =
+                c.max_rel_rms > 0 ? py::object(py::float_(c.max_rel_rms)) : py::none();
+          }
+          if (key == "recompute") {
+            options["recompute"] = c.recompute == "auto"
+                                       ? py::object(py::str("auto"))
+                                       : py::object(py::bool_(c.recompute == "true"));
+          }
+        }
+        return options;
+      },
+      py::arg("text"),
+      "ACTPACK_CONF's text as actpack.budget's keyword arguments (with allocator and device), "
+      "checked (runtime::ParseBudgetConf)");
+  m.attr("CONF_KEYS") = runtime::BudgetConfKeys();
+  py::class_<runtime::GradientGuard>(m, "GradientGuard",
+                                     "runtime::GradientGuard: judges each step's gradient norm")
+      .def(py::init<std::string>(), py::arg("codec"))
+      .def("observe", &runtime::GradientGuard::Observe, py::arg("step"), py::arg("norm"),
+           py::arg("modules"));
+  m.def(
+      "holding_outside",
+      [](uint64_t budget_bytes, uint64_t outside_allowance_bytes, uint64_t held_outside) {
+        runtime::BudgetMemoryFacts facts;
+        facts.budget_bytes = budget_bytes;
+        facts.outside_allowance_bytes = outside_allowance_bytes;
+        facts = runtime::HoldingOutside(facts, held_outside);
+        return std::make_tuple(facts.budget_bytes, facts.outside_allowance_bytes);
+      },
+      py::arg("budget_bytes"), py::arg("outside_allowance_bytes"), py::arg("held_outside"),
+      "(budget bytes, outside allowance) once held_outside bytes are outside the pool "
+      "(runtime::HoldingOutside)");
 }
 
 void BindBudgetRun(py::module_& m) {
@@ -278,27 +385,22 @@ void BindBudgetRun(py::module_& m) {
   py::class_<BudgetRun>(m, "BudgetRun",
                         "One run under a memory budget over a session and a BudgetMemory "
                         "(runtime/budget_run.h): actpack.budget drives it")
-      .def(py::init([](PySession& session, runtime::BudgetMemory& memory, uint64_t budget_bytes,
-                       double headroom, bool automatic, bool capped,
-                       const std::string& recompute, uint64_t outside_allowance_bytes,
-                       std::string packing, uint64_t lifted_cap_extra_bytes) {
-             runtime::BudgetRunOptions options;
-             options.budget_bytes = budget_bytes;
-             options.headroom = headroom;
-             options.automatic = automatic;
-             options.capped = capped;
-             options.recompute = ParseRecompute(recompute);
-             options.outside_allowance_bytes = outside_allowance_bytes;
-             options.packing = std::move(packing);
-             options.lifted_cap_extra_bytes = lifted_cap_extra_bytes;
+      .def(py::init([](PySession& session, runtime::BudgetMemory& memory,
+                       const runtime::BudgetConfig& config, uint64_t budget_bytes, bool capped,
+                       uint64_t outside_allowance_bytes, uint64_t lifted_cap_extra_bytes) {
+             ThrowIfError(config.Validate());
+             runtime::BudgetMemoryFacts facts;
+             facts.budget_bytes = budget_bytes;
+             facts.capped = capped;
+             facts.outside_allowance_bytes = outside_allowance_bytes;
+             facts.lifted_cap_extra_bytes = lifted_cap_extra_bytes;
              return std::make_unique<BudgetRun>(
-                 options, session.session().runtime_session(), memory,
+                 config, facts, session.session().runtime_session(), memory,
                  [&session](size_t needed) { return session.session().Relieve(needed); });
            }),
            py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::arg("session"),
-           py::arg("memory"), py::arg("budget_bytes"), py::arg("headroom"),
-           py::arg("automatic"), py::arg("capped"), py::arg("recompute"),
-           py::arg("outside_allowance_bytes"), py::arg("packing"),
+           py::arg("memory"), py::arg("config"), py::arg("budget_bytes"), py::arg("capped"),
+           py::arg("outside_allowance_bytes"),
            py::arg("lifted_cap_extra_bytes") = runtime::kLiftedCapExtraBytes)
       .def("start", &BudgetRun::Start)
       .def("relieve", &BudgetRun::Relieve, py::arg("needed"))
@@ -320,6 +422,15 @@ void BindBudgetRun(py::module_& m) {
             return text ? py::object(py::str(*text)) : py::object(py::none());
           },
           py::arg("cause"))
+      .def(
+          "observe_gradients",
+          [](BudgetRun& run, const std::vector<std::pair<std::string, double>>& modules) {
+            const BudgetRun::GradientVerdict verdict = run.ObserveGradients(modules);
+            return std::make_tuple(std::string(VerdictName(verdict.action)), verdict.message);
+          },
+          py::arg("modules"),
+          "The gradient guard's verdict on a step's [(module, gradient norm)]: (\"train_on\" | "
+          "\"drop_step\" | \"stop\", message)")
       .def("warn", &BudgetRun::Warn, py::arg("message"))
       .def(
           "run_section",
@@ -340,23 +451,8 @@ void BindSession(py::module_& m) {
   if (packed_type == nullptr) throw py::error_already_set();
   m.attr("PackedTensor") = py::handle(reinterpret_cast<PyObject*>(packed_type));
   py::class_<PySession>(m, "Session")
-      .def(py::init([](const std::string& codec,
-                       const std::vector<std::pair<std::string, std::string>>& rules,
-                       int64_t min_bytes, uint64_t seed, bool enabled, int64_t budget_bytes,
-                       double headroom, int64_t profile_every,
-                       double allowed_loss_increase,
-                       int64_t outside_allowance_bytes, double max_rel_rms) {
-             return std::make_unique<PySession>(SessionSettings{
-                 codec, rules, min_bytes, seed, enabled, budget_bytes, headroom, profile_every,
-                 allowed_loss_increase, outside_allowance_bytes, max_rel_rms});
-           }),
-           py::arg("codec"), py::arg("rules") = std::vector<std::pair<std::string, std::string>>{},
-           py::arg("min_bytes") = runtime::kDefaultMinBytes, py::arg("seed") = 0,
-           py::arg("enabled") = true, py::arg("budget_bytes") = 0,
-           py::arg("headroom") = runtime::kDefaultHeadroom,
-           py::arg("profile_every") = runtime::kDefaultProfileEvery,
-           py::arg("allowed_loss_increase") = 0.0, py::arg("outside_allowance_bytes") = 0,
-           py::arg("max_rel_rms") = runtime::kDefaultMaxRelRms)
+      .def(py::init<const runtime::BudgetConfig&, uint64_t, uint64_t>(), py::arg("config"),
+           py::arg("budget_bytes") = 0, py::arg("outside_allowance_bytes") = 0)
       .def("hooks", &MakeHooks,
            "(pack, unpack): the session's saved-tensor hooks as plain functions")
       .def("hook_seconds", &PySession::HookSeconds)
@@ -372,6 +468,7 @@ void BindSession(py::module_& m) {
            "returns the new floor")
       .def("policy", &PolicyDict)
       .def("totals", &TotalsDict);
+  BindBudgetConfig(m);
   BindBudgetRun(m);
   m.def(
       "build_report",

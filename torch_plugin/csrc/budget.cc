@@ -5,8 +5,10 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <iostream>
 #include <mutex>
@@ -23,7 +25,6 @@
 #include "allocator/units.h"
 #include "report/writer.h"
 #include "runtime/budget_run.h"
-#include "runtime/config.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
@@ -104,61 +105,43 @@ class HostMemory final : public runtime::BudgetMemory {
   std::optional<allocator::PressureCallbackId> pressure_id_;
 };
 
-runtime::Budget ParseLimit(const std::string& limit) {
-  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(limit);
-  torch_plugin::ThrowIfError(budget.status());
-  return *budget;
-}
-
-int64_t ParseMinBytes(const std::string& text) {
-  // "0" packs every saved tensor; a size must otherwise be positive.
-  if (text.empty()) return static_cast<int64_t>(runtime::kDefaultMinBytes);
-  if (text == "0") return 0;
-  absl::StatusOr<uint64_t> bytes = runtime::ParseByteSize(text);
-  torch_plugin::ThrowIfError(bytes.status());
-  return static_cast<int64_t>(*bytes);
-}
-
-torch_plugin::SessionSettings SettingsFor(const BudgetOptions& options, uint64_t budget_bytes) {
-  torch_plugin::SessionSettings settings;
-  settings.codec = options.codec;
-  settings.rules = options.rules;
-  settings.min_bytes = ParseMinBytes(options.min_bytes);
-  settings.seed = options.seed;
-  settings.enabled = options.enabled;
-  settings.budget_bytes = static_cast<int64_t>(budget_bytes);
-  settings.headroom = options.headroom;
-  settings.profile_every = options.profile_every;
-  settings.allowed_loss_increase = options.allowed_loss_increase;
-  settings.max_rel_rms = options.max_rel_rms;
-  settings.outside_allowance_bytes = static_cast<int64_t>(allocator::kHostOutsideAllowanceBytes);
-  return settings;
-}
-
-bool Automatic(const BudgetOptions& options) {
-  return options.enabled && (options.codec == "auto" || !options.rules.empty());
-}
-
-runtime::BudgetRunOptions RunOptions(const BudgetOptions& options, uint64_t budget_bytes) {
-  runtime::BudgetRunOptions run;
-  run.budget_bytes = budget_bytes;
-  run.headroom = options.headroom;
-  run.automatic = Automatic(options);
-  run.outside_allowance_bytes = allocator::kHostOutsideAllowanceBytes;
-  run.packing = options.enabled ? absl::StrCat("codec '", options.codec, "'")
-                                : std::string("plain training (enabled=false)");
-  return run;
+// {module: the norm of its own parameters' gradients}, in the parameters' order, each
+// parameter counted once (a tied weight for its first module); a parameter's module is its name
+// up to the last dot.
+std::vector<std::pair<std::string, double>> GradientNorms(const NamedParameters& parameters) {
+  std::vector<std::pair<std::string, double>> norms;
+  std::vector<const void*> seen;
+  for (const auto& [name, parameter] : parameters) {
+    const at::Tensor& grad = parameter.grad();
+    if (!grad.defined()) continue;
+    const void* impl = parameter.unsafeGetTensorImpl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+    seen.push_back(impl);
+    const size_t dot = name.rfind('.');
+    const std::string module = dot == std::string::npos ? std::string() : name.substr(0, dot);
+    const double norm = grad.detach().norm().item<double>();
+    auto it = std::find_if(norms.begin(), norms.end(),
+                           [&](const auto& entry) { return entry.first == module; });
+    if (it == norms.end()) {
+      norms.emplace_back(module, norm);
+    } else {
+      it->second = std::sqrt(it->second * it->second + norm * norm);
+    }
+  }
+  return norms;
 }
 
 }  // namespace
 
 struct Budget::State {
-  State(BudgetOptions opts, runtime::Budget parsed)
+  State(BudgetOptions opts, NamedParameters watched)
       : options(std::move(opts)),
-        limit(parsed),
-        budget_bytes(parsed.Resolve(allocator::PhysicalMemoryBytes())),
-        session(SettingsFor(options, budget_bytes)),
-        run(RunOptions(options, budget_bytes), session.runtime_session(), memory,
+        parameters(std::move(watched)),
+        limit(options.ParsedLimit()),
+        budget_bytes(limit.Resolve(allocator::PhysicalMemoryBytes())),
+        session(options, budget_bytes, allocator::kHostOutsideAllowanceBytes),
+        run(options, {budget_bytes, true, allocator::kHostOutsideAllowanceBytes},
+            session.runtime_session(), memory,
             [this](size_t needed) { return session.Relieve(needed); }) {}
 
   SavedTensor Pack(const at::Tensor& tensor) {
@@ -183,6 +166,19 @@ struct Budget::State {
     if (!open) return;
     // Throws c10::OutOfMemoryError when no plan fits the budget.
     torch_plugin::ThrowIfError(run.EndStep().status());
+    if (parameters.empty() || !run.config().GuardsGradients()) return;
+    const runtime::BudgetRun::GradientVerdict verdict =
+        run.ObserveGradients(GradientNorms(parameters));
+    switch (verdict.action) {
+      case runtime::BudgetRun::GradientVerdict::kTrainOn:
+        return;
+      case runtime::BudgetRun::GradientVerdict::kDropStep:
+        for (auto& [name, parameter] : parameters) parameter.mutable_grad().reset();
+        TORCH_WARN(verdict.message);
+        return;
+      case runtime::BudgetRun::GradientVerdict::kStop:
+        throw GradientRunaway(verdict.message);
+    }
   }
 
   json::Value RunMetadata(double wall_seconds) const {
@@ -200,8 +196,8 @@ struct Budget::State {
       codec["*"] = options.codec;
       facts["codec"] = std::move(codec);
     }
-    facts["allowed_loss_increase"] = options.allowed_loss_increase > 0
-                                         ? json::Value(options.allowed_loss_increase)
+    facts["allowed_loss_increase"] = options.allowed_loss_increase.has_value()
+                                         ? json::Value(*options.allowed_loss_increase)
                                          : json::Value();
     facts["max_rel_rms"] =
         options.max_rel_rms > 0 ? json::Value(options.max_rel_rms) : json::Value();
@@ -216,6 +212,7 @@ struct Budget::State {
   }
 
   const BudgetOptions options;
+  NamedParameters parameters;  // the gradient guard's
   const runtime::Budget limit;
   const uint64_t budget_bytes;
   torch_plugin::SavedTensorSession session;
@@ -276,12 +273,10 @@ void UseBudgetEngine() {
 
 }  // namespace
 
-Budget::Budget(BudgetOptions options) : uncaught_at_open_(std::uncaught_exceptions()) {
-  TORCH_CHECK_VALUE(!options.limit.empty(),
-                    "actpack::Budget: BudgetOptions::limit is empty; give a budget such as "
-                    "\"6GiB\" or \"80%\"");
-  runtime::Budget parsed = ParseLimit(options.limit);
-  state_ = std::make_shared<State>(std::move(options), parsed);
+Budget::Budget(BudgetOptions options, NamedParameters parameters)
+    : uncaught_at_open_(std::uncaught_exceptions()) {
+  torch_plugin::ThrowIfError(options.Validate());
+  state_ = std::make_shared<State>(std::move(options), std::move(parameters));
   UseBudgetEngine();
   state_->started = std::chrono::steady_clock::now();
   state_->memory.Start();

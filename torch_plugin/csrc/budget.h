@@ -36,44 +36,41 @@
 //
 // Differences from the Python context: module names come from ModuleScope (C++ modules have no
 // global forward hooks), so the policy weighs every saved tensor alike (no gradient
-// sensitivity) and the error-bounded mode uses the relative caps; memory is measured and capped
-// on the CPU only; the report path takes no "{rank}"; LibTorch has no actpack.recompute regions.
+// sensitivity) and the error-bounded mode uses the relative caps; the gradient guard watches
+// the parameters the constructor is given (none: no guard); memory is measured and capped on
+// the CPU only; the report path takes no "{rank}"; LibTorch has no actpack.recompute regions.
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_BUDGET_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_BUDGET_H_
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/budget_config.h"
 #include "runtime/json.h"
-#include "runtime/session.h"
 
 namespace actpack {
 
-// The options of actpack.budget(...), with the same meanings and defaults.
-struct BudgetOptions {
-  // The memory budget: "6GiB", "512MiB", "80%" (of physical memory) or a byte count as text.
-  std::string limit;
-  // "auto" (the policy chooses per saved tensor), or a codec spec ("quant2", "eb:rel=1e-2").
-  std::string codec = "auto";
-  // Module-name globs to "auto" or a codec spec; the first match wins over `codec` (the Python
-  // context's dict form, where unmatched tensors get "auto"; here they get `codec`).
-  std::vector<std::pair<std::string, std::string>> rules;
-  // Where the report is written when the budget closes; "" writes none.
-  std::string report;
-  // Saved tensors smaller than this stay as they are; "0" packs every one; "" is the default,
-  // runtime::kDefaultMinBytes (64 KiB), as in the Python context.
-  std::string min_bytes;
-  uint64_t seed = 0;
-  bool enabled = true;  // false keeps every saved tensor as it is (parity runs)
-  double headroom = runtime::kDefaultHeadroom;
-  int64_t profile_every = runtime::kDefaultProfileEvery;
-  bool snapshot = false;  // put the allocator's snapshot into the report
-  double allowed_loss_increase = 0.0;  // the error-bounded mode; 0: off
-  // The relative RMS error `auto` lets a saved tensor carry (see actpack.budget); 0: no floor.
-  double max_rel_rms = runtime::kDefaultMaxRelRms;
+// The options of actpack.budget(...), with the same meanings, defaults and checks
+// (runtime/budget_config.h): limit, codec, rules (module-name globs to "auto", a codec spec or
+// "none"; the first match wins over `codec`), report, min_bytes, seed, enabled, headroom,
+// profile_every, snapshot, allowed_loss_increase, max_rel_rms, gradient_guard.
+using BudgetOptions = runtime::BudgetConfig;
+
+// The parameters whose gradients the gradient guard watches, as (name, tensor)
+// (model->named_parameters()); a parameter's module is its name up to the last dot.
+using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Thrown out of the backward pass whose gradients ran away under lossy packing (see
+// runtime::GradientGuard), before the optimizer steps on them: the weights are still finite.
+class GradientRunaway : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // Open on construction, closed by Close() or the destructor. Not copyable or movable: the hooks
@@ -81,8 +78,13 @@ struct BudgetOptions {
 class Budget {
  public:
   // Throws c10::ValueError naming a bad option, c10::Error when Python's autograd engine is
-  // the default one (see the file comment).
-  explicit Budget(BudgetOptions options);
+  // the default one (see the file comment). With `parameters`, the gradient guard watches
+  // their gradients at the end of each step (as actpack.budget watches the model's): under a
+  // fixed lossy codec a runaway throws GradientRunaway out of that backward; where auto
+  // chooses, it tightens the fidelity floor, warns (TORCH_WARN) and drops the step's gradients
+  // (each parameter's grad undefined: torch::optim skips it), and the third tightening that
+  // does not hold throws.
+  explicit Budget(BudgetOptions options, NamedParameters parameters = {});
   ~Budget();
   Budget(const Budget&) = delete;
   Budget& operator=(const Budget&) = delete;

@@ -9,8 +9,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <iostream>
 #include <fstream>
+#include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -368,7 +369,6 @@ TEST_P(BudgetScenarioTest, RunsAsThePythonContextDoes) {
   options.limit = scenario["limit"].get<std::string>();
   options.codec = scenario["codec"].get<std::string>();
   options.min_bytes = scenario["min_bytes"].get<std::string>();
-  options.enabled = options.codec != "none";
   const json::Value& expect = scenario["expect"];
   const int steps = model["steps"].get<int>();
   const int64_t width = model["width"].get<int64_t>();
@@ -398,6 +398,119 @@ TEST_P(BudgetScenarioTest, RunsAsThePythonContextDoes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shared, BudgetScenarioTest, ::testing::ValuesIn(ScenarioNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// Each bad option of the shared file: the message actpack.budget raises, word for word.
+TEST(BudgetScenarioTest, RefusesEachBadOptionWithThePythonContextsMessage) {
+  const json::Value& cases = Scenarios()["bad_options"];
+  ASSERT_GE(cases.size(), 10u);
+  for (const json::Value& bad : cases) {
+    BudgetOptions options;
+    options.limit = "1GiB";
+    for (const auto& [name, value] : bad["options"].items()) {
+      if (name == "limit") {
+        options.limit = value.get<std::string>();
+      } else if (name == "codec") {
+        options.codec = value.get<std::string>();
+      } else if (name == "min_bytes") {
+        options.min_bytes = value.get<std::string>();
+      } else if (name == "recompute") {
+        options.recompute = value.get<std::string>();
+      } else if (name == "headroom") {
+        options.headroom = value.get<double>();
+      } else if (name == "profile_every") {
+        options.profile_every = value.get<int64_t>();
+      } else if (name == "max_rel_rms") {
+        options.max_rel_rms = value.get<double>();
+      } else if (name == "allowed_loss_increase") {
+        options.allowed_loss_increase = value.get<double>();
+      } else {
+        FAIL() << "an option this test does not set: " << name;
+      }
+    }
+    try {
+      Budget budget(options);
+      ADD_FAILURE() << "accepted " << bad["options"];
+    } catch (const c10::ValueError& error) {
+      EXPECT_EQ(error.msg(), bad["error"].get<std::string>());
+    }
+    EXPECT_FALSE(torch_plugin::CpuAllocatorInstalled());
+  }
+}
+
+std::vector<std::string> RunawayNames() {
+  std::vector<std::string> names;
+  for (const json::Value& scenario : Scenarios()["runaways"]) {
+    names.push_back(scenario["name"].get<std::string>());
+  }
+  return names;
+}
+
+class RunawayScenarioTest : public ::testing::TestWithParam<std::string> {};
+
+// The gradient guard of the C++ guard, fed the parameters' gradient norms, reacts to the shared
+// runaway as the Python context's does: the same steps dropped, the same step stopped in.
+TEST_P(RunawayScenarioTest, ReactsAsThePythonContextDoes) {
+  const json::Value* found = nullptr;
+  for (const json::Value& scenario : Scenarios()["runaways"]) {
+    if (scenario["name"] == GetParam()) found = &scenario;
+  }
+  ASSERT_NE(found, nullptr);
+  const json::Value& scenario = *found;
+  const json::Value& model = Scenarios()["model"];
+  Net net(model["width"].get<int64_t>());
+  torch::optim::Adam opt(net.parameters(), torch::optim::AdamOptions(3e-3));
+  torch::manual_seed(1);
+  const torch::Tensor teacher = torch::randn({32, 10});
+  BudgetOptions options;
+  options.limit = "1GiB";
+  options.codec = scenario["codec"].get<std::string>();
+  options.max_rel_rms = scenario["max_rel_rms"].get<double>();
+  const int steps = scenario["steps"].get<int>();
+  const int from = scenario["scaled_from"].get<int>();
+  const json::Value* until_value = json::Find(scenario, "scaled_until");
+  const int until = until_value != nullptr ? until_value->get<int>() : steps;
+  const double scale = scenario["scale"].get<double>();
+  std::vector<int> dropped;
+  std::optional<int> stopped_in;
+  std::string message;
+  {
+    Budget budget(options, net.named_parameters().pairs());
+    for (int n = 1; n <= steps; ++n) {
+      const torch::Tensor x = torch::randn({model["batch"].get<int64_t>(), 32});
+      const torch::Tensor y = torch::matmul(x, teacher).argmax(1);
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(net.forward(x), y) *
+                                 (from <= n && n <= until ? scale : 1.0);
+      opt.zero_grad();
+      try {
+        loss.backward();
+      } catch (const GradientRunaway& error) {
+        stopped_in = n;
+        message = error.what();
+        break;
+      }
+      bool none = true;
+      for (const torch::Tensor& p : net.parameters()) none = none && !p.grad().defined();
+      if (none) dropped.push_back(n);
+      opt.step();
+    }
+  }
+  const json::Value& expect = scenario["expect"];
+  EXPECT_EQ(dropped, expect["dropped"].get<std::vector<int>>()) << message;
+  if (expect["stopped_in"].is_null()) {
+    EXPECT_EQ(stopped_in, std::nullopt) << message;
+  } else {
+    EXPECT_EQ(stopped_in, expect["stopped_in"].get<int>()) << message;
+  }
+  for (const json::Value& text : expect["error"]) {
+    EXPECT_THAT(message, HasSubstr(text.get<std::string>()));
+  }
+  for (const torch::Tensor& p : net.parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, RunawayScenarioTest, ::testing::ValuesIn(RunawayNames()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -405,60 +405,20 @@ at::Tensor RestoreStrides(const at::Tensor& dense, const std::vector<int64_t>& s
   return exact;
 }
 
-runtime::CodecChoice ChoiceOrThrow(const std::string& text) {
-  absl::StatusOr<runtime::CodecChoice> choice = runtime::ParseCodecChoice(text);
-  ThrowIfError(choice.status());
-  return *choice;
-}
-
 }  // namespace
 
 runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind) {
   return std::exchange(saving_region_inputs, kind);
 }
 
-SavedTensorSession::SavedTensorSession(const SessionSettings& settings) {
-  runtime::SessionOptions options;
-  options.codec = ChoiceOrThrow(settings.codec);
-  for (const auto& [pattern, spec] : settings.rules) {
-    options.rules.push_back({pattern, ChoiceOrThrow(spec)});
-  }
-  TORCH_CHECK_VALUE(settings.min_bytes >= 0, "actpack: min_bytes must be >= 0, got ",
-                    settings.min_bytes);
-  TORCH_CHECK_VALUE(settings.budget_bytes >= 0, "actpack: the budget must be >= 0 bytes, got ",
-                    settings.budget_bytes);
-  TORCH_CHECK_VALUE(settings.headroom >= 0.0 && settings.headroom < 0.5,
-                    "actpack: headroom must be in [0, 0.5), got ", settings.headroom);
-  TORCH_CHECK_VALUE(settings.profile_every >= 1, "actpack: profile_every must be >= 1 step, got ",
-                    settings.profile_every);
-  const double loss_bound = settings.allowed_loss_increase;
-  TORCH_CHECK_VALUE(std::isfinite(loss_bound) && loss_bound >= 0.0 && loss_bound < 1.0,
-                    "actpack: allowed_loss_increase must be a fraction in (0, 1) (0: off), got ",
-                    loss_bound);
-  if (loss_bound > 0) {
-    std::vector<std::string> specs = {settings.codec};
-    for (const auto& rule : settings.rules) specs.push_back(rule.second);
-    for (const std::string& spec : specs) {
-      TORCH_CHECK_VALUE(spec == "auto" || spec == "eb",
-                        "actpack.budget: allowed_loss_increase sets the error bounds of 'eb' and "
-                        "the caps of 'auto'; it does not apply to codec '", spec,
-                        "' (use 'eb' or 'auto', or leave allowed_loss_increase out)");
-    }
-  }
-  options.min_bytes = static_cast<uint64_t>(settings.min_bytes);
-  options.seed = settings.seed;
-  options.enabled = settings.enabled;
-  options.budget_bytes = static_cast<uint64_t>(settings.budget_bytes);
-  options.headroom = settings.headroom;
-  options.outside_allowance_bytes = static_cast<uint64_t>(std::max<int64_t>(
-      settings.outside_allowance_bytes, 0));
-  options.profile_every = static_cast<int>(std::min<int64_t>(settings.profile_every, 1 << 30));
-  options.allowed_loss_increase = loss_bound;
-  TORCH_CHECK_VALUE(std::isfinite(settings.max_rel_rms) && settings.max_rel_rms >= 0.0,
-                    "actpack: max_rel_rms is the relative RMS error a saved tensor may carry, a "
-                    "number >= 0 (0 or None: no floor), got ", settings.max_rel_rms);
-  options.max_rel_rms = settings.max_rel_rms;
-  session_ = std::make_unique<runtime::Session>(options, TorchBufferFactory());
+SavedTensorSession::SavedTensorSession(const runtime::BudgetConfig& config,
+                                       uint64_t budget_bytes,
+                                       uint64_t outside_allowance_bytes) {
+  ThrowIfError(config.Validate());
+  absl::StatusOr<runtime::SessionOptions> options =
+      config.SessionOptionsFor(budget_bytes, outside_allowance_bytes);
+  ThrowIfError(options.status());
+  session_ = std::make_unique<runtime::Session>(*std::move(options), TorchBufferFactory());
   RegisterLeanBackwardKernels();
 }
 

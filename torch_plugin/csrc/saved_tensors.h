@@ -6,7 +6,7 @@
 // hooks. Buffers are torch uint8 tensors on the saved tensor's device, so their bytes come from
 // (and are counted by) the same allocator as every other tensor of the step.
 //
-//   SavedTensorSession session(settings);
+//   SavedTensorSession session(config, budget_bytes, outside_allowance_bytes);
 //   SavedTensor saved = session.Pack(tensor, "layer1.conv");  // in the pack hook
 //   at::Tensor back = session.Unpack(saved);                   // in the unpack hook
 //   budget_run.EndStep();  // when the backward pass ends (runtime::BudgetRun, over
@@ -24,6 +24,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/budget_config.h"
 #include "runtime/json.h"
 #include "runtime/session.h"
 
@@ -57,21 +58,6 @@ struct PackedHandle {
 // A saved tensor as autograd holds it: the tensor itself (kept as it is), or a handle.
 using SavedTensor = std::variant<at::Tensor, PackedHandle>;
 
-// The session's settings, as actpack.budget and actpack::BudgetOptions state them (parsed).
-struct SessionSettings {
-  std::string codec = "auto";  // "auto" or a codec spec
-  std::vector<std::pair<std::string, std::string>> rules;  // module-name glob -> either
-  int64_t min_bytes = runtime::kDefaultMinBytes;
-  uint64_t seed = 0;
-  bool enabled = true;
-  int64_t budget_bytes = 0;
-  double headroom = runtime::kDefaultHeadroom;
-  int64_t profile_every = runtime::kDefaultProfileEvery;
-  double allowed_loss_increase = 0.0;  // 0: off
-  int64_t outside_allowance_bytes = 0;  // see runtime::SessionOptions
-  double max_rel_rms = runtime::kDefaultMaxRelRms;  // 0: off
-};
-
 // Whose region's inputs the saves this thread makes now are (runtime::RegionInput): the Python
 // front end sets it around torch.utils.checkpoint's saving of them (actpack/_checkpoint.py) and
 // around actpack.recompute's (actpack/_recompute.py). Returns the previous value.
@@ -79,8 +65,11 @@ runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind);
 
 class SavedTensorSession {
  public:
-  // Throws ValueError (c10::ValueError) naming a bad setting.
-  explicit SavedTensorSession(const SessionSettings& settings);
+  // A session for `config` with a budget of `budget_bytes` on the saved tensors' device and
+  // `outside_allowance_bytes` the system may count outside the pool. Throws ValueError
+  // (c10::ValueError) naming a bad option (runtime::BudgetConfig::Validate).
+  SavedTensorSession(const runtime::BudgetConfig& config, uint64_t budget_bytes,
+                     uint64_t outside_allowance_bytes);
 
   // `tensor` is being saved for backward inside module `module` ("" when unknown).
   SavedTensor Pack(const at::Tensor& tensor, std::string module);

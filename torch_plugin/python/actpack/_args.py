@@ -58,15 +58,20 @@ def integer(value, name, where, low=0, high=INT64_MAX):
     return value
 
 
-def real(value, name, where, expected="a finite number"):
-    """`value` (an int or a float, not a bool) as a finite float."""
+def real(value, name, where, expected="a finite number", finite=True):
+    """`value` (an int or a float, not a bool) as a float, finite unless `finite` is False
+    (where the range is checked in C++, which names a NaN or an infinity itself)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{where}: {name} must be {expected}, got {kind(value)}")
     try:
         number = float(value)
     except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
+        raise ValueError(f"{where}: {name}={show(value)} is not finite; expected "
+                         f"{expected}") from None
+    if is_int(value) and math.isfinite(number) and int(number) != value:
+        # The C++ check would name the float, not the int given.
+        raise ValueError(f"{where}: {name}={value} has no exact float; expected {expected}")
+    if finite and not math.isfinite(number):
         raise ValueError(f"{where}: {name}={show(value)} is not finite; expected {expected}")
     return number
 

@@ -10,11 +10,10 @@ import warnings
 import torch
 
 from actpack import _C, _args, _checkpoint, _peak_meter, _recompute
-from actpack import _gradient_guard
-from actpack._gradient_guard import GradientGuard as _GradientGuard
+from actpack._gradient_guard import GradientRunaway
 from actpack._module_tracker import ModuleTracker
 from actpack._peak_meter import PeakMeter
-from actpack._units import parse_budget, parse_size
+from actpack._units import parse_budget
 
 
 class Run:
@@ -184,54 +183,40 @@ class budget:
                  max_rel_rms=_C.DEFAULT_MAX_REL_RMS, *, device=None, _held_outside=0):
         self._budget = parse_budget(limit)
         device = _cuda_index(device)
-        if not (isinstance(recompute, bool) or isinstance(recompute, str) and recompute == "auto"):
+        # Types here (a wrong one is one line naming it, before the binding sees the value);
+        # every value's range and rule is runtime::BudgetConfig::Validate's (C++).
+        where = "actpack.budget"
+        if not isinstance(recompute, (bool, str)):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
                              f"got {_args.show(recompute)}")
-        # Checked before the session's binding sees them: a wrong value is one line naming it.
-        where = "actpack.budget"
         enabled = _args.flag(enabled, "enabled", where)
         snapshot = _args.flag(snapshot, "snapshot", where)
         seed = _args.integer(seed, "seed", where, 0, _args.UINT64_MAX)  # the session's uint64
-        given, headroom = headroom, _args.real(headroom, "headroom", where,
-                                               "a share of the budget in [0, 0.5)")
-        if not 0 <= headroom < 0.5:  # the session's range (saved_tensors.cc), the value as given
-            raise ValueError(f"actpack.budget: headroom={_args.show(given)} is out of range; "
-                             "expected a share of the budget in [0, 0.5)")
-        profile_every = _args.integer(profile_every, "profile_every", where, 1)
+        headroom = _args.real(headroom, "headroom", where, "a share of the budget in [0, 0.5)",
+                              finite=False)
+        profile_every = _args.integer(profile_every, "profile_every", where,
+                                      -_args.INT64_MAX - 1)
         report = None if report is None else _args.path(report, "report", where)
-        self._recompute_mode = {False: "off", True: "on", "auto": "auto"}[recompute]
         default, rules = _codec_rules(codec)
-        if codec == NONE:
-            enabled = False  # what the planner's "none" measures: plain training
         self._loss_bound = _check_loss_bound(allowed_loss_increase)
         self._max_rel_rms = _check_max_rel_rms(max_rel_rms)
-        # 0 packs every saved tensor, however small.
-        if not (_args.is_int(min_bytes) and min_bytes == 0):
-            min_bytes = parse_size(min_bytes, "min_bytes")
+        self._config = _C.BudgetConfig(
+            limit=limit if isinstance(limit, str) else str(int(limit)), codec=default,
+            rules=rules, report=report or "", min_bytes=_min_bytes_text(min_bytes), seed=seed,
+            enabled=enabled, headroom=headroom, profile_every=profile_every, snapshot=snapshot,
+            allowed_loss_increase=self._loss_bound, max_rel_rms=self._max_rel_rms,
+            recompute=recompute if isinstance(recompute, str) else str(recompute).lower(),
+            gradient_guard=_args.flag(gradient_guard, "gradient_guard", where))
+        self._config.validate()
+        enabled = self._config.packs  # codec "none" is plain training
         self._memory = PeakMeter(self._budget, device)
-        # The planner's tries: what its warm-up left outside the pool (torch's one-time setup
-        # among it) counts as a fresh process's run counts it: against the allowance, and what
-        # exceeds the allowance against the budget (at least a byte stays: every step runs out).
-        allowance = self._memory.outside_allowance
-        beyond = max(0, _held_outside - allowance)
-        self._memory.budget_bytes = max(1, self._memory.budget_bytes - beyond)
-        self._memory.outside_allowance = max(0, allowance - _held_outside)
-        self._session = _C.Session(codec=default, rules=rules, min_bytes=int(min_bytes), seed=seed,
-                                   enabled=enabled, budget_bytes=self._memory.budget_bytes,
-                                   headroom=headroom, profile_every=profile_every,
-                                   allowed_loss_increase=self._loss_bound,
-                                   outside_allowance_bytes=self._memory.outside_allowance,
-                                   max_rel_rms=self._max_rel_rms)
+        self._memory.budget_bytes, self._memory.outside_allowance = _C.holding_outside(
+            self._memory.budget_bytes, self._memory.outside_allowance, _held_outside)
+        self._session = _C.Session(self._config, budget_bytes=self._memory.budget_bytes,
+                                   outside_allowance_bytes=self._memory.outside_allowance)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = enabled
-        # What the step packs with, as the out-of-memory errors say it.
-        self._packing = f"codec {codec!r}" if enabled else "plain training (enabled=False)"
         self._run = None  # the C++ run (runtime/budget_run.h), from __enter__ on
-        # Lossless packing cannot make the gradients run away.
-        lossy = not (isinstance(codec, str) and codec.split(":")[0] in (NONE, "identity"))
-        self._guard = _GradientGuard(codec) if _args.flag(
-            gradient_guard, "gradient_guard", "actpack.budget") and lossy else None
-        self._headroom = headroom
         self._snapshot = snapshot
         self._report_path = report
         self._modules = ModuleTracker()
@@ -359,32 +344,19 @@ class budget:
         # The guard's norms are queued before the end of step's status read, which waits for
         # the device once: read after it, they cost no wait of their own (a GPU profile counted
         # one more cudaStreamSynchronize per step when they were read on their own).
-        pending = self._modules.gradient_norms() if self._guard is not None and self._enabled \
-            else None
+        pending = self._modules.gradient_norms() if self._config.guards_gradients else None
         self._close_step()
         if pending is not None:
             norms = pending()
-            if norms:
-                total = math.sqrt(sum(n * n for n in norms.values()))
-                runaway = self._guard.observe(self._run.steps, total, norms)
-                if runaway is not None:
-                    self._on_runaway(runaway)
-
-    def _on_runaway(self, runaway):
-        """Where auto chose the codecs: finer ones from now on and this step's gradients
-        dropped; otherwise, or when tightening has not held, GradientRunaway (before the
-        optimizer steps on them)."""
-        tightenings = self._session.policy()["floor_tightenings"]
-        if not (_chooses(self._codec) and tightenings < _gradient_guard.TIGHTENINGS):
-            raise self._guard.stopped(runaway, tightenings)
-        floor = self._session.tighten_floor()
-        self._modules.drop_gradients()
-        message = (f"{runaway}. auto falls back to finer codecs: its fidelity floor is now "
-                   f"max_rel_rms={floor:g} (tightening {tightenings + 1} of "
-                   f"{_gradient_guard.TIGHTENINGS}), and this step's gradients were dropped "
-                   f"(the optimizer skips parameters without one)")
-        self._run.warn(message)
-        warnings.warn(message, stacklevel=3)
+            # The guard's decision is the run's (runtime::BudgetRun::ObserveGradients): train
+            # on, drop this step's gradients (auto tightened its fidelity floor), or stop
+            # before the optimizer steps on them.
+            action, message = self._run.observe_gradients(list(norms.items()))
+            if action == "drop_step":
+                self._modules.drop_gradients()
+                warnings.warn(message, stacklevel=3)
+            elif action == "stop":
+                raise GradientRunaway(message)
 
     def _close_step(self):
         self._end_of_backward_queued = False
@@ -395,7 +367,7 @@ class budget:
         if self._statistics_step(step):
             self._session.set_module_gradients(self._modules.gradient_statistics())
         # The next step's output gradients, for the error caps.
-        self._modules.watch_outputs = self._loss_bound > 0 and self._statistics_step(step + 1)
+        self._modules.watch_outputs = self._loss_bound is not None and self._statistics_step(step + 1)
         if not self._memory.bound:
             self._warn("a step ended before the budget packed a CUDA tensor, so its device is "
                        "not known and no device's memory was measured or capped (on a machine "
@@ -417,7 +389,7 @@ class budget:
         return self._run.relieve(needed)
 
     def _statistics_step(self, step):
-        wanted = _automatic(self._codec) or self._loss_bound > 0
+        wanted = self._config.automatic or self._loss_bound is not None
         return wanted and _C.is_profile_step(step, self._profile_every)
 
     @_eager
@@ -427,10 +399,9 @@ class budget:
             self._started = time.perf_counter()
             self._memory.start()
             self._run = _C.BudgetRun(
-                self._session, self._memory, self._memory.budget_bytes, self._headroom,
-                automatic=_automatic(self._codec) and self._enabled,
-                capped=self._memory.capped, recompute=self._recompute_mode,
-                outside_allowance_bytes=self._memory.outside_allowance, packing=self._packing,
+                self._session, self._memory, self._config, self._memory.budget_bytes,
+                capped=self._memory.capped,
+                outside_allowance_bytes=self._memory.outside_allowance,
                 lifted_cap_extra_bytes=_peak_meter.LIFTED_CAP_EXTRA)
             for warning in self._memory.warnings:
                 self._run.warn(warning)
@@ -442,7 +413,7 @@ class budget:
                 if self._memory.bound:  # device= was given
                     self._bound(self._memory.device)
             self._modules.start()
-            self._modules.watch_outputs = self._loss_bound > 0
+            self._modules.watch_outputs = self._loss_bound is not None
             _checkpoint.install()  # checkpoint's inputs are kept exact
             self._hooks.__enter__()
             _recompute._active.append(self)
@@ -517,7 +488,7 @@ class budget:
             "budget": self._budget["text"],
             "budget_bytes": None,
             "codec": self._codec,
-            "allowed_loss_increase": self._loss_bound or None,
+            "allowed_loss_increase": self._loss_bound,
             "max_rel_rms": self._max_rel_rms or None,
             "peak_allocated_bytes": None,
             "peak_reserved_bytes": None,
@@ -644,33 +615,42 @@ def _rank_path(path):
     return path
 
 
+def _min_bytes_text(value):
+    """min_bytes as runtime::BudgetConfig takes it: the text of a size, "0" packing every saved
+    tensor (an int is its decimal text; the size's parsing and range are C++'s)."""
+    if _args.is_int(value):
+        return str(int(value))
+    if not isinstance(value, str):
+        raise TypeError(f"actpack: a min_bytes is a str like '64KiB' or '1.5e9', or an int of "
+                        f"bytes, got {_args.kind(value)}")
+    return _args.printable(value, "min_bytes", "actpack.budget", "'64KiB'")
+
+
 def _check_max_rel_rms(value):
-    """max_rel_rms as a float (0.0: no floor); its range is the session's to check (C++)."""
+    """max_rel_rms as a float (0.0: no floor); its range is runtime::BudgetConfig's."""
     if value is None:
         return 0.0
     return _args.real(value, "max_rel_rms", "actpack.budget",
                       "the relative RMS error a saved tensor may carry, such as 0.2 (None: no "
-                      "floor)")
+                      "floor)", finite=False)
 
 
 def _check_loss_bound(value):
-    """allowed_loss_increase as a float (0.0: off). The session checks that the codecs it
-    applies to are 'eb' or 'auto'."""
+    """allowed_loss_increase as a float, or None (off); its range, and the codecs it applies
+    to, are runtime::BudgetConfig's."""
     if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        return None
+    number = None
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:
+            pass
+    # An int without an exact float would be named as that float by the range's check (C++).
+    if number is None or (_args.is_int(value) and math.isfinite(number) and int(number) != value):
         raise ValueError("actpack.budget: allowed_loss_increase is the fraction the loss may rise "
                          f"over an exact step, in (0, 1) (e.g. 0.01), got {_args.show(value)}")
-    return float(value)
-
-
-def _automatic(codec):
-    return not isinstance(codec, str) or codec == "auto"
-
-
-def _chooses(codec):
-    """Whether auto chooses some tensors' codecs (codec "auto", or a rule of a mapping)."""
-    return codec == "auto" if isinstance(codec, str) else "auto" in codec.values()
+    return number
 
 
 # The one name of packing nothing (runtime/codec_choice.h kNotPacked): tensors kept as they

@@ -16,15 +16,17 @@ import atexit
 import os
 import sys
 
-KEYS = ["budget", "codec", "report", "min_bytes", "seed", "enabled", "allocator",
-        "allowed_loss_increase", "recompute", "max_rel_rms", "device"]
-_RECOMPUTE = {"true": True, "1": True, "false": False, "0": False, "auto": "auto"}
-_ALLOCATORS = ("auto", "cpu", "cuda", "none")
+from actpack import _C
+
+# ACTPACK_CONF's keys (runtime::BudgetConfKeys).
+KEYS = list(_C.CONF_KEYS)
 _active = None
 
 
 def _parse(text):
-    from actpack import _C
+    """ACTPACK_CONF's text as actpack.budget's keyword arguments, with "budget" (the limit),
+    "allocator" and "device" where given: each key's value parsed and the whole checked by
+    runtime::ParseBudgetConf (C++), whose error names the key and the value."""
     if not isinstance(text, str):
         raise TypeError(f"actpack: ACTPACK_CONF is a str of key=value pairs, got "
                         f"{type(text).__name__}")
@@ -35,51 +37,7 @@ def _parse(text):
         if not item.isprintable():
             raise ValueError(f"actpack: ACTPACK_CONF: {item!r} holds a control character or "
                              "line break; expected key=value pairs such as budget=6GiB")
-    options = dict(_C.parse_key_values(text, KEYS, "ACTPACK_CONF"))
-    if "budget" not in options:
-        raise ValueError("actpack: ACTPACK_CONF: key 'budget' is required, e.g. "
-                         "ACTPACK_CONF=\"budget=6GiB,codec=quant2\"")
-    allocator = options.get("allocator", "auto")
-    if allocator not in _ALLOCATORS:
-        raise ValueError(f"actpack: ACTPACK_CONF: key 'allocator' is {allocator!r}; expected one "
-                         f"of {', '.join(_ALLOCATORS)}")
-    for key, kind in (("seed", int), ("enabled", bool)):
-        if key in options:
-            value = options[key]
-            if kind is bool:
-                if value not in ("0", "1", "true", "false"):
-                    raise ValueError(f"actpack: ACTPACK_CONF: key 'enabled' is {value!r}; "
-                                     "expected true or false")
-                options[key] = value in ("1", "true")
-            else:
-                try:
-                    options[key] = int(value)
-                except ValueError:
-                    raise ValueError(f"actpack: ACTPACK_CONF: key 'seed' is {value!r}; expected "
-                                     "an integer") from None
-    if "recompute" in options:
-        value = options["recompute"]
-        if value not in _RECOMPUTE:
-            raise ValueError(f"actpack: ACTPACK_CONF: key 'recompute' is {value!r}; expected "
-                             "true, false or auto")
-        options["recompute"] = _RECOMPUTE[value]
-    if "allowed_loss_increase" in options:
-        value = options["allowed_loss_increase"]
-        try:
-            options["allowed_loss_increase"] = float(value)
-        except ValueError:
-            raise ValueError("actpack: ACTPACK_CONF: key 'allowed_loss_increase' is "
-                             f"{value!r}; expected a fraction such as 0.01") from None
-    if "max_rel_rms" in options:
-        value = options["max_rel_rms"]
-        try:
-            options["max_rel_rms"] = None if value == "none" else float(value)
-        except ValueError:
-            raise ValueError("actpack: ACTPACK_CONF: key 'max_rel_rms' is "
-                             f"{value!r}; expected a number such as 0.2, or none") from None
-    if options.get("min_bytes") == "0":
-        options["min_bytes"] = 0  # as budget(min_bytes=0): pack every saved tensor
-    return options
+    return _C.parse_conf(text)
 
 
 def activate(text):

@@ -836,13 +836,8 @@ def _outside_pool_bytes():
 
     if torch.cuda.is_available():
         return None
-    try:
-        with open("/proc/self/status") as f:
-            resident = next(int(line.split()[1]) * 1024 for line in f
-                            if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
-    return resident - memory.memory_reserved("cpu")
+    resident = _C._resident_bytes()  # allocator::ResidentBytes
+    return None if resident is None else resident - memory.memory_reserved("cpu")
 
 
 def _planning_cap(budget_bytes):
