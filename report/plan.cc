@@ -101,7 +101,7 @@ std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes) {
   absl::StrAppend(&text, "  verified at ", recorded, ": ", VerifiedText(planner), "\n");
   if (std::any_of(planner.choices.begin(), planner.choices.end(),
                   [](const PlannerChoice& c) { return !c.headroom.has_value(); })) {
-    absl::StrAppend(&text, "  * not measured by steps under the cap: the profile's default\n");
+    absl::StrAppend(&text, "  ", kDefaultHeadroomNote, "\n");
   }
   if (extrapolated) {
     absl::StrAppend(&text, "  note: outside the profiled batch sizes (",

@@ -24,6 +24,11 @@ namespace actpack::report {
 // verification step, and a note when the new batch lies beyond the profiled sizes. Requires
 // report.planner.
 std::string FormatPlanText(const RunReport& report, uint64_t budget_bytes);
+
+// The planner table's footnote for a headroom no step under the cap measured (the '*' beside
+// it): `actpack plan` and actpack.plan's table (actpack._C.PLAN_DEFAULT_HEADROOM_NOTE) print it.
+inline constexpr char kDefaultHeadroomNote[] =
+    "* not measured by steps under the cap: the default headroom";
 json::Value SummarizePlan(const RunReport& report, uint64_t budget_bytes);
 
 }  // namespace actpack::report

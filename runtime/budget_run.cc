@@ -14,6 +14,11 @@ namespace actpack::runtime {
 
 using allocator::FormatBytes;
 
+int64_t CappedFromStep(const BudgetConfig& config) {
+  if (config.Recompute() == RecomputeMode::kAuto) return 2 * kPlansAfterSteps;
+  return config.Automatic() ? kPlansAfterSteps : 1;
+}
+
 BudgetMemoryFacts HoldingOutside(BudgetMemoryFacts facts, uint64_t held_outside) {
   const uint64_t allowance = facts.outside_allowance_bytes;
   const uint64_t beyond = held_outside > allowance ? held_outside - allowance : 0;
@@ -129,7 +134,7 @@ void BudgetRun::Start() {
 
 int64_t BudgetRun::UnplannedSteps() const {
   // The policy plans at the end of the second step; a fixed codec has nothing to plan.
-  return recompute_from_step_ + (automatic_ ? 2 : 1);
+  return recompute_from_step_ + (automatic_ ? kPlansAfterSteps : 1);
 }
 
 uint64_t BudgetRun::LiftedCapBytes() const {
@@ -286,16 +291,35 @@ bool BudgetRun::Warn(const std::string& message) {
   return true;
 }
 
-json::Value BudgetRun::RunSection(json::Value facts) const {
+json::Value BudgetRun::RunSection(const RunFacts& facts) const {
   const uint64_t budget = facts_.budget_bytes;
-  facts["budget_bytes"] = budget;
-  facts["peak_allocated_bytes"] = run_peaks_.allocated;
-  facts["peak_reserved_bytes"] = run_peaks_.reserved;
-  if (system_measured_) {
-    facts["peak_system_bytes"] = run_peaks_.system;
+  json::Value section = json::Value::object();
+  section["torch"] = facts.torch;
+  section["python"] = facts.python ? json::Value(*facts.python) : json::Value();
+  section["device"] = facts.device;
+  section["budget"] = config_.ParsedLimit().ToString();
+  section["budget_bytes"] = budget;
+  if (config_.rules.empty()) {
+    section["codec"] = config_.codec;
   } else {
-    facts["peak_system_bytes"] = json::Value();
+    json::Value codec = json::Value::object();
+    for (const auto& [pattern, spec] : config_.rules) codec[pattern] = spec;
+    if (config_.codec != "auto") codec["*"] = config_.codec;
+    section["codec"] = std::move(codec);
   }
+  section["allowed_loss_increase"] = config_.allowed_loss_increase
+                                         ? json::Value(*config_.allowed_loss_increase)
+                                         : json::Value();
+  section["max_rel_rms"] =
+      config_.max_rel_rms > 0 ? json::Value(config_.max_rel_rms) : json::Value();
+  section["peak_allocated_bytes"] = run_peaks_.allocated;
+  section["peak_reserved_bytes"] = run_peaks_.reserved;
+  section["peak_system_bytes"] = system_measured_ ? json::Value(run_peaks_.system) : json::Value();
+  section["system_memory"] =
+      facts.system_memory ? json::Value(*facts.system_memory) : json::Value();
+  section["wall_seconds"] = facts.wall_seconds;
+  section["rank"] = facts.rank;
+  section["world_size"] = facts.world_size;
   json::Value list = json::Value::array();
   for (const std::string& warning : warnings_) list.emplace_back(warning);
   if (run_peaks_.reserved > budget) {
@@ -304,15 +328,13 @@ json::Value BudgetRun::RunSection(json::Value facts) const {
   }
   const uint64_t allowance = facts_.outside_allowance_bytes;
   if (system_measured_ && run_peaks_.system > budget + allowance) {
-    const json::Value* how = json::Find(facts, "system_memory");
     list.emplace_back(absl::StrCat(
         "the system counted ", FormatBytes(run_peaks_.system), " at the peak (",
-        how != nullptr && how->is_string() ? how->get<std::string>() : std::string("unknown"),
-        "), over the budget ", FormatBytes(budget), " and the ", FormatBytes(allowance),
-        " allowed outside it"));
+        facts.system_memory.value_or("unknown"), "), over the budget ", FormatBytes(budget),
+        " and the ", FormatBytes(allowance), " allowed outside it"));
   }
-  facts["warnings"] = std::move(list);
-  return facts;
+  section["warnings"] = std::move(list);
+  return section;
 }
 
 }  // namespace actpack::runtime

@@ -22,7 +22,7 @@
 //   absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep(regions_ran);
 //   ...
 //   run.Stop();
-//   json::Value section = run.RunSection(facts);
+//   json::Value section = run.RunSection({.torch = "2.13.0", .device = "cpu", ...});
 #ifndef ACTPACK_RUNTIME_BUDGET_RUN_H_
 #define ACTPACK_RUNTIME_BUDGET_RUN_H_
 
@@ -85,6 +85,15 @@ struct BudgetMemoryFacts {
   // The lift's bound beyond the budget (tests make it small).
   uint64_t lifted_cap_extra_bytes = kLiftedCapExtraBytes;
 };
+
+// The steps a run of `config` may lift the cap in, counted from its start: those before the
+// policy's first plan (it plans at the end of its kPlansAfterSteps-th step; a fixed codec, or
+// plain training, has nothing to plan and may lift it in its first), and with recompute
+// "auto" the kPlansAfterSteps after a switch to recomputation at the end of the first plan.
+// The first step (counted from 0) a run is held to the cap from its start: what a
+// largest-batch search judges (actpack.search.capped_from).
+inline constexpr int64_t kPlansAfterSteps = 2;
+int64_t CappedFromStep(const BudgetConfig& config);
 
 // `facts` for a run that starts with `held_outside` bytes already outside the pool (the
 // planner's tries: what their warm-up left there, torch's one-time setup among it), counted as
@@ -175,10 +184,22 @@ class BudgetRun {
   // Adds `message` to the run's warnings; false when it is there already.
   bool Warn(const std::string& message);
 
-  // The report's run section: `facts` (torch, python, device, budget, codec, ...: what the
-  // front end knows) with the run's budget bytes, peaks and warnings; a key facts has already
-  // (a null placeholder) keeps its place.
-  json::Value RunSection(json::Value facts) const;
+  // What only the front end knows of a run, for its report's run section.
+  struct RunFacts {
+    std::string torch;               // torch's version
+    std::optional<std::string> python;  // Python's version; nullopt: a C++ program
+    std::string device = "cpu";      // the budget's device as the report names it
+    // How the system's count was read ("resident set above its size at enter (VmHWM)");
+    // nullopt: not read.
+    std::optional<std::string> system_memory;
+    double wall_seconds = 0;
+    int64_t rank = 0;
+    int64_t world_size = 1;
+  };
+
+  // The report's run section, its keys in the report's order: `facts`, the configuration's
+  // budget, codec, loss bound and fidelity floor, the run's budget bytes, peaks and warnings.
+  json::Value RunSection(const RunFacts& facts) const;
 
   // The most a step before the first plan may take.
   uint64_t LiftedCapBytes() const;

@@ -70,7 +70,7 @@ TEST(BudgetRunTest, CapsFromTheStartAndPutsTheCapBackWhenStopped) {
   memory.next = {30 * kMiB, 40 * kMiB, 0};
   ASSERT_TRUE(run.EndStep().ok());
   run.Stop();
-  EXPECT_TRUE(run.RunSection(json::Value::object())["warnings"].empty());
+  EXPECT_TRUE(run.RunSection({})["warnings"].empty());
   EXPECT_EQ(memory.cap, 123 * kMiB);
   run.Stop();  // idempotent
   EXPECT_EQ(run.Relieve(kMiB), 0u);  // a stopped run makes no room: the cap is not its own
@@ -96,7 +96,7 @@ TEST(BudgetRunTest, APoolThatHoldsMoreThanTheBudgetAtTheStartIsSaid) {
   BudgetRun run(Fixed(), Facts(kMiB / 4), session, memory, nullptr);
   run.Start();
   run.Stop();
-  const json::Value warnings = run.RunSection(json::Value::object())["warnings"];
+  const json::Value warnings = run.RunSection({})["warnings"];
   ASSERT_EQ(warnings.size(), 1u) << warnings;  // what was held before is not the run's peak
   EXPECT_EQ(warnings[0], "the pool holds 2.00 MiB at the start of the run, over the budget "
                          "256.00 KiB: segments that live tensors made before it pin cannot be "
@@ -222,7 +222,7 @@ TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
   // The steps after the switch plan afresh: the next two may lift the cap to measure.
   EXPECT_GT(run.Relieve(kMiB), 0u);
   // The switch is said once among the run's warnings.
-  const json::Value section = run.RunSection(json::Value::object());
+  const json::Value section = run.RunSection({});
   EXPECT_EQ(section["warnings"][0], *warning);
 }
 
@@ -271,9 +271,20 @@ TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
   memory.next = {10 * kMiB, 20 * kMiB, 30 * kMiB};
   ASSERT_TRUE(run.EndStep().ok());
   run.Stop();
-  json::Value facts = json::Value::object();
-  facts["system_memory"] = "resident set";
+  BudgetRun::RunFacts facts;
+  facts.torch = "2.13.0";
+  facts.system_memory = "resident set";
   const json::Value section = run.RunSection(facts);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : section.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "torch", "python", "device", "budget", "budget_bytes", "codec",
+                      "allowed_loss_increase", "max_rel_rms", "peak_allocated_bytes",
+                      "peak_reserved_bytes", "peak_system_bytes", "system_memory",
+                      "wall_seconds", "rank", "world_size", "warnings"}));
+  EXPECT_EQ(section["budget"], "64.00 MiB");  // the configuration's limit
+  EXPECT_EQ(section["codec"], "quant2");
+  EXPECT_TRUE(section["python"].is_null() && section["allowed_loss_increase"].is_null());
   EXPECT_EQ(section["budget_bytes"], 64 * kMiB);
   EXPECT_EQ(section["peak_allocated_bytes"], 60 * kMiB);
   EXPECT_EQ(section["peak_reserved_bytes"], 70 * kMiB);
@@ -289,7 +300,20 @@ TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
   BudgetRun unmeasured(Fixed(), Facts(64 * kMiB), session, quiet, nullptr);
   unmeasured.Start();
   unmeasured.Stop();
-  EXPECT_TRUE(unmeasured.RunSection(json::Value::object())["peak_system_bytes"].is_null());
+  EXPECT_TRUE(unmeasured.RunSection({})["peak_system_bytes"].is_null());
+}
+
+TEST(BudgetRunTest, TheFirstStepHeldToTheCapFollowsThePlan) {
+  BudgetConfig config = Fixed();
+  EXPECT_EQ(CappedFromStep(config), 1);  // nothing to plan: only the first step may lift
+  config.codec = "none";
+  EXPECT_EQ(CappedFromStep(config), 1);
+  EXPECT_EQ(CappedFromStep(Automatic()), 2);  // auto plans at the end of its second step
+  config = Automatic();
+  config.rules = {{"*", "quant2"}};  // rules: the policy plans (and measures first)
+  EXPECT_EQ(CappedFromStep(config), 2);
+  config.recompute = "auto";  // a switch at the end of the second step, two more to plan
+  EXPECT_EQ(CappedFromStep(config), 4);
 }
 
 TEST(BudgetRunTest, HeldOutsideTakesFromTheAllowanceThenFromTheBudget) {

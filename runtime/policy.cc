@@ -74,7 +74,7 @@ PolicyPlan SolvePolicy(const PolicyInput& input) {
     projected += input.items[i].candidates[hulls[i].front()].bytes;
     harshest += input.items[i].candidates[hulls[i].back()].bytes;
   }
-  const double limit = static_cast<double>(input.budget_bytes) * (1.0 - input.headroom);
+  const double limit = static_cast<double>(UsableBytes(input.budget_bytes, input.headroom));
   const double target =
       input.ceiling_bytes > 0 ? std::min(limit, static_cast<double>(input.ceiling_bytes)) : limit;
 

@@ -902,12 +902,10 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   // the second step. Then re-plan after each profile step and whenever the peak came within
   // half the headroom of the budget (the model of the step was off).
   if (has_policy && options_.budget_bytes > 0 && peak_bytes > 0 && step_index_ >= 1) {
-    const double close =
-        static_cast<double>(PlanningBudget()) * (1.0 - options_.headroom / 2);
+    const uint64_t close = UsableBytes(PlanningBudget(), options_.headroom / 2);
     // The pool reserved within half the headroom of the budget: full, as far as the plan goes.
-    const bool pool_full = static_cast<double>(reserved_bytes) >=
-                           static_cast<double>(PoolBudget()) * (1.0 - options_.headroom / 2);
-    if (profiled_since_plan_ || pressure_this_step_ || static_cast<double>(peak_bytes) > close) {
+    const bool pool_full = reserved_bytes >= UsableBytes(PoolBudget(), options_.headroom / 2);
+    if (profiled_since_plan_ || pressure_this_step_ || peak_bytes > close) {
       status = Replan(peak_bytes, pool_full);
       profiled_since_plan_ = false;
     }

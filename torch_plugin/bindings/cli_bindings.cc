@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "report/cli.h"
+#include "report/plan.h"
 #include "runtime/policy.h"
 
 namespace actpack::torch_plugin {
 
 void BindCli(pybind11::module& m) {
+  m.attr("PLAN_DEFAULT_HEADROOM_NOTE") = std::string(report::kDefaultHeadroomNote);
   m.def(
       "run_cli",
       [](const std::vector<std::string>& args) {

@@ -359,6 +359,12 @@ void BindBudgetConfig(py::module_& m) {
       "ACTPACK_CONF's text as actpack.budget's keyword arguments (with allocator and device), "
       "checked (runtime::ParseBudgetConf)");
   m.attr("CONF_KEYS") = runtime::BudgetConfKeys();
+  m.def(
+      "capped_from",
+      [](const BudgetConfig& config) { return runtime::CappedFromStep(config); },
+      py::arg("config"),
+      "The first step (from 0) a run of `config` is held to the cap in "
+      "(runtime::CappedFromStep)");
   py::class_<runtime::GradientGuard>(m, "GradientGuard",
                                      "runtime::GradientGuard: judges each step's gradient norm")
       .def(py::init<std::string>(), py::arg("codec"))
@@ -434,10 +440,16 @@ void BindBudgetRun(py::module_& m) {
       .def("warn", &BudgetRun::Warn, py::arg("message"))
       .def(
           "run_section",
-          [](const BudgetRun& run, py::handle facts) {
-            return ToPython(run.RunSection(FromPython(facts)));
+          [](const BudgetRun& run, std::string torch, std::optional<std::string> python,
+             std::string device, std::optional<std::string> system_memory, double wall_seconds,
+             int64_t rank, int64_t world_size) {
+            return ToPython(run.RunSection({std::move(torch), std::move(python),
+                                            std::move(device), std::move(system_memory),
+                                            wall_seconds, rank, world_size}));
           },
-          py::arg("facts"))
+          py::arg("torch"), py::arg("python"), py::arg("device"), py::arg("system_memory"),
+          py::arg("wall_seconds"), py::arg("rank"), py::arg("world_size"),
+          "The report's run section (runtime::BudgetRun::RunSection) from what Python knows")
       .def_property_readonly("run_peaks", [](const BudgetRun& run) {
         const runtime::MemoryPeaks& peaks = run.run_peaks();
         return std::make_tuple(peaks.allocated, peaks.reserved, peaks.system);

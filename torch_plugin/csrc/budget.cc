@@ -182,33 +182,12 @@ struct Budget::State {
   }
 
   json::Value RunMetadata(double wall_seconds) const {
-    json::Value facts = json::Value::object();
-    facts["torch"] = TORCH_VERSION;
-    facts["python"] = json::Value();  // a C++ program
-    facts["device"] = "cpu";
-    facts["budget"] = limit.ToString();
-    facts["budget_bytes"] = json::Value();  // RunSection fills these in place
-    if (options.rules.empty()) {
-      facts["codec"] = options.codec;
-    } else {
-      json::Value codec = json::Value::object();
-      for (const auto& [pattern, spec] : options.rules) codec[pattern] = spec;
-      codec["*"] = options.codec;
-      facts["codec"] = std::move(codec);
-    }
-    facts["allowed_loss_increase"] = options.allowed_loss_increase.has_value()
-                                         ? json::Value(*options.allowed_loss_increase)
-                                         : json::Value();
-    facts["max_rel_rms"] =
-        options.max_rel_rms > 0 ? json::Value(options.max_rel_rms) : json::Value();
-    for (const char* peak : {"peak_allocated_bytes", "peak_reserved_bytes", "peak_system_bytes"}) {
-      facts[peak] = json::Value();
-    }
-    facts["system_memory"] = "resident set above its size at enter (VmHWM)";
-    facts["wall_seconds"] = wall_seconds;
-    facts["rank"] = 0;
-    facts["world_size"] = 1;
-    return run.RunSection(std::move(facts));
+    runtime::BudgetRun::RunFacts facts;
+    facts.torch = TORCH_VERSION;  // python: none, a C++ program
+    facts.device = "cpu";
+    facts.system_memory = "resident set above its size at enter (VmHWM)";
+    facts.wall_seconds = wall_seconds;
+    return run.RunSection(facts);
   }
 
   const BudgetOptions options;

@@ -478,26 +478,13 @@ class budget:
             warnings.warn(message, stacklevel=3)
 
     def _run_metadata(self, wall_seconds):
-        """The report's run section: what Python knows, with the run's peaks, budget and
-        warnings (BudgetRun::RunSection fills the None placeholders, keeping their order)."""
+        """The report's run section: what only Python knows, with the configuration, the run's
+        peaks and warnings (BudgetRun::RunSection)."""
         rank, world_size = _distributed()
-        return self._run.run_section({
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "device": self._memory.device_name,
-            "budget": self._budget["text"],
-            "budget_bytes": None,
-            "codec": self._codec,
-            "allowed_loss_increase": self._loss_bound,
-            "max_rel_rms": self._max_rel_rms or None,
-            "peak_allocated_bytes": None,
-            "peak_reserved_bytes": None,
-            "peak_system_bytes": None,
-            "system_memory": self._memory.system_memory,
-            "wall_seconds": wall_seconds,
-            "rank": rank,
-            "world_size": world_size,
-        })
+        return self._run.run_section(
+            torch=torch.__version__, python=platform.python_version(),
+            device=self._memory.device_name, system_memory=self._memory.system_memory,
+            wall_seconds=wall_seconds, rank=rank, world_size=world_size)
 
 
 # The budgets entered and not yet exited, outermost first (all of one thread), and the lock that

@@ -118,7 +118,7 @@ class Plan:
                          f"{c['fragmentation']:>14.3f} {headroom:>9} {c['max_batch_size']:>10} "
                          f"{cosine:>9}")
         if any(not c["calibration"] for c in self.choices.values()):
-            lines.append("* no batch tried fitted under the cap: the default headroom")
+            lines.append(_C.PLAN_DEFAULT_HEADROOM_NOTE)  # report/plan.h, as `actpack plan`
         fidelity = self.report.get("planner", {}).get("gradients") if self.report else None
         if fidelity and not fidelity["repeatable"]:
             lines.append(f"grad cos: not measured: two exact runs of step({fidelity['batch_size']}) "
@@ -636,10 +636,11 @@ def _groups_below(gradients, shown):
     return text + (f" and {len(worst) - shown} more" if len(worst) > shown else "")
 
 
-# auto plans at the end of its second step; the steps before may go over the cap to measure
-# themselves, so the peak verified is the reserved peak of the steps from the third.
+# The steps before auto's first plan may go over the cap to measure themselves, so the peak
+# verified is the reserved peak of the steps from the first auto holds to the cap
+# (runtime::CappedFromStep), for every choice.
 VERIFY_STEPS = 4
-CAPPED_FROM = 2
+CAPPED_FROM = search.capped_from("auto")
 
 
 def trains_under_cap(step, budget_bytes, choice, batch, steps=VERIFY_STEPS, **budget_options):

@@ -240,23 +240,20 @@ def _bracket(found, fits, low, high, start, up, down, precision, misses):
 
 
 # auto's policy plans at the end of its second step; the steps before may go over the cap.
-AUTO_CAPPED_FROM = 2
-
-
-def _automatic(codec):
-    return codec == "auto" or (isinstance(codec, dict) and "auto" in codec.values())
-
-
 def capped_from(codec="auto", recompute=False):
     """The first step (counted from 0) that a run under actpack.budget(codec=codec,
     recompute=recompute) holds to the cap from its start: the steps before the policy's first
-    plan may lift the cap to measure themselves. A fixed codec (or "none") has nothing to plan
-    and may lift it in its first step (1); "auto" plans at the end of its second (2); with
-    recompute="auto", a step past what codecs alone hold switches recomputation on at the end
-    of the second and plans afresh after two more (4)."""
-    if recompute == "auto":
-        return AUTO_CAPPED_FROM + 2
-    return AUTO_CAPPED_FROM if _automatic(codec) else 1
+    plan may lift the cap to measure themselves (runtime::CappedFromStep, the run's own rule).
+    A fixed codec (or "none") has nothing to plan and may lift it in its first step (1); "auto"
+    or a mapping plans at the end of its second (2); with recompute="auto", a step past what
+    codecs alone hold switches recomputation on at the end of the second and plans afresh after
+    two more (4)."""
+    from actpack import _C
+    from actpack._budget import _codec_rules
+
+    default, rules = _codec_rules(codec)
+    recompute = recompute if isinstance(recompute, str) else str(bool(recompute)).lower()
+    return _C.capped_from(_C.BudgetConfig("1", codec=default, rules=rules, recompute=recompute))
 
 
 def trains_under_cap(step, budget, batch, *, codec="auto", recompute=False, steps=None,
