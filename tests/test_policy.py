@@ -159,6 +159,19 @@ def test_planner_answers_within_5_percent_and_2_samples_below_the_largest_batch_
 
 
 def check_planner_against_the_scan(corpus, tmp_path, device):
+    """The plan and the scan with one intra-op thread, as tools/test.sh runs every test: each
+    thread's scratch memory counts in the budget, so at two threads the truth moves by a sample
+    or two between the plan's pool state and the scan's (measured: quant2 48 against 47 at two
+    threads, 47 against 49 at one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _check_planner_against_the_scan(corpus, tmp_path, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_planner_against_the_scan(corpus, tmp_path, device):
     torch.manual_seed(0)
     model = demo.MODELS["cnn"](context=CONTEXT).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
