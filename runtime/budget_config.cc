@@ -21,8 +21,28 @@ bool IsLossy(absl::string_view spec) {
   return name != kNotPacked && name != "identity";
 }
 
-// Python's repr of a str without quotes or backslashes in it.
-std::string Quoted(absl::string_view text) { return absl::StrCat("'", text, "'"); }
+// Python's repr of a printable str without quotes in it (what the Python front end passes);
+// other text stays on one line: backslashes, quotes and control bytes escaped as repr does.
+std::string Quoted(absl::string_view text) {
+  std::string out = "'";
+  for (const char c : text) {
+    const unsigned char byte = static_cast<unsigned char>(c);
+    if (c == '\\' || c == '\'') {
+      absl::StrAppend(&out, "\\", absl::string_view(&c, 1));
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
 
 absl::Status BadConfValue(absl::string_view key, absl::string_view value,
                           absl::string_view expected) {

@@ -62,6 +62,10 @@ TEST(BudgetConfigTest, EachBadValueIsNamedInOneLine) {
   config.recompute = "yes";
   EXPECT_EQ(Refusal(config),
             "actpack.budget: recompute must be True, False or \"auto\", got 'yes'");
+  // Text the C++ guard or ACTPACK_CONF passes unchecked stays on one line, as repr shows it.
+  config.recompute = "\n0'\\\x01";
+  EXPECT_EQ(Refusal(config),
+            "actpack.budget: recompute must be True, False or \"auto\", got '\\n0\\'\\\\\\x01'");
   config = Valid();
   config.codec = "quant3";
   EXPECT_THAT(Refusal(config), ::testing::HasSubstr("quant3"));

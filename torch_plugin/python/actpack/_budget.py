@@ -189,6 +189,8 @@ class budget:
         if not isinstance(recompute, (bool, str)):
             raise ValueError(f"actpack.budget: recompute must be True, False or \"auto\", "
                              f"got {_args.show(recompute)}")
+        if isinstance(recompute, str):
+            recompute = _args.printable(recompute, "recompute", where, "'auto'")
         enabled = _args.flag(enabled, "enabled", where)
         snapshot = _args.flag(snapshot, "snapshot", where)
         seed = _args.integer(seed, "seed", where, 0, _args.UINT64_MAX)  # the session's uint64
