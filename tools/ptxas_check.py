@@ -1,36 +1,26 @@
 #!/usr/bin/env python3
 """Registers, shared memory and spills of every CUDA kernel, checked against a table.
 
-Compiles codecs/cuda/*.cu with nvcc and the build's flags (NVCC_FLAGS in third_party/actpack.bzl)
-plus `-Xptxas -v`, reads what ptxas reports per kernel and machine-code architecture there, and
-compares it with codecs/cuda/ptxas.tsv. Any difference fails: a new spill, a kernel that needs
+Builds the kernels with `bazel build --config=cuda` (nvcc with `-Xptxas -v`; the build keeps
+ptxas's report beside each object, so a compile check already run costs nothing more), reads what
+ptxas reports per kernel and machine-code architecture there, and compares it with
+codecs/cuda/ptxas.tsv. Any difference fails: a new spill, a kernel that needs
 more registers or shared memory, a kernel added or gone. When the change is intended, rerun
 with --update and commit the table with the code, so that the review sees it.
 
 Usage (from the repository root): python3 tools/ptxas_check.py [--update]
 """
 import argparse
-import concurrent.futures
 import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 TABLE = "codecs/cuda/ptxas.tsv"
 COLUMNS = ["arch", "kernel", "registers", "shared_bytes", "stack_bytes", "spill_stores",
            "spill_loads", "barriers"]
-
-
-def build_flags(root):
-    """The -std/-O/-gencode flags the Bazel build gives nvcc (one list, in actpack.bzl)."""
-    with open(os.path.join(root, "third_party", "actpack.bzl")) as f:
-        text = f.read()
-    block = re.search(r"NVCC_FLAGS = \" \"\.join\(\[(.*?)\]\)", text, re.S).group(1)
-    return re.findall(r'"([^"]+)"', block)
 
 
 def kernel_name(mangled):
@@ -49,13 +39,24 @@ def kernel_name(mangled):
     return name[cut:]
 
 
-def compile_one(root, flags, source, scratch):
-    out = os.path.join(scratch, os.path.basename(source) + ".o")
-    result = subprocess.run([NVCC, *flags, "-Xptxas=-v", f"-I{root}", "-c", source, "-o", out],
-                            cwd=root, text=True, capture_output=True)
-    if result.returncode != 0:
-        raise SystemExit(f"ptxas_check: nvcc failed on {source}:\n{result.stderr[-4000:]}")
-    return result.stderr
+def ptxas_logs(root):
+    """ptxas's reports of the Bazel build's nvcc objects (third_party/actpack.bzl), built here
+    if they are not yet."""
+    build = subprocess.run(["bazel", "build", "--config=cuda", "//codecs:cuda_kernels"], cwd=root)
+    if build.returncode != 0:
+        raise SystemExit("ptxas_check: bazel build --config=cuda //codecs:cuda_kernels failed")
+    bin_dir = subprocess.run(["bazel", "info", "--config=cuda", "bazel-bin"], cwd=root, text=True,
+                             capture_output=True, check=True).stdout.strip()
+    paths = sorted(glob.glob(os.path.join(bin_dir, "codecs", "*.ptxas.log")))
+    sources = glob.glob(os.path.join(root, "codecs", "cuda", "*.cu"))
+    if len(paths) != len(sources):
+        raise SystemExit(f"ptxas_check: {len(paths)} ptxas reports under {bin_dir}/codecs for "
+                         f"{len(sources)} sources in codecs/cuda")
+    logs = []
+    for path in paths:
+        with open(path) as f:
+            logs.append(f.read())
+    return logs
 
 
 def parse(log):
@@ -101,16 +102,8 @@ def main():
     if not os.access(NVCC, os.X_OK):
         print(f"ptxas_check: skipped: no nvcc at {NVCC}")
         return 0
-    flags = build_flags(root)
-    sources = sorted(glob.glob(os.path.join(root, "codecs", "cuda", "*.cu")))
-    scratch = tempfile.mkdtemp(prefix="ptxas_check.")
-    try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            logs = list(pool.map(lambda s: compile_one(root, flags, s, scratch), sources))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     rows = {}
-    for log in logs:
+    for log in ptxas_logs(root):
         rows.update(parse(log))
     table = render(rows)
     path = os.path.join(root, TABLE)

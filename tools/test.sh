@@ -2,7 +2,8 @@
 # Runs every test: installs what is missing, then
 #   1. bazel test //...                          (C++ tests, CPU build; LibTorch C++ training)
 #   2. bazel build --config=cuda <libraries, binaries> (nvcc compiles the kernels; nothing runs)
-#      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel)
+#      python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel,
+#                                                 from that build's ptxas reports)
 #   3. bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //report/...
 #                 //testing/...                   (the CUDA code paths on the CUDA emulator, and
 #                                                 the CPU paths, under AddressSanitizer + UBSan,
