@@ -87,8 +87,8 @@ class PeakMeter(_C.BudgetMemory):
     @property
     def capped(self):
         """Whether actpack's allocator serves the budget's device, so that the budget is a cap
-        (on the CPU and on the GPU alike; until 2026-11-27 a CUDA budget set no cap at all: the
-        first GPU run of the planner's test found every batch it tried "fits")."""
+        (on the CPU and on the GPU alike: without a cap the planner's tries would find that
+        every batch "fits")."""
         return not self._cuda or self._actpack_cuda
 
     def _start_system_count(self):

@@ -169,15 +169,12 @@ CALIBRATION_FALLBACK_TRIES = 4
 # 45 over the 47 that fitted, answering 45 for a truth of 50.)
 CALIBRATION_CLIMB_TRIES = 2
 # The planner's process has run the step's shapes before; a fresh process's pool lays its
-# segments out anew (measured: a transformer ran 105 samples in the planner's process and
-# failed at 105 in a fresh one, a 26 MiB request with 22 MiB free in partly used segments; the
-# suite's GPT at depth 4 and width 64 under auto+recompute ran 93 under 24 MiB less 2% there and
-# ran out at 93 fresh, a 5.81 MiB request 0.23 MiB short). The planner's capped steps therefore
-# run under the budget less this, each from a fresh start (_FreshStart: the pool's free
-# segments returned, the training state as plan() found it) and counting what the warm-up left
-# outside the pool as a fresh process counts it (_FreshStart.warmed_up). 2% was tried with that
-# count (2026-11-28): tests/test_planner_recompute.py's GPT at 16 MiB answered 102 under auto,
-# which runs out in a fresh process (98 fits).
+# segments out anew, and a batch that trains here can run out there by a few MiB (a request
+# that finds the free bytes it needs split across partly used segments). The planner's capped
+# steps therefore run under the budget less this share, each from a fresh start (_FreshStart:
+# the pool's free segments returned, the training state as plan() found it), counting what the
+# warm-up left outside the pool as a fresh process counts it (_FreshStart.warmed_up). At 2%,
+# tests/test_planner_recompute.py's GPT was answered a batch a fresh process cannot train.
 FRESH_PROCESS_SHARE = 0.03
 
 
@@ -781,13 +778,9 @@ class _FreshStart:
     (with restore=True; `saved`) and returns the pool's free segments, so that a try starts as
     the user's training in a fresh process does: an optimizer that had not stepped makes its
     state in the try's first step, among that step's transient blocks, in segments laid out
-    anew. Measured (2026-11-28), the suite's ViT at depth 4 under 24 MiB, auto+recompute,
-    where fresh processes ran out at 221 (two searches from there found 212 and 205) and
-    trained 201, 211 and 231: 221 from tries that started where the last step left off (its
-    optimizer state made in the warm-up at batch 8), with 5 steps a try as the user trains or 3
-    recomputing from the first; 201 from a fresh start with 5 (at 211 a 3.35 MiB request found
-    7.57 MiB cached in partly used segments, as in the fresh process at 221, where the first
-    step's step counters pinned two 2 MiB segments).
+    anew. Tries that went on from where the last step left off (the optimizer's state made at
+    the warm-up's batch, segments cut for earlier batches) answered batches that fresh
+    processes could not train.
     With restore=False there is no state to put back and only the cache goes."""
 
     def __init__(self, saved):
@@ -801,13 +794,10 @@ class _FreshStart:
         in it (torch's one-time setup of its CPU kernels, when plan() runs before training), a
         fresh process's run counts against its budget beyond the allowance; so each try counts
         it too (actpack.budget's _held_outside), besides its own growth at its batch (oneDNN's
-        buffers grow with the batch), as a fresh process would. Measured (2026-11-28), the
-        VGG-style CNN under auto: a fresh process at 135 counted 44 MiB outside the pool, 12
-        over the allowance, and found no plan, where the planner's tries, not counting the
-        20 MiB its warm-up had left outside the pool, answered 135 for a truth of 134 (133 with
-        it). Taken once: the process's count outside the pool grows with every batch it runs
-        (from 30 to 49 MiB over tries at 135, 133, 130, 117 and 122), which no fresh process
-        holds."""
+        buffers grow with the batch), as a fresh process would; not counting it, the tries
+        answered a batch above the fresh-process truth. Taken once: the process's count outside
+        the pool grows with every batch it runs (oneDNN's buffers, torch's caches), which no
+        fresh process holds."""
         self._free()
         now = _outside_pool_bytes()
         if now is not None and self._outside_start is not None:
