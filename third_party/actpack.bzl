@@ -100,7 +100,7 @@ def actpack_cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
             # so the compile check's nvcc pass is the only one; nvcc's other output is shown.
             cmd = ("/usr/local/cuda/bin/nvcc %s -Xptxas=-v -I. -I$(GENDIR) -c $(location %s) " +
                    "-o $(location %s) 2> $(location %s) || { cat $(location %s) >&2; exit 1; }; " +
-                   "grep -v '^ptxas info' $(location %s) >&2 || true") %
+                   "grep -vE '^(ptxas info|    [0-9]+ bytes stack frame)' $(location %s) >&2 || true") %
                   (NVCC_FLAGS, src, obj, ptxas_log, ptxas_log, ptxas_log),
             tags = ["cuda", "manual"],  # built only through the select() below
         )

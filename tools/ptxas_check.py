@@ -2,13 +2,13 @@
 """Registers, shared memory and spills of every CUDA kernel, checked against a table.
 
 Builds the kernels with `bazel build --config=cuda` (nvcc with `-Xptxas -v`; the build keeps
-ptxas's report beside each object, so a compile check already run costs nothing more), reads what
+ptxas's report beside each object; with --built, the reports the last build or test left), reads what
 ptxas reports per kernel and machine-code architecture there, and compares it with
 codecs/cuda/ptxas.tsv. Any difference fails: a new spill, a kernel that needs
 more registers or shared memory, a kernel added or gone. When the change is intended, rerun
 with --update and commit the table with the code, so that the review sees it.
 
-Usage (from the repository root): python3 tools/ptxas_check.py [--update]
+Usage (from the repository root): python3 tools/ptxas_check.py [--update] [--built]
 """
 import argparse
 import glob
@@ -39,12 +39,15 @@ def kernel_name(mangled):
     return name[cut:]
 
 
-def ptxas_logs(root):
-    """ptxas's reports of the Bazel build's nvcc objects (third_party/actpack.bzl), built here
-    if they are not yet."""
-    build = subprocess.run(["bazel", "build", "--config=cuda", "//codecs:cuda_kernels"], cwd=root)
-    if build.returncode != 0:
-        raise SystemExit("ptxas_check: bazel build --config=cuda //codecs:cuda_kernels failed")
+def ptxas_logs(root, build):
+    """ptxas's reports of the Bazel build's nvcc objects (third_party/actpack.bzl): built here
+    with `build`, else those the last --config=cuda build or test left (a `bazel build` after a
+    `bazel test` compiles again: the test command's configuration of libraries differs)."""
+    if build:
+        built = subprocess.run(["bazel", "build", "--config=cuda", "//codecs:cuda_kernels"],
+                               cwd=root)
+        if built.returncode != 0:
+            raise SystemExit("ptxas_check: bazel build --config=cuda //codecs:cuda_kernels failed")
     bin_dir = subprocess.run(["bazel", "info", "--config=cuda", "bazel-bin"], cwd=root, text=True,
                              capture_output=True, check=True).stdout.strip()
     paths = sorted(glob.glob(os.path.join(bin_dir, "codecs", "*.ptxas.log")))
@@ -97,13 +100,16 @@ def render(rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--update", action="store_true", help="rewrite the table")
+    parser.add_argument("--built", action="store_true",
+                        help="read the reports the last `bazel test --config=cuda` or build left "
+                             "(the test command's), without building")
     args = parser.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.access(NVCC, os.X_OK):
         print(f"ptxas_check: skipped: no nvcc at {NVCC}")
         return 0
     rows = {}
-    for log in ptxas_logs(root):
+    for log in ptxas_logs(root, build=not args.built):
         rows.update(parse(log))
     table = render(rows)
     path = os.path.join(root, TABLE)
