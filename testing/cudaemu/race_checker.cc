@@ -111,6 +111,19 @@ class Checker final : public RaceObserver {
   void OnAccess(const void* address, size_t bytes, bool write, bool atomic, const void* pc) {
     const ThreadContext* t = CurrentThread();
     if (t == nullptr || bytes == 0) return;  // host code in a kernel source file
+    // The checker's own work: a template it calls (std::string's constructor, building a
+    // report) may resolve to an instrumented copy from a kernel's source file, whose accesses
+    // come back here while the kernel's thread is current.
+    static thread_local bool checking = false;
+    if (checking) return;
+    checking = true;
+    Observe(t, address, bytes, write, atomic, pc);
+    checking = false;
+  }
+
+ private:
+  void Observe(const ThreadContext* t, const void* address, size_t bytes, bool write, bool atomic,
+               const void* pc) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(address);
     if (a >= t->stack_lo && a < t->stack_hi) return;  // the thread's own registers and locals
     const Space space = Classify(a, bytes, write);
@@ -123,7 +136,6 @@ class Checker final : public RaceObserver {
     for (size_t i = 0; i < bytes; ++i) Check(a + i, space, t->thread, write, atomic);
   }
 
- private:
   uint32_t* Clock(uint32_t thread) { return &clocks_[size_t{thread} * 32]; }
 
   void ResetClocks() {
