@@ -187,8 +187,11 @@ def main():
             # -fopenmp: torch's at::parallel_for (OpenMP backend) is inline; without OpenMP where
             # it is compiled, it runs on the calling thread alone. Linked as libgomp.so.1, the one
             # torch loads (its wheel's copy), so the process keeps a single OpenMP pool.
-            "cxx": ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-unused-parameter",
-                    "-fopenmp"],
+            # -g0: no debug information (Python's own CFLAGS ask for -g), as torch's wheels: a
+            # translation unit with torch's headers compiles in 0.7 of the time and its object
+            # is 40x smaller.
+            "cxx": ["-std=c++20", "-O3", "-g0", "-ffp-contract=off", "-fno-strict-aliasing",
+                    "-Wno-unused-parameter", "-fopenmp"],
             # The architectures: cuda_arch_flags. Given here, they are the only ones (torch adds
             # its own pick only where no -gencode flag is given).
             "nvcc": ["-O3", "--fmad=false", "-Xcompiler=-ffp-contract=off", *arch_flags,

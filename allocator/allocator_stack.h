@@ -57,10 +57,10 @@ enum class CudaMemory { kAuto, kVirtual, kMalloc };
 // AllocatorConfig
 //
 // How a process-wide stack is built. `budget_bytes` caps each device's reserved memory
-// (kNoReserveLimit: no cap).
+// (kNoCap: no cap).
 struct AllocatorConfig {
   Backend backend = Backend::kCuda;
-  size_t budget_bytes = kNoReserveLimit;
+  size_t budget_bytes = kNoCap;
   size_t trace_capacity = TracingAdaptor::kDefaultCapacity;
   // Whether the trace records from the start (it costs ~15 ns per allocation on the host; switch
   // it later with AllocatorStack::trace().SetEnabled).

@@ -67,7 +67,7 @@ class BudgetAdaptor final : public ResourceAdaptor {
   using PressureCallback = std::function<size_t(size_t needed)>;
   using CallbackId = int64_t;
 
-  // `budget_bytes` caps the reserved bytes of `upstream` (not owned); kNoReserveLimit for none.
+  // `budget_bytes` caps the reserved bytes of `upstream` (not owned); kNoCap for none.
   BudgetAdaptor(MemoryResource* upstream, size_t budget_bytes);
 
   size_t budget() const { return budget_.load(std::memory_order_relaxed); }

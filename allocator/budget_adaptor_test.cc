@@ -198,7 +198,7 @@ TEST_F(BudgetAdaptorTest, ThrowingCallbackDoesNotDisableLaterPressureHandling) {
 TEST_F(BudgetAdaptorTest, MessageCountsCachedBytesThatCannotHelp) {
   // Fragmentation: a cached hole in a segment that also holds live memory cannot be released.
   // Laid out before the budget (without one the pool carves blocks from cached segments).
-  budget_.SetBudget(kNoReserveLimit);
+  budget_.SetBudget(kNoCap);
   stats_.Deallocate(Alloc(20_MiB), 20_MiB);  // one cached 20 MiB segment to carve from
   void* a = Alloc(3_MiB);
   void* b = Alloc(17_MiB);  // the rest of a's 20 MiB segment
@@ -223,7 +223,7 @@ TEST_F(BudgetAdaptorTest, BudgetCanChangeAtAnyTime) {
   void* a = Alloc(30_MiB);
   budget_.SetBudget(32_MiB);
   EXPECT_FALSE(stats_.Allocate(4_MiB).ok());
-  budget_.SetBudget(kNoReserveLimit);
+  budget_.SetBudget(kNoCap);
   void* b = Alloc(1_GiB);
   stats_.Deallocate(a, 30_MiB);
   stats_.Deallocate(b, 1_GiB);

@@ -103,7 +103,7 @@ CachingPool::~CachingPool() {
 
 absl::StatusOr<void*> CachingPool::DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) {
   const size_t size = RoundBlockSize(bytes);
-  const bool under_budget = reserve_limit != kNoReserveLimit;
+  const bool under_budget = reserve_limit != kNoCap;
   const bool is_small = InSmallPool(size, under_budget);
   // The smallest tail of a large block worth a block of its own: one the large pool can serve.
   const size_t large_split = under_budget ? kLargestSharedUnderBudget : kSmallSize;
@@ -197,8 +197,8 @@ CachingPool::Block* CachingPool::TakeBestFit(size_t size, Stream stream, bool is
 absl::StatusOr<CachingPool::Block*> CachingPool::ReserveSegment(size_t block_size, size_t bytes,
                                                                 Stream stream, bool is_small,
                                                                 size_t reserve_limit) {
-  const size_t segment_size = SegmentBytes(block_size, reserve_limit != kNoReserveLimit);
-  const bool limited = reserve_limit != kNoReserveLimit;
+  const size_t segment_size = SegmentBytes(block_size, reserve_limit != kNoCap);
+  const bool limited = reserve_limit != kNoCap;
   auto outside_bytes = [&](size_t held) -> size_t {
     return limited && outside_counter_ ? outside_counter_(held) : 0;
   };

@@ -56,7 +56,7 @@ void SetDeviceBudget(int device, size_t budget_bytes);
 // DeviceBudget
 //
 // The budget of `device` (0 <= device < kMaxDevices), built or not: what its stack caps at, or
-// will when it is built (kNoReserveLimit: none).
+// will when it is built (kNoCap: none).
 size_t DeviceBudget(int device);
 
 // DeviceSnapshot

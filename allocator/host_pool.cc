@@ -11,7 +11,7 @@ namespace {
 
 struct HostPoolState {
   std::mutex mutex;
-  size_t budget_bytes = kNoReserveLimit;
+  size_t budget_bytes = kNoCap;
   size_t trace_capacity = TracingAdaptor::kDefaultCapacity;
   bool record_trace = true;
   std::atomic<AllocatorStack*> stack{nullptr};

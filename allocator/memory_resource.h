@@ -41,8 +41,9 @@ using Stream = void*;
 // guarantee, and enough for any vectorised CPU load).
 inline constexpr size_t kAllocationAlignment = 256;
 
-// Passed as a reserve limit: no limit.
-inline constexpr size_t kNoReserveLimit = std::numeric_limits<size_t>::max();
+// The one spelling of "no cap": passed as a reserve limit or a budget, and the cap a pool
+// reports when it has none (the runtime's pool interface too).
+inline constexpr size_t kNoCap = std::numeric_limits<size_t>::max();
 
 // MemoryUsage
 //
@@ -132,7 +133,7 @@ class MemoryResource {
   // At least `bytes` bytes aligned to kAllocationAlignment, ready on `stream`. Fails with
   // kResourceExhausted when memory (or the budget) runs out.
   absl::StatusOr<void*> Allocate(size_t bytes, Stream stream = nullptr) {
-    return AllocateWithin(bytes, stream, kNoReserveLimit);
+    return AllocateWithin(bytes, stream, kNoCap);
   }
 
   // AllocateWithin

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/device_allocator.h"
+#include "allocator/units.h"
 
 namespace {
 
@@ -127,7 +128,7 @@ void actpack_memory_fraction(double fraction, int device) {
     SetLastError(total.status(), device);
     return;
   }
-  SetDeviceBudget(device, static_cast<size_t>(fraction * static_cast<double>(*total)));
+  SetDeviceBudget(device, ShareOf(fraction, *total));
   ClearLastError(device);
 }
 

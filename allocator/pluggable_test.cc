@@ -189,7 +189,7 @@ TEST_P(DeviceAllocatorTest, MemoryFractionSetsTheBudget) {
   actpack_memory_fraction(0.5, 2);
   const size_t budget = FindDeviceAllocator(2)->budget().budget();
   EXPECT_GT(budget, 64_MiB);  // half of this machine's memory
-  EXPECT_NE(budget, kNoReserveLimit);
+  EXPECT_NE(budget, kNoCap);
   actpack_memory_fraction(1.5, 2);
   EXPECT_THAT(actpack_last_error(), HasSubstr("outside (0, 1]"));
   EXPECT_EQ(FindDeviceAllocator(2)->budget().budget(), budget);
@@ -313,7 +313,7 @@ TEST_P(DeviceAllocatorTest, BaseAllocIsTheSegmentHoldingThePointer) {
   // `a` and `b` are carved from one cached 8 MiB segment, `b` after `a`, with the budget
   // lifted (under one the pool gives such blocks segments of their own size).
   actpack_free(actpack_alloc(8_MiB, 2, kStream), 8_MiB, 2, kStream);
-  FindDeviceAllocator(2)->budget().SetBudget(kNoReserveLimit);
+  FindDeviceAllocator(2)->budget().SetBudget(kNoCap);
   void* a = actpack_alloc(3_MiB, 2, kStream);
   void* b = actpack_alloc(4_MiB, 2, kStream);
   FindDeviceAllocator(2)->budget().SetBudget(64_MiB);

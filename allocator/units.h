@@ -32,6 +32,14 @@ constexpr size_t RoundUp(size_t bytes, size_t multiple) {
   return (bytes + multiple - 1) / multiple * multiple;
 }
 
+// ShareOf
+//
+// `fraction` (in (0, 1]) of `total` bytes, rounded down: a budget of "80%" and torch's
+// set_per_process_memory_fraction on actpack's allocator come to the same bytes.
+constexpr size_t ShareOf(double fraction, size_t total) {
+  return static_cast<size_t>(fraction * static_cast<double>(total));
+}
+
 // FormatBytes
 //
 // Below 1 KiB the exact count ("0 B", "512 B"); above, two decimals in the largest binary unit

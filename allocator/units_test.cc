@@ -20,6 +20,13 @@ TEST(UnitsTest, RoundUp) {
   EXPECT_EQ(RoundUp(513, 512), 1024u);
 }
 
+TEST(UnitsTest, ShareOfRoundsDown) {
+  EXPECT_EQ(ShareOf(1.0, 80_GiB), 80_GiB);
+  EXPECT_EQ(ShareOf(0.5, 3), 1u);
+  EXPECT_EQ(ShareOf(0.8, 10_GiB), size_t{8589934592});  // 0.8 * 10 GiB, exactly 8 GiB
+  EXPECT_EQ(ShareOf(0.3, 1000), 300u);
+}
+
 TEST(UnitsTest, FormatBytes) {
   EXPECT_EQ(FormatBytes(0), "0 B");
   EXPECT_EQ(FormatBytes(1023), "1023 B");

@@ -720,7 +720,7 @@ absl::StatusOr<void*> VmmMemoryResource::Impl::Allocate(size_t bytes, Stream str
   }
   const size_t to_create = unmapped - taken.size();
   const size_t physical = physical_bytes_.load(std::memory_order_relaxed);
-  if (to_create > 0 && reserve_limit != kNoReserveLimit &&
+  if (to_create > 0 && reserve_limit != kNoCap &&
       physical + to_create * granularity_ > reserve_limit) {
     return ReserveLimitExceeded(absl::StrCat(
         "actpack: CUDA virtual memory on device ", device_, " cannot map ",

@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "allocator/memory_resource.h"
 #include "runtime/budget_config.h"
 #include "runtime/json.h"
 #include "runtime/policy.h"
@@ -65,7 +66,8 @@ class BudgetMemory {
   virtual void SetCap(uint64_t bytes) = 0;
 };
 
-inline constexpr uint64_t kNoCap = UINT64_MAX;
+using allocator::kNoCap;
+static_assert(kNoCap == UINT64_MAX, "the pool's cap is a uint64_t; kNoCap must read back");
 
 // How far over the budget a step before the first plan may go to measure itself: the larger
 // of 4x the budget and the budget plus 1 GiB.

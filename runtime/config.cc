@@ -83,7 +83,7 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, absl::string_view
 
 uint64_t Budget::Resolve(uint64_t device_total) const {
   if (bytes != 0) return bytes;
-  return static_cast<uint64_t>(fraction * static_cast<double>(device_total));
+  return allocator::ShareOf(fraction, device_total);
 }
 
 std::string Budget::ToString() const {

@@ -353,7 +353,7 @@ TEST_F(SessionCudaTest, ATensorDecodedOnTwoStreamsAtOnceDecodesRightOnBoth) {
 // its bound when nothing could be freed). Shrinking under the lock, this test stops in the
 // buffer's lock check (or, without it, waits for itself forever).
 TEST_F(SessionCudaTest, PressureFromAShrinkAtTheCapReachesTheSession) {
-  allocator::BudgetAdaptor budget(pool_.get(), allocator::kNoReserveLimit);
+  allocator::BudgetAdaptor budget(pool_.get(), allocator::kNoCap);
   SessionOptions options;
   options.codec = *ParseCodecChoice("eb");
   options.min_bytes = 1024;

@@ -13,6 +13,7 @@ SUITE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "suite.py")
 # One worker runs this module (tools/test.sh: --dist loadgroup), so the smoke suite below runs
 # once, not once per pytest-xdist worker that takes one of its tests.
 pytestmark = pytest.mark.xdist_group("benchmark_suite")
+SMOKE_MODELS = ("resnet50", "gpt2-small")
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +25,11 @@ def results(tmp_path_factory):
     # One intra-op thread, as every pytest worker has (tools/test.sh): the suite's default of
     # two beside another worker oversubscribes a 2-core machine (the smoke run took 794 s so
     # in a clean clone's run, 284 s alone).
+    # Two of the suite's four models, a CNN and a transformer with recomputation: the machinery
+    # is the same for each model, and each model costs a minute and a half of CI here (every
+    # model trains a step under a budget in test_every_suite_model_trains_under_a_budget).
     run = subprocess.run([sys.executable, SUITE, "--size", "smoke", "--quiet", "--threads", "1",
-                          "--trials", "in-process", "--out", str(out)],
+                          "--trials", "in-process", "--models", *SMOKE_MODELS, "--out", str(out)],
                          text=True, capture_output=True)
     assert run.returncode == 0, run.stderr[-4000:]
     with open(out / "benchmark.json") as f:
@@ -35,7 +39,7 @@ def results(tmp_path_factory):
 
 def test_every_model_and_method_is_measured(results):
     data, stdout, out = results
-    assert set(data["models"]) == {"resnet50", "vit-b16", "gpt2-small", "unet"}
+    assert set(data["models"]) == set(SMOKE_MODELS)
     for name, entry in data["models"].items():
         assert set(entry["methods"]) == {"plain", "checkpoint", "selective_checkpoint",
                                          "actpack:none", "actpack:quant2",
@@ -48,6 +52,33 @@ def test_every_model_and_method_is_measured(results):
             assert m["max_batch"] >= 2, (name, method)
             assert m["max_batch"] <= m["max_batch_upper"], (name, method)
     ET.parse(out / "benchmark.svg")  # a well-formed picture
+
+
+def test_every_suite_model_trains_under_a_budget():
+    """Each of the suite's models at the smoke size trains two steps under actpack.budget with
+    auto, with finite losses and saved tensors in its report (the smoke run's machinery runs on
+    two of them)."""
+    sys.path.insert(0, os.path.dirname(SUITE))
+    import models
+    import torch
+    import actpack
+    names = []
+    for task in models.tasks("smoke"):
+        names.append(task.name)
+        model = task.model("cpu")
+        optimizer = task.make_optimizer(model)
+        x, y = task.batch(4, 0, "cpu")
+        with actpack.budget("1GiB", codec="auto") as run:
+            for _ in range(2):
+                loss = task.loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                assert torch.isfinite(loss), task.name
+        steps = run.report["activations"]["steps"]
+        assert len(steps) == 2 and steps[-1]["saved_raw_bytes"] > 0, task.name
+    assert set(names) == {"resnet50", "vit-b16", "gpt2-small", "unet"}
+    assert set(SMOKE_MODELS) < set(names)
 
 
 def test_checkpointing_and_packing_fit_more_than_plain(results):

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then
-#   1. bazel test --config=cuda //...
-#                                                (every library, binary and test against the real
-#                                                 CUDA headers and runtime, nvcc compiling the
-#                                                 kernels; the tests run on this machine: the CPU
-#                                                 paths, LibTorch C++ training, and CUDA paths
-#                                                 that find no GPU say so. Without nvcc:
-#                                                 bazel test //..., the CPU-only build)
+#   1. bazel test --config=cuda <libraries, binaries> //torch_plugin/... //common/...
+#                                                (nvcc compiles the kernels; every library and
+#                                                 binary against the real CUDA headers and
+#                                                 runtime; the tests no emulated build runs:
+#                                                 LibTorch C++ training, the checked mutex.
+#                                                 Without nvcc: bazel test //..., CPU-only)
 #   2. python3 tools/ptxas_check.py              (registers, shared memory, spills per kernel,
 #                                                 from that build's ptxas reports)
 #   3. bazel test --config=cudaemu_asan //codecs/... //runtime/... //allocator/... //report/...
@@ -46,12 +45,18 @@ stage() {
 stage "install what is missing, build and install the wheel (tools/setup_env.sh)"
 bash tools/setup_env.sh || exit 1
 
-stage "bazel test --config=cuda (the compile check, and the tests without a GPU) and ptxas table"
+stage "bazel build --config=cuda (compile check), the tests outside the emulated builds, ptxas table"
 if [ -x /usr/local/cuda/bin/nvcc ]; then
-  # One build for the compile check and the C++ tests: a build without CUDA would compile
-  # everything a fifth time for its "CUDA is not compiled in" branches, which the wheel built
-  # here (against CPU torch) has and pytest runs.
-  bazel test --config=cuda //... || failed+=("bazel test --config=cuda")
+  # Every library, binary and nvcc object against the real CUDA headers and runtime, and the
+  # tests the emulated builds below cannot run (//torch_plugin builds against the wheel's CPU
+  # LibTorch; //common), in one command: a `bazel build` beside a `bazel test` would compile
+  # the libraries twice (the test command configures them apart). The other tests run in the
+  # emulated builds, CPU paths included; the "CUDA is not compiled in" branches are the wheel's
+  # here (built against CPU torch), which pytest runs.
+  cuda_targets=$(bazel query 'kind("cc_library|cc_binary|genrule", //...) except attr(tags, manual, //...)')
+  # shellcheck disable=SC2086
+  [ -n "$cuda_targets" ] && bazel test --config=cuda $cuda_targets //torch_plugin/... //common/... ||
+    failed+=("bazel --config=cuda")
   python3 tools/ptxas_check.py --built || failed+=("ptxas table")
 else
   echo "actpack: no CUDA toolkit at /usr/local/cuda (nvcc): the CPU-only build, .cu sources not compiled"

@@ -41,9 +41,9 @@ namespace py = pybind11;
 using allocator::AllocatorStack;
 using allocator::HostPool;
 using allocator::kHostDevice;
-using allocator::kNoReserveLimit;
+using allocator::kNoCap;
 
-size_t BudgetBytes(std::optional<size_t> budget) { return budget.value_or(kNoReserveLimit); }
+size_t BudgetBytes(std::optional<size_t> budget) { return budget.value_or(kNoCap); }
 
 void ConfigureDeviceAllocator(const std::string& backend, std::optional<size_t> budget) {
   allocator::AllocatorConfig config;
@@ -106,14 +106,14 @@ py::dict MemoryStats(int device) {
 }
 
 std::optional<size_t> Budget(int device) {
-  size_t budget = kNoReserveLimit;
+  size_t budget = kNoCap;
   if (device == kHostDevice) {
     budget = HostPool().budget().budget();
   } else {
     CheckDevice(device);
     budget = allocator::DeviceBudget(device);  // built or not (a budget set before the build)
   }
-  if (budget == kNoReserveLimit) return std::nullopt;
+  if (budget == kNoCap) return std::nullopt;
   return budget;
 }
 

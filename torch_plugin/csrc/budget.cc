@@ -33,7 +33,6 @@ namespace actpack {
 namespace {
 
 using allocator::HostPool;
-using allocator::kNoReserveLimit;
 using torch_plugin::SavedTensor;
 
 // The budgets open on this thread, innermost last, and the module scopes' dotted names.
@@ -61,14 +60,9 @@ class HostMemory final : public runtime::BudgetMemory {
 
   void ReleaseCache() override { HostPool().EmptyCache(); }
 
-  uint64_t Cap() override {
-    const size_t cap = HostPool().budget().budget();
-    return cap == kNoReserveLimit ? runtime::kNoCap : cap;
-  }
+  uint64_t Cap() override { return HostPool().budget().budget(); }  // kNoCap: none
 
-  void SetCap(uint64_t bytes) override {
-    HostPool().budget().SetBudget(bytes == runtime::kNoCap ? kNoReserveLimit : bytes);
-  }
+  void SetCap(uint64_t bytes) override { HostPool().budget().SetBudget(bytes); }
 
   void WatchPressure(allocator::BudgetAdaptor::PressureCallback relieve) {
     absl::StatusOr<allocator::PressureCallbackId> id =

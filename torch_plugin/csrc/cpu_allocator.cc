@@ -90,9 +90,9 @@ bool CpuAllocatorInstalled() {
 
 // The host pool is configured before its first allocation and re-budgeted after.
 void SetHostBudget(std::optional<size_t> budget) {
-  const absl::Status configured = allocator::ConfigureHostPool(budget.value_or(allocator::kNoReserveLimit));
+  const absl::Status configured = allocator::ConfigureHostPool(budget.value_or(allocator::kNoCap));
   if (absl::IsFailedPrecondition(configured)) {
-    allocator::HostPool().budget().SetBudget(budget.value_or(allocator::kNoReserveLimit));
+    allocator::HostPool().budget().SetBudget(budget.value_or(allocator::kNoCap));
     return;
   }
   ThrowIfError(configured);
