@@ -443,7 +443,7 @@ def main():
         picked = {}
         for m in mutants:
             picked.setdefault(m.path, m)
-        mutants = [m for m in mutants if m in picked.values()]
+        mutants = list(picked.values())  # in the list's order: each is its file's first
 
     originals = {}
 

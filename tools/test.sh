@@ -66,9 +66,10 @@ fi
 # The emulated configs leave out //torch_plugin: it builds against the wheel's CPU LibTorch,
 # and its CUDA paths are the codecs' and the allocator's, emulated below. Each emulated build
 # is one that checks something more, and each runs the emulated tests in a different order of
-# blocks, so every test runs in two schedules without a third pass: the sanitizers' build in the
-# reverse schedule (the CUDA-enabled build runs the CPU paths too), the race checker's in the
-# forward one. The full run adds random schedules on the race checker's build.
+# blocks, so the tests that launch kernels run in two schedules without a third pass: the
+# sanitizers' build in the reverse schedule (every test, the CPU paths too), the race checker's
+# in the forward one (those tagged no_race_stage launch only kernels other tests run there).
+# The full run adds random schedules on the race checker's build.
 stage "emulated CUDA and CPU paths under AddressSanitizer + UBSan (reverse schedule)"
 # The 16 MiB identity case runs in the race checker's build, which also reports a kernel's
 # accesses outside every allocation; under ASan it took a tenth of this stage.

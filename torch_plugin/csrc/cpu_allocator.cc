@@ -90,9 +90,10 @@ bool CpuAllocatorInstalled() {
 
 // The host pool is configured before its first allocation and re-budgeted after.
 void SetHostBudget(std::optional<size_t> budget) {
-  const absl::Status configured = allocator::ConfigureHostPool(budget.value_or(allocator::kNoCap));
+  const size_t bytes = budget.value_or(allocator::kNoCap);
+  const absl::Status configured = allocator::ConfigureHostPool(bytes);
   if (absl::IsFailedPrecondition(configured)) {
-    allocator::HostPool().budget().SetBudget(budget.value_or(allocator::kNoCap));
+    allocator::HostPool().budget().SetBudget(bytes);
     return;
   }
   ThrowIfError(configured);
