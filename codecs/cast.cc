@@ -55,10 +55,15 @@ class Cast final : public Codec {
     const float* values = static_cast<const float*>(input.data);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status queued =
-          cuda::CastEncode(values, numel, to_bf16 ? 1 : 0, payload, status, context.stream);
+      // One launch: the payload, its checksum and count, and the header before it.
+      header->payload_size = 4 * PayloadWords(numel);
+      absl::Status queued = cuda::CastEncode(values, numel, to_bf16 ? 1 : 0,
+                                             HeaderWordsOf(*header), payload - kHeaderSize,
+                                             status, context.stream);
       if (!queued.ok()) return queued;
-      return PayloadInfo{4 * PayloadWords(numel), 0};
+      PayloadInfo info{4 * PayloadWords(numel), 0};
+      info.header_written = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("cast encode");
 #endif
@@ -104,7 +109,49 @@ class Cast final : public Codec {
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
-                             DeviceStatus*) const override {
+                             DeviceStatus* status) const override {
+    if (output.device == Device::kCuda) {
+      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
+      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
+                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
+      return DecodeCheckedPayload(header, check, output, context, status);
+    }
+    absl::StatusOr<bool> from_bf16 = CheckHeader(header);
+    if (!from_bf16.ok()) return from_bf16.status();
+    float* out = static_cast<float*>(output.data);
+    const uint16_t* halves = reinterpret_cast<const uint16_t*>(payload);
+    internal::ParallelFor(header.numel, 2 * kWordGrain, [&](int, int64_t begin, int64_t end) {
+      if (simd::Vectorized()) {
+        simd::CastDecodeElements(halves, *from_bf16, begin, end, out);
+        return;
+      }
+      for (int64_t i = begin; i < end; ++i) {
+        out[i] = cast_math::DecodeElement(halves, *from_bf16, i);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  bool ChecksOwnBuffer() const override { return true; }
+
+  absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                    const MutableTensorView& output, const ExecContext& context,
+                                    DeviceStatus* status) const override {
+    absl::StatusOr<bool> from_bf16 = CheckHeader(header);
+    if (!from_bf16.ok()) return from_bf16.status();
+#ifdef ACTPACK_WITH_CUDA
+    return cuda::CastDecode(check.buffer, check.capacity, check.expected, check.known,
+                            header.numel, *from_bf16 ? 1 : 0, static_cast<float*>(output.data),
+                            status, context.stream);
+#else
+    return internal::CudaNotCompiledIn("cast decode");
+#endif
+  }
+
+ private:
+  // Whether the payload holds bfloat16 (else float16); kDataLoss for parameters, a dtype or a
+  // payload size no cast encode writes.
+  static absl::StatusOr<bool> CheckHeader(const Header& header) {
     const DType stored = static_cast<DType>(header.params[0]);
     if (stored != DType::kFloat16 && stored != DType::kBFloat16) {
       return absl::DataLossError(absl::StrCat("actpack: corrupt cast buffer: storage dtype code ",
@@ -122,26 +169,7 @@ class Cast final : public Codec {
                                               header.payload_size, " bytes, expected ",
                                               expected));
     }
-    const bool from_bf16 = stored == DType::kBFloat16;
-    float* out = static_cast<float*>(output.data);
-    if (output.device == Device::kCuda) {
-#ifdef ACTPACK_WITH_CUDA
-      return cuda::CastDecode(payload, header.numel, from_bf16 ? 1 : 0, out, context.stream);
-#else
-      return internal::CudaNotCompiledIn("cast decode");
-#endif
-    }
-    const uint16_t* halves = reinterpret_cast<const uint16_t*>(payload);
-    internal::ParallelFor(header.numel, 2 * kWordGrain, [&](int, int64_t begin, int64_t end) {
-      if (simd::Vectorized()) {
-        simd::CastDecodeElements(halves, from_bf16, begin, end, out);
-        return;
-      }
-      for (int64_t i = begin; i < end; ++i) {
-        out[i] = cast_math::DecodeElement(halves, from_bf16, i);
-      }
-    });
-    return absl::OkStatus();
+    return stored == DType::kBFloat16;
   }
 };
 

@@ -241,7 +241,9 @@ absl::Status DecodeDeferred(const DeferredEncoding& encoding, const uint8_t* buf
                                                    encoding.bytes, " bytes has no header"));
   }
 #ifdef ACTPACK_WITH_CUDA
-  if ((*codec)->ChecksOwnBuffer() && !encoding.device_decided) {
+  // A codec that checks its buffer as it decodes takes a buffer whose parameters the host has
+  // not read where its kernels read them from the buffer (ReadsDeviceParams).
+  if ((*codec)->ChecksOwnBuffer() && (!encoding.device_decided || (*codec)->ReadsDeviceParams())) {
     const DeviceBufferCheck check{buffer, encoding.bytes, HeaderWordsOf(header),
                                   KnownWords(encoding)};
     status_ok = (*codec)->DecodeCheckedPayload(header, check, output, context, status);

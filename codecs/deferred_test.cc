@@ -352,9 +352,14 @@ TEST_P(AlignmentTest, EveryOffsetAndTailGivesTheCpusBytesAndOutput) {
   const CodecParams params = *ParseCodecSpec(GetParam().spec);
   const DType dtype = GetParam().dtype;
   const size_t width = ElementSize(dtype);
-  for (size_t numel : {size_t{1}, size_t{37}, size_t{515}}) {
+  for (size_t numel : {size_t{1}, size_t{37}, size_t{515}, size_t{520}}) {
     const std::vector<int64_t> shape = {static_cast<int64_t>(numel)};
-    const std::vector<uint8_t> input = Data(dtype, numel, static_cast<uint32_t>(numel));
+    std::vector<uint8_t> input = Data(dtype, numel, static_cast<uint32_t>(numel));
+    if (params.codec == CodecId::kMask && dtype != DType::kBool) {  // zeros and one value
+      std::vector<float> relu(numel, 0.0f);
+      for (size_t i = 0; i < numel; ++i) relu[i] = (i * 7 + numel) % 3 == 0 ? 0.75f : 0.0f;
+      input = testing::ToBytes(relu, dtype);
+    }
     absl::StatusOr<std::vector<uint8_t>> on_cpu =
         testing::EncodeToVector(input.data(), dtype, shape, params);
     ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
@@ -391,7 +396,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"identity", DType::kBool}, Case{"quant2", DType::kFloat32},
                       Case{"quant1:group=32", DType::kFloat32}, Case{"quant8", DType::kFloat16},
                       Case{"quant4:group=512", DType::kBFloat16},
-                      Case{"quant2:group=512", DType::kFloat32}),
+                      Case{"quant2:group=512", DType::kFloat32}, Case{"cast:fp16", DType::kFloat32},
+                      Case{"cast:bf16", DType::kFloat32}, Case{"pool", DType::kFloat32},
+                      Case{"pool", DType::kBFloat16}, Case{"pool8", DType::kFloat16},
+                      Case{"pool3", DType::kFloat32}, Case{"mask", DType::kFloat32},
+                      Case{"mask", DType::kBool}, Case{"mask", DType::kBFloat16},
+                      Case{"division", DType::kFloat32}, Case{"division:block=2,bits=1", DType::kFloat16}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = std::string(info.param.spec) + "_" + std::string(DTypeName(info.param.dtype));
       std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
@@ -473,7 +483,8 @@ TEST_P(ResealedTest, APayloadPastTheBuffersEndIsRefused) {
 INSTANTIATE_TEST_SUITE_P(
     Codecs, ResealedTest,
     ::testing::Values(Case{"identity", DType::kFloat32}, Case{"quant2", DType::kFloat32},
-                      Case{"cast", DType::kFloat32}),
+                      Case{"cast", DType::kFloat32}, Case{"pool", DType::kFloat32},
+                      Case{"division", DType::kFloat32}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.spec); });
 
 // Values a codec cannot hold, met without the host looking: the header's flag is set, the

@@ -781,10 +781,16 @@ class Division final : public Codec {
     if (input.device == Device::kCuda) {
       if (v_.id == CodecId::kDivisionFft) return CpuOnly("encode");
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status queued = cuda::DivisionEncode(input.data, l, elements::KindOf(input.dtype),
-                                                 payload, status, context.stream);
+      // Two launches: the LFC, then the residual, its checksum and counts, and the header.
+      header->payload_size = bytes;
+      absl::Status queued =
+          cuda::DivisionEncode(input.data, l, elements::KindOf(input.dtype),
+                               HeaderWordsOf(*header), payload - kHeaderSize, status,
+                               context.stream);
       if (!queued.ok()) return queued;
-      return PayloadInfo{bytes, 0};
+      PayloadInfo info{bytes, 0};
+      info.header_written = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("division encode");
 #endif
@@ -827,10 +833,50 @@ class Division final : public Codec {
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
-                             DeviceStatus*) const override {
+                             DeviceStatus* status) const override {
+    if (output.device == Device::kCuda) {
+      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
+      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
+                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
+      return DecodeCheckedPayload(header, check, output, context, status);
+    }
     absl::StatusOr<Params> p = ReadParams(header, v_);
     if (!p.ok()) return p.status();
-    const Layout l = LayoutOf(v_, header.Shape(), *p);
+    absl::StatusOr<Layout> l = CheckedLayout(header, *p);
+    if (!l.ok()) return l.status();
+    if (v_.id == CodecId::kDivision) {
+      PoolDecodeCpu(payload, header.dtype, *l, output.data);
+    } else {
+      FftDecodeCpu(payload, header.dtype, *l, p->lfc, output.data);
+    }
+    return absl::OkStatus();
+  }
+
+  // `division` checks its buffer in its decode launch (division_fft does not run on a GPU).
+  bool ChecksOwnBuffer() const override { return v_.id == CodecId::kDivision; }
+
+  absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                    const MutableTensorView& output, const ExecContext& context,
+                                    DeviceStatus* status) const override {
+    if (v_.id == CodecId::kDivisionFft) return CpuOnly("decode");
+    absl::StatusOr<Params> p = ReadParams(header, v_);
+    if (!p.ok()) return p.status();
+    absl::StatusOr<Layout> l = CheckedLayout(header, *p);
+    if (!l.ok()) return l.status();
+#ifdef ACTPACK_WITH_CUDA
+    return cuda::DivisionDecode(check.buffer, check.capacity, check.expected, check.known, *l,
+                                elements::KindOf(header.dtype), output.data, status,
+                                context.stream);
+#else
+    return internal::CudaNotCompiledIn("division decode");
+#endif
+  }
+
+ private:
+  // The payload's layout from the header's parameters; kDataLoss for a payload size no encode
+  // of this shape writes.
+  absl::StatusOr<Layout> CheckedLayout(const Header& header, const Params& p) const {
+    const Layout l = LayoutOf(v_, header.Shape(), p);
     bool overflow = false;
     const uint64_t expected = PayloadBytes(l, &overflow);
     if (overflow || header.payload_size != expected) {
@@ -838,24 +884,9 @@ class Division final : public Codec {
                                               header.payload_size, " bytes, expected ",
                                               overflow ? "more than 2^62" : absl::StrCat(expected)));
     }
-    if (output.device == Device::kCuda) {
-      if (v_.id == CodecId::kDivisionFft) return CpuOnly("decode");
-#ifdef ACTPACK_WITH_CUDA
-      return cuda::DivisionDecode(payload, l, elements::KindOf(header.dtype), output.data,
-                                  context.stream);
-#else
-      return internal::CudaNotCompiledIn("division decode");
-#endif
-    }
-    if (v_.id == CodecId::kDivision) {
-      PoolDecodeCpu(payload, header.dtype, l, output.data);
-    } else {
-      FftDecodeCpu(payload, header.dtype, l, p->lfc, output.data);
-    }
-    return absl::OkStatus();
+    return l;
   }
 
- private:
   int LfcParam(const CodecParams& params) const {
     return v_.id == CodecId::kDivision ? params.block : params.keep;
   }

@@ -105,11 +105,15 @@ class Mask final : public Codec {
     header->params.fill(0);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
-      absl::Status queued = cuda::MaskEncode(input.data, numel, static_cast<int>(input.dtype),
-                                             payload, status, context.stream);
+      // One launch: the payload, its checksum, the value, and the header before it.
+      header->payload_size = 4 * PayloadWords(numel);
+      absl::Status queued =
+          cuda::MaskEncode(input.data, numel, static_cast<int>(input.dtype),
+                           HeaderWordsOf(*header), payload - kHeaderSize, status, context.stream);
       if (!queued.ok()) return queued;
       PayloadInfo info{4 * PayloadWords(numel), 0};
       info.params_on_device = true;  // the value
+      info.header_written = true;
       return info;
 #else
       return internal::CudaNotCompiledIn("mask encode");
@@ -178,6 +182,51 @@ class Mask final : public Codec {
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
                              DeviceStatus* status) const override {
+    if (output.device == Device::kCuda) {
+      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
+      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
+                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
+      return DecodeCheckedPayload(header, check, output, context, status);
+    }
+    absl::Status valid = CheckHeader(header);
+    if (!valid.ok()) return valid;
+    const int width = static_cast<int>(ElementSize(header.dtype));
+    uint32_t value;
+    std::memcpy(&value, header.params.data(), 4);
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
+    const uint64_t numel = header.numel;
+    internal::ParallelFor(PayloadWords(numel), kWordGrain, [&](int, int64_t begin, int64_t end) {
+      switch (width) {
+        case 4: DecodeWords<4>(words, numel, value, output.data, begin, end); break;
+        case 2: DecodeWords<2>(words, numel, value, output.data, begin, end); break;
+        default: DecodeWords<1>(words, numel, value, output.data, begin, end);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  // Its decode launch checks the buffer, and reads and checks the value in the buffer's header
+  // on the device: a deferred decode's host header does not know it (0, which passes the
+  // host's checks).
+  bool ChecksOwnBuffer() const override { return true; }
+
+  absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                    const MutableTensorView& output, const ExecContext& context,
+                                    DeviceStatus* status) const override {
+    absl::Status valid = CheckHeader(header);
+    if (!valid.ok()) return valid;
+#ifdef ACTPACK_WITH_CUDA
+    return cuda::MaskDecode(check.buffer, check.capacity, check.expected, check.known,
+                            header.numel, static_cast<int>(header.dtype), output.data, status,
+                            context.stream);
+#else
+    return internal::CudaNotCompiledIn("mask decode");
+#endif
+  }
+
+ private:
+  // kDataLoss for a dtype, payload size or parameters no mask encode writes.
+  static absl::Status CheckHeader(const Header& header) {
     if (!IsMaskable(header.dtype)) {
       return absl::DataLossError(
           absl::StrCat("actpack: corrupt mask buffer: dtype ", DTypeName(header.dtype)));
@@ -197,29 +246,7 @@ class Mask final : public Codec {
           absl::StrFormat("actpack: corrupt mask buffer: value bits 0x%x for %s", value,
                           DTypeName(header.dtype)));
     }
-    absl::Status unused = CheckParamBytesZero(header, 4, kParamBytes, "mask");
-    if (!unused.ok()) return unused;
-    if (output.device == Device::kCuda) {
-#ifdef ACTPACK_WITH_CUDA
-      // The value is read (and checked again) on the device, from the buffer's header: a
-      // deferred decode's host header does not know it (0, which passes the checks above).
-      return cuda::MaskDecode(payload - kHeaderSize, header.numel,
-                              static_cast<int>(header.dtype), status, output.data,
-                              context.stream);
-#else
-      return internal::CudaNotCompiledIn("mask decode");
-#endif
-    }
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-    const uint64_t numel = header.numel;
-    internal::ParallelFor(PayloadWords(numel), kWordGrain, [&](int, int64_t begin, int64_t end) {
-      switch (width) {
-        case 4: DecodeWords<4>(words, numel, value, output.data, begin, end); break;
-        case 2: DecodeWords<2>(words, numel, value, output.data, begin, end); break;
-        default: DecodeWords<1>(words, numel, value, output.data, begin, end);
-      }
-    });
-    return absl::OkStatus();
+    return CheckParamBytesZero(header, 4, kParamBytes, "mask");
   }
 };
 

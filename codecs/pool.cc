@@ -106,10 +106,15 @@ class Pool final : public Codec {
     std::memcpy(header->params.data(), &window, 4);
     if (input.device == Device::kCuda) {
 #ifdef ACTPACK_WITH_CUDA
+      // One launch: the payload, its checksum and count, and the header before it.
+      header->payload_size = bytes;
       const cuda::PoolLayout layout{s.rows, s.row_length, window, elements::KindOf(input.dtype)};
-      absl::Status queued = cuda::PoolEncode(input.data, layout, payload, status, context.stream);
+      absl::Status queued = cuda::PoolEncode(input.data, layout, HeaderWordsOf(*header),
+                                             payload - kHeaderSize, status, context.stream);
       if (!queued.ok()) return queued;
-      return PayloadInfo{bytes, 0};
+      PayloadInfo info{bytes, 0};
+      info.header_written = true;
+      return info;
 #else
       return internal::CudaNotCompiledIn("pool encode");
 #endif
@@ -159,7 +164,55 @@ class Pool final : public Codec {
 
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
-                             DeviceStatus*) const override {
+                             DeviceStatus* status) const override {
+    if (output.device == Device::kCuda) {
+      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
+      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
+                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
+      return DecodeCheckedPayload(header, check, output, context, status);
+    }
+    absl::StatusOr<pool_math::Shape> shape = CheckedShape(header);
+    if (!shape.ok()) return shape.status();
+    const pool_math::Shape& s = *shape;
+    const uint32_t window = s.window;
+    if (PoolVectorized(s)) {
+      const int width = static_cast<int>(ElementSize(header.dtype));
+      internal::ParallelFor(s.means, 65536 / window, [&](int, int64_t begin, int64_t end) {
+        simd::PoolDecodeMeans(width, payload, window, begin, end, output.data);
+      });
+      return absl::OkStatus();
+    }
+    internal::ParallelFor(s.rows * s.row_length, 65536, [&](int, int64_t begin, int64_t end) {
+      if (header.dtype == DType::kFloat32) {
+        DecodeElements<4>(payload, s, output.data, begin, end);
+      } else {
+        DecodeElements<2>(payload, s, output.data, begin, end);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  bool ChecksOwnBuffer() const override { return true; }
+
+  absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
+                                    const MutableTensorView& output, const ExecContext& context,
+                                    DeviceStatus* status) const override {
+    absl::StatusOr<pool_math::Shape> s = CheckedShape(header);
+    if (!s.ok()) return s.status();
+#ifdef ACTPACK_WITH_CUDA
+    const cuda::PoolLayout layout{s->rows, s->row_length, s->window,
+                                  elements::KindOf(header.dtype)};
+    return cuda::PoolDecode(check.buffer, check.capacity, check.expected, check.known, layout,
+                            output.data, status, context.stream);
+#else
+    return internal::CudaNotCompiledIn("pool decode");
+#endif
+  }
+
+ private:
+  // The means' shape from the header; kDataLoss for parameters, a dtype or a payload size no
+  // pool encode writes.
+  static absl::StatusOr<pool_math::Shape> CheckedShape(const Header& header) {
     if (!IsLossyFloat(header.dtype)) {
       return absl::DataLossError(
           absl::StrCat("actpack: corrupt pool buffer: dtype ", DTypeName(header.dtype)));
@@ -178,29 +231,7 @@ class Pool final : public Codec {
                                               header.payload_size, " bytes, expected ",
                                               expected));
     }
-    if (output.device == Device::kCuda) {
-#ifdef ACTPACK_WITH_CUDA
-      const cuda::PoolLayout layout{s.rows, s.row_length, window, elements::KindOf(header.dtype)};
-      return cuda::PoolDecode(payload, layout, output.data, context.stream);
-#else
-      return internal::CudaNotCompiledIn("pool decode");
-#endif
-    }
-    if (PoolVectorized(s)) {
-      const int width = static_cast<int>(ElementSize(header.dtype));
-      internal::ParallelFor(s.means, 65536 / window, [&](int, int64_t begin, int64_t end) {
-        simd::PoolDecodeMeans(width, payload, window, begin, end, output.data);
-      });
-      return absl::OkStatus();
-    }
-    internal::ParallelFor(s.rows * s.row_length, 65536, [&](int, int64_t begin, int64_t end) {
-      if (header.dtype == DType::kFloat32) {
-        DecodeElements<4>(payload, s, output.data, begin, end);
-      } else {
-        DecodeElements<2>(payload, s, output.data, begin, end);
-      }
-    });
-    return absl::OkStatus();
+    return s;
   }
 };
 

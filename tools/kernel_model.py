@@ -619,6 +619,23 @@ def identity_blocks(s):
     return min(2048, max(1, s["input_bytes"] // 64 // 256 + 1))
 
 
+def vector_blocks(s, per_thread):
+    """The grid of a kernel whose threads take `per_thread` elements a pass, at most 2048 blocks
+    (cast_kernels.cu's Blocks)."""
+    return min(2048, max(1, s["numel"] // per_thread // 256 + 1))
+
+
+def unrolled_trips(vectors, blocks, unroll=4):
+    """Warp-iterations of a grid-stride loop that takes `unroll` vectors a thread a pass."""
+    stride = blocks * 256
+    return vectors // (unroll * stride) * stride / 32
+
+
+def leftover_trips(vectors, blocks, unroll=4):
+    """... and of the loop after it that takes the vectors left, one a thread a pass."""
+    return vectors % (unroll * blocks * 256) / 32
+
+
 def identity_stride(s):
     return identity_blocks(s) * 256
 
@@ -785,24 +802,45 @@ def work(kernels_tree):
         return Trip("i < numel; i += stride", lambda s: s["numel"] / 32)
 
     w.update({
-        # an aligned, even input takes the 8-byte pair load, never the scalar fallback
-        "CastEncodeKernel": Launch(cast, 256, lambda s: blocks_for(s["words"], 256), [
-            Trip("w < words; w += stride", lambda s: s["words"] / 32,
-                 cold=((cast, "cast_math::EncodeWord(input, numel, to_bf16, w, &overflow)"),))]),
-        "CastDecodeKernel": Launch(cast, 256, lambda s: blocks_for(s["numel"], 256), [
-            per_value(),
+        # cast: a grid of at most 2048 blocks, each thread 4 independent 16-byte vectors per
+        # iteration (4 floats into two payload words encoding, 8 halves into 8 floats
+        # decoding), the vectors left over, then the words past the last vector (none here).
+        "CastEncodeKernel": Launch(cast, 256, lambda s: vector_blocks(s, 16), [
+            Trip("i + (kUnroll - 1) * stride < vectors;",
+                 lambda s: unrolled_trips(s["numel"] // 4, vector_blocks(s, 16)), loads=4),
+            Trip("for (; i < vectors; i += stride) {",
+                 lambda s: leftover_trips(s["numel"] // 4, vector_blocks(s, 16)), loads=1),
+            Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0)]),
+        "CastDecodeKernel": Launch(cast, 256, lambda s: vector_blocks(s, 32), [
+            Trip("i + (kUnroll - 1) * stride < vectors;",
+                 lambda s: unrolled_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=4, nth=2),
+            Trip("for (; i < vectors; i += stride) {",
+                 lambda s: leftover_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=1, nth=2),
+            Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0, nth=2),
             Trip("while ((mantissa & 0x400u) == 0)", lambda s: 0,
                  file="codecs/internal/portable.h")]),  # subnormal halves only
-        "MaskEncodeKernel": Launch(mask, 256, lambda s: blocks_for(s["words"], 8), [
-            Trip("w < words;", lambda s: s["words"])]),  # a warp per word of 32 values
-        "MaskValueKernel": Launch(mask, 1, lambda s: 1),
-        "MaskCheckKernel": Launch(mask, 1, lambda s: 1),
-        "MaskDecodeKernel": Launch(mask, 256, lambda s: blocks_for(s["numel"], 256), [per_value()]),
+        # mask of a bool tensor: a thread per 16-byte vector (16 elements), two lanes' bits ORed
+        # into a word by one shuffle; decode a thread per 16-byte vector of output
+        "MaskEncodeKernel": Launch(mask, 256, lambda s: blocks_for(s["words"] * 2, 256), [
+            Trip("base < words * kLanesPerWord;", lambda s: s["words"] * 2 / 32, loads=1),
+            Trip("for (uint32_t offset = 1; offset < kLanesPerWord; offset *= 2)",
+                 lambda s: s["words"] * 2 / 32)]),
+        "MaskDecodeKernel": Launch(mask, 256, lambda s: blocks_for(s["numel"] // 16, 256), [
+            Trip("for (uint64_t v = first; v < vectors; v += stride)",
+                 lambda s: s["numel"] / 16 / 32, loads=1),
+            Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)]),
+        # pool of float32 by 4: a thread per mean (payload word) from one 16-byte vector; decode
+        # a thread per 16-byte vector of output (one mean)
         "PoolEncodeKernel": Launch(pool, 256, lambda s: blocks_for(s["words"], 256), [
             Trip("w < words; w += stride", lambda s: s["words"] / 32),
-            Trip("for (uint64_t j = 0; j < count; ++j)", lambda s: s["words"] / 32 * s["window"],
-                 loads=1, per_entry=4, file="codecs/internal/pool_math.h")]),
-        "PoolDecodeKernel": Launch(pool, 256, lambda s: blocks_for(s["numel"], 256), [per_value()]),
+            Trip("for (uint32_t v = 0; v < vectors; ++v)",
+                 lambda s: s["words"] / 32 * s["window"] / 4, loads=1),
+            Trip("for (uint64_t j = 0; j < count; ++j)", lambda s: 0,
+                 file="codecs/internal/pool_math.h")]),
+        "PoolDecodeKernel": Launch(pool, 256, lambda s: blocks_for(s["numel"] // 4, 256), [
+            Trip("for (uint64_t i = first; i < vectors; i += stride)",
+                 lambda s: s["numel"] / 4 / 32, loads=1),
+            Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)]),
         "BitpackRangeKernel": Launch(bitpack, 256, lambda s: blocks_for(s["numel"], 256), [
             per_value()]),
         "BitpackParamsKernel": Launch(bitpack, 1, lambda s: 1),

@@ -10,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "codecs/internal/device_status.h"
+#include "codecs/internal/elements.h"
+#include "codecs/internal/portable.h"
 
 // Unrolls the loop that follows fully under nvcc (its trip count a constant), so that arrays it
 // indexes stay in registers; nothing in host C++.
@@ -147,14 +149,27 @@ struct LaunchClosing {
   bool decode;
 };
 
+// A codec's part in closing a launch: nothing.
+struct NoCodecClosing {
+  __device__ uint64_t operator()(DeviceStatus*) const { return 0; }
+};
+
 // Called by every thread of every block after the block's sums went into *status (the
 // payload's checksum terms into payload_sum for an encode, decode_sum for a decode).
-__device__ __forceinline__ void CloseLaunch(const LaunchClosing& closing, DeviceStatus* status) {
+// `codec_closing(status)` runs first in the last block: an encode's decides what the codec
+// takes from every block's sums (into status->params and the counts, before the header is
+// written); a decode's returns the failures of the codec's own checks of the buffer.
+template <typename CodecClosing = NoCodecClosing>
+__device__ __forceinline__ void CloseLaunch(const LaunchClosing& closing, DeviceStatus* status,
+                                            CodecClosing codec_closing = {}) {
   if (!LastBlockToFinish(status) || threadIdx.x != 0) return;
+  const uint64_t own = codec_closing(status);
   if (closing.decode) {
-    const uint64_t failures =
+    uint64_t failures =
         BufferFailures(closing.header_at, closing.capacity, closing.header, closing.known,
                        AtomicRead(&status->decode_sum), status);
+    // A buffer that holds none of the encoding says nothing more (BufferFailures).
+    if (!PlacedNowhere(status)) failures |= own;
     atomicExch(&status->failures, static_cast<unsigned long long>(failures));
     if ((closing.known & kKnownKeepsSum) == 0) {
       atomicExch(&status->decode_sum, 0ull);  // the next decode of the same buffer sums afresh
@@ -172,6 +187,41 @@ inline LaunchClosing DecodeClosing(const uint8_t* buffer, uint64_t capacity,
                                    const HeaderWords& expected, uint32_t known) {
   return LaunchClosing{expected, known, capacity,
                        reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(buffer)), true};
+}
+
+// Values of kind K in a 16-byte vector: 4 float32, 8 float16 or bfloat16.
+template <int K>
+constexpr uint32_t kValuesPerVector = K == elements::kF32 ? 4 : 8;
+
+// Element e of a 16-byte vector of kind K as float.
+template <int K>
+__device__ __forceinline__ float VectorElement(const uint4& v, uint32_t e) {
+  const uint32_t w = K == elements::kF32 ? e : e / 2;
+  const uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+  if constexpr (K == elements::kF32) {
+    return portable::BitsToFloat(word);
+  } else {
+    const uint16_t half = static_cast<uint16_t>((e & 1) != 0 ? word >> 16 : word & 0xffffu);
+    return K == elements::kF16 ? portable::HalfToFloat(half) : portable::Bf16ToFloat(half);
+  }
+}
+
+// The vector of kind K holding `values` (elements::Store's rounding).
+template <int K>
+__device__ __forceinline__ uint4 PackVector(const float* values) {
+  uint32_t w[4];
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (K == elements::kF32) {
+      w[j] = portable::FloatBits(values[j]);
+    } else if constexpr (K == elements::kF16) {
+      w[j] = portable::FloatToHalf(values[2 * j]) |
+             static_cast<uint32_t>(portable::FloatToHalf(values[2 * j + 1])) << 16;
+    } else {
+      w[j] = portable::FloatToBf16(values[2 * j]) |
+             static_cast<uint32_t>(portable::FloatToBf16(values[2 * j + 1])) << 16;
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Blocks for a grid-stride loop over `work_items` items, `per_block` per block per pass.

@@ -8,8 +8,12 @@
 // quant's kernel: a shuffle reduction of the group's residual min/max, then each lane
 // quantizes one value per 32 and the codes of 32/bits neighbouring lanes are ORed into one
 // word, written coalesced. The LFC means that (2) subtracts are read back from the payload
-// (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus.
-// Decode: one thread per output element.
+// (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus, and (2)'s
+// last block writes the header (device_ops.cuh's CloseLaunch).
+// Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
+// and the output is 16-byte aligned (a value a thread elsewhere). Each value's thread sums the
+// checksum terms of the payload words it is the first reader of (its code word, its group's
+// parameter word, its window's LFC word), and the last block checks the buffer.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -65,7 +69,7 @@ __device__ __forceinline__ float ResidualAt(const void* __restrict__ input,
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     DivisionResidualKernel(const void* __restrict__ input, Layout l,
-                           uint32_t* __restrict__ payload,
+                           uint32_t* __restrict__ payload, LaunchClosing closing,
                            DeviceStatus* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const uint32_t per_word = 32 / l.bits;
@@ -138,94 +142,116 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   WarpSumToGlobal(checksum, &status->payload_sum);
   WarpSumToGlobal(nonfinite, &status->nonfinite);
   WarpSumToGlobal(overflow_groups, &status->unrepresentable);
+  CloseLaunch(closing, status);
 }
 
+// Value j of plane p decoded; adds to *checksum the terms of the payload words whose first
+// reader it is: its code word (the word's first value), its group's parameter word (the
+// group's first value) and its window's LFC word (the top-left value of the word's first
+// window).
 template <int K>
-__global__ void DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l,
-                                     void* __restrict__ output) {
+__device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
+                                          uint64_t p, uint64_t j, uint64_t* checksum) {
   const uint32_t per_word = 32 / l.bits;
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
+  const bool narrow = l.plane <= 0xffffffffu;  // 32-bit division where it suffices
+  const uint64_t q = narrow ? static_cast<uint32_t>(j) / static_cast<uint32_t>(l.group_length)
+                            : j / l.group_length;
+  const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
+  const uint32_t packed = payload[param_at];
+  const uint64_t word_at = division_math::PlaneCodeWord(l, p) + j / per_word;
+  const uint32_t word = payload[word_at];
+  bool starts = false;
+  const uint64_t m = division_math::MeanOf(l, p, j, &starts);
+  if (j % per_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
+  if (j == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
+  if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
+  const uint32_t code = (word >> ((j % per_word) * l.bits)) & mask;
+  return division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code,
+                                    quant_math::UnpackGroupParams(packed));
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, bool vectors_fit,
+                         void* __restrict__ output, LaunchClosing closing,
+                         DeviceStatus* __restrict__ status) {
+  constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint64_t numel = l.planes * l.plane;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  const bool narrow = l.plane <= 0xffffffffu;  // 32-bit division where it suffices
-  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
-    const uint64_t p = i / l.plane;
-    const uint64_t j = i - p * l.plane;
-    const uint64_t q = narrow ? static_cast<uint32_t>(j) / static_cast<uint32_t>(l.group_length)
-                              : j / l.group_length;
-    const quant_math::GroupParams gp = quant_math::UnpackGroupParams(
-        payload[division_math::ParamWord(l, p * l.groups_per_plane + q)]);
-    const uint32_t word = payload[division_math::PlaneCodeWord(l, p) + j / per_word];
-    const uint32_t code = (word >> ((j % per_word) * l.bits)) & mask;
-    const float mean = portable::Bf16ToFloat(means[division_math::MeanOf(l, p, j)]);
-    elements::Store<K>(output, i, division_math::Reconstruct(mean, code, gp));
+  const uint64_t first = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  uint64_t checksum = 0;
+  uint64_t done = 0;  // the values the vectors wrote
+  if (vectors_fit) {  // a vector's values lie in one plane
+    const uint64_t vectors = numel / kPer;
+    for (uint64_t v = first; v < vectors; v += stride) {
+      const uint64_t p = v * kPer / l.plane;
+      const uint64_t j0 = v * kPer - p * l.plane;
+      float values[kPer];
+      ACTPACK_UNROLL
+      for (uint32_t e = 0; e < kPer; ++e) values[e] = DecodeAt<K>(payload, l, p, j0 + e, &checksum);
+      static_cast<uint4*>(output)[v] = PackVector<K>(values);
+    }
+    done = vectors * kPer;
   }
+  for (uint64_t i = done + first; i < numel; i += stride) {
+    const uint64_t p = i / l.plane;
+    elements::Store<K>(output, i, DecodeAt<K>(payload, l, p, i - p * l.plane, &checksum));
+  }
+  WarpSumToGlobal(checksum, &status->decode_sum);
+  CloseLaunch(closing, status);
+}
+
+template <int K>
+void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
+                  const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
+  if (layout.lfc_words > 0) {
+    ACTPACK_LAUNCH(DivisionLfcKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
+        input, layout, words, status);
+  }
+  ACTPACK_LAUNCH(DivisionResidualKernel<K>, BlocksFor(layout.groups, kWarpsPerBlock),
+                 kWarpsPerBlock * 32, s)(input, layout, words, closing, status);
+}
+
+template <int K>
+void LaunchDecode(const uint32_t* words, const Layout& layout, void* output,
+                  const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
+  const uint64_t numel = layout.planes * layout.plane;
+  constexpr uint32_t kPer = kValuesPerVector<K>;
+  const bool vectors_fit =
+      reinterpret_cast<uintptr_t>(output) % 16 == 0 && layout.plane % kPer == 0;
+  ACTPACK_LAUNCH(DivisionDecodeKernel<K>, BlocksFor(vectors_fit ? numel / kPer : numel, kThreads),
+                 kThreads, s)(words, layout, vectors_fit, output, closing, status);
 }
 
 }  // namespace
 
 absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,
-                            int element_kind, uint8_t* payload, DeviceStatus* status,
-                            void* stream) {
+                            int element_kind, const HeaderWords& header, uint8_t* out,
+                            DeviceStatus* status, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  if (layout.lfc_words > 0) {
-    const int blocks = BlocksFor(layout.lfc_words, kThreads);
-    switch (element_kind) {  // coverage: every branch
-      case elements::kF16:
-        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF16>, blocks, kThreads, s)(input, layout, words,
-                                                                      status);
-        break;
-      case elements::kBF16:
-        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kBF16>, blocks, kThreads, s)(
-            input, layout, words, status);
-        break;
-      default:
-        ACTPACK_LAUNCH(DivisionLfcKernel<elements::kF32>, blocks, kThreads, s)(input, layout, words,
-                                                                      status);
-    }
-    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  uint32_t* words = reinterpret_cast<uint32_t*>(out + kHeaderWords * 4);
+  const LaunchClosing closing = EncodeClosing(header, out);
+  switch (element_kind) {  // coverage: every branch
+    case elements::kF16: LaunchEncode<elements::kF16>(input, layout, words, closing, status, s); break;
+    case elements::kBF16: LaunchEncode<elements::kBF16>(input, layout, words, closing, status, s); break;
+    default: LaunchEncode<elements::kF32>(input, layout, words, closing, status, s);
   }
-  if (layout.groups > 0) {
-    const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
-    switch (element_kind) {  // coverage: every branch
-      case elements::kF16:
-        ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF16>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, status);
-        break;
-      case elements::kBF16:
-        ACTPACK_LAUNCH(DivisionResidualKernel<elements::kBF16>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, status);
-        break;
-      default:
-        ACTPACK_LAUNCH(DivisionResidualKernel<elements::kF32>, blocks, kWarpsPerBlock * 32, s)(
-            input, layout, words, status);
-    }
-    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  }
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-absl::Status DivisionDecode(const uint8_t* payload, const division_math::Layout& layout,
-                            int element_kind, void* output, void* stream) {
-  const uint64_t numel = layout.planes * layout.plane;
-  if (numel == 0) return absl::OkStatus();
+absl::Status DivisionDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                            uint32_t known, const division_math::Layout& layout,
+                            int element_kind, void* output, DeviceStatus* status, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const int blocks = BlocksFor(numel, kThreads);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(buffer + kHeaderWords * 4);
+  const LaunchClosing closing = DecodeClosing(buffer, capacity, expected, known);
   switch (element_kind) {  // coverage: every branch
-    case elements::kF16:
-      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF16>, blocks, kThreads, s)(
-          words, layout, output);
-      break;
-    case elements::kBF16:
-      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kBF16>, blocks, kThreads, s)(
-          words, layout, output);
-      break;
-    default:
-      ACTPACK_LAUNCH(DivisionDecodeKernel<elements::kF32>, blocks, kThreads, s)(
-          words, layout, output);
+    case elements::kF16: LaunchDecode<elements::kF16>(words, layout, output, closing, status, s); break;
+    case elements::kBF16: LaunchDecode<elements::kBF16>(words, layout, output, closing, status, s); break;
+    default: LaunchDecode<elements::kF32>(words, layout, output, closing, status, s);
   }
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

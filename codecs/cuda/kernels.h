@@ -102,27 +102,34 @@ absl::Status QuantDecode(const uint8_t* buffer, uint64_t capacity, const HeaderW
                          uint32_t known, const quant_math::Layout& layout, elements::Kind kind,
                          void* output, DeviceStatus* status, void* stream);
 
-// `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc.
-// status: payload_sum; unrepresentable = finite values that became infinite.
-absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, uint8_t* payload,
-                        DeviceStatus* status, void* stream);
+// `cast`: float32 to float16 (to_bf16 = 0) or bfloat16 (1), the payload of cast.cc, in one
+// launch that writes the header at `out` from `header` too (its payload follows it). status:
+// payload_sum; unrepresentable = finite values that became infinite.
+absl::Status CastEncode(const float* input, uint64_t numel, int to_bf16, const HeaderWords& header,
+                        uint8_t* out, DeviceStatus* status, void* stream);
 
-absl::Status CastDecode(const uint8_t* payload, uint64_t numel, int from_bf16, float* output,
-                        void* stream);
+// cast's decode in one launch that checks the buffer at `buffer` (`capacity` bytes) as
+// CheckBuffer does, its failures in status->failures (Poison after it).
+absl::Status CastDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                        uint32_t known, uint64_t numel, int from_bf16, float* output,
+                        DeviceStatus* status, void* stream);
 
 // `mask` of a tensor of `dtype` (dtype.h's code): one bit per element, set where its bits are
-// not zero, the payload of mask.cc. status: payload_sum; params word 0 = the nonzero value's
-// bits (0 when every element is zero); unrepresentable = 1 when the tensor holds two nonzero
-// values, a NaN one, or a bool byte other than 1.
-absl::Status MaskEncode(const void* input, uint64_t numel, int dtype, uint8_t* payload,
-                        DeviceStatus* status, void* stream);
+// not zero, the payload of mask.cc, in one launch that writes the header at `out` from `header`
+// too. status: payload_sum; params word 0 = the nonzero value's bits (0 when every element is
+// zero); unrepresentable = 1 when the tensor holds two nonzero values, a NaN one, or a bool
+// byte other than 1.
+absl::Status MaskEncode(const void* input, uint64_t numel, int dtype, const HeaderWords& header,
+                        uint8_t* out, DeviceStatus* status, void* stream);
 
-// Writes the value in the parameters of `header` (the buffer's header, in device memory) where
-// a bit is set and zero elsewhere. A value the dtype cannot hold sets kFailParams (unless the
-// encoding was placed nowhere: PlacedNowhere); nothing is written while status->failures is
-// not 0.
-absl::Status MaskDecode(const uint8_t* header, uint64_t numel, int dtype, DeviceStatus* status,
-                        void* output, void* stream);
+// Writes the value in the parameters of the buffer's header (in device memory, at `buffer`,
+// `capacity` bytes) where a bit is set and zero elsewhere, in one launch that checks the buffer
+// as CheckBuffer does, and its value: one the dtype cannot hold sets kFailParams (unless the
+// encoding was placed nowhere: PlacedNowhere). The failures go in status->failures (Poison
+// after it).
+absl::Status MaskDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                        uint32_t known, uint64_t numel, int dtype, void* output,
+                        DeviceStatus* status, void* stream);
 
 // `bitpack` of an integer tensor of `kind` (bitpack_math::Kind): each element's offset from the
 // smallest in the bits the range needs, the payload of bitpack.cc; scratch is the status's work
@@ -143,26 +150,31 @@ struct PoolLayout {
   int element_kind;  // elements::Kind
 };
 
-// `pool`: window means along the rows, the payload of pool.cc. status: payload_sum; nonfinite =
-// non-finite means.
-absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload,
+// `pool`: window means along the rows, the payload of pool.cc, in one launch that writes the
+// header at `out` from `header` too. status: payload_sum; nonfinite = non-finite means.
+absl::Status PoolEncode(const void* input, const PoolLayout& layout, const HeaderWords& header,
+                        uint8_t* out, DeviceStatus* status, void* stream);
+
+// Repeats each mean over its window, in one launch that checks the buffer at `buffer`
+// (`capacity` bytes) as CheckBuffer does, its failures in status->failures (Poison after it).
+absl::Status PoolDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                        uint32_t known, const PoolLayout& layout, void* output,
                         DeviceStatus* status, void* stream);
 
-// Repeats each mean over its window.
-absl::Status PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output,
-                        void* stream);
-
 // `division`: the pooled bfloat16 LFC, then the residual quantized per group: the payload of
-// division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind. status:
-// payload_sum; nonfinite = non-finite inputs; unrepresentable = LFC means not finite in
-// bfloat16 (also counted in work[0]) and groups whose residual range overflows float.
+// division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind, and the
+// header at `out` from `header` (two launches). status: payload_sum; nonfinite = non-finite
+// inputs; unrepresentable = LFC means not finite in bfloat16 (also counted in work[0]) and
+// groups whose residual range overflows float.
 absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,
-                            int element_kind, uint8_t* payload, DeviceStatus* status,
-                            void* stream);
+                            int element_kind, const HeaderWords& header, uint8_t* out,
+                            DeviceStatus* status, void* stream);
 
-// Upsampled LFC + dequantized residual.
-absl::Status DivisionDecode(const uint8_t* payload, const division_math::Layout& layout,
-                            int element_kind, void* output, void* stream);
+// Upsampled LFC + dequantized residual, in one launch that checks the buffer at `buffer`
+// (`capacity` bytes) as CheckBuffer does, its failures in status->failures (Poison after it).
+absl::Status DivisionDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                            uint32_t known, const division_math::Layout& layout,
+                            int element_kind, void* output, DeviceStatus* status, void* stream);
 
 struct EbShape {
   int dims;  // 2: 8 x 16 tiles over [planes, rows, cols]; 1: runs of 128 (planes = rows = 1)

@@ -1,11 +1,16 @@
 // CUDA kernels of the `pool` codec. They write exactly the payload of the CPU reference
-// (pool.cc): both compute each payload word with pool_math::EncodeWord (a left-to-right
-// correctly rounded sum per window, so no reassociation).
+// (pool.cc): each mean a left-to-right correctly rounded sum over its window, divided by its
+// count (pool_math.h), so no reassociation.
 //
-// Encode: one thread per payload word (one or two windows of k <= 64 neighbouring values; a
-// warp reads a contiguous span of its rows) in a grid-stride loop; the checksum and the count
-// of non-finite means are summed per warp into the call's DeviceStatus. Decode: one thread per
-// output element (coalesced writes; the means are read through the cache).
+// One launch each way. Encode: a thread per payload word (one float32 mean, or two 16-bit
+// ones). Where the windows tile the tensor (rows of whole windows), each a multiple of 4 values,
+// and the input is 16-byte aligned, a word's 4 x window bytes are window / 4 16-byte vectors it
+// loads; elsewhere pool_math::EncodeWord reads value by value. Decode: where the windows tile
+// the tensor as well and the output is 16-byte aligned, a thread writes a 16-byte vector of
+// output (each 4 values of it one window's mean); elsewhere a value a thread. The decode sums a
+// payload word's checksum term in the thread that writes the first value of the word's first
+// window. Both close their launch (device_ops.cuh's CloseLaunch): the encode's last block
+// writes the header, the decode's checks the buffer.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,34 +28,115 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Payload word w of a tensor whose windows tile it, from its window / 4 16-byte vectors (the
+// 4 x window bytes of its one or two windows); the same bits as pool_math::EncodeWord.
+template <int K>
+__device__ __forceinline__ uint32_t EncodeTiledWord(const uint4* __restrict__ input,
+                                                    uint32_t window, uint64_t w,
+                                                    uint64_t* nonfinite) {
+  constexpr uint32_t kPer = kValuesPerVector<K>;
+  const uint32_t vectors = window / 4;
+  const uint4* span = input + w * vectors;
+  float sum[2] = {0.0f, 0.0f};
+  for (uint32_t v = 0; v < vectors; ++v) {
+    const uint4 x = span[v];
+    ACTPACK_UNROLL
+    for (uint32_t e = 0; e < kPer; ++e) {
+      const uint32_t second = v * kPer + e >= window ? 1 : 0;  // 16-bit: the word's second mean
+      sum[second] = portable::Add(sum[second], VectorElement<K>(x, e));
+    }
+  }
+  const float count = static_cast<float>(window);
+  if constexpr (K == elements::kF32) {
+    const float mean = portable::Div(sum[0], count);
+    if (!portable::IsFinite(mean)) ++*nonfinite;
+    return portable::FloatBits(mean);
+  } else {
+    uint32_t word = 0;
+    for (int half = 0; half < 2; ++half) {
+      const float mean = portable::Div(sum[half], count);
+      const uint16_t h =
+          K == elements::kF16 ? portable::FloatToHalf(mean) : portable::FloatToBf16(mean);
+      const uint16_t exponent_mask = K == elements::kF16 ? 0x7c00u : 0x7f80u;
+      if ((h & exponent_mask) == exponent_mask) ++*nonfinite;
+      word |= static_cast<uint32_t>(h) << (16 * half);
+    }
+    return word;
+  }
+}
+
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     PoolEncodeKernel(const void* __restrict__ input, pool_math::Shape shape, uint64_t words,
-                     uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
+                     bool tiled, uint32_t* __restrict__ payload, LaunchClosing closing,
+                     DeviceStatus* __restrict__ status) {
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  // The words of whole tiles: a 16-bit tensor's last word may hold one mean.
+  const uint64_t tiled_words = !tiled ? 0 : K == elements::kF32 ? words : shape.means / 2;
   for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < words; w += stride) {
-    const uint32_t word = pool_math::EncodeWord<K>(input, shape, w, &nonfinite);
+    const uint32_t word =
+        w < tiled_words
+            ? EncodeTiledWord<K>(static_cast<const uint4*>(input), shape.window, w, &nonfinite)
+            : pool_math::EncodeWord<K>(input, shape, w, &nonfinite);
     payload[w] = word;
     checksum += portable::ChecksumTerm(word, w);
   }
   WarpSumToGlobal(checksum, &status->payload_sum);
   WarpSumToGlobal(nonfinite, &status->nonfinite);
+  CloseLaunch(closing, status);
+}
+
+// The checksum term of the payload word that mean m starts (every float32 mean, every other
+// 16-bit one), else 0.
+template <int Width>
+__device__ __forceinline__ uint64_t MeanTerm(const uint32_t* __restrict__ payload, uint64_t m) {
+  if (Width == 2 && m % 2 != 0) return 0;
+  const uint64_t w = Width == 4 ? m : m / 2;
+  return portable::ChecksumTerm(payload[w], w);
 }
 
 template <int Width>
-__global__ void PoolDecodeKernel(const void* __restrict__ means, pool_math::Shape shape,
-                                 void* __restrict__ output) {
+__global__ void __launch_bounds__(kThreads)
+    PoolDecodeKernel(const uint32_t* __restrict__ payload, pool_math::Shape shape, bool tiled,
+                     void* __restrict__ output, LaunchClosing closing,
+                     DeviceStatus* __restrict__ status) {
+  constexpr uint32_t kPer = 16 / Width;
   const uint64_t numel = shape.rows * shape.row_length;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < numel; i += stride) {
+  const uint64_t first = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  uint64_t checksum = 0;
+  uint64_t done = 0;  // the values the vectors wrote
+  if (tiled) {  // every window's values lie in whole groups of 4 of a vector
+    const uint64_t vectors = numel / kPer;
+    for (uint64_t i = first; i < vectors; i += stride) {
+      uint32_t w[4];
+      ACTPACK_UNROLL
+      for (uint32_t q = 0; q < kPer / 4; ++q) {  // each 4 values of the vector
+        const uint64_t e = i * kPer + 4 * q;
+        const uint64_t m = e / shape.window;
+        const uint32_t bits = elements::LoadBits<Width>(payload, m);
+        if (e % shape.window == 0) checksum += MeanTerm<Width>(payload, m);
+        if constexpr (Width == 4) {
+          w[0] = w[1] = w[2] = w[3] = bits;
+        } else {
+          w[2 * q] = w[2 * q + 1] = bits | bits << 16;
+        }
+      }
+      static_cast<uint4*>(output)[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    done = vectors * kPer;
+  }
+  for (uint64_t i = done + first; i < numel; i += stride) {
     const uint64_t row = i / shape.row_length;
     const uint64_t column = i - row * shape.row_length;
-    const uint32_t bits =
-        elements::LoadBits<Width>(means, row * shape.means_per_row + column / shape.window);
-    elements::StoreBits<Width>(output, i, bits);
+    const uint64_t m = row * shape.means_per_row + column / shape.window;
+    elements::StoreBits<Width>(output, i, elements::LoadBits<Width>(payload, m));
+    if (column % shape.window == 0) checksum += MeanTerm<Width>(payload, m);
   }
+  WarpSumToGlobal(checksum, &status->decode_sum);
+  CloseLaunch(closing, status);
 }
 
 uint64_t PayloadWords(const pool_math::Shape& shape, int element_kind) {
@@ -58,47 +144,61 @@ uint64_t PayloadWords(const pool_math::Shape& shape, int element_kind) {
   return (shape.means * width + 3) / 4;
 }
 
+// Whether the windows tile a tensor at `data` in 16-byte vectors: rows of whole windows of a
+// multiple of 4 values, 16-byte aligned.
+bool Tiled(const void* data, const pool_math::Shape& shape) {
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && shape.window % 4 == 0 &&
+         shape.row_length % shape.window == 0;
+}
+
+template <int K>
+void LaunchEncode(const void* input, const pool_math::Shape& shape, uint64_t words,
+                  uint32_t* payload, const LaunchClosing& closing, DeviceStatus* status,
+                  cudaStream_t s) {
+  ACTPACK_LAUNCH(PoolEncodeKernel<K>, BlocksFor(words, kThreads), kThreads, s)(
+      input, shape, words, Tiled(input, shape), payload, closing, status);
+}
+
 }  // namespace
 
-absl::Status PoolEncode(const void* input, const PoolLayout& layout, uint8_t* payload,
-                        DeviceStatus* status, void* stream) {
+absl::Status PoolEncode(const void* input, const PoolLayout& layout, const HeaderWords& header,
+                        uint8_t* out, DeviceStatus* status, void* stream) {
   const pool_math::Shape shape =
       pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t words = PayloadWords(shape, layout.element_kind);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint32_t* out = reinterpret_cast<uint32_t*>(payload);
-  if (words > 0) {
-    const int blocks = BlocksFor(words, kThreads);
-    switch (layout.element_kind) {  // coverage: every branch
-      case elements::kF16:
-        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF16>, blocks, kThreads, s)(
-            input, shape, words, out, status);
-        break;
-      case elements::kBF16:
-        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kBF16>, blocks, kThreads, s)(
-            input, shape, words, out, status);
-        break;
-      default:
-        ACTPACK_LAUNCH(PoolEncodeKernel<elements::kF32>, blocks, kThreads, s)(
-            input, shape, words, out, status);
-    }
-    ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  uint32_t* payload = reinterpret_cast<uint32_t*>(out + kHeaderWords * 4);
+  const LaunchClosing closing = EncodeClosing(header, out);
+  switch (layout.element_kind) {  // coverage: every branch
+    case elements::kF16:
+      LaunchEncode<elements::kF16>(input, shape, words, payload, closing, status, s);
+      break;
+    case elements::kBF16:
+      LaunchEncode<elements::kBF16>(input, shape, words, payload, closing, status, s);
+      break;
+    default:
+      LaunchEncode<elements::kF32>(input, shape, words, payload, closing, status, s);
   }
+  ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-absl::Status PoolDecode(const uint8_t* payload, const PoolLayout& layout, void* output,
-                        void* stream) {
+absl::Status PoolDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
+                        uint32_t known, const PoolLayout& layout, void* output,
+                        DeviceStatus* status, void* stream) {
   const pool_math::Shape shape =
       pool_math::MakeShape(layout.rows, layout.row_length, layout.window);
   const uint64_t numel = shape.rows * shape.row_length;
-  if (numel == 0) return absl::OkStatus();
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int blocks = BlocksFor(numel, kThreads);
+  const uint32_t* payload = reinterpret_cast<const uint32_t*>(buffer + kHeaderWords * 4);
+  const LaunchClosing closing = DecodeClosing(buffer, capacity, expected, known);
+  const bool tiled = Tiled(output, shape);
   if (layout.element_kind == elements::kF32) {  // coverage: every branch
-    ACTPACK_LAUNCH(PoolDecodeKernel<4>, blocks, kThreads, s)(payload, shape, output);
+    ACTPACK_LAUNCH(PoolDecodeKernel<4>, BlocksFor(tiled ? numel / 4 : numel, kThreads), kThreads,
+                   s)(payload, shape, tiled, output, closing, status);
   } else {
-    ACTPACK_LAUNCH(PoolDecodeKernel<2>, blocks, kThreads, s)(payload, shape, output);
+    ACTPACK_LAUNCH(PoolDecodeKernel<2>, BlocksFor(tiled ? numel / 8 : numel, kThreads), kThreads,
+                   s)(payload, shape, tiled, output, closing, status);
   }
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

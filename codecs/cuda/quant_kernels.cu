@@ -38,9 +38,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // 16-byte vectors a lane holds of its group in the vector kernels.
 constexpr uint32_t kVectorsPerLane = 2;
 
-template <int K>
-constexpr uint32_t kValuesPerVector = K == elements::kF32 ? 4 : 8;
-
 // A vector's codes (at most 8 bits each): 32 bits for 4 float32 values, 64 for 8 16-bit ones.
 template <int K>
 using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
@@ -48,37 +45,6 @@ using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 // log2(32 / bits): a code's word is its index >> this.
 __device__ __forceinline__ uint32_t WordShift(uint32_t bits) {
   return bits == 1 ? 5u : bits == 2 ? 4u : bits == 4 ? 3u : 2u;
-}
-
-// Element e of a 16-byte vector of kind K as float.
-template <int K>
-__device__ __forceinline__ float VectorElement(const uint4& v, uint32_t e) {
-  const uint32_t w = K == elements::kF32 ? e : e / 2;
-  const uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
-  if constexpr (K == elements::kF32) {
-    return portable::BitsToFloat(word);
-  } else {
-    const uint16_t half = static_cast<uint16_t>((e & 1) != 0 ? word >> 16 : word & 0xffffu);
-    return K == elements::kF16 ? portable::HalfToFloat(half) : portable::Bf16ToFloat(half);
-  }
-}
-
-// The vector of kind K holding `values` (elements::Store's rounding).
-template <int K>
-__device__ __forceinline__ uint4 PackVector(const float* values) {
-  uint32_t w[4];
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (K == elements::kF32) {
-      w[j] = portable::FloatBits(values[j]);
-    } else if constexpr (K == elements::kF16) {
-      w[j] = portable::FloatToHalf(values[2 * j]) |
-             static_cast<uint32_t>(portable::FloatToHalf(values[2 * j + 1])) << 16;
-    } else {
-      w[j] = portable::FloatToBf16(values[2 * j]) |
-             static_cast<uint32_t>(portable::FloatToBf16(values[2 * j + 1])) << 16;
-    }
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // The vector at value `at` of `input` whose values from `last` on lie past the tensor: those

@@ -142,23 +142,29 @@ ACTPACK_HD uint32_t LfcWord(const void* input, const Layout& l, uint64_t w, uint
   return word;
 }
 
-// The LFC mean (index into the bfloat16 means) that element `j` of plane `p` upsamples from.
-ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j) {
-  uint64_t c, hb, wb;
+// The LFC mean (index into the bfloat16 means) that element `j` of plane `p` upsamples from;
+// *starts (where given) says whether the element is its window's first (top-left) value.
+ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j, bool* starts = nullptr) {
+  uint64_t c, hb, wb, h, w;
   if (l.plane <= 0xffffffffu) {
     // The usual case, in 32-bit arithmetic: a GPU divides 32-bit integers several times faster.
     const uint32_t j32 = static_cast<uint32_t>(j), inner = static_cast<uint32_t>(l.inner);
     const uint32_t width = static_cast<uint32_t>(l.width), t = j32 / inner;
     c = j32 - t * inner;
-    const uint32_t h = t / width;
-    hb = h / l.block_h;
-    wb = (t - h * width) / l.block_w;
+    const uint32_t h32 = t / width;
+    h = h32;
+    w = t - h32 * width;
+    hb = h32 / l.block_h;
+    wb = static_cast<uint32_t>(w) / l.block_w;
   } else {
     c = j % l.inner;
     const uint64_t t = j / l.inner;
-    hb = t / l.width / l.block_h;
-    wb = t % l.width / l.block_w;
+    h = t / l.width;
+    w = t % l.width;
+    hb = h / l.block_h;
+    wb = w / l.block_w;
   }
+  if (starts != nullptr) *starts = h == hb * l.block_h && w == wb * l.block_w;
   return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
 }
 
