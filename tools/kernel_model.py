@@ -791,6 +791,7 @@ def work(kernels_tree):
                  lambda s: s["groups"] * s["group"] / 32, loads=2, cold=(UNIFORM_FLOAT,)),
             Trip("for (uint32_t offset = 1; offset < per_word; offset *= 2)",
                  lambda s: s["groups"] * s["group"] / 32 * math.log2(s["per_word"]))]),
+        # decode: a value a thread (the kernels of 2026-11-27; HEAD's below)
         "DivisionDecodeKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["numel"], 256), [
             Trip("i < numel; i += stride", lambda s: s["numel"] / 32, loads=3)]),
     }
@@ -813,18 +814,17 @@ def work(kernels_tree):
             Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0)]),
         "CastDecodeKernel": Launch(cast, 256, lambda s: vector_blocks(s, 32), [
             Trip("i + (kUnroll - 1) * stride < vectors;",
-                 lambda s: unrolled_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=4, nth=2),
+                 lambda s: unrolled_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=4),
             Trip("for (; i < vectors; i += stride) {",
-                 lambda s: leftover_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=1, nth=2),
-            Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0, nth=2),
+                 lambda s: leftover_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=1),
+            Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0),
             Trip("while ((mantissa & 0x400u) == 0)", lambda s: 0,
                  file="codecs/internal/portable.h")]),  # subnormal halves only
         # mask of a bool tensor: a thread per 16-byte vector (16 elements), two lanes' bits ORed
-        # into a word by one shuffle; decode a thread per 16-byte vector of output
+        # into a word by one shuffle (unrolled: a constant count); decode a thread per 16-byte
+        # vector of output
         "MaskEncodeKernel": Launch(mask, 256, lambda s: blocks_for(s["words"] * 2, 256), [
-            Trip("base < words * kLanesPerWord;", lambda s: s["words"] * 2 / 32, loads=1),
-            Trip("for (uint32_t offset = 1; offset < kLanesPerWord; offset *= 2)",
-                 lambda s: s["words"] * 2 / 32)]),
+            Trip("base < words * kLanesPerWord;", lambda s: s["words"] * 2 / 32, loads=1)]),
         "MaskDecodeKernel": Launch(mask, 256, lambda s: blocks_for(s["numel"] // 16, 256), [
             Trip("for (uint64_t v = first; v < vectors; v += stride)",
                  lambda s: s["numel"] / 16 / 32, loads=1),
@@ -886,6 +886,13 @@ def work(kernels_tree):
                 Trip("for (uint32_t col = 1; col < tc; ++col)", lambda s: 0),
                 Trip("for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc + lane]", lambda s: 0)]),
         })
+    with open(os.path.join(kernels_tree, DIVISION)) as f:
+        decode_vectors = "DecodeAt<K>" in f.read()
+    if decode_vectors:  # a thread per 16-byte vector of output (the planes hold whole vectors)
+        w["DivisionDecodeKernel"] = Launch(DIVISION, 256, lambda s: blocks_for(s["numel"] // 4, 256), [
+            Trip("for (uint64_t v = first; v < vectors; v += stride) {",
+                 lambda s: s["numel"] / 4 / 32, loads=10),
+            Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)])
     quant_decode = os.path.join(kernels_tree, QUANT)
     with open(quant_decode) as f:
         source = f.read()
@@ -1007,6 +1014,9 @@ def sass_kernel(kernels, name, dtype):
     arg = name[len(base):].strip("<>")
     if arg.isdigit():
         return kernels.get(f"{base}<{arg}>")
+    if arg == "Width":  # a kernel templated on the element's bytes (mask's)
+        width = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}[dtype]
+        return kernels.get(f"{base}<{width}>")
     if arg:
         k = K_OF_DTYPE.get(dtype, 5)  # bitpack's int64 is its kind 5
         return kernels.get(f"{base}<{k}>")

@@ -172,6 +172,45 @@ __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, 
                                     quant_math::UnpackGroupParams(packed));
 }
 
+// The 16-byte vector of values j0.. of plane p (j0 a multiple of the vector's values, so they
+// share a group and one or two code words), with DecodeAt's checksum terms.
+template <int K>
+__device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ payload,
+                                              const Layout& l, uint64_t p, uint64_t j0,
+                                              uint64_t* checksum) {
+  constexpr uint32_t kPer = kValuesPerVector<K>;
+  const uint32_t per_word = 32 / l.bits;
+  const uint32_t mask = (1u << l.bits) - 1;
+  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
+  const bool narrow = l.plane <= 0xffffffffu;
+  const uint64_t q = narrow ? static_cast<uint32_t>(j0) / static_cast<uint32_t>(l.group_length)
+                            : j0 / l.group_length;
+  const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
+  const uint32_t packed = payload[param_at];
+  if (j0 == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
+  const quant_math::GroupParams gp = quant_math::UnpackGroupParams(packed);
+  // kPer * bits <= 64 and j0 % kPer == 0: the codes lie in word_at and, at 8 bits of a 16-bit
+  // tensor, word_at + 1, each starting in this vector where it starts a word.
+  const uint64_t word_at = division_math::PlaneCodeWord(l, p) + j0 / per_word;
+  const uint32_t word = payload[word_at];
+  const bool two = kPer > per_word;
+  const uint32_t next = two ? payload[word_at + 1] : 0u;
+  if (j0 % per_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
+  if (two) *checksum += portable::ChecksumTerm(next, word_at + 1);
+  const uint32_t shift = static_cast<uint32_t>(j0 % per_word) * l.bits;
+  float values[kPer];
+  ACTPACK_UNROLL
+  for (uint32_t e = 0; e < kPer; ++e) {
+    const uint32_t bit = shift + e * l.bits;
+    const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
+    bool starts = false;
+    const uint64_t m = division_math::MeanOf(l, p, j0 + e, &starts);
+    if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
+    values[e] = division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code, gp);
+  }
+  return PackVector<K>(values);
+}
+
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, bool vectors_fit,
@@ -188,10 +227,7 @@ __global__ void __launch_bounds__(kThreads)
     for (uint64_t v = first; v < vectors; v += stride) {
       const uint64_t p = v * kPer / l.plane;
       const uint64_t j0 = v * kPer - p * l.plane;
-      float values[kPer];
-      ACTPACK_UNROLL
-      for (uint32_t e = 0; e < kPer; ++e) values[e] = DecodeAt<K>(payload, l, p, j0 + e, &checksum);
-      static_cast<uint4*>(output)[v] = PackVector<K>(values);
+      static_cast<uint4*>(output)[v] = DecodeVector<K>(payload, l, p, j0, &checksum);
     }
     done = vectors * kPer;
   }

@@ -37,24 +37,28 @@ __device__ __forceinline__ uint32_t EncodeTiledWord(const uint4* __restrict__ in
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint32_t vectors = window / 4;
   const uint4* span = input + w * vectors;
-  float sum[2] = {0.0f, 0.0f};
+  float first = 0.0f, second = 0.0f;  // the word's two means' sums (float32: the first only)
   for (uint32_t v = 0; v < vectors; ++v) {
     const uint4 x = span[v];
     ACTPACK_UNROLL
     for (uint32_t e = 0; e < kPer; ++e) {
-      const uint32_t second = v * kPer + e >= window ? 1 : 0;  // 16-bit: the word's second mean
-      sum[second] = portable::Add(sum[second], VectorElement<K>(x, e));
+      const float value = VectorElement<K>(x, e);
+      if (K != elements::kF32 && v * kPer + e >= window) {
+        second = portable::Add(second, value);
+      } else {
+        first = portable::Add(first, value);
+      }
     }
   }
   const float count = static_cast<float>(window);
   if constexpr (K == elements::kF32) {
-    const float mean = portable::Div(sum[0], count);
+    const float mean = portable::Div(first, count);
     if (!portable::IsFinite(mean)) ++*nonfinite;
     return portable::FloatBits(mean);
   } else {
     uint32_t word = 0;
     for (int half = 0; half < 2; ++half) {
-      const float mean = portable::Div(sum[half], count);
+      const float mean = portable::Div(half == 0 ? first : second, count);
       const uint16_t h =
           K == elements::kF16 ? portable::FloatToHalf(mean) : portable::FloatToBf16(mean);
       const uint16_t exponent_mask = K == elements::kF16 ? 0x7c00u : 0x7f80u;
