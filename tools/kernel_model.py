@@ -832,7 +832,11 @@ def work(kernels_tree):
         # pool of float32 by 4: a thread per mean (payload word) from one 16-byte vector; decode
         # a thread per 16-byte vector of output (one mean)
         "PoolEncodeKernel": Launch(pool, 256, lambda s: blocks_for(s["words"], 256), [
-            Trip("w < words; w += stride", lambda s: s["words"] / 32),
+            Trip("w < words; w += stride", lambda s: s["words"] / 32,
+                 cold=((pool, ": pool_math::EncodeWord<K>(input, shape, w, &nonfinite);"),
+                       ("codecs/internal/pool_math.h", "const float mean = WindowMean<K>(input, s, w);"),
+                       ("codecs/internal/pool_math.h",
+                        "sum = portable::Add(sum, elements::Load<K>(input, first + j));"))),
             Trip("for (uint32_t v = 0; v < vectors; ++v)",
                  lambda s: s["words"] / 32 * s["window"] / 4, loads=1),
             Trip("for (uint64_t j = 0; j < count; ++j)", lambda s: 0,

@@ -76,6 +76,8 @@ MUTANTS = [
            "        nonfinite += partial.nonfinite;\n      }\n    }\n"
            "    for (int offset = 16; offset > (lane & 1); offset /= 2) {",
            identity("quant2")),
+    Mutant("quant-vector-finite", "a check removed", "codecs/cuda/quant_kernels.cu",
+           "if (magnitude < 0x7f800000u) {", "if (magnitude <= 0x7f800000u) {", identity("quant2")),
     Mutant("quant-vector-partial", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
            "? static_cast<uint32_t>(last - at)", "? static_cast<uint32_t>(last - at - 1)",
            identity("quant8")),

@@ -56,16 +56,8 @@ __device__ __forceinline__ uint32_t EncodeTiledWord(const uint4* __restrict__ in
     if (!portable::IsFinite(mean)) ++*nonfinite;
     return portable::FloatBits(mean);
   } else {
-    uint32_t word = 0;
-    for (int half = 0; half < 2; ++half) {
-      const float mean = portable::Div(half == 0 ? first : second, count);
-      const uint16_t h =
-          K == elements::kF16 ? portable::FloatToHalf(mean) : portable::FloatToBf16(mean);
-      const uint16_t exponent_mask = K == elements::kF16 ? 0x7c00u : 0x7f80u;
-      if ((h & exponent_mask) == exponent_mask) ++*nonfinite;
-      word |= static_cast<uint32_t>(h) << (16 * half);
-    }
-    return word;
+    return pool_math::StoredHalf<K>(portable::Div(first, count), nonfinite) |
+           pool_math::StoredHalf<K>(portable::Div(second, count), nonfinite) << 16;
   }
 }
 

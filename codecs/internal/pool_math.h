@@ -48,6 +48,15 @@ ACTPACK_HD uint64_t MeansPerWord() {
   return K == elements::kF32 ? 1 : 2;
 }
 
+// A mean as a float16 or bfloat16 payload half (K); counts one not finite there in *nonfinite.
+template <int K>
+ACTPACK_HD uint32_t StoredHalf(float mean, uint64_t* nonfinite) {
+  const uint16_t h = K == elements::kF16 ? portable::FloatToHalf(mean) : portable::FloatToBf16(mean);
+  const uint16_t exponent_mask = K == elements::kF16 ? 0x7c00u : 0x7f80u;
+  if ((h & exponent_mask) == exponent_mask) ++*nonfinite;
+  return h;
+}
+
 // Payload word `w`; adds to *nonfinite the means that are not finite in the stored type (a
 // non-finite input or a window sum that overflows: the encoder refuses such a tensor).
 template <int K>
@@ -62,12 +71,7 @@ ACTPACK_HD uint32_t EncodeWord(const void* input, const Shape& s, uint64_t w,
     for (uint64_t half = 0; half < 2; ++half) {
       const uint64_t m = 2 * w + half;
       if (m >= s.means) break;
-      const float mean = WindowMean<K>(input, s, m);
-      const uint16_t h =
-          K == elements::kF16 ? portable::FloatToHalf(mean) : portable::FloatToBf16(mean);
-      const uint16_t exponent_mask = K == elements::kF16 ? 0x7c00u : 0x7f80u;
-      if ((h & exponent_mask) == exponent_mask) ++*nonfinite;
-      word |= static_cast<uint32_t>(h) << (16 * half);
+      word |= StoredHalf<K>(WindowMean<K>(input, s, m), nonfinite) << (16 * half);
     }
     return word;
   }
