@@ -825,9 +825,13 @@ def work(kernels_tree):
         # vector of output
         "MaskEncodeKernel": Launch(mask, 256, lambda s: blocks_for(s["words"] * 2, 256), [
             Trip("base < words * kLanesPerWord;", lambda s: s["words"] * 2 / 32, loads=1)]),
-        "MaskDecodeKernel": Launch(mask, 256, lambda s: blocks_for(s["numel"] // 16, 256), [
-            Trip("for (uint64_t v = first; v < vectors; v += stride)",
-                 lambda s: s["numel"] / 16 / 32, loads=1),
+        "MaskDecodeKernel": Launch(mask, 256, lambda s: blocks_for(s["numel"] // 16 // 4, 256), [
+            Trip("v + (kUnroll - 1) * stride < vectors;",
+                 lambda s: unrolled_trips(s["numel"] // 16, blocks_for(s["numel"] // 16 // 4, 256)),
+                 loads=4),
+            Trip("for (; v < vectors; v += stride)",
+                 lambda s: leftover_trips(s["numel"] // 16, blocks_for(s["numel"] // 16 // 4, 256)),
+                 loads=1),
             Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)]),
         # pool of float32 by 4: a thread per mean (payload word) from one 16-byte vector; decode
         # a thread per 16-byte vector of output (one mean)

@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(kThreads)
         const uint2 out = make_uint2(EncodeHalfVector(v[k].x, v[k].y, to_bf16, &overflow),
                                      EncodeHalfVector(v[k].z, v[k].w, to_bf16, &overflow));
         dst[at] = out;
-        checksum += portable::ChecksumTerm(out.x, 2 * at) + portable::ChecksumTerm(out.y, 2 * at + 1);
+        checksum +=
+            portable::ChecksumTerm(out.x, 2 * at) + portable::ChecksumTerm(out.y, 2 * at + 1);
       }
     }
     for (; i < vectors; i += stride) {

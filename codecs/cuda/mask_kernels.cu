@@ -6,10 +6,10 @@
 // bits ORed with its neighbours' into a payload word by shuffles, written by the word's first
 // lane. The checksum, the largest nonzero element bits and the largest complement (for the
 // smallest) are reduced per warp into the call's DeviceStatus; the launch's last block turns
-// them into the value (MaskValue) and writes the header. Decode: a thread per 16-byte vector of
-// output where it is 16-byte aligned (an element a thread elsewhere), the value read from the
-// buffer's header; the thread whose elements start a payload word sums its checksum term, and
-// the last block checks the buffer and the value (MaskParamFailures).
+// them into the value (MaskValue) and writes the header. Decode: a thread per kUnroll 16-byte
+// vectors of output where it is 16-byte aligned (an element a thread elsewhere), the value
+// read from the buffer's header; the thread whose elements start a payload word sums its
+// checksum term, and the last block checks the buffer and the value (MaskParamFailures).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,6 +25,8 @@ namespace actpack::codecs::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
+// Output vectors a decode thread takes a pass.
+constexpr int kUnroll = 4;
 constexpr unsigned kFullMask = 0xffffffffu;
 // DeviceStatus::work words of the encode.
 constexpr int kMaxBitsWord = 0;
@@ -156,7 +158,22 @@ __global__ void __launch_bounds__(256)
   uint64_t done = 0;  // the elements the vectors wrote
   if (aligned) {
     const uint64_t vectors = numel / kPer;
-    for (uint64_t v = first; v < vectors; v += stride) {
+    uint64_t v = first;
+    // kUnroll vectors a pass, their payload words loaded before any is expanded (independent
+    // loads in flight), then the vectors left.
+    for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride) {
+      uint32_t words[kUnroll];
+      ACTPACK_UNROLL
+      for (int k = 0; k < kUnroll; ++k) words[k] = payload[(v + k * stride) * kPer / 32];
+      ACTPACK_UNROLL
+      for (int k = 0; k < kUnroll; ++k) {
+        const uint64_t at = (v + k * stride) * kPer;
+        if (at % 32 == 0) checksum += portable::ChecksumTerm(words[k], at / 32);
+        static_cast<uint4*>(output)[v + k * stride] =
+            ExpandBits<Width>(words[k] >> (at % 32), value);
+      }
+    }
+    for (; v < vectors; v += stride) {
       const uint64_t at = v * kPer;
       const uint32_t word = payload[at / 32];
       if (at % 32 == 0) checksum += portable::ChecksumTerm(word, at / 32);
@@ -197,8 +214,9 @@ template <int Width>
 void LaunchDecode(const uint32_t* header, uint64_t numel, void* output,
                   const LaunchClosing& closing, int dtype, DeviceStatus* status, cudaStream_t s) {
   const bool aligned = Aligned16(output);
-  ACTPACK_LAUNCH(MaskDecodeKernel<Width>, BlocksFor(aligned ? numel / (16 / Width) : numel, 256),
-                 256, s)(header, numel, aligned, output, closing, dtype, status);
+  const uint64_t threads = aligned ? numel / (16 / Width) / kUnroll : numel;
+  ACTPACK_LAUNCH(MaskDecodeKernel<Width>, BlocksFor(threads, 256), 256, s)(
+      header, numel, aligned, output, closing, dtype, status);
 }
 
 }  // namespace
