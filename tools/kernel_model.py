@@ -833,16 +833,19 @@ def work(kernels_tree):
                  lambda s: leftover_trips(s["numel"] // 16, blocks_for(s["numel"] // 16 // 4, 256)),
                  loads=1),
             Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)]),
-        # pool of float32 by 4: a thread per mean (payload word) from one 16-byte vector; decode
+        # pool of float32 by 4: a thread 4 means (payload words) a pass, each one 16-byte vector; decode
         # a thread per 16-byte vector of output (one mean)
-        "PoolEncodeKernel": Launch(pool, 256, lambda s: blocks_for(s["words"], 256), [
-            Trip("w < words; w += stride", lambda s: s["words"] / 32,
+        "PoolEncodeKernel": Launch(pool, 256, lambda s: blocks_for(s["words"] // 4, 256), [
+            Trip("w + (kUnroll - 1) * stride < tiled_words;",
+                 lambda s: unrolled_trips(s["words"], blocks_for(s["words"] // 4, 256)), loads=4),
+            Trip("for (; w < words; w += stride)",
+                 lambda s: leftover_trips(s["words"], blocks_for(s["words"] // 4, 256)),
                  cold=((pool, ": pool_math::EncodeWord<K>(input, shape, w, &nonfinite);"),
                        ("codecs/internal/pool_math.h", "const float mean = WindowMean<K>(input, s, w);"),
                        ("codecs/internal/pool_math.h",
                         "sum = portable::Add(sum, elements::Load<K>(input, first + j));"))),
             Trip("for (uint32_t v = 0; v < vectors; ++v)",
-                 lambda s: s["words"] / 32 * s["window"] / 4, loads=1),
+                 lambda s: leftover_trips(s["words"], blocks_for(s["words"] // 4, 256)), loads=1),
             Trip("for (uint64_t j = 0; j < count; ++j)", lambda s: 0,
                  file="codecs/internal/pool_math.h")]),
         "PoolDecodeKernel": Launch(pool, 256, lambda s: blocks_for(s["numel"] // 4, 256), [

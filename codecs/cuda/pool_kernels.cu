@@ -5,7 +5,8 @@
 // One launch each way. Encode: a thread per payload word (one float32 mean, or two 16-bit
 // ones). Where the windows tile the tensor (rows of whole windows), each a multiple of 4 values,
 // and the input is 16-byte aligned, a word's 4 x window bytes are window / 4 16-byte vectors it
-// loads; elsewhere pool_math::EncodeWord reads value by value. Decode: where the windows tile
+// loads (windows of 4: a word one vector, kUnroll words a thread a pass); elsewhere
+// pool_math::EncodeWord reads value by value. Decode: where the windows tile
 // the tensor as well and the output is 16-byte aligned, a thread writes a 16-byte vector of
 // output (each 4 values of it one window's mean); elsewhere a value a thread. The decode sums a
 // payload word's checksum term in the thread that writes the first value of the word's first
@@ -28,28 +29,30 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Payload word w of a tensor whose windows tile it, from its window / 4 16-byte vectors (the
-// 4 x window bytes of its one or two windows); the same bits as pool_math::EncodeWord.
+// Words a thread encodes a pass where a word is one 16-byte vector (windows of 4).
+constexpr int kUnroll = 4;
+
+// The sums of a payload word's one or two windows (float32: the first only), vector `v` of the
+// word's window / 4 added to them left to right.
 template <int K>
-__device__ __forceinline__ uint32_t EncodeTiledWord(const uint4* __restrict__ input,
-                                                    uint32_t window, uint64_t w,
-                                                    uint64_t* nonfinite) {
+__device__ __forceinline__ void AddVector(const uint4& x, uint32_t v, uint32_t window,
+                                          float* first, float* second) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
-  const uint32_t vectors = window / 4;
-  const uint4* span = input + w * vectors;
-  float first = 0.0f, second = 0.0f;  // the word's two means' sums (float32: the first only)
-  for (uint32_t v = 0; v < vectors; ++v) {
-    const uint4 x = span[v];
-    ACTPACK_UNROLL
-    for (uint32_t e = 0; e < kPer; ++e) {
-      const float value = VectorElement<K>(x, e);
-      if (K != elements::kF32 && v * kPer + e >= window) {
-        second = portable::Add(second, value);
-      } else {
-        first = portable::Add(first, value);
-      }
+  ACTPACK_UNROLL
+  for (uint32_t e = 0; e < kPer; ++e) {
+    const float value = VectorElement<K>(x, e);
+    if (K != elements::kF32 && v * kPer + e >= window) {
+      *second = portable::Add(*second, value);
+    } else {
+      *first = portable::Add(*first, value);
     }
   }
+}
+
+// The payload word of those sums; the same bits as pool_math::EncodeWord.
+template <int K>
+__device__ __forceinline__ uint32_t TiledWord(float first, float second, uint32_t window,
+                                              uint64_t* nonfinite) {
   const float count = static_cast<float>(window);
   if constexpr (K == elements::kF32) {
     const float mean = portable::Div(first, count);
@@ -59,6 +62,19 @@ __device__ __forceinline__ uint32_t EncodeTiledWord(const uint4* __restrict__ in
     return pool_math::StoredHalf<K>(portable::Div(first, count), nonfinite) |
            pool_math::StoredHalf<K>(portable::Div(second, count), nonfinite) << 16;
   }
+}
+
+// Payload word w of a tensor whose windows tile it, from its window / 4 16-byte vectors (the
+// 4 x window bytes of its one or two windows).
+template <int K>
+__device__ __forceinline__ uint32_t EncodeTiledWord(const uint4* __restrict__ input,
+                                                    uint32_t window, uint64_t w,
+                                                    uint64_t* nonfinite) {
+  const uint32_t vectors = window / 4;
+  const uint4* span = input + w * vectors;
+  float first = 0.0f, second = 0.0f;
+  for (uint32_t v = 0; v < vectors; ++v) AddVector<K>(span[v], v, window, &first, &second);
+  return TiledWord<K>(first, second, window, nonfinite);
 }
 
 template <int K>
@@ -71,7 +87,24 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   // The words of whole tiles: a 16-bit tensor's last word may hold one mean.
   const uint64_t tiled_words = !tiled ? 0 : K == elements::kF32 ? words : shape.means / 2;
-  for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < words; w += stride) {
+  uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (shape.window == 4) {  // a word one vector: kUnroll of them loaded before any is summed
+    const uint4* vectors = static_cast<const uint4*>(input);
+    for (; w + (kUnroll - 1) * stride < tiled_words; w += kUnroll * stride) {
+      uint4 x[kUnroll];
+      ACTPACK_UNROLL
+      for (int k = 0; k < kUnroll; ++k) x[k] = vectors[w + k * stride];
+      ACTPACK_UNROLL
+      for (int k = 0; k < kUnroll; ++k) {
+        float first = 0.0f, second = 0.0f;
+        AddVector<K>(x[k], 0, 4, &first, &second);
+        const uint32_t word = TiledWord<K>(first, second, 4, &nonfinite);
+        payload[w + k * stride] = word;
+        checksum += portable::ChecksumTerm(word, w + k * stride);
+      }
+    }
+  }
+  for (; w < words; w += stride) {
     const uint32_t word =
         w < tiled_words
             ? EncodeTiledWord<K>(static_cast<const uint4*>(input), shape.window, w, &nonfinite)
@@ -151,8 +184,10 @@ template <int K>
 void LaunchEncode(const void* input, const pool_math::Shape& shape, uint64_t words,
                   uint32_t* payload, const LaunchClosing& closing, DeviceStatus* status,
                   cudaStream_t s) {
-  ACTPACK_LAUNCH(PoolEncodeKernel<K>, BlocksFor(words, kThreads), kThreads, s)(
-      input, shape, words, Tiled(input, shape), payload, closing, status);
+  const bool tiled = Tiled(input, shape);
+  const uint64_t threads = tiled && shape.window == 4 ? words / kUnroll : words;
+  ACTPACK_LAUNCH(PoolEncodeKernel<K>, BlocksFor(threads, kThreads), kThreads, s)(
+      input, shape, words, tiled, payload, closing, status);
 }
 
 }  // namespace
