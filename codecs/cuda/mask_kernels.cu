@@ -190,15 +190,6 @@ __global__ void __launch_bounds__(256)
   CloseLaunch(closing, status, MaskParamFailures{header, dtype});
 }
 
-int WidthOf(int dtype) {
-  switch (dtype) {
-    case kFloat32: return 4;
-    case kFloat16:
-    case kBFloat16: return 2;
-    default: return 1;
-  }
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <int Width>
@@ -226,9 +217,10 @@ absl::Status MaskEncode(const void* input, uint64_t numel, int dtype, const Head
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* payload = reinterpret_cast<uint32_t*>(out + kHeaderWords * 4);
   const LaunchClosing closing = EncodeClosing(header, out);
-  switch (WidthOf(dtype)) {  // coverage: every branch
-    case 4: LaunchEncode<4>(input, numel, payload, closing, dtype, status, s); break;
-    case 2: LaunchEncode<2>(input, numel, payload, closing, dtype, status, s); break;
+  switch (dtype) {  // coverage: every branch (the element's bytes)
+    case kFloat32: LaunchEncode<4>(input, numel, payload, closing, dtype, status, s); break;
+    case kFloat16:
+    case kBFloat16: LaunchEncode<2>(input, numel, payload, closing, dtype, status, s); break;
     default: LaunchEncode<1>(input, numel, payload, closing, dtype, status, s);
   }
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -241,9 +233,10 @@ absl::Status MaskDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWo
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* header = reinterpret_cast<const uint32_t*>(buffer);
   const LaunchClosing closing = DecodeClosing(buffer, capacity, expected, known);
-  switch (WidthOf(dtype)) {  // coverage: every branch
-    case 4: LaunchDecode<4>(header, numel, output, closing, dtype, status, s); break;
-    case 2: LaunchDecode<2>(header, numel, output, closing, dtype, status, s); break;
+  switch (dtype) {  // coverage: every branch (the element's bytes)
+    case kFloat32: LaunchDecode<4>(header, numel, output, closing, dtype, status, s); break;
+    case kFloat16:
+    case kBFloat16: LaunchDecode<2>(header, numel, output, closing, dtype, status, s); break;
     default: LaunchDecode<1>(header, numel, output, closing, dtype, status, s);
   }
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
