@@ -342,6 +342,45 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// A buffer decoded twice with the encode's status, as a tensor unpacked again is: each decode
+// sums the payload afresh (the launch's closing resets the sum), so neither finds the checksum
+// wrong, and both write the CPU's output.
+class RedecodeTest : public OnDevice, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(RedecodeTest, ASecondDecodeWithTheSameStatusPassesToo) {
+  const CodecParams params = *ParseCodecSpec(GetParam().spec);
+  const DType dtype = GetParam().dtype;
+  const std::vector<int64_t> shape = {520};
+  const std::vector<uint8_t> input = Data(dtype, 520, 3);
+  const size_t capacity = *MaxEncodedSize({dtype, shape}, params);
+  uint8_t* buffer = memory_.Alloc(capacity);
+  absl::StatusOr<DeferredEncoding> encoding = EncodeDeferred(
+      TensorView{memory_.Upload(input), dtype, shape, Device::kCuda}, params, buffer, capacity,
+      context_, status_);
+  ASSERT_TRUE(encoding.ok()) << encoding.status();
+  const DeferredEncoding resolved = Resolve(*encoding, ReadStatus());
+  const std::vector<uint8_t> bytes = DeviceMemory::Download(buffer, resolved.bytes);
+  std::vector<uint8_t> expected(520 * ElementSize(dtype));
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size(), {expected.data(), dtype, shape, Device::kCpu}, {})
+                  .ok());
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(::testing::Message() << "decode " << round + 1);
+    uint8_t* out = memory_.Alloc(expected.size());
+    ASSERT_TRUE(DecodeDeferred(resolved, buffer, MutableTensorView{out, dtype, shape, Device::kCuda},
+                               context_, status_)
+                    .ok());
+    EXPECT_EQ(ReadStatus().failures, 0u) << DescribeFailures(ReadStatus().failures);
+    EXPECT_EQ(DeviceMemory::Download(out, expected.size()), expected);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, RedecodeTest,
+    ::testing::Values(Case{"identity", DType::kFloat32}, Case{"quant2", DType::kFloat32},
+                      Case{"cast", DType::kFloat32}, Case{"pool", DType::kFloat32},
+                      Case{"division", DType::kFloat32}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.spec); });
+
 // Inputs and outputs at every alignment a tensor view can have (offsets of 2, 4, 8 and 16
 // bytes) and lengths that leave words and bytes past the last 16-byte vector: the kernels'
 // vector paths where both sides are 16-byte aligned, their word and byte paths elsewhere, and
