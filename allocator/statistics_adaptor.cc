@@ -63,6 +63,13 @@ void StatisticsAdaptor::ResetAccumulated() {
   stats_.num_frees = 0;
 }
 
+WindowPeaks StatisticsAdaptor::TakeWindowPeaks() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const WindowPeaks taken = window_;
+  window_ = {stats_.allocated_bytes.current, stats_.reserved_bytes.current};
+  return taken;
+}
+
 absl::StatusOr<void*> StatisticsAdaptor::DoAllocate(size_t bytes, Stream stream,
                                                     size_t reserve_limit) {
   absl::StatusOr<void*> result = upstream()->AllocateWithin(bytes, stream, reserve_limit);
@@ -86,6 +93,7 @@ void StatisticsAdaptor::OnMemoryEvent(const MemoryEvent& event) {
       stats_.allocation.Increase(1);
       stats_.active.Increase(1);
       stats_.allocated_bytes.Increase(size);
+      window_.allocated_bytes = std::max(window_.allocated_bytes, stats_.allocated_bytes.current);
       stats_.active_bytes.Increase(size);
       stats_.requested_bytes.Increase(requested);
       ++stats_.num_allocs;
@@ -103,6 +111,7 @@ void StatisticsAdaptor::OnMemoryEvent(const MemoryEvent& event) {
     case MemoryAction::kSegmentAlloc:
       stats_.segment.Increase(1);
       stats_.reserved_bytes.Increase(size);
+      window_.reserved_bytes = std::max(window_.reserved_bytes, stats_.reserved_bytes.current);
       break;
     case MemoryAction::kSegmentFree:
       stats_.segment.Decrease(1);

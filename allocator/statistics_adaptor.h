@@ -18,6 +18,10 @@
 //   void* p = *stats.Allocate(3_MiB);
 //   MemoryStats s = stats.GetStats();  // s.reserved_bytes.current == 20 MiB
 //   stats.ResetPeak();
+//
+// A budget measures each training step's peak without touching the peaks a user reads: it takes
+// them from a window of its own (TakeWindowPeaks), which ResetPeak does not restart and which
+// does not restart the user's peaks.
 #ifndef ACTPACK_ALLOCATOR_STATISTICS_ADAPTOR_H_
 #define ACTPACK_ALLOCATOR_STATISTICS_ADAPTOR_H_
 
@@ -70,6 +74,14 @@ struct MemoryStats {
   int64_t num_frees = 0;
 };
 
+// WindowPeaks
+//
+// The most bytes allocated and reserved at once within a measuring window.
+struct WindowPeaks {
+  int64_t allocated_bytes = 0;
+  int64_t reserved_bytes = 0;
+};
+
 // ToTorchMemoryStats
 //
 // The counters as torch.cuda.memory_stats() names them: "allocated_bytes.all.current",
@@ -98,6 +110,12 @@ class StatisticsAdaptor final : public ResourceAdaptor, private MemoryObserver {
   // (torch.cuda.reset_accumulated_memory_stats).
   void ResetAccumulated();
 
+  // TakeWindowPeaks
+  //
+  // The allocated and reserved peaks since the last call (or construction), and a new window
+  // starting at the current values. The peaks of GetStats are left as they are.
+  WindowPeaks TakeWindowPeaks();
+
  private:
   absl::StatusOr<void*> DoAllocate(size_t bytes, Stream stream, size_t reserve_limit) override;
   void DoDeallocate(void* ptr, size_t bytes, Stream stream) override;
@@ -105,6 +123,7 @@ class StatisticsAdaptor final : public ResourceAdaptor, private MemoryObserver {
 
   mutable std::mutex mutex_;
   MemoryStats stats_;
+  WindowPeaks window_;
 };
 
 }  // namespace actpack::allocator

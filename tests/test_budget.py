@@ -259,6 +259,29 @@ def test_steps_end_with_each_backward_even_when_nothing_is_packed():
     assert all(s["occurrences"] == 4 for s in activations["saved_tensors"])
 
 
+@pytest.mark.usefixtures("cpu_allocator")
+def test_a_budget_leaves_the_users_peak_counters_alone():
+    """A budget measures each step's peak in a window of its own: max_memory_allocated() read
+    after the run is the run's peak, including a first step larger than the rest."""
+    model = small_cnn()
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    big = 64 << 20
+    actpack.reset_peak_memory_stats("cpu")
+    with actpack.budget("1GiB") as run:
+        for step in range(4):
+            loss = F.cross_entropy(model(x), y)
+            if step == 0:
+                del loss  # the first step holds a large temporary beside its graph
+                scratch = torch.ones(big, dtype=torch.uint8)
+                loss = F.cross_entropy(model(x), y) + scratch[0].float()
+                del scratch
+            loss.backward()
+    assert len(run.report["activations"]["steps"]) == 4
+    assert actpack.max_memory_allocated("cpu") >= big
+    # The budget's own per-step peaks saw the same first step.
+    assert run.report["activations"]["steps"][0]["peak_bytes"] >= big
+
+
 def test_min_bytes_zero_packs_everything():
     x = torch.randn(3, 3, requires_grad=True)
     with actpack.budget("1GiB", codec="identity", min_bytes=0) as run:

@@ -121,6 +121,15 @@ void ResetPeak(int device) {
   if (AllocatorStack* stack = FindStack(device)) stack->stats().ResetPeak();
 }
 
+// The allocated and reserved peaks since the last call, for a budget's step (the peaks a user
+// reads and resets are left alone); zeros where the device has no stack.
+std::pair<int64_t, int64_t> TakeWindowPeaks(int device) {
+  AllocatorStack* stack = FindStack(device);
+  if (stack == nullptr) return {0, 0};
+  const allocator::WindowPeaks peaks = stack->stats().TakeWindowPeaks();
+  return {peaks.allocated_bytes, peaks.reserved_bytes};
+}
+
 void ResetAccumulated(int device) {
   if (AllocatorStack* stack = FindStack(device)) stack->stats().ResetAccumulated();
 }
@@ -307,6 +316,7 @@ void BindAllocator(py::module& m) {
   m.def("_memory_stats", &MemoryStats, py::arg("device"));
   m.def("_budget", &Budget, py::arg("device"));
   m.def("_reset_peak_memory_stats", &ResetPeak, py::arg("device"));
+  m.def("_take_window_peaks", &TakeWindowPeaks, py::arg("device"));
   m.def("_empty_cache", &EmptyCache, py::arg("device"));
   m.def("_snapshot", &Snapshot, py::arg("device"));
   // The reason of the last failed device allocation: actpack_torch_alloc's where it ran (torch's

@@ -52,10 +52,10 @@ class HostMemory final : public runtime::BudgetMemory {
   }
 
   runtime::MemoryPeaks TakePeaks() override {
-    const allocator::MemoryStats stats = HostPool().stats().GetStats();
-    HostPool().stats().ResetPeak();
-    return {static_cast<uint64_t>(stats.allocated_bytes.peak),
-            static_cast<uint64_t>(stats.reserved_bytes.peak), resident_.TakePeak()};
+    // The budget's own window: the peaks a user reads (max_memory_allocated) stay the run's.
+    const allocator::WindowPeaks peaks = HostPool().stats().TakeWindowPeaks();
+    return {static_cast<uint64_t>(peaks.allocated_bytes),
+            static_cast<uint64_t>(peaks.reserved_bytes), resident_.TakePeak()};
   }
 
   void ReleaseCache() override { HostPool().EmptyCache(); }

@@ -156,13 +156,13 @@ class PeakMeter(_C.BudgetMemory):
         if self.device is None:
             return 0, 0, 0
         if self._torchs():
+            # torch's allocator has one peak: the budget restarts it (its docs say so).
             allocated = torch.cuda.max_memory_allocated(self.device)
             reserved = torch.cuda.max_memory_reserved(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            allocated = self._mem.max_memory_allocated(self._pool())
-            reserved = self._mem.max_memory_reserved(self._pool())
-            self._mem.reset_peak_memory_stats(self._pool())
+            # A window of the budget's own: actpack.max_memory_allocated stays the user's.
+            allocated, reserved = _C._take_window_peaks(self.device)
         return allocated, reserved, self._system_peak(reserved)
 
     def release_cache(self):
