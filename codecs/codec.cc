@@ -129,6 +129,20 @@ absl::Status Codec::Refusal(const DeviceStatus& counts, const Header&) const {
       " non-finite values and ", counts.unrepresentable, " values out of its range; keep it exact"));
 }
 
+absl::Status Codec::DecodeVerifiedPayload(const Header& header, const uint8_t* payload,
+                                          const MutableTensorView& output,
+                                          const ExecContext& context,
+                                          DeviceStatus* status) const {
+  if (output.device != Device::kCuda || !ChecksOwnBuffer()) {
+    return DecodePayload(header, payload, output, context, status);
+  }
+  // The buffer's check comes with the decode's launch; it passes for a verified buffer (every
+  // header word known, the checksum's included).
+  const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
+                                HeaderWordsOf(header), (1u << kChecksumWord) - 1};
+  return DecodeCheckedPayload(header, check, output, context, status);
+}
+
 uint64_t TensorSpec::numel() const {
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
@@ -557,7 +571,7 @@ absl::Status DecodeOnDevice(const Codec& codec, const Header& header, const uint
                         context.stream);
   }
   absl::Status decoded =
-      codec.DecodePayload(header, buffer + kHeaderSize, output, context, status->get());
+      codec.DecodeVerifiedPayload(header, buffer + kHeaderSize, output, context, status->get());
   if (!decoded.ok()) return decoded;
   return DeviceDecodeFailures(codec, context, status->get());
 #else

@@ -176,7 +176,9 @@ class Codec {
   // Decodes a payload whose header was validated and whose checksum matched. Must still
   // validate its own parameters and payload size (kDataLoss) before writing any output. On a
   // GPU, `status` holds the buffer check's failures: kernels that validate parameters on the
-  // device (ReadsDeviceParams) add theirs, and none writes output while a failure is set.
+  // device (ReadsDeviceParams) add theirs, and none writes output while a failure is set. A
+  // ChecksOwnBuffer codec's GPU decode is DecodeCheckedPayload (DecodeVerifiedPayload chooses):
+  // its DecodePayload is called on the CPU only.
   virtual absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                                      const MutableTensorView& output, const ExecContext& context,
                                      DeviceStatus* status) const = 0;
@@ -195,6 +197,13 @@ class Codec {
         absl::StrCat("actpack: ", name(), " does not check its buffer while decoding"));
   }
 
+  // The decode of a verified payload (its checksum matched) on `output`'s device: on a GPU a
+  // ChecksOwnBuffer codec's DecodeCheckedPayload, with a check that passes; DecodePayload
+  // otherwise.
+  absl::Status DecodeVerifiedPayload(const Header& header, const uint8_t* payload,
+                                     const MutableTensorView& output, const ExecContext& context,
+                                     DeviceStatus* status) const;
+
   // OK when this codec runs on `device`; kUnimplemented saying what to use instead otherwise.
   virtual absl::Status CheckDevice(Device) const { return absl::OkStatus(); }
 
@@ -206,14 +215,15 @@ class Codec {
   // DecodePayload on a GPU of a deferred encoding the host has not resolved (ReadsDeviceParams):
   // `header` holds 0 where the device decided (the parameters, and the payload's size where the
   // device decided that too); `status` holds what the encode left in its own (it is that status
-  // or a copy of it); `capacity` is the bytes at `payload`. The default is DecodePayload, for
-  // the codecs whose kernels read the buffer's header in device memory.
+  // or a copy of it); `capacity` is the bytes at `payload`. The default is
+  // DecodeVerifiedPayload, for the codecs whose kernels read the buffer's header in device
+  // memory.
   virtual absl::Status DecodeUnresolvedPayload(const Header& header, const uint8_t* payload,
                                                uint64_t capacity, const MutableTensorView& output,
                                                const ExecContext& context,
                                                DeviceStatus* status) const {
     static_cast<void>(capacity);
-    return DecodePayload(header, payload, output, context, status);
+    return DecodeVerifiedPayload(header, payload, output, context, status);
   }
 };
 

@@ -834,12 +834,6 @@ class Division final : public Codec {
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
                              DeviceStatus* status) const override {
-    if (output.device == Device::kCuda) {
-      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
-      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
-                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
-      return DecodeCheckedPayload(header, check, output, context, status);
-    }
     absl::StatusOr<Params> p = ReadParams(header, v_);
     if (!p.ok()) return p.status();
     absl::StatusOr<Layout> l = CheckedLayout(header, *p);

@@ -55,13 +55,6 @@ class Identity final : public Codec {
     absl::Status valid = CheckHeader(header);
     if (!valid.ok()) return valid;
     const uint64_t bytes = header.payload_size;
-    if (output.device == Device::kCuda) {
-#ifdef ACTPACK_WITH_CUDA
-      return cuda::CopyOnDevice(output.data, payload, bytes, context.stream);
-#else
-      return internal::CudaNotCompiledIn("identity decode");
-#endif
-    }
     if (bytes > 0) std::memcpy(output.data, payload, bytes);
     return absl::OkStatus();
   }

@@ -182,12 +182,6 @@ class Mask final : public Codec {
   absl::Status DecodePayload(const Header& header, const uint8_t* payload,
                              const MutableTensorView& output, const ExecContext& context,
                              DeviceStatus* status) const override {
-    if (output.device == Device::kCuda) {
-      // The buffer's check comes with the decode's launch; it passes for a verified buffer.
-      const DeviceBufferCheck check{payload - kHeaderSize, kHeaderSize + header.payload_size,
-                                    HeaderWordsOf(header), (1u << kChecksumWord) - 1};
-      return DecodeCheckedPayload(header, check, output, context, status);
-    }
     absl::Status valid = CheckHeader(header);
     if (!valid.ok()) return valid;
     const int width = static_cast<int>(ElementSize(header.dtype));
