@@ -86,6 +86,28 @@ TEST_F(StatisticsAdaptorTest, ResetPeakAndAccumulated) {
   stats_.Deallocate(small, 1_KiB);
 }
 
+TEST_F(StatisticsAdaptorTest, WindowPeaksAndTheUsersPeaksRestartApart) {
+  void* big = *stats_.Allocate(30_MiB);
+  stats_.Deallocate(big, 30_MiB);
+  WindowPeaks window = stats_.TakeWindowPeaks();
+  EXPECT_EQ(window.allocated_bytes, static_cast<int64_t>(30_MiB));
+  EXPECT_EQ(window.reserved_bytes, static_cast<int64_t>(30_MiB));
+  // The next window starts at the current values: nothing allocated, the segment cached; the
+  // small block takes a small segment of 2 MiB.
+  void* small = *stats_.Allocate(1_KiB);
+  window = stats_.TakeWindowPeaks();
+  EXPECT_EQ(window.allocated_bytes, static_cast<int64_t>(1_KiB));
+  EXPECT_EQ(window.reserved_bytes, static_cast<int64_t>(32_MiB));
+  // Taking a window left the user's peak alone, and resetting the user's peak leaves the window.
+  EXPECT_EQ(stats_.GetStats().allocated_bytes.peak, static_cast<int64_t>(30_MiB));
+  big = *stats_.Allocate(10_MiB);
+  stats_.Deallocate(big, 10_MiB);
+  stats_.ResetPeak();
+  EXPECT_EQ(stats_.GetStats().allocated_bytes.peak, static_cast<int64_t>(1_KiB));
+  EXPECT_EQ(stats_.TakeWindowPeaks().allocated_bytes, static_cast<int64_t>(10_MiB + 1_KiB));
+  stats_.Deallocate(small, 1_KiB);
+}
+
 TEST_F(StatisticsAdaptorTest, CountsOomsAndRetries) {
   stats_.Deallocate(*stats_.Allocate(12_MiB, kStreamA), 12_MiB, kStreamA);
   // Within a 16 MiB limit a 14 MiB segment fits only after the cached 12 MiB goes.
