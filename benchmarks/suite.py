@@ -306,8 +306,8 @@ class Bench:
             memory.reset_peak_memory_stats(self.device)
 
         blocks = _blocks(model)
-        # The budget restarts the peak counter when the backward pass ends, before the step
-        # returns: what runs before the blocks is read as each of its weights gets its gradient.
+        # What runs before the blocks is read as each of its weights gets its gradient, and at
+        # the step's end (with the optimizer's step, which adds nothing per sample).
         in_blocks = {id(p) for block in blocks for p in block.parameters()}
         outside = [p for p in model.parameters() if id(p) not in in_blocks]
 

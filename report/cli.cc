@@ -119,7 +119,7 @@ int PlotCommand(const Args& args, std::string* out, std::string* err) {
 }
 
 int PlanCommand(const Args& args, std::string* out, std::string* err) {
-  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(args.budget);
+  absl::StatusOr<runtime::MemoryLimit> budget = runtime::ParseMemoryLimit(args.budget);
   if (!budget.ok()) {
     absl::string_view problem = budget.status().message();
     absl::ConsumePrefix(&problem, "actpack: ");

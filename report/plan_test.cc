@@ -232,7 +232,7 @@ TEST(PlanTest, AShareOfTheDeviceIsRefusedClearly) {
                   "size"))
       << result.err;
   EXPECT_TRUE(absl::StrContains(result.err, "usage: actpack"));
-  // A malformed share is ParseBudget's error.
+  // A malformed share is ParseMemoryLimit's error.
   const CliResult bad = RunActpack({"plan", kFullReport, "--budget", "180%"});
   EXPECT_EQ(bad.exit_code, kExitBadInput);
   EXPECT_TRUE(absl::StrContains(bad.err, "(0%, 100%]")) << bad.err;

@@ -80,7 +80,7 @@ struct BudgetConfig {
   absl::Status Validate() const;
 
   // The parsed limit, min_bytes and recompute of a valid configuration.
-  Budget ParsedLimit() const;
+  MemoryLimit ParsedLimit() const;
   uint64_t MinBytes() const;
   RecomputeMode Recompute() const;
 

@@ -81,19 +81,19 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text, absl::string_view
   return BadSize(what, text, absl::StrCat("unknown unit '", unit_text, "'"));
 }
 
-uint64_t Budget::Resolve(uint64_t device_total) const {
+uint64_t MemoryLimit::Resolve(uint64_t device_total) const {
   if (bytes != 0) return bytes;
   return allocator::ShareOf(fraction, device_total);
 }
 
-std::string Budget::ToString() const {
+std::string MemoryLimit::ToString() const {
   if (bytes != 0) return allocator::FormatBytes(bytes);
   return absl::StrFormat("%g%% of the device", fraction * 100.0);
 }
 
-absl::StatusOr<Budget> ParseBudget(absl::string_view text) {
+absl::StatusOr<MemoryLimit> ParseMemoryLimit(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
-  Budget budget;
+  MemoryLimit budget;
   if (!trimmed.empty() && trimmed.back() == '%') {
     double percent = 0;
     if (!absl::SimpleAtod(absl::StripAsciiWhitespace(trimmed.substr(0, trimmed.size() - 1)),

@@ -2,9 +2,9 @@
 // (a byte size, or a share of the device such as "80%").
 //
 // Usage:
-//   absl::StatusOr<uint64_t> bytes = ParseByteSize("6GiB");        // 6 << 30
-//   absl::StatusOr<Budget> budget = ParseBudget("80%");            // fraction 0.8
-//   uint64_t cap = budget->Resolve(device_total_bytes);
+//   absl::StatusOr<uint64_t> bytes = ParseByteSize("6GiB");             // 6 << 30
+//   absl::StatusOr<MemoryLimit> limit = ParseMemoryLimit("80%");        // fraction 0.8
+//   uint64_t cap = limit->Resolve(device_total_bytes);
 #ifndef ACTPACK_RUNTIME_CONFIG_H_
 #define ACTPACK_RUNTIME_CONFIG_H_
 
@@ -28,7 +28,8 @@ inline constexpr uint64_t kMaxSizeBytes = 9'200'000'000'000'000'000ull;
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text,
                                        absl::string_view what = "memory size");
 
-struct Budget {
+// A memory budget as a user writes it ("6GiB", "80%"), before it meets a device.
+struct MemoryLimit {
   uint64_t bytes = 0;     // an absolute budget, or 0
   double fraction = 0.0;  // a share of the device's memory in (0, 1], or 0
 
@@ -37,7 +38,7 @@ struct Budget {
   std::string ToString() const;
 };
 
-absl::StatusOr<Budget> ParseBudget(absl::string_view text);
+absl::StatusOr<MemoryLimit> ParseMemoryLimit(absl::string_view text);
 
 // Parses "key=value,key=value" (the ACTPACK_CONF environment variable) into ordered pairs.
 // Every key must be one of `allowed`; kInvalidArgument names the bad key or item, the

@@ -44,14 +44,14 @@ TEST(ParseByteSizeTest, BadSizesNameTheText) {
             absl::string_view::npos);
 }
 
-TEST(ParseBudgetTest, BytesAndShares) {
-  EXPECT_EQ(ParseBudget("2GiB")->Resolve(100), 2ull << 30);
-  EXPECT_EQ(ParseBudget("80%")->Resolve(1000), 800u);
-  EXPECT_EQ(ParseBudget("80%")->ToString(), "80% of the device");
-  EXPECT_EQ(ParseBudget("1.5GiB")->ToString(), "1.50 GiB");
-  EXPECT_FALSE(ParseBudget("120%").ok());
-  EXPECT_FALSE(ParseBudget("0%").ok());
-  EXPECT_FALSE(ParseBudget("x%").ok());
+TEST(ParseMemoryLimitTest, BytesAndShares) {
+  EXPECT_EQ(ParseMemoryLimit("2GiB")->Resolve(100), 2ull << 30);
+  EXPECT_EQ(ParseMemoryLimit("80%")->Resolve(1000), 800u);
+  EXPECT_EQ(ParseMemoryLimit("80%")->ToString(), "80% of the device");
+  EXPECT_EQ(ParseMemoryLimit("1.5GiB")->ToString(), "1.50 GiB");
+  EXPECT_FALSE(ParseMemoryLimit("120%").ok());
+  EXPECT_FALSE(ParseMemoryLimit("0%").ok());
+  EXPECT_FALSE(ParseMemoryLimit("x%").ok());
 }
 
 TEST(ParseKeyValuesTest, PairsInOrder) {

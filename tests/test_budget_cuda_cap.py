@@ -1,7 +1,7 @@
 """actpack.budget's cap on actpack's CUDA allocator, driven on a machine without a GPU.
 
 The second H100 run found that a CUDA budget set no cap at all (the planner's truth search
-called every batch a fit). The budget's memory side (_peak_meter.PeakMeter, driven by the C++
+called every batch a fit). The budget's memory side (_budget_memory.BudgetMemory, driven by the C++
 budget run) now caps the CUDA allocator as it caps the host pool. Here torch is told a CUDA device exists and actpack's CUDA
 allocator serves it; every allocator call is the real one (the C++ keeps device 0's budget in
 its configuration until the device's stack is built), so what is checked is the cap the
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import actpack
-from actpack import _C, _peak_meter
+from actpack import _C, _budget_memory
 from actpack._units import parse_budget
 
 MiB = 1 << 20
@@ -39,7 +39,7 @@ def _run(memory, automatic):
 
 
 def test_the_budget_caps_the_cuda_allocator_from_its_start_and_restores_it(cuda_with_actpack):
-    memory = _peak_meter.PeakMeter(parse_budget("64MiB"), device=0)
+    memory = _budget_memory.BudgetMemory(parse_budget("64MiB"), device=0)
     memory.start()
     assert not memory.warnings  # actpack's allocator is in use: a cap, not a target
     run = _run(memory, automatic=True)
@@ -62,7 +62,7 @@ def test_without_actpacks_cuda_allocator_the_budget_is_a_target(cuda_with_actpac
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 0)
-    memory = _peak_meter.PeakMeter(parse_budget("64MiB"), device=0)
+    memory = _budget_memory.BudgetMemory(parse_budget("64MiB"), device=0)
     memory.start()
     assert "the budget is a target, not a cap" in memory.warnings[0]
     run = _run(memory, automatic=False)
@@ -105,7 +105,7 @@ def test_the_system_peak_counts_cuda_memory_outside_the_pool(cuda_with_actpack, 
     monkeypatch.setattr(actpack.memory, "memory_reserved", lambda device=None: pool["reserved"])
     monkeypatch.setattr(_C, "_count_system_memory", lambda *args: None)
     monkeypatch.setattr(_C, "_stop_counting_system_memory", lambda *args: None)
-    memory = _peak_meter.PeakMeter(parse_budget("2GiB"), device=0)
+    memory = _budget_memory.BudgetMemory(parse_budget("2GiB"), device=0)
     memory.start()
     driver["used"] += 500 * MiB
     pool["reserved"] += 300 * MiB

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import actpack
-from actpack import _C, _peak_meter, memory
+from actpack import _C, _budget_memory, memory
 from actpack._units import parse_budget
 
 MiB = 1 << 20
@@ -166,7 +166,7 @@ def test_a_bad_device_is_refused_when_the_budget_is_made(two_gpus, device, error
 
 def test_without_cuda_the_budget_is_the_hosts(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _peak_meter.share_device(parse_budget("50%"), None) == _C._HOST_DEVICE
+    assert _budget_memory.share_device(parse_budget("50%"), None) == _C._HOST_DEVICE
     with pytest.raises(ValueError, match="no CUDA device is available"):
         actpack.budget("64MiB", device="cuda:0")
     actpack.budget("64MiB", device="cpu")

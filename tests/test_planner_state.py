@@ -190,8 +190,8 @@ def test_planning_a_step_far_over_the_budget_does_not_run_out(monkeypatch):
     """The profiled batches may need many times the budget: their steps are not capped. (auto's
     were capped at a one-byte budget, which a step before the first plan may lift to
     LIFTED_CAP_EXTRA beyond the budget at most: 1 GiB, scaled down here to 16 MiB.)"""
-    from actpack import _peak_meter
-    monkeypatch.setattr(_peak_meter, "LIFTED_CAP_EXTRA", 16 << 20)
+    from actpack import _budget_memory
+    monkeypatch.setattr(_budget_memory, "LIFTED_CAP_EXTRA", 16 << 20)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
     optimizer = torch.optim.AdamW(model.parameters())
@@ -204,7 +204,7 @@ def test_planning_a_step_far_over_the_budget_does_not_run_out(monkeypatch):
     budget = 24 << 20
     plan = actpack.plan(step, budget, batch_sizes=(8, 16), codecs=("auto",), progress=False)
     profile = plan.choices["auto"]["measured"]
-    assert profile[-1]["allocated_bytes"] > budget + _peak_meter.LIFTED_CAP_EXTRA, profile
+    assert profile[-1]["allocated_bytes"] > budget + _budget_memory.LIFTED_CAP_EXTRA, profile
     answer = plan.max_batch_size["auto"]
     assert answer >= 1, plan.table()
     assert actpack.search.trains_under_cap(step, budget, answer, codec="auto") is not None

@@ -124,7 +124,7 @@ at::Tensor DecodeOp(const at::Tensor& buffer) {
 }
 
 py::dict ParseBudgetToDict(const std::string& text) {
-  absl::StatusOr<runtime::Budget> budget = runtime::ParseBudget(text);
+  absl::StatusOr<runtime::MemoryLimit> budget = runtime::ParseMemoryLimit(text);
   ThrowIfError(budget.status());
   py::dict parsed;
   parsed["bytes"] = budget->bytes;
@@ -235,7 +235,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "resolve_budget",
       [](uint64_t bytes, double fraction, int device) {
         // A share of the device is taken of allocator::DeviceTotalBytes.
-        const actpack::runtime::Budget budget{bytes, fraction};
+        const actpack::runtime::MemoryLimit budget{bytes, fraction};
         if (bytes != 0) return budget.Resolve(0);
         absl::StatusOr<size_t> total = actpack::allocator::DeviceTotalBytes(device);
         actpack::torch_plugin::ThrowIfError(total.status());

@@ -230,7 +230,7 @@ PyObject* PySession::Unpack(PyObject* handle) {
 }
 
 // actpack._C.BudgetMemory: the memory side of a budget run, written in Python
-// (_peak_meter.py's PeakMeter: actpack's host pool, its CUDA allocator or torch's).
+// (_budget_memory.py's BudgetMemory: actpack's host pool, its CUDA allocator or torch's).
 class PyBudgetMemory final : public runtime::BudgetMemory {
  public:
   // Each holds the GIL while it has Python objects (a pressure callback may come without it).

@@ -186,7 +186,7 @@ struct Budget::State {
 
   const BudgetOptions options;
   NamedParameters parameters;  // the gradient guard's
-  const runtime::Budget limit;
+  const runtime::MemoryLimit limit;
   const uint64_t budget_bytes;
   torch_plugin::SavedTensorSession session;
   HostMemory memory;

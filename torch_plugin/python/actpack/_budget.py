@@ -9,10 +9,10 @@ import warnings
 
 import torch
 
-from actpack import _C, _args, _checkpoint, _peak_meter, _recompute
+from actpack import _C, _args, _checkpoint, _budget_memory, _recompute
 from actpack._gradient_guard import GradientRunaway
 from actpack._module_tracker import ModuleTracker
-from actpack._peak_meter import PeakMeter
+from actpack._budget_memory import BudgetMemory
 from actpack._units import parse_budget
 
 
@@ -211,7 +211,7 @@ class budget:
             gradient_guard=_args.flag(gradient_guard, "gradient_guard", where))
         self._config.validate()
         enabled = self._config.packs  # codec "none" is plain training
-        self._memory = PeakMeter(self._budget, device)
+        self._memory = BudgetMemory(self._budget, device)
         self._memory.budget_bytes, self._memory.outside_allowance = _C.holding_outside(
             self._memory.budget_bytes, self._memory.outside_allowance, _held_outside)
         self._session = _C.Session(self._config, budget_bytes=self._memory.budget_bytes,
@@ -404,7 +404,7 @@ class budget:
                 self._session, self._memory, self._config, self._memory.budget_bytes,
                 capped=self._memory.capped,
                 outside_allowance_bytes=self._memory.outside_allowance,
-                lifted_cap_extra_bytes=_peak_meter.LIFTED_CAP_EXTRA)
+                lifted_cap_extra_bytes=_budget_memory.LIFTED_CAP_EXTRA)
             for warning in self._memory.warnings:
                 self._run.warn(warning)
             if self._memory.device == _C._HOST_DEVICE:

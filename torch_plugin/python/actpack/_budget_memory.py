@@ -17,7 +17,7 @@ def outside_allowance():
     return 0 if torch.cuda.is_available() else _C._HOST_OUTSIDE_ALLOWANCE_BYTES
 
 
-class PeakMeter(_C.BudgetMemory):
+class BudgetMemory(_C.BudgetMemory):
     """The memory side of a budget: installs and reads the allocator, and caps it for the run
     (runtime::BudgetMemory, which runtime::BudgetRun drives: when to cap, lift and release).
 

@@ -62,7 +62,7 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _gradient_fidelity, _peak_meter, _snapshot, memory, search
+from actpack import _C, _args, _gradient_fidelity, _budget_memory, _snapshot, memory, search
 from actpack._budget import NONE, _error_text, _innermost, budget as _budget_context
 from actpack._units import format_bytes, parse_budget
 
@@ -472,7 +472,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fres
     # A share ("80%") is of the memory of the device the warm-up's budget packed on.
     device = None if step.run is None or step.run.device is None \
         else memory._device_index(step.run.device)
-    budget_bytes = memory._resolve_budget(parsed, _peak_meter.share_device(parsed, device))
+    budget_bytes = memory._resolve_budget(parsed, _budget_memory.share_device(parsed, device))
     done += 1
     if codecs is None:
         codecs = _default_choices(regions)

@@ -27,7 +27,7 @@ _HOST = _C._HOST_DEVICE
 
 def _resolve_budget(parsed, device):
     """Bytes of a parsed budget (actpack.parse_budget) on `device` (an index; _HOST: the host's
-    physical memory): runtime::Budget::Resolve against allocator::DeviceTotalBytes."""
+    physical memory): runtime::MemoryLimit::Resolve against allocator::DeviceTotalBytes."""
     return _C.resolve_budget(parsed["bytes"], parsed["fraction"], device)
 
 
