@@ -82,8 +82,6 @@ METHODS = {
 # so), and three capped steps follow.
 TRY_STEPS = {"plain": 2, "checkpoint": 2, "selective": 2, "save_on_cpu": 2, "auto": 5,
              "auto+recompute": 7}
-# The step from which a run is held to the cap (the earlier ones may go over it to measure).
-CAPPED_FROM = {"auto": 2, "auto+recompute": 4}
 
 # The jobs in the order they run, each with its weight (about the seconds it takes on an H100)
 # and its tier: the "core" jobs (the figures the issue checks) share the time limit among
@@ -541,7 +539,8 @@ class Worker:
             answer["outcome"] = "fits"
         if report is not None:
             answer["step_peaks"] = [s.get("peak_reserved_bytes") for s in report["activations"]["steps"]]
-            answer["capped_from"] = CAPPED_FROM.get(method, 0)
+            # The steps before may go over the cap to measure themselves (the run's own rule).
+            answer["capped_from"] = report["run"]["capped_from_step"]
             answer["warnings"] = report["run"].get("warnings", [])[:3]
             totals = report["activations"]["totals"]
             answer["packed"] = {k: totals.get(k) for k in ("packed_raw_bytes", "packed_stored_bytes",
@@ -651,12 +650,13 @@ class Worker:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         stack = contextlib.ExitStack()
         error = None
+        run = None
         try:
             with stack:
                 if config["kind"] == "actpack":
-                    stack.enter_context(self.actpack.budget(self.budget_bytes[model],
-                                                            codec=config["codec"],
-                                                            recompute=config["recompute"]))
+                    run = stack.enter_context(self.actpack.budget(self.budget_bytes[model],
+                                                                  codec=config["codec"],
+                                                                  recompute=config["recompute"]))
                 else:
                     self.cap(True, model)
                 self.sync()
@@ -683,8 +683,11 @@ class Worker:
                   if e.device_type == cpu]
         del prof, task, net, optimizer, step
         self.cleanup()
+        # The first step held to the cap: the budget's own rule (its first steps may go over it
+        # to measure); PyTorch's methods from their second (the first fills the cache).
+        capped_from = run.report["run"]["capped_from_step"] if run is not None else 1
         return {"outcome": "done", "batch": batch, "steps": steps_of(events),
-                "seconds": time.perf_counter() - start}
+                "capped_from": capped_from, "seconds": time.perf_counter() - start}
 
 
 class Simulated:
@@ -748,7 +751,7 @@ class Simulated:
         return {"outcome": "done"}
 
     def profile(self, model, method, batch, steps):
-        return {"outcome": "done", "batch": batch, "steps": [
+        return {"outcome": "done", "batch": batch, "capped_from": 1, "steps": [
             {"step": i, "calls": {"cudaStreamSynchronize": 1}, "waits": 1, "allocations": 0}
             for i in range(steps)]}
 
@@ -1197,7 +1200,7 @@ class Driver:
                               model=model, method=method, batch=batch, steps=steps)
             profiles[method] = answer
             if answer.get("outcome") == "done":
-                capped = answer["steps"][CAPPED_FROM.get(method, 1):]
+                capped = answer["steps"][answer["capped_from"]:]
                 answer["at_the_cap"] = {
                     "steps": len(capped),
                     "waits_per_step": (sum(s["waits"] for s in capped) / len(capped)
@@ -1205,7 +1208,7 @@ class Driver:
                     "allocations_per_step": (sum(s["allocations"] for s in capped) / len(capped)
                                              if capped else None)}
                 print(f"  {model} {method} at {batch}: per step from step "
-                      f"{CAPPED_FROM.get(method, 1)}: waits "
+                      f"{answer['capped_from']}: waits "
                       + ", ".join(str(s["waits"]) for s in capped) + "; device allocations "
                       + ", ".join(str(s["allocations"]) for s in capped), flush=True)
         return "done"

@@ -312,6 +312,7 @@ json::Value BudgetRun::RunSection(const RunFacts& facts) const {
                                          : json::Value();
   section["max_rel_rms"] =
       config_.max_rel_rms > 0 ? json::Value(config_.max_rel_rms) : json::Value();
+  section["capped_from_step"] = CappedFromStep(config_);
   section["peak_allocated_bytes"] = run_peaks_.allocated;
   section["peak_reserved_bytes"] = run_peaks_.reserved;
   section["peak_system_bytes"] = system_measured_ ? json::Value(run_peaks_.system) : json::Value();

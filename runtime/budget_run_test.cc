@@ -279,11 +279,13 @@ TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
   for (const auto& [key, value] : section.items()) keys.push_back(key);
   EXPECT_EQ(keys, (std::vector<std::string>{
                       "torch", "python", "device", "budget", "budget_bytes", "codec",
-                      "allowed_loss_increase", "max_rel_rms", "peak_allocated_bytes",
+                      "allowed_loss_increase", "max_rel_rms", "capped_from_step",
+                      "peak_allocated_bytes",
                       "peak_reserved_bytes", "peak_system_bytes", "system_memory",
                       "wall_seconds", "rank", "world_size", "warnings"}));
   EXPECT_EQ(section["budget"], "64.00 MiB");  // the configuration's limit
   EXPECT_EQ(section["codec"], "quant2");
+  EXPECT_EQ(section["capped_from_step"], 1);  // a fixed codec may lift the cap in its first step
   EXPECT_TRUE(section["python"].is_null() && section["allowed_loss_increase"].is_null());
   EXPECT_EQ(section["budget_bytes"], 64 * kMiB);
   EXPECT_EQ(section["peak_allocated_bytes"], 60 * kMiB);

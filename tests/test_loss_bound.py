@@ -153,7 +153,8 @@ def test_auto_under_a_budget_never_takes_a_codec_over_the_cap(cpu_allocator, hea
     errors = relative_squared_errors(exact, grads)
     assert max(errors.values()) <= 5e-2, errors
     steps = run.report["activations"]["steps"]
-    # The CPU cap binds from the first plan (the end of the second step) on.
+    # The cap binds from the first plan (the end of the second step) on.
+    assert run.report["run"]["capped_from_step"] == 2
     assert max(s["peak_reserved_bytes"] for s in steps[2:]) <= budget, (steps, budget)
 
 
