@@ -163,6 +163,30 @@ TEST(DivisionTest, LfcIsTheWindowMeanInEveryView) {
   }
 }
 
+TEST(DivisionTest, MeanOfNarrowIsMeanOfForEveryValue) {
+  // The kernels' multiplications against the division operator's MeanOf, window starts too.
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2, 3, 13, 21}, {1, 2, 5, 30}, {2, 1, 1, 17}, {3, 20, 7}, {50, 9}, {100}, {1}, {4, 7, 9, 5}};
+  for (const char* spec : {"division", "division:block=3,bits=2", "division:block=64,bits=2"}) {
+    const CodecParams params = Spec(spec);
+    for (const std::vector<int64_t>& shape : shapes) {
+      const Layout l = LayoutFor(shape, params);
+      ASSERT_TRUE(division_math::Narrow(l));
+      const division_math::MeanDivisors d = division_math::MakeMeanDivisors(l);
+      for (uint64_t i = 0; i < l.planes * l.plane; ++i) {
+        ASSERT_EQ(portable::Divide(static_cast<uint32_t>(i), d.plane), i / l.plane);
+        const uint64_t p = i / l.plane, j = i % l.plane;
+        ASSERT_EQ(portable::Divide(static_cast<uint32_t>(j), d.group_length), j / l.group_length);
+        bool starts = false, narrow_starts = false;
+        const uint64_t m = division_math::MeanOf(l, p, j, &starts);
+        ASSERT_EQ(division_math::MeanOfNarrow(l, d, p, static_cast<uint32_t>(j), &narrow_starts),
+                  m) << spec << " value " << i;
+        ASSERT_EQ(narrow_starts, starts) << spec << " value " << i;
+      }
+    }
+  }
+}
+
 class DivisionBitsTest : public ::testing::TestWithParam<int> {};
 
 // Every decoded value lies within one step of its input, the step being its group's stored

@@ -672,6 +672,9 @@ EB_SECOND_BIN = (("codecs/internal/eb_math.h", "const int32_t other = a > decode
                   "if (other >= 1 && other <= kMaxCode && BinFits<K>(a, other, qz)) {"))
 EB = "codecs/cuda/eb_kernels.cu"
 DIVISION = "codecs/cuda/division_kernels.cu"
+# division's ways for tensors of 2^32 values and more, which the modelled shapes are not.
+DIVISION_WIDE = ((DIVISION, ": division_math::MeanOf(l, p, j, starts);"),
+                 (DIVISION, ": j / l.group_length;"), (DIVISION, ": i / l.plane;"))
 OPS = "codecs/cuda/device_ops.cu"
 UNIFORM_FLOAT = ("codecs/internal/portable.h",
                  "return UniformFromHashedKey(Hash32(UniformKey(seed, index)), index);")
@@ -786,9 +789,10 @@ def work(kernels_tree):
         "DivisionResidualKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["groups"], 8), [
             Trip("g < l.groups;", lambda s: s["groups"]),
             Trip("for (uint64_t k = lane; k < n; k += 32)", lambda s: s["groups"] * s["group"] / 32,
-                 loads=2),
+                 loads=2, cold=DIVISION_WIDE),
             Trip("for (uint64_t base = 0; base < n; base += 32)",
-                 lambda s: s["groups"] * s["group"] / 32, loads=2, cold=(UNIFORM_FLOAT,)),
+                 lambda s: s["groups"] * s["group"] / 32, loads=2,
+                 cold=(UNIFORM_FLOAT,) + DIVISION_WIDE),
             Trip("for (uint32_t offset = 1; offset < per_word; offset *= 2)",
                  lambda s: s["groups"] * s["group"] / 32 * math.log2(s["per_word"]))]),
         # decode: a value a thread (the kernels of 2026-11-27; HEAD's below)
@@ -902,7 +906,7 @@ def work(kernels_tree):
     if decode_vectors:  # a thread per 16-byte vector of output (the planes hold whole vectors)
         w["DivisionDecodeKernel"] = Launch(DIVISION, 256, lambda s: blocks_for(s["numel"] // 4, 256), [
             Trip("for (uint64_t v = first; v < vectors; v += stride) {",
-                 lambda s: s["numel"] / 4 / 32, loads=10),
+                 lambda s: s["numel"] / 4 / 32, loads=10, cold=DIVISION_WIDE),
             Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)])
     quant_decode = os.path.join(kernels_tree, QUANT)
     with open(quant_decode) as f:

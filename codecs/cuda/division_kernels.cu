@@ -11,7 +11,9 @@
 // (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus, and (2)'s
 // last block writes the header (device_ops.cuh's CloseLaunch).
 // Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
-// and the output is 16-byte aligned (a value a thread elsewhere). Each value's thread sums the
+// and the output is 16-byte aligned (a value a thread elsewhere).
+// A value's plane, group and window come from divisions by the layout's sizes: in a tensor of
+// at most 2^32 - 1 values as multiplications made once per launch (division_math::MeanDivisors). Each value's thread sums the
 // checksum terms of the payload words it is the first reader of (its code word, its group's
 // parameter word, its window's LFC word), and the last block checks the buffer.
 #include <cuda_runtime.h>
@@ -31,6 +33,7 @@ namespace actpack::codecs::cuda {
 namespace {
 
 using division_math::Layout;
+using division_math::MeanDivisors;
 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 8;
@@ -56,20 +59,44 @@ __global__ void __launch_bounds__(kThreads)
   WarpSumToGlobal(nonfinite, &status->work[kLfcOverflowWord]);
 }
 
+// The LFC mean value j of plane p upsamples from (division_math::MeanOf), and whether the value
+// is its window's first.
+__device__ __forceinline__ uint64_t MeanIndex(const Layout& l, const MeanDivisors& d,
+                                              bool narrow, uint64_t p, uint64_t j,
+                                              bool* starts = nullptr) {
+  return narrow ? division_math::MeanOfNarrow(l, d, p, static_cast<uint32_t>(j), starts)
+                : division_math::MeanOf(l, p, j, starts);
+}
+
+// j / l.group_length.
+__device__ __forceinline__ uint64_t GroupOf(const Layout& l, const MeanDivisors& d, bool narrow,
+                                            uint64_t j) {
+  return narrow ? portable::Divide(static_cast<uint32_t>(j), d.group_length)
+                : j / l.group_length;
+}
+
+// i / l.plane.
+__device__ __forceinline__ uint64_t PlaneOf(const Layout& l, const MeanDivisors& d, bool narrow,
+                                            uint64_t i) {
+  return narrow ? portable::Divide(static_cast<uint32_t>(i), d.plane)
+                : i / l.plane;
+}
+
 // The residual of element k of group (p, q) against the mean it upsamples from.
 template <int K>
 __device__ __forceinline__ float ResidualAt(const void* __restrict__ input,
-                                            const uint16_t* __restrict__ means,
-                                            const Layout& l, uint64_t p, uint64_t j, float* x) {
+                                            const uint16_t* __restrict__ means, const Layout& l,
+                                            const MeanDivisors& d, bool narrow, uint64_t p,
+                                            uint64_t j, float* x) {
   *x = elements::Load<K>(input, p * l.plane + j);
-  const float mean = portable::Bf16ToFloat(means[division_math::MeanOf(l, p, j)]);
+  const float mean = portable::Bf16ToFloat(means[MeanIndex(l, d, narrow, p, j)]);
   return division_math::Residual(*x, mean);
 }
 
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    DivisionResidualKernel(const void* __restrict__ input, Layout l,
-                           uint32_t* __restrict__ payload, LaunchClosing closing,
+    DivisionResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
+                           bool narrow, uint32_t* __restrict__ payload, LaunchClosing closing,
                            DeviceStatus* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const uint32_t per_word = 32 / l.bits;
@@ -90,7 +117,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     int overflow = 0;
     for (uint64_t k = lane; k < n; k += 32) {
       float x;
-      const float r = ResidualAt<K>(input, means, l, p, j0 + k, &x);
+      const float r = ResidualAt<K>(input, means, l, d, narrow, p, j0 + k, &x);
       if (!portable::IsFinite(x)) {
         ++nonfinite;
         continue;
@@ -123,7 +150,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       uint32_t code = 0;
       if (k < n) {
         float x;
-        const float r = ResidualAt<K>(input, means, l, p, j0 + k, &x);
+        const float r = ResidualAt<K>(input, means, l, d, narrow, p, j0 + k, &x);
         if (portable::IsFinite(r)) {
           code = quant_math::Quantize(r, gp, draws(first_element + k), levels);
         }
@@ -151,19 +178,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // window).
 template <int K>
 __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
-                                          uint64_t p, uint64_t j, uint64_t* checksum) {
+                                          const MeanDivisors& d, bool narrow, uint64_t p,
+                                          uint64_t j, uint64_t* checksum) {
   const uint32_t per_word = 32 / l.bits;
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
-  const bool narrow = l.plane <= 0xffffffffu;  // 32-bit division where it suffices
-  const uint64_t q = narrow ? static_cast<uint32_t>(j) / static_cast<uint32_t>(l.group_length)
-                            : j / l.group_length;
+  const uint64_t q = GroupOf(l, d, narrow, j);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
   const uint64_t word_at = division_math::PlaneCodeWord(l, p) + j / per_word;
   const uint32_t word = payload[word_at];
   bool starts = false;
-  const uint64_t m = division_math::MeanOf(l, p, j, &starts);
+  const uint64_t m = MeanIndex(l, d, narrow, p, j, &starts);
   if (j % per_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
   if (j == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
   if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
@@ -176,15 +202,14 @@ __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, 
 // share a group and one or two code words), with DecodeAt's checksum terms.
 template <int K>
 __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ payload,
-                                              const Layout& l, uint64_t p, uint64_t j0,
+                                              const Layout& l, const MeanDivisors& d,
+                                              bool narrow, uint64_t p, uint64_t j0,
                                               uint64_t* checksum) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint32_t per_word = 32 / l.bits;
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
-  const bool narrow = l.plane <= 0xffffffffu;
-  const uint64_t q = narrow ? static_cast<uint32_t>(j0) / static_cast<uint32_t>(l.group_length)
-                            : j0 / l.group_length;
+  const uint64_t q = GroupOf(l, d, narrow, j0);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
   if (j0 == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
@@ -204,7 +229,7 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
     const uint32_t bit = shift + e * l.bits;
     const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
     bool starts = false;
-    const uint64_t m = division_math::MeanOf(l, p, j0 + e, &starts);
+    const uint64_t m = MeanIndex(l, d, narrow, p, j0 + e, &starts);
     if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
     values[e] = division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code, gp);
   }
@@ -213,9 +238,9 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)
-    DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, bool vectors_fit,
-                         void* __restrict__ output, LaunchClosing closing,
-                         DeviceStatus* __restrict__ status) {
+    DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
+                         bool narrow, bool vectors_fit, void* __restrict__ output,
+                         LaunchClosing closing, DeviceStatus* __restrict__ status) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint64_t numel = l.planes * l.plane;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -225,15 +250,16 @@ __global__ void __launch_bounds__(kThreads)
   if (vectors_fit) {  // a vector's values lie in one plane
     const uint64_t vectors = numel / kPer;
     for (uint64_t v = first; v < vectors; v += stride) {
-      const uint64_t p = v * kPer / l.plane;
+      const uint64_t p = PlaneOf(l, d, narrow, v * kPer);
       const uint64_t j0 = v * kPer - p * l.plane;
-      static_cast<uint4*>(output)[v] = DecodeVector<K>(payload, l, p, j0, &checksum);
+      static_cast<uint4*>(output)[v] = DecodeVector<K>(payload, l, d, narrow, p, j0, &checksum);
     }
     done = vectors * kPer;
   }
   for (uint64_t i = done + first; i < numel; i += stride) {
-    const uint64_t p = i / l.plane;
-    elements::Store<K>(output, i, DecodeAt<K>(payload, l, p, i - p * l.plane, &checksum));
+    const uint64_t p = PlaneOf(l, d, narrow, i);
+    elements::Store<K>(output, i,
+                       DecodeAt<K>(payload, l, d, narrow, p, i - p * l.plane, &checksum));
   }
   WarpSumToGlobal(checksum, &status->decode_sum);
   CloseLaunch(closing, status);
@@ -247,7 +273,8 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
         input, layout, words, status);
   }
   ACTPACK_LAUNCH(DivisionResidualKernel<K>, BlocksFor(layout.groups, kWarpsPerBlock),
-                 kWarpsPerBlock * 32, s)(input, layout, words, closing, status);
+                 kWarpsPerBlock * 32, s)(input, layout, division_math::MakeMeanDivisors(layout),
+                                         division_math::Narrow(layout), words, closing, status);
 }
 
 template <int K>
@@ -258,7 +285,8 @@ void LaunchDecode(const uint32_t* words, const Layout& layout, void* output,
   const bool vectors_fit =
       reinterpret_cast<uintptr_t>(output) % 16 == 0 && layout.plane % kPer == 0;
   ACTPACK_LAUNCH(DivisionDecodeKernel<K>, BlocksFor(vectors_fit ? numel / kPer : numel, kThreads),
-                 kThreads, s)(words, layout, vectors_fit, output, closing, status);
+                 kThreads, s)(words, layout, division_math::MakeMeanDivisors(layout),
+                              division_math::Narrow(layout), vectors_fit, output, closing, status);
 }
 
 }  // namespace

@@ -168,6 +168,37 @@ ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j, bool* starts
   return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
 }
 
+// MeanOf's 32-bit case for a kernel that takes many values of one layout: its divisions by the
+// layout's sizes as portable::Divisor32 multiplications, made once per launch. For tensors of
+// at most 2^32 - 1 values (Narrow), where also a value's plane is found by one.
+struct MeanDivisors {
+  portable::Divisor32 inner, width, block_h, block_w, group_length, plane;
+};
+
+ACTPACK_HD bool Narrow(const Layout& l) { return l.planes * l.plane <= 0xffffffffu; }
+
+ACTPACK_HD MeanDivisors MakeMeanDivisors(const Layout& l) {
+  // A size past 32 bits divides every value of a narrow tensor to 0, as 0xffffffff does.
+  auto make = [](uint64_t d) {
+    return portable::MakeDivisor32(static_cast<uint32_t>(MinU(d == 0 ? 1 : d, 0xffffffffu)));
+  };
+  return MeanDivisors{make(l.inner),   make(l.width),        make(l.block_h),
+                      make(l.block_w), make(l.group_length), make(l.plane)};
+}
+
+// MeanOf(l, p, j, starts) for a Narrow layout.
+ACTPACK_HD uint64_t MeanOfNarrow(const Layout& l, const MeanDivisors& d, uint64_t p, uint32_t j,
+                                 bool* starts = nullptr) {
+  const uint32_t t = portable::Divide(j, d.inner);
+  const uint32_t c = j - t * static_cast<uint32_t>(l.inner);
+  const uint32_t h = portable::Divide(t, d.width);
+  const uint32_t w = t - h * static_cast<uint32_t>(l.width);
+  const uint32_t hb = portable::Divide(h, d.block_h);
+  const uint32_t wb = portable::Divide(w, d.block_w);
+  if (starts != nullptr) *starts = h == hb * l.block_h && w == wb * l.block_w;
+  return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
+}
+
 // The mean values of a plane upsample from, walked in runs from value j0 of plane p: with
 // C == 1 a run is the rest of a window's columns in one row (they share a mean), with C > 1 the
 // rest of a position's C values (they read consecutive means). Counters, not divisions, move it

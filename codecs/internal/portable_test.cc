@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -85,6 +87,41 @@ TEST(ChecksumTest, TermsBelowEightGibibytesAreUnchanged) {
   }
   EXPECT_EQ(HeaderChecksumTerm(7, 3),
             SplitMix64((((uint64_t{1} << 31) + 3) << 32) ^ 7 ^ 0x5851f42d4c957f2dull));
+}
+
+TEST(Divisor32Test, DividesExactlyAsTheDivisionOperator) {
+  // Every divisor to 4096 and those around powers of two and the top of the range, each against
+  // the numerators where quotients change (multiples of d and their neighbours, the top of the
+  // range) and random ones.
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t k = 12; k < 32; ++k) {
+    for (int64_t delta = -2; delta <= 2; ++delta) {
+      divisors.push_back(static_cast<uint32_t>((int64_t{1} << k) + delta));
+    }
+  }
+  divisors.push_back(0xffffffffu);
+  divisors.push_back(0xfffffffeu);
+  divisors.push_back(0x80000001u);
+  std::mt19937 rng(7);
+  for (uint32_t d : divisors) {
+    const Divisor32 divisor = MakeDivisor32(d);
+    std::vector<uint32_t> numerators = {0, 1, d - 1, d, d + 1, 0xffffffffu, 0xfffffffeu,
+                                        0x80000000u, 0x7fffffffu};
+    const uint32_t top = 0xffffffffu / d;
+    for (uint32_t q : {1u, 2u, 3u, top / 2, top - 1, top}) {
+      if (q == 0) continue;
+      const uint64_t at = uint64_t{q} * d;
+      for (int64_t delta = -1; delta <= 1; ++delta) {
+        const int64_t n = static_cast<int64_t>(at) + delta;
+        if (n >= 0 && n <= 0xffffffff) numerators.push_back(static_cast<uint32_t>(n));
+      }
+    }
+    for (int i = 0; i < 64; ++i) numerators.push_back(static_cast<uint32_t>(rng()));
+    for (uint32_t n : numerators) {
+      ASSERT_EQ(Divide(n, divisor), n / d) << n << " / " << d;
+    }
+  }
 }
 
 }  // namespace actpack::codecs::portable
