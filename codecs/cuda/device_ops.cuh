@@ -189,6 +189,12 @@ inline LaunchClosing DecodeClosing(const uint8_t* buffer, uint64_t capacity,
                        reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(buffer)), true};
 }
 
+// log2(32 / bits) for codes of 1, 2, 4 or 8 bits: a code's word is its index >> this (a shift
+// where 32 / bits, not a constant, would be a division).
+__device__ __forceinline__ uint32_t WordShift(uint32_t bits) {
+  return bits == 1 ? 5u : bits == 2 ? 4u : bits == 4 ? 3u : 2u;
+}
+
 // Values of kind K in a 16-byte vector: 4 float32, 8 float16 or bfloat16.
 template <int K>
 constexpr uint32_t kValuesPerVector = K == elements::kF32 ? 4 : 8;

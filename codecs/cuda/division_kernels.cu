@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                            bool narrow, uint32_t* __restrict__ payload, LaunchClosing closing,
                            DeviceStatus* __restrict__ status) {
   const int lane = threadIdx.x & 31;
-  const uint32_t per_word = 32 / l.bits;
+  const uint32_t word_shift = WordShift(l.bits);
+  const uint32_t per_word = 1u << word_shift;  // 32 / bits
   const uint32_t levels = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   uint64_t checksum = 0;
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
     const uint64_t first_element = p * l.plane + j0;
     const portable::UniformDraws draws(l.seed, first_element, first_element + n);
-    const uint64_t first_word = division_math::PlaneCodeWord(l, p) + j0 / per_word;
-    const uint64_t n_words = division_math::CeilDiv(n, per_word);
+    const uint64_t first_word = division_math::PlaneCodeWord(l, p) + (j0 >> word_shift);
+    const uint64_t n_words = (n + per_word - 1) >> word_shift;
     for (uint64_t base = 0; base < n; base += 32) {
       const uint64_t k = base + lane;
       uint32_t code = 0;
@@ -155,12 +156,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
           code = quant_math::Quantize(r, gp, draws(first_element + k), levels);
         }
       }
-      uint32_t word = code << ((lane % per_word) * l.bits);
+      uint32_t word = code << ((lane & (per_word - 1)) * l.bits);
       for (uint32_t offset = 1; offset < per_word; offset *= 2) {
         word |= __shfl_xor_sync(kFullMask, word, offset);
       }
-      const uint64_t index = k / per_word;
-      if (lane % per_word == 0 && index < n_words) {
+      const uint64_t index = k >> word_shift;
+      if ((lane & (per_word - 1)) == 0 && index < n_words) {
         payload[first_word + index] = word;
         checksum += portable::ChecksumTerm(word, first_word + index);
       }
@@ -180,20 +181,21 @@ template <int K>
 __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
                                           const MeanDivisors& d, bool narrow, uint64_t p,
                                           uint64_t j, uint64_t* checksum) {
-  const uint32_t per_word = 32 / l.bits;
+  const uint32_t word_shift = WordShift(l.bits);
+  const uint32_t in_word = static_cast<uint32_t>(j) & ((1u << word_shift) - 1);  // j % (32 / bits)
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   const uint64_t q = GroupOf(l, d, narrow, j);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
-  const uint64_t word_at = division_math::PlaneCodeWord(l, p) + j / per_word;
+  const uint64_t word_at = division_math::PlaneCodeWord(l, p) + (j >> word_shift);
   const uint32_t word = payload[word_at];
   bool starts = false;
   const uint64_t m = MeanIndex(l, d, narrow, p, j, &starts);
-  if (j % per_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
+  if (in_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
   if (j == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
   if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
-  const uint32_t code = (word >> ((j % per_word) * l.bits)) & mask;
+  const uint32_t code = (word >> (in_word * l.bits)) & mask;
   return division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code,
                                     quant_math::UnpackGroupParams(packed));
 }
@@ -206,7 +208,8 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
                                               bool narrow, uint64_t p, uint64_t j0,
                                               uint64_t* checksum) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
-  const uint32_t per_word = 32 / l.bits;
+  const uint32_t word_shift = WordShift(l.bits);
+  const uint32_t per_word = 1u << word_shift;  // 32 / bits
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   const uint64_t q = GroupOf(l, d, narrow, j0);
@@ -216,13 +219,14 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
   const quant_math::GroupParams gp = quant_math::UnpackGroupParams(packed);
   // kPer * bits <= 64 and j0 % kPer == 0: the codes lie in word_at and, at 8 bits of a 16-bit
   // tensor, word_at + 1, each starting in this vector where it starts a word.
-  const uint64_t word_at = division_math::PlaneCodeWord(l, p) + j0 / per_word;
+  const uint64_t word_at = division_math::PlaneCodeWord(l, p) + (j0 >> word_shift);
   const uint32_t word = payload[word_at];
   const bool two = kPer > per_word;
   const uint32_t next = two ? payload[word_at + 1] : 0u;
-  if (j0 % per_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
+  const uint32_t in_word = static_cast<uint32_t>(j0) & (per_word - 1);
+  if (in_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
   if (two) *checksum += portable::ChecksumTerm(next, word_at + 1);
-  const uint32_t shift = static_cast<uint32_t>(j0 % per_word) * l.bits;
+  const uint32_t shift = in_word * l.bits;
   float values[kPer];
   ACTPACK_UNROLL
   for (uint32_t e = 0; e < kPer; ++e) {

@@ -42,11 +42,6 @@ constexpr uint32_t kVectorsPerLane = 2;
 template <int K>
 using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 
-// log2(32 / bits): a code's word is its index >> this.
-__device__ __forceinline__ uint32_t WordShift(uint32_t bits) {
-  return bits == 1 ? 5u : bits == 2 ? 4u : bits == 4 ? 3u : 2u;
-}
-
 // The vector at value `at` of `input` whose values from `last` on lie past the tensor: those
 // read as zero bits, the others element by element. Out of line: a tensor has at most one.
 template <int K>

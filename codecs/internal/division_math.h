@@ -196,7 +196,9 @@ ACTPACK_HD uint64_t MeanOfNarrow(const Layout& l, const MeanDivisors& d, uint64_
   const uint32_t hb = portable::Divide(h, d.block_h);
   const uint32_t wb = portable::Divide(w, d.block_w);
   if (starts != nullptr) *starts = h == hb * l.block_h && w == wb * l.block_w;
-  return ((p * l.blocks_h + hb) * l.blocks_w + wb) * l.inner + c;
+  // In 32 bits: the index is below l.means, which is at most the tensor's values.
+  const uint32_t row = static_cast<uint32_t>(p) * static_cast<uint32_t>(l.blocks_h) + hb;
+  return (row * static_cast<uint32_t>(l.blocks_w) + wb) * static_cast<uint32_t>(l.inner) + c;
 }
 
 // The mean values of a plane upsample from, walked in runs from value j0 of plane p: with
