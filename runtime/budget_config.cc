@@ -96,7 +96,9 @@ absl::Status BudgetConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         kWhere, "the limit is empty; give a budget such as \"6GiB\" or \"80%\""));
   }
-  if (absl::StatusOr<MemoryLimit> parsed = ParseMemoryLimit(limit); !parsed.ok()) return parsed.status();
+  if (absl::StatusOr<MemoryLimit> parsed = ParseMemoryLimit(limit); !parsed.ok()) {
+    return parsed.status();
+  }
   if (min_bytes != "0") {
     if (absl::StatusOr<uint64_t> bytes = ParseByteSize(min_bytes, "min_bytes"); !bytes.ok()) {
       return bytes.status();

@@ -183,7 +183,8 @@ MemoryPeaks BudgetRun::TakePeaks() {
 }
 
 void BudgetRun::ReleaseCache() {
-  // The pool has one peak counter: what it held before giving back is the run's too.
+  // What the step's window saw before the cache goes back counts for the run; the next
+  // window starts after it.
   (void)TakePeaks();
   memory_.ReleaseCache();
   (void)memory_.TakePeaks();
@@ -312,7 +313,8 @@ json::Value BudgetRun::RunSection(const RunFacts& facts) const {
                                          : json::Value();
   section["max_rel_rms"] =
       config_.max_rel_rms > 0 ? json::Value(config_.max_rel_rms) : json::Value();
-  section["capped_from_step"] = CappedFromStep(config_);
+  // From what the run did: a switch to recomputation lets the steps after it lift the cap.
+  section["capped_from_step"] = facts_.capped ? json::Value(UnplannedSteps()) : json::Value();
   section["peak_allocated_bytes"] = run_peaks_.allocated;
   section["peak_reserved_bytes"] = run_peaks_.reserved;
   section["peak_system_bytes"] = system_measured_ ? json::Value(run_peaks_.system) : json::Value();

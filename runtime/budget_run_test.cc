@@ -221,9 +221,11 @@ TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
   EXPECT_TRUE(run.NoteRegion());
   // The steps after the switch plan afresh: the next two may lift the cap to measure.
   EXPECT_GT(run.Relieve(kMiB), 0u);
-  // The switch is said once among the run's warnings.
+  // The switch is said once among the run's warnings, and the report's first capped step
+  // is two past it.
   const json::Value section = run.RunSection({});
   EXPECT_EQ(section["warnings"][0], *warning);
+  EXPECT_EQ(section["capped_from_step"], step + 2);
 }
 
 // The policy plans at every step's end; the cache is given back only when a plan changes a
@@ -285,7 +287,7 @@ TEST(BudgetRunTest, TheRunSectionHasTheRunsPeaksAndSaysWhatWentOver) {
                       "wall_seconds", "rank", "world_size", "warnings"}));
   EXPECT_EQ(section["budget"], "64.00 MiB");  // the configuration's limit
   EXPECT_EQ(section["codec"], "quant2");
-  EXPECT_EQ(section["capped_from_step"], 1);  // a fixed codec may lift the cap in its first step
+  EXPECT_TRUE(section["capped_from_step"].is_null());  // a target: nothing was capped
   EXPECT_TRUE(section["python"].is_null() && section["allowed_loss_increase"].is_null());
   EXPECT_EQ(section["budget_bytes"], 64 * kMiB);
   EXPECT_EQ(section["peak_allocated_bytes"], 60 * kMiB);
@@ -316,6 +318,15 @@ TEST(BudgetRunTest, TheFirstStepHeldToTheCapFollowsThePlan) {
   EXPECT_EQ(CappedFromStep(config), 2);
   config.recompute = "auto";  // a switch at the end of the second step, two more to plan
   EXPECT_EQ(CappedFromStep(config), 4);
+  // A run's report says what the run did: auto under recompute="auto" that never switched is
+  // held to the cap from its third step, not the fifth the configuration allows for.
+  Session fixed_session(Options("quant2"), HostFactory());
+  Session auto_session(AutoOptions(64 * kMiB), HostFactory());
+  ScriptedMemory memory;
+  BudgetRun fixed(Fixed(), Facts(64 * kMiB), fixed_session, memory, nullptr);
+  EXPECT_EQ(fixed.RunSection({})["capped_from_step"], 1);
+  BudgetRun unswitched(config, Facts(64 * kMiB), auto_session, memory, nullptr);
+  EXPECT_EQ(unswitched.RunSection({})["capped_from_step"], 2);
 }
 
 TEST(BudgetRunTest, HeldOutsideTakesFromTheAllowanceThenFromTheBudget) {

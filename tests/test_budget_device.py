@@ -32,7 +32,8 @@ class OnCuda1(torch.Tensor):
 
 # actpack._C's functions that take a device (index) first, or by keyword.
 DEVICE_FUNCTIONS = ["_set_device_budget", "_memory_stats", "_empty_cache", "_budget",
-                    "_reset_peak_memory_stats", "_snapshot", "_add_pressure_callback"]
+                    "_reset_peak_memory_stats", "_take_window_peaks", "_snapshot",
+                    "_add_pressure_callback"]
 
 
 @pytest.fixture

@@ -187,7 +187,7 @@ def bottleneck_backward_peak(lean):
     x = torch.randn(16, 256, 16, 16, requires_grad=True)
     unit = x.numel() * 4
     memory, peak = actpack.memory, []
-    # Read when the input's gradient arrives: the budget restarts the peak when backward ends.
+    # Read when the input's gradient arrives: the backward's peak, before the step's end.
     x.register_hook(lambda g: peak.append(memory.max_memory_allocated("cpu")))
     with lean_budget(lean, "quant2"):
         y = block(x * 1.0)

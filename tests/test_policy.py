@@ -268,8 +268,8 @@ def test_pressure_mid_step_repacks_instead_of_failing(corpus):
         held = actpack.memory_allocated("cpu")
         actpack.reset_peak_memory_stats("cpu")
         step()
-        # 5% below it: relief at the harshest codec made room for 10% in a measured run
-        #, 15% ran out (what is re-packed is only what is alive at the pressure).
+        # 5% below it: relief re-packs only what is alive at the pressure, at the harshest
+        # codec, and made room for 10% (not 15%) when this was measured.
         tight = held + int(0.95 * (actpack.max_memory_allocated("cpu") - held))
         # Without relief this cap fails the next step (checked below with a fixed codec).
         actpack.set_cpu_budget(tight)

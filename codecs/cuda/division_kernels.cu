@@ -11,11 +11,11 @@
 // (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus, and (2)'s
 // last block writes the header (device_ops.cuh's CloseLaunch).
 // Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
-// and the output is 16-byte aligned (a value a thread elsewhere).
-// A value's plane, group and window come from divisions by the layout's sizes: in a tensor of
-// at most 2^32 - 1 values as multiplications made once per launch (division_math::MeanDivisors). Each value's thread sums the
+// and the output is 16-byte aligned (a value a thread elsewhere). Each value's thread sums the
 // checksum terms of the payload words it is the first reader of (its code word, its group's
 // parameter word, its window's LFC word), and the last block checks the buffer.
+// A value's plane, group and window come from divisions by the layout's sizes: in a tensor of
+// at most 2^32 - 1 values, multiplications made once per launch (division_math::MeanDivisors).
 #include <cuda_runtime.h>
 
 #include <cstdint>

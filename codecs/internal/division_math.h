@@ -147,7 +147,8 @@ ACTPACK_HD uint32_t LfcWord(const void* input, const Layout& l, uint64_t w, uint
 ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j, bool* starts = nullptr) {
   uint64_t c, hb, wb, h, w;
   if (l.plane <= 0xffffffffu) {
-    // The usual case, in 32-bit arithmetic: a GPU divides 32-bit integers several times faster.
+    // Planes below 2^32 values, in 32-bit arithmetic: a GPU divides 32-bit integers several
+    // times faster (its kernels take MeanOfNarrow in tensors below 2^32 values, this above).
     const uint32_t j32 = static_cast<uint32_t>(j), inner = static_cast<uint32_t>(l.inner);
     const uint32_t width = static_cast<uint32_t>(l.width), t = j32 / inner;
     c = j32 - t * inner;
@@ -205,7 +206,8 @@ ACTPACK_HD uint64_t MeanOfNarrow(const Layout& l, const MeanDivisors& d, uint64_
 // C == 1 a run is the rest of a window's columns in one row (they share a mean), with C > 1 the
 // rest of a position's C values (they read consecutive means). Counters, not divisions, move it
 // on: a division per value would cost more than the rest of decoding. Host code (the CPU's
-// upsampling, reference and vector kernel alike); a GPU thread computes MeanOf instead.
+// upsampling, reference and vector kernel alike); a GPU thread computes MeanOfNarrow (MeanOf
+// in tensors of 2^32 values or more) instead.
 struct MeanCursor {
   MeanCursor(const uint16_t* means, const Layout& l, uint64_t p, uint64_t j0) : l_(l) {
     c_ = j0 % l.inner;

@@ -52,7 +52,7 @@ class HostMemory final : public runtime::BudgetMemory {
   }
 
   runtime::MemoryPeaks TakePeaks() override {
-    // The budget's own window: the peaks a user reads (max_memory_allocated) stay the run's.
+    // The budget's own window: the peaks a user reads (max_memory_allocated) are left alone.
     const allocator::WindowPeaks peaks = HostPool().stats().TakeWindowPeaks();
     return {static_cast<uint64_t>(peaks.allocated_bytes),
             static_cast<uint64_t>(peaks.reserved_bytes), resident_.TakePeak()};
