@@ -94,8 +94,8 @@ void PoisonOnHost(const Header& header, void* output) {
   for (uint64_t i = 0; i < header.numel; ++i) std::memcpy(out + i * width, &pattern, width);
 }
 
-// The header words the host knows of a deferred encoding (CheckBuffer's `known`).
-uint32_t KnownWords(const DeferredEncoding& encoding) {
+// The header words the host knows of a deferred encoding (CheckBuffer's `known`; CUDA builds).
+[[maybe_unused]] uint32_t KnownWords(const DeferredEncoding& encoding) {
   uint32_t known = (1u << kChecksumWord) - 1;
   if (encoding.device_decided) {
     for (int j = 0; j < 6; ++j) known &= ~(1u << (kParamsWord + j));

@@ -62,41 +62,38 @@ __global__ void __launch_bounds__(kThreads)
 // The LFC mean value j of plane p upsamples from (division_math::MeanOf), and whether the value
 // is its window's first.
 __device__ __forceinline__ uint64_t MeanIndex(const Layout& l, const MeanDivisors& d,
-                                              bool narrow, uint64_t p, uint64_t j,
-                                              bool* starts = nullptr) {
-  return narrow ? division_math::MeanOfNarrow(l, d, p, static_cast<uint32_t>(j), starts)
-                : division_math::MeanOf(l, p, j, starts);
+                                              uint64_t p, uint64_t j, bool* starts = nullptr) {
+  return d.narrow ? division_math::MeanOfNarrow(l, d, p, static_cast<uint32_t>(j), starts)
+                  : division_math::MeanOf(l, p, j, starts);
 }
 
 // j / l.group_length.
-__device__ __forceinline__ uint64_t GroupOf(const Layout& l, const MeanDivisors& d, bool narrow,
-                                            uint64_t j) {
-  return narrow ? portable::Divide(static_cast<uint32_t>(j), d.group_length)
-                : j / l.group_length;
+__device__ __forceinline__ uint64_t GroupOf(const Layout& l, const MeanDivisors& d, uint64_t j) {
+  return d.narrow ? portable::Divide(static_cast<uint32_t>(j), d.group_length)
+                  : j / l.group_length;
 }
 
 // i / l.plane.
-__device__ __forceinline__ uint64_t PlaneOf(const Layout& l, const MeanDivisors& d, bool narrow,
-                                            uint64_t i) {
-  return narrow ? portable::Divide(static_cast<uint32_t>(i), d.plane)
-                : i / l.plane;
+__device__ __forceinline__ uint64_t PlaneOf(const Layout& l, const MeanDivisors& d, uint64_t i) {
+  return d.narrow ? portable::Divide(static_cast<uint32_t>(i), d.plane)
+                  : i / l.plane;
 }
 
 // The residual of element k of group (p, q) against the mean it upsamples from.
 template <int K>
 __device__ __forceinline__ float ResidualAt(const void* __restrict__ input,
                                             const uint16_t* __restrict__ means, const Layout& l,
-                                            const MeanDivisors& d, bool narrow, uint64_t p,
-                                            uint64_t j, float* x) {
+                                            const MeanDivisors& d, uint64_t p, uint64_t j,
+                                            float* x) {
   *x = elements::Load<K>(input, p * l.plane + j);
-  const float mean = portable::Bf16ToFloat(means[MeanIndex(l, d, narrow, p, j)]);
+  const float mean = portable::Bf16ToFloat(means[MeanIndex(l, d, p, j)]);
   return division_math::Residual(*x, mean);
 }
 
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     DivisionResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
-                           bool narrow, uint32_t* __restrict__ payload, LaunchClosing closing,
+                           uint32_t* __restrict__ payload, LaunchClosing closing,
                            DeviceStatus* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const uint32_t word_shift = WordShift(l.bits);
@@ -118,7 +115,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     int overflow = 0;
     for (uint64_t k = lane; k < n; k += 32) {
       float x;
-      const float r = ResidualAt<K>(input, means, l, d, narrow, p, j0 + k, &x);
+      const float r = ResidualAt<K>(input, means, l, d, p, j0 + k, &x);
       if (!portable::IsFinite(x)) {
         ++nonfinite;
         continue;
@@ -151,7 +148,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       uint32_t code = 0;
       if (k < n) {
         float x;
-        const float r = ResidualAt<K>(input, means, l, d, narrow, p, j0 + k, &x);
+        const float r = ResidualAt<K>(input, means, l, d, p, j0 + k, &x);
         if (portable::IsFinite(r)) {
           code = quant_math::Quantize(r, gp, draws(first_element + k), levels);
         }
@@ -179,19 +176,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // window).
 template <int K>
 __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
-                                          const MeanDivisors& d, bool narrow, uint64_t p,
-                                          uint64_t j, uint64_t* checksum) {
+                                          const MeanDivisors& d, uint64_t p, uint64_t j,
+                                          uint64_t* checksum) {
   const uint32_t word_shift = WordShift(l.bits);
   const uint32_t in_word = static_cast<uint32_t>(j) & ((1u << word_shift) - 1);  // j % (32 / bits)
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
-  const uint64_t q = GroupOf(l, d, narrow, j);
+  const uint64_t q = GroupOf(l, d, j);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
   const uint64_t word_at = division_math::PlaneCodeWord(l, p) + (j >> word_shift);
   const uint32_t word = payload[word_at];
   bool starts = false;
-  const uint64_t m = MeanIndex(l, d, narrow, p, j, &starts);
+  const uint64_t m = MeanIndex(l, d, p, j, &starts);
   if (in_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
   if (j == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
   if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
@@ -205,14 +202,13 @@ __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, 
 template <int K>
 __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ payload,
                                               const Layout& l, const MeanDivisors& d,
-                                              bool narrow, uint64_t p, uint64_t j0,
-                                              uint64_t* checksum) {
+                                              uint64_t p, uint64_t j0, uint64_t* checksum) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint32_t word_shift = WordShift(l.bits);
   const uint32_t per_word = 1u << word_shift;  // 32 / bits
   const uint32_t mask = (1u << l.bits) - 1;
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
-  const uint64_t q = GroupOf(l, d, narrow, j0);
+  const uint64_t q = GroupOf(l, d, j0);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
   if (j0 == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
@@ -233,7 +229,7 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
     const uint32_t bit = shift + e * l.bits;
     const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
     bool starts = false;
-    const uint64_t m = MeanIndex(l, d, narrow, p, j0 + e, &starts);
+    const uint64_t m = MeanIndex(l, d, p, j0 + e, &starts);
     if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
     values[e] = division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code, gp);
   }
@@ -243,8 +239,8 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
-                         bool narrow, bool vectors_fit, void* __restrict__ output,
-                         LaunchClosing closing, DeviceStatus* __restrict__ status) {
+                         bool vectors_fit, void* __restrict__ output, LaunchClosing closing,
+                         DeviceStatus* __restrict__ status) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint64_t numel = l.planes * l.plane;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -254,16 +250,15 @@ __global__ void __launch_bounds__(kThreads)
   if (vectors_fit) {  // a vector's values lie in one plane
     const uint64_t vectors = numel / kPer;
     for (uint64_t v = first; v < vectors; v += stride) {
-      const uint64_t p = PlaneOf(l, d, narrow, v * kPer);
+      const uint64_t p = PlaneOf(l, d, v * kPer);
       const uint64_t j0 = v * kPer - p * l.plane;
-      static_cast<uint4*>(output)[v] = DecodeVector<K>(payload, l, d, narrow, p, j0, &checksum);
+      static_cast<uint4*>(output)[v] = DecodeVector<K>(payload, l, d, p, j0, &checksum);
     }
     done = vectors * kPer;
   }
   for (uint64_t i = done + first; i < numel; i += stride) {
-    const uint64_t p = PlaneOf(l, d, narrow, i);
-    elements::Store<K>(output, i,
-                       DecodeAt<K>(payload, l, d, narrow, p, i - p * l.plane, &checksum));
+    const uint64_t p = PlaneOf(l, d, i);
+    elements::Store<K>(output, i, DecodeAt<K>(payload, l, d, p, i - p * l.plane, &checksum));
   }
   WarpSumToGlobal(checksum, &status->decode_sum);
   CloseLaunch(closing, status);
@@ -278,7 +273,7 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
   }
   ACTPACK_LAUNCH(DivisionResidualKernel<K>, BlocksFor(layout.groups, kWarpsPerBlock),
                  kWarpsPerBlock * 32, s)(input, layout, division_math::MakeMeanDivisors(layout),
-                                         division_math::Narrow(layout), words, closing, status);
+                                         words, closing, status);
 }
 
 template <int K>
@@ -290,7 +285,7 @@ void LaunchDecode(const uint32_t* words, const Layout& layout, void* output,
       reinterpret_cast<uintptr_t>(output) % 16 == 0 && layout.plane % kPer == 0;
   ACTPACK_LAUNCH(DivisionDecodeKernel<K>, BlocksFor(vectors_fit ? numel / kPer : numel, kThreads),
                  kThreads, s)(words, layout, division_math::MakeMeanDivisors(layout),
-                              division_math::Narrow(layout), vectors_fit, output, closing, status);
+                              vectors_fit, output, closing, status);
 }
 
 }  // namespace

@@ -170,10 +170,12 @@ ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j, bool* starts
 }
 
 // MeanOf's 32-bit case for a kernel that takes many values of one layout: its divisions by the
-// layout's sizes as portable::Divisor32 multiplications, made once per launch. For tensors of
-// at most 2^32 - 1 values (Narrow), where also a value's plane is found by one.
+// layout's sizes as portable::Divisor32 multiplications, made once per launch. They hold in
+// tensors of at most 2^32 - 1 values (`narrow`, Narrow), where also a value's plane is found by
+// one; a kernel given a wider layout divides by the sizes themselves.
 struct MeanDivisors {
   portable::Divisor32 inner, width, block_h, block_w, group_length, plane;
+  bool narrow;
 };
 
 ACTPACK_HD bool Narrow(const Layout& l) { return l.planes * l.plane <= 0xffffffffu; }
@@ -184,7 +186,7 @@ ACTPACK_HD MeanDivisors MakeMeanDivisors(const Layout& l) {
     return portable::MakeDivisor32(static_cast<uint32_t>(MinU(d == 0 ? 1 : d, 0xffffffffu)));
   };
   return MeanDivisors{make(l.inner),   make(l.width),        make(l.block_h),
-                      make(l.block_w), make(l.group_length), make(l.plane)};
+                      make(l.block_w), make(l.group_length), make(l.plane), Narrow(l)};
 }
 
 // MeanOf(l, p, j, starts) for a Narrow layout.
