@@ -98,6 +98,9 @@ json::Value SavedTensorEntry(const runtime::SavedRecord& record, const double* s
   entry["occurrences"] = record.occurrences;
   entry["reused"] = record.reused;
   if (!record.note.empty()) entry["note"] = record.note;
+  if (record.reason != runtime::KeepReason::kNone) {
+    entry["reason"] = std::string(runtime::KeepReasonCode(record.reason));
+  }
   if (record.error.count > 0) {
     json::Value error = json::Value::object();
     error["rms"] = record.error.RmsError();

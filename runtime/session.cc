@@ -103,6 +103,27 @@ absl::string_view KeepReasonName(KeepReason reason) {
     case KeepReason::kCheckpointInput:
       return "a checkpointed region's input (its recomputation would carry a codec's error)";
     case KeepReason::kFlaggedOnDevice: return "its codec met values it cannot hold on the GPU";
+    case KeepReason::kNonFinite: return "its codec cannot hold its values (non-finite)";
+  }
+  return "";
+}
+
+absl::string_view KeepReasonCode(KeepReason reason) {
+  switch (reason) {
+    case KeepReason::kNone: return "";
+    case KeepReason::kDisabled: return "disabled";
+    case KeepReason::kChosenNone: return "codec_none";
+    case KeepReason::kParameter: return "parameter";
+    case KeepReason::kNotFloatingPoint: return "not_floating_point";
+    case KeepReason::kTooSmall: return "below_min_bytes";
+    case KeepReason::kLossInput: return "loss_input";
+    case KeepReason::kPolicyExact: return "fits_budget";
+    case KeepReason::kSavedInBackward: return "saved_in_backward";
+    case KeepReason::kAwaitingBound: return "awaiting_error_bound";
+    case KeepReason::kStatistics: return "statistics";
+    case KeepReason::kCheckpointInput: return "checkpoint_input";
+    case KeepReason::kFlaggedOnDevice: return "nonfinite_on_device";
+    case KeepReason::kNonFinite: return "nonfinite";
   }
   return "";
 }
@@ -229,6 +250,7 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   if (plan.reason != KeepReason::kNone) {
     plan.action = PackAction::kKeep;
     record.codec = std::string(kNotPacked);
+    record.reason = plan.reason;
     // A flagged record's note says what its codec met, and when.
     if (plan.reason != KeepReason::kFlaggedOnDevice) {
       record.note = std::string(KeepReasonName(plan.reason));
@@ -238,6 +260,10 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
     return plan;
   }
 
+  // Packed this step: what an earlier step said of it (kept while its bound was unknown, or
+  // packed exactly) no longer holds.
+  record.reason = KeepReason::kNone;
+  record.note.clear();
   auto it = sign ? dedup_.end()
                  : dedup_.find(DedupKey{info.storage, info.storage_offset, info.version, info.dtype});
   if (it != dedup_.end()) {
@@ -295,6 +321,7 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   }
   if (plan.action == PackAction::kKeep) {
     record.codec = std::string(kNotPacked);
+    record.reason = plan.reason;
     record.note = std::string(KeepReasonName(plan.reason));
     totals_.kept_bytes += bytes;
     current_step_.stored_bytes += bytes;
@@ -537,8 +564,9 @@ void Session::Admit(const SavedTensorInfo& info, const PackPlan& plan,
   SavedRecord& record = records_[plan.record];
   record.codec = codecs::FormatCodecSpec(params);
   record.stored_bytes = packed->stored_bytes_;
-  if (!note.empty()) {
+  if (!note.empty()) {  // the codec refused its values: packed by identity
     record.note = note;
+    record.reason = KeepReason::kNonFinite;
     ++totals_.exact_fallbacks;
   }
   if (plan.relief) {
@@ -734,6 +762,7 @@ absl::Status Session::CheckDeferred(Deferred* work) {
       const absl::Status refused = codecs::CheckEncode(use.header, read);
       if (!record->device_flagged) ++totals_.exact_fallbacks;
       record->device_flagged = true;
+      record->reason = KeepReason::kFlaggedOnDevice;
       record->note = absl::StrCat(refused.message(), " (on the GPU: decoded as NaN at step ",
                                   step_index_, ", kept exact from the next step)");
     }

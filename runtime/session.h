@@ -159,14 +159,18 @@ struct SavedTensorInfo {
 
 enum class PackAction { kKeep, kReuse, kPack };
 
-// Why a tensor is kept as it is. Values are the report's strings.
+// Why a tensor is stored exactly: kept as it is, or (kNonFinite) packed by identity. The report
+// writes a code for each (KeepReasonCode: what tests and tools match) beside a sentence
+// (KeepReasonName, or the codec's own message).
 enum class KeepReason {
   kNone, kDisabled, kChosenNone, kParameter, kNotFloatingPoint, kTooSmall, kLossInput,
   kPolicyExact,
   kSavedInBackward, kAwaitingBound, kStatistics, kCheckpointInput,
   // Its codec met values it cannot hold (non-finite values) in an earlier step on a GPU, where
   // it is packed without waiting to know: that step decoded NaN, the later ones keep it exact.
-  kFlaggedOnDevice
+  kFlaggedOnDevice,
+  // Its codec refused its values (non-finite) when packing on the host: packed by identity.
+  kNonFinite
 };
 
 class PackedTensor;
@@ -256,7 +260,8 @@ struct SavedRecord {
   std::vector<int64_t> shape;
   codecs::DType dtype = codecs::DType::kFloat32;
   std::string codec;  // "quant2", "identity", or kNotPacked ("none": kept as it is)
-  std::string note;   // why kept, or why packed exactly
+  std::string note;   // why kept, or why packed exactly, in words (or a packed form's name)
+  KeepReason reason = KeepReason::kNone;  // why stored exactly; kNone: packed by its codec
   uint64_t raw_bytes = 0;     // per occurrence
   uint64_t stored_bytes = 0;  // per occurrence (0 when kept or reused)
   uint64_t occurrences = 0;
@@ -615,6 +620,8 @@ class Session {
 };
 
 absl::string_view KeepReasonName(KeepReason reason);
+// The report's code for a reason ("parameter", "below_min_bytes", ...; "" for kNone).
+absl::string_view KeepReasonCode(KeepReason reason);
 
 }  // namespace actpack::runtime
 

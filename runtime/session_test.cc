@@ -3,6 +3,8 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "codecs/codec.h"
@@ -81,7 +83,9 @@ TEST(SessionTest, KeepsParametersOtherTypesAndSmallTensors) {
   EXPECT_EQ(session.Plan(for_double_backward.info).reason, KeepReason::kSavedInBackward);
   const std::vector<SavedRecord> records = session.Records();
   EXPECT_EQ(records.back().codec, "none");
-  EXPECT_EQ(records.back().note, "saved during backward (create_graph or recomputation)");
+  EXPECT_EQ(records.back().reason, KeepReason::kSavedInBackward);
+  EXPECT_EQ(KeepReasonCode(records.back().reason), "saved_in_backward");
+  EXPECT_EQ(records.back().note, KeepReasonName(KeepReason::kSavedInBackward));
 }
 
 // max_pool2d's int64 indices, values in [0, 1024): what bitpack stores in 10 bits each.
@@ -156,8 +160,7 @@ TEST(SessionTest, CheckpointInputsAreKeptExact) {
     EXPECT_EQ(kept.action, PackAction::kKeep);
     EXPECT_EQ(kept.reason, KeepReason::kCheckpointInput);
     EXPECT_TRUE(kept.measure.empty());
-    EXPECT_NE(session.Records()[kept.record].note.find("checkpointed region's input"),
-              std::string::npos);
+    EXPECT_EQ(session.Records()[kept.record].reason, KeepReason::kCheckpointInput);
     Saved other = MakeSaved(64, 256, 32);  // the same tensor saved by an op: packed
     EXPECT_EQ(session.Plan(other.info).action, PackAction::kPack);
   }
@@ -297,6 +300,21 @@ TEST(SessionTest, DedupsTheSameTensorSavedTwice) {
   EXPECT_EQ(session.Totals().reused_bytes, 64u * 256 * 4);
 }
 
+// The report's codes: one per reason, distinct, in snake case (report/schema.json lists them).
+TEST(SessionTest, EveryKeepReasonHasItsOwnCode) {
+  EXPECT_EQ(KeepReasonCode(KeepReason::kNone), "");
+  std::set<std::string> codes;
+  const int last = static_cast<int>(KeepReason::kNonFinite);
+  for (int r = static_cast<int>(KeepReason::kDisabled); r <= last; ++r) {
+    const std::string code(KeepReasonCode(static_cast<KeepReason>(r)));
+    EXPECT_FALSE(code.empty()) << r;
+    EXPECT_EQ(code.find_first_not_of("abcdefghijklmnopqrstuvwxyz_"), std::string::npos) << code;
+    EXPECT_TRUE(codes.insert(code).second) << code;
+    EXPECT_FALSE(KeepReasonName(static_cast<KeepReason>(r)).empty()) << code;
+  }
+  EXPECT_EQ(codes.size(), 13u);
+}
+
 TEST(SessionTest, NonFiniteTensorsArePackedExactly) {
   Session session(Options("quant2"), HostFactory());
   Saved saved = MakeSaved(64, 256, 1);
@@ -311,6 +329,20 @@ TEST(SessionTest, NonFiniteTensorsArePackedExactly) {
   EXPECT_EQ(out[100], saved.values[100]);
   EXPECT_EQ(session.Totals().exact_fallbacks, 1u);
   EXPECT_EQ(session.Records()[0].codec, "identity");
+  EXPECT_EQ(session.Records()[0].reason, KeepReason::kNonFinite);
+  EXPECT_EQ(KeepReasonCode(session.Records()[0].reason), "nonfinite");
+  EXPECT_FALSE(session.Records()[0].note.empty());
+  packed.reset();
+  ASSERT_TRUE(session.EndStep().ok());
+  // The next step's values are finite: its codec packs them, and the record says nothing of
+  // the step before.
+  Saved finite = MakeSaved(64, 256, 1, 7);
+  plan = session.Plan(finite.info);
+  packed = *session.Pack(finite.info, plan, finite.view(), {});
+  ASSERT_EQ(session.Records().size(), 1u);
+  EXPECT_EQ(session.Records()[0].codec, "quant2");
+  EXPECT_EQ(session.Records()[0].reason, KeepReason::kNone);
+  EXPECT_EQ(session.Records()[0].note, "");
 }
 
 TEST(SessionTest, RecordsFoldAcrossStepsAndReportIsComplete) {
@@ -647,7 +679,8 @@ TEST(SessionTest, ARuleOfNoneKeepsItsModulesTensors) {
   EXPECT_EQ(session.Plan(packed.info).action, PackAction::kPack);
   const std::vector<SavedRecord> records = session.Records();
   EXPECT_EQ(records[0].codec, "none");
-  EXPECT_EQ(records[0].note, "codec 'none': kept as it is");
+  EXPECT_EQ(records[0].reason, KeepReason::kChosenNone);
+  EXPECT_EQ(records[1].reason, KeepReason::kNone);
   EXPECT_EQ(session.Totals().kept_bytes, 64u * 256 * 4);
 }
 

@@ -86,8 +86,8 @@ def test_report_document(tmp_path):
     assert activations["totals"]["packs"] == 3 * sum(
         1 for s in activations["saved_tensors"] if s["codec"].startswith("quant4")
         or s["codec"] == "mask")
-    kept = {s["note"] for s in activations["saved_tensors"] if s["codec"] == "none"}
-    assert any("parameter" in note for note in kept)  # weights stay as they are
+    kept = {s["reason"] for s in activations["saved_tensors"] if s["codec"] == "none"}
+    assert "parameter" in kept  # weights stay as they are
     assert activations["totals"]["ratio"] > 7
 
 
@@ -211,7 +211,7 @@ def test_the_planners_none_is_a_codec_a_user_can_type():
     totals = run.report["activations"]["totals"]
     records = run.report["activations"]["saved_tensors"]
     first = [r for r in records if r.get("module") == "0"]
-    assert first and all(r["codec"] == "none" and r["note"] == "codec 'none': kept as it is"
+    assert first and all(r["codec"] == "none" and r["reason"] == "codec_none"
                          for r in first), first
     assert totals["packs"] > 0 and totals["kept_bytes"] >= sum(r["raw_bytes"] for r in first)
     with actpack.budget("1GiB", codec={"*": "none"}, min_bytes=0) as run:

@@ -16,8 +16,6 @@ from torch.utils.checkpoint import checkpoint
 
 import actpack
 
-NOTE = "a checkpointed region's input"
-
 
 class Block(nn.Module):
     def __init__(self, c):
@@ -86,7 +84,7 @@ def test_checkpoint_inputs_are_kept_exact_and_the_gradients_hold(reentrant):
     exact, _ = run(None, None)
     grads, budget = run(reentrant, "quant4")
     tensors = budget.report["activations"]["saved_tensors"]
-    inputs = [t for t in tensors if t.get("note", "").startswith(NOTE)]
+    inputs = [t for t in tensors if t.get("reason") == "checkpoint_input"]
     # The four blocks' inputs, whole (batch 32, 32 channels, 32x32).
     assert len(inputs) == 4 and all(t["codec"] == "none" for t in inputs), inputs
     assert all(t["shape"] == [32, 32, 32, 32] for t in inputs), inputs
@@ -101,7 +99,7 @@ def test_the_flag_covers_checkpoints_saves_only():
     # Outside checkpoint's input saving, the thread's flag is off (it is restored after each).
     assert actpack._C._saving_region_inputs("none") == "none"
     _, budget = run(None, "quant4")
-    assert not any(t.get("note", "").startswith(NOTE)
+    assert not any(t.get("reason") == "checkpoint_input"
                    for t in budget.report["activations"]["saved_tensors"])
 
 

@@ -22,7 +22,6 @@ from torch.utils.checkpoint import checkpoint
 import actpack
 from conftest import HANG_GUARD_S, fresh_pool
 
-BACKWARD_NOTE = "saved during backward (create_graph or recomputation)"
 
 
 def mlp(width=128, inputs=32, outputs=10, seed=0, hidden=1):
@@ -78,7 +77,7 @@ def test_gradient_penalty_matches_plain_exactly_with_identity_and_closely_with_q
     activations = run.report["activations"]
     # The create_graph backward continues the step: one step per training step.
     assert len(activations["steps"]) == 3
-    in_backward = [s for s in activations["saved_tensors"] if s.get("note") == BACKWARD_NOTE]
+    in_backward = [s for s in activations["saved_tensors"] if s.get("reason") == "saved_in_backward"]
     assert in_backward and all(s["codec"] == "none" for s in in_backward)
     # Producers that only a backward graph has: the double-backward graph was seen.
     assert any(s["producer"] == "TanhBackwardBackward0" for s in in_backward)
@@ -174,7 +173,7 @@ def test_non_reentrant_checkpoint_inside_a_budget():
     packed = [s for s in saved if s["codec"] == "identity"]
     assert [s["producer"] for s in packed] == ["TanhBackward0"] * 4
     inputs = [s for s in saved if s["codec"] == "none"
-              and s["note"].startswith("a checkpointed region's input")]
+              and s["reason"] == "checkpoint_input"]
     assert [s["producer"] for s in inputs] == ["leaf"] + ["TanhBackward0"] * 3
 
 

@@ -92,8 +92,8 @@ def test_the_first_step_is_exact_while_the_bounds_are_measured():
                                       allowed_loss_increase=1e-2)
     for name, g in exact.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7)
-    notes = {r.get("note") for r in report["activations"]["saved_tensors"]}
-    assert "exact until its error bound is known (first step)" in notes
+    reasons = {r.get("reason") for r in report["activations"]["saved_tensors"]}
+    assert "awaiting_error_bound" in reasons
 
 
 @pytest.mark.parametrize("headroom", [None, 0.4])
