@@ -76,6 +76,9 @@ MUTANTS = [
            "        nonfinite += partial.nonfinite;\n      }\n    }\n"
            "    for (int offset = 16; offset > (lane & 1); offset /= 2) {",
            identity("quant2")),
+    Mutant("quant-code-round", "a floor rounded to nearest", "codecs/internal/quant_math.h",
+           "const int32_t code = __float2int_rd(clamped);",
+           "const int32_t code = static_cast<int32_t>(clamped + 0.5f);", identity("quant2")),
     Mutant("quant-vector-finite", "a check removed", "codecs/cuda/quant_kernels.cu",
            "if (magnitude < 0x7f800000u) {", "if (magnitude <= 0x7f800000u) {", identity("quant2")),
     Mutant("quant-vector-partial", "a dropped tail element", "codecs/cuda/quant_kernels.cu",

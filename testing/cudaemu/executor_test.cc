@@ -447,6 +447,20 @@ TEST(VectorTest, SixteenByteTypesHaveCudasLayoutAndCopyWhole) {
   }
 }
 
+// The PTX ISA's cvt.rmi.s32.f32: toward minus infinity, saturated, NaN to 0.
+TEST(BuiltinsTest, FloatToIntRoundingDownIsPtxs) {
+  EXPECT_EQ(__float2int_rd(2.99f), 2);
+  EXPECT_EQ(__float2int_rd(3.0f), 3);
+  EXPECT_EQ(__float2int_rd(-0.5f), -1);
+  EXPECT_EQ(__float2int_rd(-0.0f), 0);
+  EXPECT_EQ(__float2int_rd(0x1.fffffep-1f), 0);
+  EXPECT_EQ(__float2int_rd(3e9f), 2147483647);
+  EXPECT_EQ(__float2int_rd(-3e9f), -2147483647 - 1);
+  EXPECT_EQ(__float2int_rd(-2147483648.0f), -2147483647 - 1);
+  EXPECT_EQ(__float2int_rd(__int_as_float(0x7f800000)), 2147483647);
+  EXPECT_EQ(__float2int_rd(__int_as_float(0x7fc00000)), 0);
+}
+
 TEST(VectorDeathTest, AMisalignedSixteenByteReadOrWriteStopsTheProgram) {
   DeviceBuffer<float> in(64 + 4), out(64 + 4);
   const unsigned char* from = reinterpret_cast<const unsigned char*>(in.data);

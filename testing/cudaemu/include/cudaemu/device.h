@@ -15,6 +15,7 @@
 #ifndef CUDAEMU_DEVICE_H_
 #define CUDAEMU_DEVICE_H_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -284,6 +285,14 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+// cvt.rmi.s32.f32: floor, saturated to int's range, NaN to 0 (the PTX ISA's conversion rules).
+inline int __float2int_rd(float x) {
+  if (x != x) return 0;
+  const float f = std::floor(x);
+  if (f >= 2147483648.0f) return 2147483647;
+  if (f < -2147483648.0f) return -2147483647 - 1;
+  return static_cast<int>(f);
+}
 
 // CUDA's integer min/max overloads (one type; mixed types do not compile, as with nvcc's
 // ambiguous overloads, so a kernel cannot pass here and fail there).
