@@ -159,7 +159,8 @@ def planner_tries():
     """Each scanned truth's tries: the batches that did not train, and the cost."""
     data = load("planner.json")
     lines = ["| model, budget, choice | truth | batches tried that did not train (step it ran "
-             "out in) | above the truth, tried and trained | seconds: all tries (largest try) |",
+             "out in) | above the planner's answer, tried and trained | "
+             "seconds: all tries (largest try) |",
              "|---|---|---|---|---|"]
     scanned = [r for r in data["rows"] if r.get("truth_search")]
     if not scanned:
