@@ -21,20 +21,6 @@ _WHITESPACE = " \t\n\v\f\r"
 _EXPECTED = "expected a positive number with a unit, e.g. '6GiB', '512MiB', '1.5GB' or '80%'"
 
 
-def _range():
-    shown = f"{MAX_BYTES:.1e}".replace("e+", "e")  # 9.2e18, as the C++ parser says it
-    return f"expected 1 byte to {shown} bytes ({_C.format_bytes(MAX_BYTES)})"
-
-
-def _check_bytes(n, what):
-    if n <= 0:
-        raise ValueError(f"actpack: invalid {what} {n!r}: the size must be positive")
-    if n > MAX_BYTES:
-        raise ValueError(f"actpack: invalid {what} {n} bytes ({n:.3g}): out of range; "
-                         f"{_range()}")
-    return n
-
-
 def _parse_text(text, parse):
     """parse(text) by the C++ parser (runtime/config.cc: units, scientific notation, the
     range), after the checks it cannot make: it quotes the text it is given, which must be
@@ -50,9 +36,9 @@ def _parse_text(text, parse):
 
 def parse_size(text, what="memory size"):
     """Bytes in a size such as "6GiB", "1.5GB", "1e9" or an int; ValueError naming the text
-    otherwise (`what` names the argument in the message)."""
-    if is_int(text):
-        return _check_bytes(int(text), what)
+    otherwise (`what` names the argument in the message of a wrong type)."""
+    if is_int(text):  # the C++ parser's range and messages for ints too: one rule
+        return _C.parse_size(str(int(text)))
     if not isinstance(text, str):
         raise TypeError(f"actpack: a {what} is a str like '6GiB' or '1.5e9', or an int of bytes, "
                         f"got {kind(text)}")
@@ -63,8 +49,7 @@ def parse_budget(text):
     """{"bytes": int, "fraction": float, "text": str} for "6GiB" or 6442450944 (bytes) or "80%"
     (fraction)."""
     if is_int(text):
-        n = _check_bytes(int(text), "budget")
-        return {"bytes": n, "fraction": 0.0, "text": format_bytes(n)}
+        return _C.parse_budget(str(int(text)))
     if not isinstance(text, str):
         raise TypeError(f"actpack: a budget is a str like '6GiB', '1.5e9' or '80%', or an int of "
                         f"bytes, got {kind(text)}")
