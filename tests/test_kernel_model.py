@@ -93,3 +93,45 @@ def test_dependent_loads_wait_one_at_a_time(loops):
     assert len(loop["loads"]) == 2, loop
     assert loop["in_flight"] == 1, loop
     assert loop["exposures"] == 2, loop
+
+
+def _tool():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import kernel_model
+    finally:
+        sys.path.pop(0)
+    return kernel_model
+
+
+def _kernel(km, blocks, succ):
+    """A kernel of `blocks` ([[source line of each instruction]]) and successors, its loop's
+    header block 0 (the entry) and every block in that loop."""
+    addr, made = 0, []
+    for lines in blocks:
+        made.append([])
+        for line in lines:
+            made[-1].append(km.Instr(addr, "IADD3 R0, R0, 0x1, RZ", "IADD3", ("k.cu", line), 0,
+                                     7, chain=(("k.cu", line),)))
+            addr += 16
+    f = km.Function(made, succ, set(range(len(blocks))), {0: set(range(len(blocks)))})
+    return km.Kernel("K", 32, 0, f)
+
+
+def test_a_loop_unswitched_on_a_cold_condition_counts_the_hot_copy_only():
+    # header 0 -> copy A (1, then 2 running cold line 99, then the latch 5) or copy B (3 -> 4 ->
+    # latch 5); A's first block reaches the header only through the cold line.
+    km = _tool()
+    k = _kernel(km, [[1], [10, 10, 10], [99], [20, 20], [21], [30]],
+                [[1, 3], [2], [5], [4], [5], [0]])
+    assert len(k.body(0).instrs) == 9  # no cold lines: every block
+    hot = k.body(0, [("k.cu", 99)]).instrs
+    assert sorted({i.line[1] for i in hot}) == [1, 20, 21, 30]  # A's copy is cold from its start
+
+
+def test_cold_lines_that_cut_every_way_back_leave_the_forward_walk():
+    # The cold line shares the latch's block (an arm of a conditional expression merged into it):
+    # no way back avoids it, so the blocks the header reaches without entering it count.
+    km = _tool()
+    k = _kernel(km, [[1], [10, 10], [99, 30]], [[1], [2], [0]])
+    assert sorted(i.line[1] for i in k.body(0, [("k.cu", 99)]).instrs) == [1, 10, 10]

@@ -480,9 +480,11 @@ class Kernel:
         return body - set().union(*inner) if inner else body
 
     def body(self, header, cold_lines=()):
-        """One iteration of a loop on the fast path: its own blocks that the header reaches
-        without entering a block that runs code of `cold_lines` (source lines, as (path
-        suffix, line), that this data does not run)."""
+        """One iteration of a loop on the fast path: its own blocks on a path from the header
+        back to it that enters no block running code of `cold_lines` (source lines, as (path
+        suffix, line), that this data does not run). A block from which every way back runs
+        through cold code is cold too: where nvcc unswitches a loop on a condition this data
+        does not take, the copy made for it is cold from its first block."""
         own = self.own_blocks(header)
         body = self.f.loops[header]
         seeds = {k for k in body if any(matches(i, cold_lines) for i in self.f.blocks[k])}
@@ -493,6 +495,19 @@ class Kernel:
                 if y in body and y not in hot and y not in seeds:
                     hot.add(y)
                     stack.append(y)
+        # Back from the latches (the blocks that branch to the header), through hot blocks.
+        # Where no latch is reached, the cold lines share a block with the hot path (an arm of
+        # a conditional expression) and cut every way back: the forward walk stands.
+        back = {u for u in hot if header in self.f.succ[u]}
+        stack = list(back)
+        while stack:
+            y = stack.pop()
+            for u in hot:
+                if u not in back and y in self.f.succ[u]:
+                    back.add(u)
+                    stack.append(u)
+        if back:
+            hot &= back | {header}
         hot &= own & self.f.hot
         calls = sum(1 for k in own for i in self.f.blocks[k] if i.op.startswith("CALL"))
         return summarize([i for k in sorted(hot) for i in self.f.blocks[k]], calls)
@@ -656,7 +671,7 @@ def quant_vector_cold(s):
     if 4 * s["bits"] >= 32:
         return [UNIFORM_FLOAT,
                 (QUANT, "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1))")]
-    return [UNIFORM_FLOAT,
+    return [UNIFORM_FLOAT, (QUANT, "if (j < vectors) {  // whole words of this lane's own"),
             (QUANT, "const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * q));")]
 
 
@@ -719,9 +734,7 @@ def work(kernels_tree):
             Trip("g < layout.groups;", lambda s: s["groups"], loads=2, cold=quant_vector_cold),
             Trip("offset < lanes_per_word; offset *= 2",
                  lambda s: s["groups"] * quant_lane_vectors(s)
-                 * math.log2(max(1, 32 // (4 * s["bits"])))),
-            Trip("for (uint32_t q = 0; q < vector_bits / 32; ++q)",
-                 lambda s: s["groups"] * quant_lane_vectors(s) * (4 * s["bits"] // 32))]),
+                 * math.log2(max(1, 32 // (4 * s["bits"]))))]),
         # ... and its decode where the output is: a lane a vector of output at a time, from
         # the code word its vector's codes are in (summed for the checksum by the lane whose
         # vector starts it).

@@ -71,10 +71,8 @@ MUTANTS = [
     # quant's vector kernels (16-byte aligned tensors: the identity test's) ...
     Mutant("quant-minmax-lane", "a lane-dependent loop around a warp collective",
            "codecs/cuda/quant_kernels.cu",
-           "        nonfinite += partial.nonfinite;\n      }\n    }\n"
-           "    for (int offset = 16; offset > 0; offset /= 2) {",
-           "        nonfinite += partial.nonfinite;\n      }\n    }\n"
-           "    for (int offset = 16; offset > (lane & 1); offset /= 2) {",
+           "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = fminf(",
+           "    for (int offset = 16; offset > (lane & 1); offset /= 2) {\n      lo = fminf(",
            identity("quant2")),
     Mutant("quant-code-round", "a floor rounded to nearest", "codecs/internal/quant_math.h",
            "const int32_t code = __float2int_rd(clamped);",
@@ -89,9 +87,18 @@ MUTANTS = [
            "uint32_t word = static_cast<uint32_t>(codes) << (((j + 1) & (lanes_per_word - 1)) * vector_bits);",
            identity("quant2")),
     Mutant("quant-vector-words", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
-           "for (uint32_t q = 0; q < vector_bits / 32; ++q) {",
-           "for (uint32_t q = 0; q + 1 < vector_bits / 32; ++q) {",
+           "if (32 * q < vector_bits) {", "if (32 * q + 32 < vector_bits) {",
            deferred("EveryOffsetAndTailGivesTheCpusBytesAndOutput/quant8_float16"), DEFERRED),
+    # The checksum terms of the words lanes share, a lane a word, and the parameter word's.
+    Mutant("quant-vector-shared-source", "a shuffle from the wrong lane",
+           "codecs/cuda/quant_kernels.cu",
+           "__shfl_sync(kFullMask, row_word[t], from & 31);",
+           "__shfl_sync(kFullMask, row_word[t], (from + lanes_per_word) & 31);", identity("quant2")),
+    Mutant("quant-vector-spare-lane", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
+           "if (lane <= words) checksum", "if (lane < words) checksum", identity("quant2")),
+    Mutant("quant-vector-full-warp", "a check removed", "codecs/cuda/quant_kernels.cu",
+           "if (words == 32) checksum += portable::ChecksumTerm(p.packed, g);",
+           "if (words == 33) checksum += portable::ChecksumTerm(p.packed, g);", identity("quant4")),
     Mutant("quant-vector-decode-write", "an off-by-one write", "codecs/cuda/quant_kernels.cu",
            "if (j * kPer + kPer <= n) {", "if (j * kPer + kPer <= n + 1) {", identity("quant2")),
     Mutant("quant-vector-draw-key", "a random stream keyed per group, not per 2^32 elements",
