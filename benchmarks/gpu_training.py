@@ -601,7 +601,7 @@ class Worker:
         if method == "auto":
             run = stack.enter_context(self.actpack.budget(self.budget_bytes[model], codec="auto"))
         elif method == "none":
-            run = stack.enter_context(self.actpack.budget(1 << 50, codec="none"))
+            run = stack.enter_context(self.actpack.budget("100%", codec="none"))
         self.timing = {"stack": stack, "step": step, "batch": batch, "index": 0, "run": run,
                        "keep": (task, net, optimizer)}
         try:

@@ -138,7 +138,7 @@ def main():
         if args.accumulate:
             accumulate_round = timed_steps(accumulation_step, args.steps, 1)
         plain_round = timed_steps(step, args.steps, 1)
-        none_round, _ = under_budget(step, 1 << 50, "none", args.steps)
+        none_round, _ = under_budget(step, "100%", "none", args.steps)
         auto_round, report = under_budget(step, args.budget, "auto", args.steps)
         plain_median = median(r[0] for r in plain_round)
         rounds["none"].append(median(r[0] for r in none_round) / plain_median)

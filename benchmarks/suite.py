@@ -152,7 +152,7 @@ class Bench:
         `options`: more of actpack.budget's (BUDGET_OPTIONS)."""
         if codec is None:
             return in_host_pool() if self.device == "cpu" else contextlib.nullcontext()
-        return actpack.budget(self.budget_bytes if codec == "auto" else 1 << 50, codec=codec,
+        return actpack.budget(self.budget_bytes if codec == "auto" else "100%", codec=codec,
                               recompute=recompute, **(options or {}))
 
     # ---- max batch under the cap ----
@@ -432,7 +432,7 @@ def compiled(model, method):
 def warm_up(step, batch=2):
     """One step under a budget that caps nothing and packs nothing: what it allocates to stay
     (the optimizer's state) comes from actpack's allocator, which every later budget counts."""
-    with actpack.budget(1 << 50, codec="none"):
+    with actpack.budget("100%", codec="none"):
         return step(batch)
 
 

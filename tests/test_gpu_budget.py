@@ -112,11 +112,11 @@ def scenario_capped():
     import actpack
     step = _trainer(torch)
     step()  # the optimizer's state and cuDNN's handles, outside any budget
-    with actpack.budget(1 << 50, codec="none") as run:
+    with actpack.budget("100%", codec="none") as run:
         for _ in range(2):
             step()
     plain = _highest(run, "peak_bytes")
-    with actpack.budget(1 << 50, codec="quant4") as run:
+    with actpack.budget("100%", codec="quant4") as run:
         for _ in range(3):
             step()
     packed = _highest(run, "peak_reserved_bytes", 1)
@@ -150,7 +150,7 @@ def scenario_relief():
     import actpack
     step = _trainer(torch, seed=3)
     step()
-    with actpack.budget(1 << 50, codec="none") as run:
+    with actpack.budget("100%", codec="none") as run:
         for _ in range(2):
             step()
     plain = _highest(run, "peak_bytes")
@@ -229,10 +229,10 @@ def scenario_streams():
 
     exact = gradients()
     out = {}
-    for name, codec, limit in (("identity", "identity", 1 << 50), ("quant8", "quant8", 1 << 50),
-                               ("eb", "eb:rel=1e-3", 1 << 50), ("auto", "auto", None)):
+    for name, codec, limit in (("identity", "identity", "100%"), ("quant8", "quant8", "100%"),
+                               ("eb", "eb:rel=1e-3", "100%"), ("auto", "auto", None)):
         if limit is None:  # auto under a cap that binds: packing and relief on both streams
-            with actpack.budget(1 << 50, codec="none") as run:
+            with actpack.budget("100%", codec="none") as run:
                 gradients()
             limit = int(0.7 * _highest(run, "peak_bytes"))
         try:

@@ -37,7 +37,7 @@ def lean_budget(lean, codec="quant8"):
     _C._set_lean_backward(lean)
     counts, before = {}, _C._lean_backward_taken()
     try:
-        with actpack.budget(1 << 40, codec=codec, min_bytes=1):
+        with actpack.budget("100%", codec=codec, min_bytes=1):
             yield counts
     finally:
         _C._set_lean_backward(True)
