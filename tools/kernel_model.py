@@ -917,9 +917,13 @@ def work(kernels_tree):
     with open(os.path.join(kernels_tree, DIVISION)) as f:
         decode_vectors = "DecodeAt<K>" in f.read()
     if decode_vectors:  # a thread per 16-byte vector of output (the planes hold whole vectors)
+        # The modelled [n, 64, 64, 64] planes take OneWindow's path: a vector of a row's values
+        # in one 8-wide window (loads: its group's parameter word, its code words, one mean and
+        # the LFC word a window's first value checks).
         w["DivisionDecodeKernel"] = Launch(DIVISION, 256, lambda s: blocks_for(s["numel"] // 4, 256), [
             Trip("for (uint64_t v = first; v < vectors; v += stride) {",
-                 lambda s: s["numel"] / 4 / 32, loads=10, cold=DIVISION_WIDE),
+                 lambda s: s["numel"] / 4 / 32, loads=5, cold=DIVISION_WIDE + (
+                     (DIVISION, "MeanIndex(l, d, p, j0 + e, &starts);  // a value's own window"),)),
             Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)])
     quant_decode = os.path.join(kernels_tree, QUANT)
     with open(quant_decode) as f:

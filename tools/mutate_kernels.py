@@ -249,6 +249,13 @@ MUTANTS = [
            "if (e % shape.window == 0 && i + 1 < vectors) checksum += MeanTerm<Width>(payload, m);",
            identity("pool4")),
     # division
+    Mutant("division-one-window", "a check removed", "codecs/cuda/division_kernels.cu",
+           "return l.inner == 1 && l.width % per == 0 && l.block_w % per == 0;",
+           "return l.inner == 1 && l.width % per == 0;", identity("division:block=2,bits=1")),
+    Mutant("division-one-window-term", "a check removed", "codecs/cuda/division_kernels.cu",
+           "const uint64_t m = MeanIndex(l, d, p, j0, &starts);\n    if (starts && m % 2 == 0)",
+           "const uint64_t m = MeanIndex(l, d, p, j0, &starts);\n    if (m % 2 == 0)",
+           identity("division")),
     Mutant("division-minmax-step", "a reduction that skips a step",
            "codecs/cuda/division_kernels.cu",
            "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = portable::Min",

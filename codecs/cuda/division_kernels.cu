@@ -67,6 +67,13 @@ __device__ __forceinline__ uint64_t MeanIndex(const Layout& l, const MeanDivisor
                   : division_math::MeanOf(l, p, j, starts);
 }
 
+// Whether every `per` values of a plane from a multiple of `per` on lie in one window: a plane
+// of rows (no inner channels) whose rows and window columns are whole multiples of them, as a
+// convolution's [N, C, H, W] activations with H and W divisible by 4 are.
+__host__ __device__ inline bool OneWindow(const Layout& l, uint32_t per) {
+  return l.inner == 1 && l.width % per == 0 && l.block_w % per == 0;
+}
+
 // j / l.group_length.
 __device__ __forceinline__ uint64_t GroupOf(const Layout& l, const MeanDivisors& d, uint64_t j) {
   return d.narrow ? portable::Divide(static_cast<uint32_t>(j), d.group_length)
@@ -198,11 +205,13 @@ __device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, 
 }
 
 // The 16-byte vector of values j0.. of plane p (j0 a multiple of the vector's values, so they
-// share a group and one or two code words), with DecodeAt's checksum terms.
+// share a group and one or two code words), with DecodeAt's checksum terms. `one_window`: the
+// vector's values lie in one window (OneWindow).
 template <int K>
 __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ payload,
                                               const Layout& l, const MeanDivisors& d,
-                                              uint64_t p, uint64_t j0, uint64_t* checksum) {
+                                              bool one_window, uint64_t p, uint64_t j0,
+                                              uint64_t* checksum) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint32_t word_shift = WordShift(l.bits);
   const uint32_t per_word = 1u << word_shift;  // 32 / bits
@@ -224,12 +233,25 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
   if (two) *checksum += portable::ChecksumTerm(next, word_at + 1);
   const uint32_t shift = in_word * l.bits;
   float values[kPer];
+  if (one_window) {  // one mean, and only the first value may start its window
+    bool starts = false;
+    const uint64_t m = MeanIndex(l, d, p, j0, &starts);
+    if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
+    const float mean = portable::Bf16ToFloat(means[m]);
+    ACTPACK_UNROLL
+    for (uint32_t e = 0; e < kPer; ++e) {
+      const uint32_t bit = shift + e * l.bits;
+      const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
+      values[e] = division_math::Reconstruct(mean, code, gp);
+    }
+    return PackVector<K>(values);
+  }
   ACTPACK_UNROLL
   for (uint32_t e = 0; e < kPer; ++e) {
     const uint32_t bit = shift + e * l.bits;
     const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
     bool starts = false;
-    const uint64_t m = MeanIndex(l, d, p, j0 + e, &starts);
+    const uint64_t m = MeanIndex(l, d, p, j0 + e, &starts);  // a value's own window
     if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
     values[e] = division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code, gp);
   }
@@ -249,10 +271,12 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t done = 0;  // the values the vectors wrote
   if (vectors_fit) {  // a vector's values lie in one plane
     const uint64_t vectors = numel / kPer;
+    const bool one_window = OneWindow(l, kPer);
     for (uint64_t v = first; v < vectors; v += stride) {
       const uint64_t p = PlaneOf(l, d, v * kPer);
       const uint64_t j0 = v * kPer - p * l.plane;
-      static_cast<uint4*>(output)[v] = DecodeVector<K>(payload, l, d, p, j0, &checksum);
+      static_cast<uint4*>(output)[v] =
+          DecodeVector<K>(payload, l, d, one_window, p, j0, &checksum);
     }
     done = vectors * kPer;
   }
