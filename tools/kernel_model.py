@@ -808,6 +808,16 @@ def work(kernels_tree):
                  cold=(UNIFORM_FLOAT,) + DIVISION_WIDE),
             Trip("for (uint32_t offset = 1; offset < per_word; offset *= 2)",
                  lambda s: s["groups"] * s["group"] / 32 * math.log2(s["per_word"]))]),
+        # ... where the input is aligned and a vector's values share a window (the modelled
+        # shapes): one warp per group of 128, a lane's 16-byte vector loaded once with the one
+        # mean its values share, the residuals kept in registers for the range and the codes;
+        # a vector's 8 bits of codes ORed across 4 lanes by two shuffles.
+        "DivisionResidualVectorKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["groups"], 8), [
+            Trip("g < l.groups;", lambda s: s["groups"], loads=2,
+                 cold=(UNIFORM_FLOAT,) + DIVISION_WIDE),
+            Trip("offset < lanes_per_word; offset *= 2",
+                 lambda s: s["groups"] * ceil_div(s["group"] // 4, 32)
+                 * math.log2(32 // (4 * 32 // s["per_word"])))]),
         # decode: a value a thread (the kernels of 2026-11-27; HEAD's below)
         "DivisionDecodeKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["numel"], 256), [
             Trip("i < numel; i += stride", lambda s: s["numel"] / 32, loads=3)]),

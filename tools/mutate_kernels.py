@@ -249,6 +249,27 @@ MUTANTS = [
            "if (e % shape.window == 0 && i + 1 < vectors) checksum += MeanTerm<Width>(payload, m);",
            identity("pool4")),
     # division
+    # division's vector residual kernel (aligned planes of whole vectors, one window a vector)
+    Mutant("division-vector-window", "a check removed", "codecs/cuda/division_kernels.cu",
+           "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
+           "         OneWindow(l, per) &&",
+           "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
+           "         true &&", identity("division:block=2,bits=1")),
+    Mutant("division-vector-minmax-step", "a reduction that skips a step",
+           "codecs/cuda/division_kernels.cu",
+           "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = fminf(",
+           "    for (int offset = 8; offset > 0; offset /= 2) {\n      lo = fminf(", identity("division")),
+    Mutant("division-vector-shift", "a wrong shift in bit packing",
+           "codecs/cuda/division_kernels.cu",
+           "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);",
+           "uint32_t word = static_cast<uint32_t>(codes) << (((j + 1) & (lanes_per_word - 1)) * vector_bits);",
+           identity("division")),
+    Mutant("division-vector-tail", "a dropped tail element", "codecs/cuda/division_kernels.cu",
+           "v[t] = j < vectors ? group[j] : make_uint4(0, 0, 0, 0);",
+           "v[t] = j + 1 < vectors ? group[j] : make_uint4(0, 0, 0, 0);", identity("division")),
+    Mutant("division-vector-words", "a dropped tail element", "codecs/cuda/division_kernels.cu",
+           "            if (32 * w < vector_bits) {", "            if (32 * w + 32 < vector_bits) {",
+           identity("division:block=16,bits=8")),
     Mutant("division-one-window", "a check removed", "codecs/cuda/division_kernels.cu",
            "return l.inner == 1 && l.width % per == 0 && l.block_w % per == 0;",
            "return l.inner == 1 && l.width % per == 0;", identity("division:block=2,bits=1")),

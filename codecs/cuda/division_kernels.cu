@@ -7,8 +7,10 @@
 // warp reads contiguous columns of the same rows); (2) one warp per residual group, as
 // quant's kernel: a shuffle reduction of the group's residual min/max, then each lane
 // quantizes one value per 32 and the codes of 32/bits neighbouring lanes are ORed into one
-// word, written coalesced. The LFC means that (2) subtracts are read back from the payload
-// (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus, and (2)'s
+// word, written coalesced; where the input is aligned and a 16-byte vector's values share a
+// window (ResidualVectorizable), a lane loads its vector and the one mean once and keeps the
+// residuals in registers for both (one pass over the input). The LFC means that (2) subtracts
+// are read back from the payload (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus, and (2)'s
 // last block writes the header (device_ops.cuh's CloseLaunch).
 // Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
 // and the output is 16-byte aligned (a value a thread elsewhere). Each value's thread sums the
@@ -19,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
@@ -39,6 +42,13 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 8;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kLfcOverflowWord = 0;  // DeviceStatus::work, kernels.h
+// 16-byte vectors a lane holds of its group in the vector residual kernel: one covers the
+// default group of 128 values (256 of a 16-bit tensor); larger groups take the scalar kernel.
+constexpr uint32_t kVectorsPerLane = 1;
+
+// A vector's codes (at most 8 bits each): 32 bits for 4 float32 values, 64 for 8 16-bit ones.
+template <int K>
+using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)
@@ -177,6 +187,128 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   CloseLaunch(closing, status);
 }
 
+// The residual kernel where ResidualVectorizable holds: one pass over the input. Each lane
+// loads its vectors of the group first (independent loads in flight) and the one mean a
+// vector's values share, keeps the residuals in registers for the group's range and then its
+// codes, and the codes of 32 / (bits x a vector's values) neighbouring lanes are ORed into a
+// word with shuffles (at 8 bits of float32 a lane's word is its own), as quant's vector kernel.
+template <int K>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    DivisionResidualVectorKernel(const uint4* __restrict__ input, Layout l, MeanDivisors d,
+                                 uint32_t* __restrict__ payload, LaunchClosing closing,
+                                 DeviceStatus* __restrict__ status) {
+  constexpr uint32_t kPer = kValuesPerVector<K>;
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t levels = (1u << l.bits) - 1;
+  const uint32_t vector_bits = kPer * l.bits;  // a vector's codes: 4 to 64 bits
+  const uint32_t lanes_per_word = vector_bits < 32 ? 32 / vector_bits : 1;  // a power of two
+  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
+  uint64_t checksum = 0;
+  uint64_t nonfinite = 0;
+  uint64_t overflow_groups = 0;
+  const uint64_t warp_stride = uint64_t{gridDim.x} * kWarpsPerBlock;
+  for (uint64_t g = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; g < l.groups;
+       g += warp_stride) {
+    const uint64_t p = g / l.groups_per_plane;
+    const uint64_t q = g - p * l.groups_per_plane;
+    const uint64_t j0 = q * l.group_length;
+    const uint64_t n = division_math::GroupSize(l, q);  // whole vectors: the plane's are
+    const uint32_t vectors = static_cast<uint32_t>(n / kPer);
+    const uint64_t first_element = p * l.plane + j0;
+    const uint4* group = input + first_element / kPer;
+    uint4 v[kVectorsPerLane];
+    float mean[kVectorsPerLane];
+    ACTPACK_UNROLL
+    for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
+      const uint32_t j = lane + 32 * t;
+      v[t] = j < vectors ? group[j] : make_uint4(0, 0, 0, 0);
+      mean[t] = j < vectors ? portable::Bf16ToFloat(means[MeanIndex(l, d, p, j0 + j * kPer)])
+                            : 0.0f;
+    }
+    float lo = __int_as_float(0x7f800000);  // +inf
+    float hi = -lo;
+    int overflow = 0;
+    ACTPACK_UNROLL
+    for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
+      if (lane + 32 * t >= vectors) continue;
+      ACTPACK_UNROLL
+      for (uint32_t e = 0; e < kPer; ++e) {
+        const float x = VectorElement<K>(v[t], e);
+        const float r = division_math::Residual(x, mean[t]);
+        // Finite residuals have one minimum and maximum but for the sign of a zero, which
+        // MakeGroupParams makes no difference: fminf and fmaxf (one instruction each) give the
+        // CPU's parameters.
+        if (!portable::IsFinite(x)) {
+          ++nonfinite;
+        } else if (!portable::IsFinite(r)) {
+          overflow = 1;
+        } else {
+          lo = fminf(lo, r);
+          hi = fmaxf(hi, r);
+        }
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, offset));
+      hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, offset));
+    }
+    const bool any_overflow = __any_sync(kFullMask, overflow) != 0;
+    const quant_math::GroupParams gp = quant_math::MakeGroupParams(lo, hi, l.bits);
+    if (lane == 0) {
+      const uint64_t param_word = division_math::ParamWord(l, g);
+      payload[param_word] = gp.packed;
+      checksum += portable::ChecksumTerm(gp.packed, param_word);
+      if (!gp.ok || any_overflow) ++overflow_groups;
+    }
+    const portable::UniformDraws draws(l.seed, first_element, first_element + n);
+    const uint64_t first_word = division_math::PlaneCodeWord(l, p) + (j0 >> WordShift(l.bits));
+    ACTPACK_UNROLL
+    for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
+      if (32 * t >= vectors) continue;  // the same for every lane
+      const uint32_t j = lane + 32 * t;
+      CodesOf<K> codes = 0;
+      if (j < vectors) {
+        const uint64_t at = first_element + uint64_t{j} * kPer;
+        ACTPACK_UNROLL
+        for (uint32_t e = 0; e < kPer; ++e) {
+          const float r = division_math::Residual(VectorElement<K>(v[t], e), mean[t]);
+          if (!portable::IsFinite(r)) continue;
+          // The draws' key hashed once for the group where its values share it (nearly always).
+          const float u = draws.one_key ? portable::UniformFromHashedKey(draws.hashed_key, at + e)
+                                        : draws(at + e);
+          codes |= CodesOf<K>{quant_math::Quantize(r, gp, u, levels)} << (e * l.bits);
+        }
+      }
+      const uint64_t index = first_word + ((uint64_t{j} * vector_bits) >> 5);
+      if (vector_bits >= 32) {
+        if (j < vectors) {  // whole words of this lane's own
+          ACTPACK_UNROLL
+          for (uint32_t w = 0; w < sizeof(CodesOf<K>) / 4; ++w) {
+            if (32 * w < vector_bits) {
+              const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * w));
+              payload[index + w] = word;
+              checksum += portable::ChecksumTerm(word, index + w);
+            }
+          }
+        }
+      } else {  // a word of lanes_per_word lanes
+        uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);
+        for (uint32_t offset = 1; offset < lanes_per_word; offset *= 2) {
+          word |= __shfl_xor_sync(kFullMask, word, offset);
+        }
+        if (j < vectors && (j & (lanes_per_word - 1)) == 0) {
+          payload[index] = word;
+          checksum += portable::ChecksumTerm(word, index);
+        }
+      }
+    }
+  }
+  WarpSumToGlobal(checksum, &status->payload_sum);
+  WarpSumToGlobal(nonfinite, &status->nonfinite);
+  WarpSumToGlobal(overflow_groups, &status->unrepresentable);
+  CloseLaunch(closing, status);
+}
+
 // Value j of plane p decoded; adds to *checksum the terms of the payload words whose first
 // reader it is: its code word (the word's first value), its group's parameter word (the
 // group's first value) and its window's LFC word (the top-left value of the word's first
@@ -288,6 +420,13 @@ __global__ void __launch_bounds__(kThreads)
   CloseLaunch(closing, status);
 }
 
+// Whether the vector residual kernel takes `input`: 16-byte aligned, planes (so groups) of whole
+// vectors, a vector's values in one window, a group in kVectorsPerLane vectors a lane.
+bool ResidualVectorizable(const void* input, const Layout& l, uint32_t per) {
+  return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&
+         OneWindow(l, per) && l.group_length <= uint64_t{32} * kVectorsPerLane * per;
+}
+
 template <int K>
 void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
@@ -295,9 +434,15 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
     ACTPACK_LAUNCH(DivisionLfcKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
         input, layout, words, status);
   }
-  ACTPACK_LAUNCH(DivisionResidualKernel<K>, BlocksFor(layout.groups, kWarpsPerBlock),
-                 kWarpsPerBlock * 32, s)(input, layout, division_math::MakeMeanDivisors(layout),
-                                         words, closing, status);
+  const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
+  const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
+  if (ResidualVectorizable(input, layout, kValuesPerVector<K>)) {
+    ACTPACK_LAUNCH(DivisionResidualVectorKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+        static_cast<const uint4*>(input), layout, divisors, words, closing, status);
+  } else {
+    ACTPACK_LAUNCH(DivisionResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+        input, layout, divisors, words, closing, status);
+  }
 }
 
 template <int K>
