@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "codecs/internal/device_status.h"
@@ -198,6 +199,10 @@ __device__ __forceinline__ uint32_t WordShift(uint32_t bits) {
 // Values of kind K in a 16-byte vector: 4 float32, 8 float16 or bfloat16.
 template <int K>
 constexpr uint32_t kValuesPerVector = K == elements::kF32 ? 4 : 8;
+
+// A vector's codes (at most 8 bits each): 32 bits for 4 float32 values, 64 for 8 16-bit ones.
+template <int K>
+using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 
 // Element e of a 16-byte vector of kind K as float.
 template <int K>

@@ -8,10 +8,10 @@
 // quant's kernel: a shuffle reduction of the group's residual min/max, then each lane
 // quantizes one value per 32 and the codes of 32/bits neighbouring lanes are ORed into one
 // word, written coalesced; where the input is aligned and a 16-byte vector's values share a
-// window (ResidualVectorizable), a lane loads its vector and the one mean once and keeps the
-// residuals in registers for both (one pass over the input). The LFC means that (2) subtracts
-// are read back from the payload (1) wrote. Checksum and counts are summed per warp into the call's DeviceStatus, and (2)'s
-// last block writes the header (device_ops.cuh's CloseLaunch).
+// window (ResidualVectorizable), a lane loads its vector and the one mean once and holds them
+// in registers for both passes (one pass over the input). The LFC means that (2) subtracts are
+// read back from the payload (1) wrote. Checksum and counts are summed per warp into the
+// call's DeviceStatus, and (2)'s last block writes the header (device_ops.cuh's CloseLaunch).
 // Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
 // and the output is 16-byte aligned (a value a thread elsewhere). Each value's thread sums the
 // checksum terms of the payload words it is the first reader of (its code word, its group's
@@ -21,7 +21,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
@@ -45,10 +44,6 @@ constexpr int kLfcOverflowWord = 0;  // DeviceStatus::work, kernels.h
 // 16-byte vectors a lane holds of its group in the vector residual kernel: one covers the
 // default group of 128 values (256 of a 16-bit tensor); larger groups take the scalar kernel.
 constexpr uint32_t kVectorsPerLane = 1;
-
-// A vector's codes (at most 8 bits each): 32 bits for 4 float32 values, 64 for 8 16-bit ones.
-template <int K>
-using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)
@@ -189,8 +184,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 // The residual kernel where ResidualVectorizable holds: one pass over the input. Each lane
 // loads its vectors of the group first (independent loads in flight) and the one mean a
-// vector's values share, keeps the residuals in registers for the group's range and then its
-// codes, and the codes of 32 / (bits x a vector's values) neighbouring lanes are ORed into a
+// vector's values share, and holds both in registers, taking each residual from them for the
+// group's range and again for its codes (a subtraction, not a reload), and the codes of 32 / (bits x a vector's values) neighbouring lanes are ORed into a
 // word with shuffles (at 8 bits of float32 a lane's word is its own), as quant's vector kernel.
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)

@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
@@ -38,9 +37,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // 16-byte vectors a lane holds of its group in the vector kernels.
 constexpr uint32_t kVectorsPerLane = 2;
 
-// A vector's codes (at most 8 bits each): 32 bits for 4 float32 values, 64 for 8 16-bit ones.
-template <int K>
-using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 
 // The vector at value `at` of `input` whose values from `last` on lie past the tensor: those
 // read as zero bits, the others element by element. Out of line: a tensor has at most one.
