@@ -472,10 +472,14 @@ def run(args, save=lambda results: None):
                "search": settings["search"], "models": {}}
     # --max-batch-from: the searches of an earlier run (fresh processes each, the slow part),
     # taken as they are for the methods it searched; the rest of the run is measured anew.
-    searched = {}
+    # An interrupted run resumes from its own file: each search is saved as it ends.
+    searched, source = {}, None
     if args.max_batch_from:
         with open(args.max_batch_from) as f:
-            searched = json.load(f)["models"]
+            earlier_run = json.load(f)
+        searched = earlier_run["models"]
+        source = {"file": args.max_batch_from,
+                  **{k: earlier_run.get(k) for k in ("commit", "dirty", "date", "command")}}
     for task in tasks:
         budget = args.budget or settings["budget"][task.name]
         bench = Bench(task, args.device, budget, progress, args.size,
@@ -492,6 +496,7 @@ def run(args, save=lambda results: None):
             entry["limit"] = bench.limit(entry["plan"], 8)
             results["models"][task.name] = entry
             continue
+        results["models"][task.name] = entry
         earlier = searched.get(task.name, {}).get("methods", {})
         for method in methods:
             progress.set_description(f"{task.name}: {method} max batch")
@@ -500,7 +505,9 @@ def run(args, save=lambda results: None):
                 entry["methods"][method] = {
                     k: earlier[method][k] for k in ("max_batch", "max_batch_upper", "search")
                     if k in earlier[method]}
-                entry["methods"][method]["max_batch_from"] = args.max_batch_from
+                # Where it was searched: the earlier file's own source when it took it too.
+                entry["methods"][method]["max_batch_from"] = (
+                    earlier[method].get("max_batch_from") or source)
             elif settings["search"] == search.SCAN:
                 # The truth: the whole range, independent of the planner's answers.
                 entry["methods"][method] = bench.largest_batch(
@@ -515,6 +522,7 @@ def run(args, save=lambda results: None):
                 entry["methods"][method] = bench.largest_batch(
                     method, settings["max_batch"], search.BRACKET, guess=guess,
                     precision=settings["precision"])
+            save(results)
             progress.update()
             gc.collect()
         plain = entry["methods"].get("plain", {}).get("max_batch")
@@ -547,8 +555,7 @@ def run(args, save=lambda results: None):
             else:
                 m["gradients_at_max_batch"] = measured["gradients"]
             gc.collect()
-        results["models"][task.name] = entry
-        save(results)  # what is done so far survives an interrupted run
+        save(results)
     progress.close()
     return results
 
@@ -687,7 +694,8 @@ def main(argv=None):
                         help="a subset of the methods")
     parser.add_argument("--max-batch-from", metavar="RESULTS",
                         help="take each method's largest batch from this earlier "
-                             "benchmark.json (its search) instead of searching again")
+                             "benchmark.json (its search) instead of searching again; an "
+                             "interrupted run's own file resumes it")
     parser.add_argument("--search-again", nargs="*", metavar="METHOD", choices=list(METHODS),
                         help="with --max-batch-from: these methods are searched anew (what "
                              "changed since that run)")
