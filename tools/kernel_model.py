@@ -619,25 +619,42 @@ def ceil_div(a, b):
     return -(-int(a) // int(b))
 
 
-def blocks_for(items, per_block):
+# The grids' caps of the tree work() last read (grid_caps): BlocksFor's, the copies' (identity's
+# and cast's) and the checksum's.
+GRID_CAPS = {}
+
+
+def grid_caps(tree):
+    """The caps on a grid's blocks in a tree's sources: MaxGridBlocks's default for every launch
+    (device_ops.cu), or, in trees before it, 65535 * 16 for BlocksFor, 2048 for the copies and
+    4096 for the checksum."""
+    with open(os.path.join(tree, "codecs", "cuda", "device_ops.cu")) as f:
+        found = re.search(r"int MaxGridBlocks\(\) \{\s*constexpr int kDefault = (\d+);", f.read())
+    if found:
+        cap = int(found.group(1))
+        return {"blocks_for": cap, "copy": cap, "checksum": cap}
+    return {"blocks_for": 65535 * 16, "copy": 2048, "checksum": 4096}
+
+
+def blocks_for(items, per_block, cap="blocks_for"):
     """BlocksFor in codecs/cuda/device_ops.cuh."""
-    return max(1, min(65535 * 16, ceil_div(items, per_block)))
+    return max(1, min(GRID_CAPS[cap], ceil_div(items, per_block)))
 
 
 def checksum_blocks(s):
     """ChecksumBlocks in codecs/cuda/device_ops.cu."""
-    return min(4096, ceil_div(s["bytes"] // 4 + 1, 256))
+    return blocks_for(s["bytes"] // 4 + 1, 256, "checksum")
 
 
 def identity_blocks(s):
     """LaunchIdentity in codecs/cuda/device_ops.cu (16-byte path: 64 bytes a thread)."""
-    return min(2048, max(1, s["input_bytes"] // 64 // 256 + 1))
+    return blocks_for(s["input_bytes"] // 64 + 1, 256, "copy")
 
 
 def vector_blocks(s, per_thread):
-    """The grid of a kernel whose threads take `per_thread` elements a pass, at most 2048 blocks
-    (cast_kernels.cu's Blocks)."""
-    return min(2048, max(1, s["numel"] // per_thread // 256 + 1))
+    """The grid of a kernel whose threads take `per_thread` elements a pass (cast_kernels.cu's
+    Blocks)."""
+    return blocks_for(s["numel"] // per_thread + 1, 256, "copy")
 
 
 def unrolled_trips(vectors, blocks, unroll=4):
@@ -698,6 +715,7 @@ UNIFORM_FLOAT = ("codecs/internal/portable.h",
 def work(kernels_tree):
     """{kernel: Launch} of the kernels in codecs/cuda at this tree. `s` is the shape: numel,
     element_bytes, and what its codec's layout makes of it (shape_of)."""
+    GRID_CAPS.update(grid_caps(kernels_tree))
     w = {
         "ChecksumKernel": Launch(OPS, 256, checksum_blocks, [
             Trip("w < full_words; w += stride", lambda s: s["bytes"] / 4 / 32, loads=1),
@@ -705,7 +723,7 @@ def work(kernels_tree):
         "FinalizeHeaderKernel": Launch(OPS, 1, lambda s: 1),
         "CheckHeaderKernel": Launch(OPS, 1, lambda s: 1),
         "PoisonKernel": Launch(OPS, 256, lambda s: min(32, ceil_div(s["numel"], 256))),
-        # identity: a grid of at most 2048 blocks, each thread 4 independent 16-byte vectors per
+        # identity: a capped grid, each thread 4 independent 16-byte vectors per
         # iteration (aligned input and output), the vectors left over, then words and bytes past
         # the last vector (none at these sizes).
         "IdentityKernel": Launch(OPS, 256, identity_blocks, [
@@ -830,7 +848,7 @@ def work(kernels_tree):
         return Trip("i < numel; i += stride", lambda s: s["numel"] / 32)
 
     w.update({
-        # cast: a grid of at most 2048 blocks, each thread 4 independent 16-byte vectors per
+        # cast: a capped grid, each thread 4 independent 16-byte vectors per
         # iteration (4 floats into two payload words encoding, 8 halves into 8 floats
         # decoding), the vectors left over, then the words past the last vector (none here).
         "CastEncodeKernel": Launch(cast, 256, lambda s: vector_blocks(s, 16), [

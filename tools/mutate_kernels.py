@@ -94,6 +94,16 @@ MUTANTS = [
            "codecs/cuda/quant_kernels.cu",
            "__shfl_sync(kFullMask, row_word[t], from & 31);",
            "__shfl_sync(kFullMask, row_word[t], (from + lanes_per_word) & 31);", identity("quant2")),
+    Mutant("quant-vector-stride", "a grid-stride loop that skips work (only a wrap shows it)",
+           "codecs/cuda/quant_kernels.cu",
+           "       g += warp_stride) {\n    const uint64_t first = g * layout.group_size;\n"
+           "    const uint64_t end = first + layout.group_size;\n"
+           "    const uint64_t last = end < layout.numel ? end : layout.numel;\n"
+           "    const uint4* group",
+           "       g += warp_stride + 1) {\n    const uint64_t first = g * layout.group_size;\n"
+           "    const uint64_t end = first + layout.group_size;\n"
+           "    const uint64_t last = end < layout.numel ? end : layout.numel;\n"
+           "    const uint4* group", identity("quant2")),
     Mutant("quant-vector-spare-lane", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
            "if (lane <= words) checksum", "if (lane < words) checksum", identity("quant2")),
     Mutant("quant-vector-full-warp", "a check removed", "codecs/cuda/quant_kernels.cu",
@@ -250,6 +260,17 @@ MUTANTS = [
            identity("pool4")),
     # division
     # division's vector residual kernel (aligned planes of whole vectors, one window a vector)
+    Mutant("division-vector-stride", "a grid-stride loop that skips work (only a wrap shows it)",
+           "codecs/cuda/division_kernels.cu",
+           "       g += warp_stride) {\n    const uint64_t p = g / l.groups_per_plane;\n"
+           "    const uint64_t q = g - p * l.groups_per_plane;\n"
+           "    const uint64_t j0 = q * l.group_length;\n"
+           "    const uint64_t n = division_math::GroupSize(l, q);  // whole vectors",
+           "       g += warp_stride + 1) {\n    const uint64_t p = g / l.groups_per_plane;\n"
+           "    const uint64_t q = g - p * l.groups_per_plane;\n"
+           "    const uint64_t j0 = q * l.group_length;\n"
+           "    const uint64_t n = division_math::GroupSize(l, q);  // whole vectors",
+           identity("division")),
     Mutant("division-vector-window", "a check removed", "codecs/cuda/division_kernels.cu",
            "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
            "         OneWindow(l, per) &&",

@@ -144,10 +144,9 @@ __global__ void __launch_bounds__(kThreads)
 
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// Blocks for `per_thread` elements a thread a pass (a grid-stride loop past 2048 blocks).
+// Blocks for `per_thread` elements a thread a pass.
 int Blocks(uint64_t numel, uint64_t per_thread) {
-  return static_cast<int>(
-      std::min<uint64_t>(2048, std::max<uint64_t>(1, numel / per_thread / kThreads + 1)));
+  return BlocksFor(numel / per_thread + 1, kThreads);
 }
 
 }  // namespace

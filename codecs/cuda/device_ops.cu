@@ -3,6 +3,10 @@
 // overwrite of a decode that failed it (Poison), and the move of an encoding whose size the
 // device decided into the room the host gave it (Place, Gather).
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
@@ -145,8 +149,7 @@ absl::Status LaunchIdentity(const uint8_t* from, uint8_t* to, uint64_t bytes,
   const uintptr_t both = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to);
   const int unit = both % 16 == 0 ? 16 : both % 4 == 0 ? 4 : 1;
   const uint64_t per_thread = unit == 16 ? 16 * kCopyUnroll : 4;
-  const int blocks = static_cast<int>(
-      std::min<uint64_t>(2048, std::max<uint64_t>(1, bytes / per_thread / 256 + 1)));
+  const int blocks = BlocksFor(bytes / per_thread + 1, 256);
   ACTPACK_LAUNCH(IdentityKernel, blocks, 256, static_cast<cudaStream_t>(stream))(
       from, to, bytes, unit, closing, status);
   ACTPACK_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -254,11 +257,28 @@ absl::Status Move(uint8_t* outer, uint64_t outer_capacity, uint8_t* target,
   return absl::OkStatus();
 }
 
-int ChecksumBlocks(uint64_t bytes) {
-  return static_cast<int>(std::min<uint64_t>(4096, (bytes / 4 + 1 + 255) / 256));
-}
+int ChecksumBlocks(uint64_t bytes) { return BlocksFor(bytes / 4 + 1, 256); }
 
 }  // namespace
+
+int MaxGridBlocks() {
+  constexpr int kDefault = 2048;
+  static const int limit = [] {
+    const char* text = std::getenv("ACTPACK_CUDA_MAX_GRID_BLOCKS");
+    if (text == nullptr || *text == '\0') return kDefault;
+    int value = 0;
+    const char* end = text + std::strlen(text);
+    const auto [at, error] = std::from_chars(text, end, value);
+    if (error != std::errc() || at != end || value < 1 || value > kDefault) {
+      // A test knob: a typo must not leave a test running the default grid unseen.
+      std::fprintf(stderr, "actpack: ACTPACK_CUDA_MAX_GRID_BLOCKS=%s: expected an integer in "
+                   "[1, %d]\n", text, kDefault);
+      std::abort();
+    }
+    return value;
+  }();
+  return limit;
+}
 
 absl::Status CopyToHost(void* host_dst, const void* device_src, uint64_t bytes, void* stream) {
   if (bytes == 0) return absl::OkStatus();

@@ -235,10 +235,17 @@ __device__ __forceinline__ uint4 PackVector(const float* values) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The most blocks of a grid-stride launch: 2048, two to four waves of 256-thread blocks on an
+// H100 (132 SMs, 4 to 8 resident each), so that each warp of a large launch takes several items
+// and its fixed work (its sums into the status, the launch's closing) is shared among them.
+// ACTPACK_CUDA_MAX_GRID_BLOCKS (an integer in [1, 2048]) lowers it: tests run every kernel's
+// grid-stride wrap on small tensors with it.
+int MaxGridBlocks();
+
 // Blocks for a grid-stride loop over `work_items` items, `per_block` per block per pass.
 inline int BlocksFor(uint64_t work_items, int per_block) {
   return static_cast<int>(std::max<uint64_t>(
-      1, std::min<uint64_t>(65535 * 16, (work_items + per_block - 1) / per_block)));
+      1, std::min<uint64_t>(MaxGridBlocks(), (work_items + per_block - 1) / per_block)));
 }
 
 }  // namespace actpack::codecs::cuda
