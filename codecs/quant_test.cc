@@ -161,6 +161,27 @@ TEST(QuantTest, HalfAndBfloat16Inputs) {
   }
 }
 
+// The kernels' draws of group after group (portable::GroupDraws, a stream's key hashed once)
+// are each group's own UniformDraws, across 2^32-element streams and a group straddling two.
+TEST(QuantTest, GroupDrawsAreEachGroupsOwnAcrossStreams) {
+  constexpr uint64_t kStream = uint64_t{1} << 32;
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{12345}}) {
+    portable::GroupDraws groups(seed);
+    for (const uint64_t first : {uint64_t{0}, uint64_t{256}, kStream - 256, kStream - 100,
+                                 kStream + 7, 2 * kStream + 1, 3 * kStream - 128}) {
+      const uint64_t last = first + 256;
+      const portable::UniformDraws kernel = groups.Of(first, last);
+      const portable::UniformDraws own(seed, first, last);
+      ASSERT_EQ(kernel.one_key, own.one_key) << first;
+      ASSERT_EQ(kernel.hashed_key, own.hashed_key) << first;
+      for (uint64_t i = first; i < last; ++i) {
+        ASSERT_EQ(portable::FloatBits(kernel(i)), portable::FloatBits(own(i))) << first << " " << i;
+        ASSERT_EQ(portable::FloatBits(own(i)), portable::FloatBits(portable::UniformFloat(seed, i)));
+      }
+    }
+  }
+}
+
 TEST(QuantTest, RejectsUnsupportedDtypeAndParams) {
   std::vector<int32_t> ints(10);
   TensorView input{ints.data(), DType::kInt32, {10}, Device::kCpu};

@@ -487,7 +487,7 @@ class Kernel:
         does not take, the copy made for it is cold from its first block."""
         own = self.own_blocks(header)
         body = self.f.loops[header]
-        seeds = {k for k in body if any(matches(i, cold_lines) for i in self.f.blocks[k])}
+        seeds = {k for k in body if any(runs_line(i, cold_lines) for i in self.f.blocks[k])}
         hot = {header} if header not in seeds else set()
         stack = list(hot)
         while stack:
@@ -516,7 +516,7 @@ class Kernel:
         """The fast path's instructions outside every loop: once per thread; less the blocks
         that run code of `cold_lines` (what one thread of a launch runs, not every thread)."""
         in_loops = set().union(*self.f.loops.values()) if self.f.loops else set()
-        cold = {k for k, b in enumerate(self.f.blocks) if any(matches(i, cold_lines) for i in b)}
+        cold = {k for k, b in enumerate(self.f.blocks) if any(runs_line(i, cold_lines) for i in b)}
         return summarize([i for k in sorted(self.f.hot - in_loops - cold)
                           for i in self.f.blocks[k]], loop=False)
 
@@ -526,6 +526,12 @@ class Kernel:
         latch = max((u for u in body if header in self.f.succ[u]),
                     key=lambda u: self.f.blocks[u][-1].addr)
         return self.f.blocks[latch][-1].line
+
+
+def runs_line(instr, lines):
+    """Whether `instr` runs code of `lines`: a reconvergence (BSYNC, BSSY) does not, though
+    nvcc gives the join after a conditional the conditional's last line."""
+    return not instr.op.startswith(("BSYNC", "BSSY")) and matches(instr, lines)
 
 
 def matches(instr, lines):
@@ -685,11 +691,17 @@ def quant_vector_cold(s):
     """What quant's vector encode does not run on these shapes: the draws of a group straddling
     a 2^32-element stream, and whichever way of writing code words the bits do not take. (The
     partial vector at the tensor's end is a call-out, off the fast path.)"""
-    if 4 * s["bits"] >= 32:
-        return [UNIFORM_FLOAT,
-                (QUANT, "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1))")]
-    return [UNIFORM_FLOAT, (QUANT, "if (j < vectors) {  // whole words of this lane's own"),
-            (QUANT, "const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * q));")]
+    return [UNIFORM_FLOAT, FURTHER_STREAM] + group_words_cold(4 * s["bits"])
+
+
+def group_words_cold(vector_bits):
+    """The way of writing a group's code words (device_ops.cuh's GroupCodeWords) that a
+    vector's `vector_bits` do not take: from 32 bits on no lanes share a word."""
+    if vector_bits >= 32:
+        return [(OPS_H, "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word_ - 1))"),
+                (OPS_H, "const uint32_t shared = __shfl_sync(0xffffffffu, row_word_[t], from & 31);")]
+    return [(OPS_H, "if (j < vectors_) {  // whole words of this lane's own"),
+            (OPS_H, "const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * q));")]
 
 
 # What the last block of a launch that closes it (device_ops.cuh's CloseLaunch) runs in one
@@ -708,8 +720,11 @@ DIVISION = "codecs/cuda/division_kernels.cu"
 DIVISION_WIDE = ((DIVISION, ": division_math::MeanOf(l, p, j, starts);"),
                  (DIVISION, ": j / l.group_length;"), (DIVISION, ": i / l.plane;"))
 OPS = "codecs/cuda/device_ops.cu"
+OPS_H = "codecs/cuda/device_ops.cuh"
 UNIFORM_FLOAT = ("codecs/internal/portable.h",
                  "return UniformFromHashedKey(Hash32(UniformKey(seed, index)), index);")
+# A group in a further 2^32-element stream than the last (GroupDraws): none below 2^32 values.
+FURTHER_STREAM = ("codecs/internal/portable.h", "hashed_ = Hash32(UniformKey(seed_, first));")
 
 
 def work(kernels_tree):
@@ -750,9 +765,9 @@ def work(kernels_tree):
         # 32 / (bits * 4) lanes by shuffles, or whole words of the lane's own at 8 bits.
         "QuantEncodeVectorKernel": Launch(QUANT, 256, lambda s: blocks_for(s["groups"], 8), [
             Trip("g < layout.groups;", lambda s: s["groups"], loads=2, cold=quant_vector_cold),
-            Trip("offset < lanes_per_word; offset *= 2",
+            Trip("offset < lanes_per_word_; offset *= 2",
                  lambda s: s["groups"] * quant_lane_vectors(s)
-                 * math.log2(max(1, 32 // (4 * s["bits"]))))]),
+                 * math.log2(max(1, 32 // (4 * s["bits"]))), file=OPS_H)]),
         # ... and its decode where the output is: a lane a vector of output at a time, from
         # the code word its vector's codes are in (summed for the checksum by the lane whose
         # vector starts it).
@@ -832,10 +847,11 @@ def work(kernels_tree):
         # a vector's 8 bits of codes ORed across 4 lanes by two shuffles.
         "DivisionResidualVectorKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["groups"], 8), [
             Trip("g < l.groups;", lambda s: s["groups"], loads=2,
-                 cold=(UNIFORM_FLOAT,) + DIVISION_WIDE),
-            Trip("offset < lanes_per_word; offset *= 2",
+                 cold=lambda s: [UNIFORM_FLOAT, FURTHER_STREAM, *DIVISION_WIDE,
+                                 *group_words_cold(4 * 32 // s["per_word"])]),
+            Trip("offset < lanes_per_word_; offset *= 2",
                  lambda s: s["groups"] * ceil_div(s["group"] // 4, 32)
-                 * math.log2(32 // (4 * 32 // s["per_word"])))]),
+                 * math.log2(32 // (4 * 32 // s["per_word"])), file=OPS_H)]),
         # decode: a value a thread (the kernels of 2026-11-27; HEAD's below)
         "DivisionDecodeKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["numel"], 256), [
             Trip("i < numel; i += stride", lambda s: s["numel"] / 32, loads=3)]),

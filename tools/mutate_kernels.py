@@ -82,18 +82,30 @@ MUTANTS = [
     Mutant("quant-vector-partial", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
            "? static_cast<uint32_t>(last - at)", "? static_cast<uint32_t>(last - at - 1)",
            identity("quant8")),
-    Mutant("quant-vector-shift", "a wrong shift in bit packing", "codecs/cuda/quant_kernels.cu",
-           "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);",
-           "uint32_t word = static_cast<uint32_t>(codes) << (((j + 1) & (lanes_per_word - 1)) * vector_bits);",
-           identity("quant2")),
-    Mutant("quant-vector-words", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
-           "if (32 * q < vector_bits) {", "if (32 * q + 32 < vector_bits) {",
+    # The code words of a warp's group (device_ops.cuh's GroupCodeWords, quant's and division's
+    # vector encodes): the words lanes share, their checksum terms a lane a word, and the
+    # parameter word's.
+    Mutant("group-words-shift", "a wrong shift in bit packing", "codecs/cuda/device_ops.cuh",
+           "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word_ - 1)) * vector_bits_);",
+           "uint32_t word = static_cast<uint32_t>(codes) << (((j + 1) & (lanes_per_word_ - 1)) * vector_bits_);",
+           identity("quant2") + ":" + identity("division")),
+    Mutant("group-words-own", "a dropped tail element", "codecs/cuda/device_ops.cuh",
+           "if (32 * q < vector_bits_) {", "if (32 * q + 32 < vector_bits_) {",
            deferred("EveryOffsetAndTailGivesTheCpusBytesAndOutput/quant8_float16"), DEFERRED),
-    # The checksum terms of the words lanes share, a lane a word, and the parameter word's.
-    Mutant("quant-vector-shared-source", "a shuffle from the wrong lane",
-           "codecs/cuda/quant_kernels.cu",
-           "__shfl_sync(kFullMask, row_word[t], from & 31);",
-           "__shfl_sync(kFullMask, row_word[t], (from + lanes_per_word) & 31);", identity("quant2")),
+    Mutant("group-words-own-division", "a dropped tail element", "codecs/cuda/device_ops.cuh",
+           "if (32 * q < vector_bits_) {", "if (32 * q + 32 < vector_bits_) {",
+           identity("division:block=16,bits=8")),
+    Mutant("group-words-shared-source", "a shuffle from the wrong lane",
+           "codecs/cuda/device_ops.cuh",
+           "__shfl_sync(0xffffffffu, row_word_[t], from & 31);",
+           "__shfl_sync(0xffffffffu, row_word_[t], (from + lanes_per_word_) & 31);",
+           identity("quant2")),
+    Mutant("group-words-spare-lane", "a dropped tail element", "codecs/cuda/device_ops.cuh",
+           "if (lane_ <= words_) {", "if (lane_ < words_) {",
+           identity("quant2") + ":" + identity("division")),
+    Mutant("group-words-full-warp", "a check removed", "codecs/cuda/device_ops.cuh",
+           "if (words_ == 32 && lane_ == 0) *checksum", "if (words_ == 33 && lane_ == 0) *checksum",
+           identity("quant4")),
     Mutant("quant-vector-stride", "a grid-stride loop that skips work (only a wrap shows it)",
            "codecs/cuda/quant_kernels.cu",
            "       g += warp_stride) {\n    const uint64_t first = g * layout.group_size;\n"
@@ -104,11 +116,6 @@ MUTANTS = [
            "    const uint64_t end = first + layout.group_size;\n"
            "    const uint64_t last = end < layout.numel ? end : layout.numel;\n"
            "    const uint4* group", identity("quant2")),
-    Mutant("quant-vector-spare-lane", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
-           "if (lane <= words) checksum", "if (lane < words) checksum", identity("quant2")),
-    Mutant("quant-vector-full-warp", "a check removed", "codecs/cuda/quant_kernels.cu",
-           "if (words == 32) checksum += portable::ChecksumTerm(p.packed, g);",
-           "if (words == 33) checksum += portable::ChecksumTerm(p.packed, g);", identity("quant4")),
     Mutant("quant-vector-decode-write", "an off-by-one write", "codecs/cuda/quant_kernels.cu",
            "if (j * kPer + kPer <= n) {", "if (j * kPer + kPer <= n + 1) {", identity("quant2")),
     Mutant("quant-vector-draw-key", "a random stream keyed per group, not per 2^32 elements",
@@ -262,14 +269,8 @@ MUTANTS = [
     # division's vector residual kernel (aligned planes of whole vectors, one window a vector)
     Mutant("division-vector-stride", "a grid-stride loop that skips work (only a wrap shows it)",
            "codecs/cuda/division_kernels.cu",
-           "       g += warp_stride) {\n    const uint64_t p = g / l.groups_per_plane;\n"
-           "    const uint64_t q = g - p * l.groups_per_plane;\n"
-           "    const uint64_t j0 = q * l.group_length;\n"
-           "    const uint64_t n = division_math::GroupSize(l, q);  // whole vectors",
-           "       g += warp_stride + 1) {\n    const uint64_t p = g / l.groups_per_plane;\n"
-           "    const uint64_t q = g - p * l.groups_per_plane;\n"
-           "    const uint64_t j0 = q * l.group_length;\n"
-           "    const uint64_t n = division_math::GroupSize(l, q);  // whole vectors",
+           "       g += warp_stride) {\n    const auto [p, j0, n] = PlaceOfGroup(l, d, g);  // n:",
+           "       g += warp_stride + 1) {\n    const auto [p, j0, n] = PlaceOfGroup(l, d, g);  // n:",
            identity("division")),
     Mutant("division-vector-window", "a check removed", "codecs/cuda/division_kernels.cu",
            "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
@@ -280,17 +281,9 @@ MUTANTS = [
            "codecs/cuda/division_kernels.cu",
            "    for (int offset = 16; offset > 0; offset /= 2) {\n      lo = fminf(",
            "    for (int offset = 8; offset > 0; offset /= 2) {\n      lo = fminf(", identity("division")),
-    Mutant("division-vector-shift", "a wrong shift in bit packing",
-           "codecs/cuda/division_kernels.cu",
-           "uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);",
-           "uint32_t word = static_cast<uint32_t>(codes) << (((j + 1) & (lanes_per_word - 1)) * vector_bits);",
-           identity("division")),
     Mutant("division-vector-tail", "a dropped tail element", "codecs/cuda/division_kernels.cu",
            "v[t] = j < vectors ? group[j] : make_uint4(0, 0, 0, 0);",
            "v[t] = j + 1 < vectors ? group[j] : make_uint4(0, 0, 0, 0);", identity("division")),
-    Mutant("division-vector-words", "a dropped tail element", "codecs/cuda/division_kernels.cu",
-           "            if (32 * w < vector_bits) {", "            if (32 * w + 32 < vector_bits) {",
-           identity("division:block=16,bits=8")),
     Mutant("division-one-window", "a check removed", "codecs/cuda/division_kernels.cu",
            "return l.inner == 1 && l.width % per == 0 && l.block_w % per == 0;",
            "return l.inner == 1 && l.width % per == 0;", identity("division:block=2,bits=1")),
@@ -318,6 +311,10 @@ MUTANTS = [
     Mutant("division-plane-of", "a wrong index", "codecs/cuda/division_kernels.cu",
            "return d.narrow ? portable::Divide(static_cast<uint32_t>(i), d.plane)",
            "return d.narrow ? portable::Divide(static_cast<uint32_t>(i + 1), d.plane)",
+           identity("division")),
+    Mutant("division-place-of-group", "a wrong index", "codecs/cuda/division_kernels.cu",
+           "? portable::Divide(static_cast<uint32_t>(g), d.groups_per_plane)",
+           "? portable::Divide(static_cast<uint32_t>(g + 1), d.groups_per_plane)",
            identity("division")),
     Mutant("division-group-of", "a wrong index", "codecs/cuda/division_kernels.cu",
            "return d.narrow ? portable::Divide(static_cast<uint32_t>(j), d.group_length)",

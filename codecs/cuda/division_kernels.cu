@@ -91,6 +91,22 @@ __device__ __forceinline__ uint64_t PlaneOf(const Layout& l, const MeanDivisors&
                   : i / l.plane;
 }
 
+// a / b in a tensor of 2^32 values or more: out of line, off the narrow tensors' path.
+__device__ __noinline__ uint64_t WideQuotient(uint64_t a, uint64_t b) { return a / b; }
+
+// Residual group g: its plane, its first value in the plane and its values.
+struct GroupPlace {
+  uint64_t p, j0, n;
+};
+__device__ __forceinline__ GroupPlace PlaceOfGroup(const Layout& l, const MeanDivisors& d,
+                                                   uint64_t g) {
+  const uint64_t p = d.narrow
+                         ? portable::Divide(static_cast<uint32_t>(g), d.groups_per_plane)
+                         : WideQuotient(g, l.groups_per_plane);
+  const uint64_t q = g - p * l.groups_per_plane;
+  return GroupPlace{p, q * l.group_length, division_math::GroupSize(l, q)};
+}
+
 // The residual of element k of group (p, q) against the mean it upsamples from.
 template <int K>
 __device__ __forceinline__ float ResidualAt(const void* __restrict__ input,
@@ -118,10 +134,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarpsPerBlock;
   for (uint64_t g = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; g < l.groups;
        g += warp_stride) {
-    const uint64_t p = g / l.groups_per_plane;
-    const uint64_t q = g - p * l.groups_per_plane;
-    const uint64_t j0 = q * l.group_length;
-    const uint64_t n = division_math::GroupSize(l, q);
+    const auto [p, j0, n] = PlaceOfGroup(l, d, g);
     float lo = __int_as_float(0x7f800000);  // +inf
     float hi = -lo;
     int overflow = 0;
@@ -196,7 +209,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t levels = (1u << l.bits) - 1;
   const uint32_t vector_bits = kPer * l.bits;  // a vector's codes: 4 to 64 bits
-  const uint32_t lanes_per_word = vector_bits < 32 ? 32 / vector_bits : 1;  // a power of two
+  GroupCodeWords<K, kVectorsPerLane> words(vector_bits);
+  portable::GroupDraws group_draws(l.seed);
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
@@ -204,10 +218,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarpsPerBlock;
   for (uint64_t g = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; g < l.groups;
        g += warp_stride) {
-    const uint64_t p = g / l.groups_per_plane;
-    const uint64_t q = g - p * l.groups_per_plane;
-    const uint64_t j0 = q * l.group_length;
-    const uint64_t n = division_math::GroupSize(l, q);  // whole vectors: the plane's are
+    const auto [p, j0, n] = PlaceOfGroup(l, d, g);  // n: whole vectors, as the plane's are
     const uint32_t vectors = static_cast<uint32_t>(n / kPer);
     const uint64_t first_element = p * l.plane + j0;
     const uint4* group = input + first_element / kPer;
@@ -249,14 +260,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
     const bool any_overflow = __any_sync(kFullMask, overflow) != 0;
     const quant_math::GroupParams gp = quant_math::MakeGroupParams(lo, hi, l.bits);
+    const uint64_t param_word = division_math::ParamWord(l, g);
     if (lane == 0) {
-      const uint64_t param_word = division_math::ParamWord(l, g);
       payload[param_word] = gp.packed;
-      checksum += portable::ChecksumTerm(gp.packed, param_word);
       if (!gp.ok || any_overflow) ++overflow_groups;
     }
-    const portable::UniformDraws draws(l.seed, first_element, first_element + n);
-    const uint64_t first_word = division_math::PlaneCodeWord(l, p) + (j0 >> WordShift(l.bits));
+    const portable::UniformDraws draws = group_draws.Of(first_element, first_element + n);
+    words.Start(division_math::PlaneCodeWord(l, p) + (j0 >> WordShift(l.bits)), vectors);
     ACTPACK_UNROLL
     for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
       if (32 * t >= vectors) continue;  // the same for every lane
@@ -274,29 +284,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
           codes |= CodesOf<K>{quant_math::Quantize(r, gp, u, levels)} << (e * l.bits);
         }
       }
-      const uint64_t index = first_word + ((uint64_t{j} * vector_bits) >> 5);
-      if (vector_bits >= 32) {
-        if (j < vectors) {  // whole words of this lane's own
-          ACTPACK_UNROLL
-          for (uint32_t w = 0; w < sizeof(CodesOf<K>) / 4; ++w) {
-            if (32 * w < vector_bits) {
-              const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * w));
-              payload[index + w] = word;
-              checksum += portable::ChecksumTerm(word, index + w);
-            }
-          }
-        }
-      } else {  // a word of lanes_per_word lanes
-        uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);
-        for (uint32_t offset = 1; offset < lanes_per_word; offset *= 2) {
-          word |= __shfl_xor_sync(kFullMask, word, offset);
-        }
-        if (j < vectors && (j & (lanes_per_word - 1)) == 0) {
-          payload[index] = word;
-          checksum += portable::ChecksumTerm(word, index);
-        }
-      }
+      words.Put(t, codes, payload, &checksum);
     }
+    words.Sum(gp.packed, param_word, &checksum);
   }
   WarpSumToGlobal(checksum, &status->payload_sum);
   WarpSumToGlobal(nonfinite, &status->nonfinite);

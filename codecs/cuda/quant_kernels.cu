@@ -118,14 +118,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const uint32_t vectors = layout.group_size / kPer;  // a group's
   const uint32_t levels = (1u << layout.bits) - 1;
   const uint32_t vector_bits = kPer * layout.bits;  // a vector's codes: 4 to 64 bits
-  const uint32_t lanes_per_word = vector_bits < 32 ? 32 / vector_bits : 1;  // a power of two
+  GroupCodeWords<K, kVectorsPerLane> words(vector_bits);
+  portable::GroupDraws group_draws(layout.seed);
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   uint64_t overflow = 0;
-  // The checksum terms of words that lanes share are summed a term a lane at once, not one hash
-  // per row in turn; where a group's code words leave a lane free (fewer than 32 of them), it
-  // takes the parameter word's term too.
-  const uint32_t words = vector_bits < 32 ? (vectors * vector_bits + 31) >> 5 : 32;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarpsPerBlock;
   for (uint64_t g = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; g < layout.groups;
        g += warp_stride) {
@@ -195,55 +192,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const quant_math::GroupParams p = quant_math::MakeGroupParams(lo, hi, layout.bits);
     if (lane == 0) {
       payload[g] = p.packed;
-      if (words == 32) checksum += portable::ChecksumTerm(p.packed, g);  // no lane free for it
       if (!p.ok) ++overflow;
     }
-    const portable::UniformDraws draws(layout.seed, first, last);
-    const uint64_t first_word = layout.CodeWord(g, 0);
-    uint32_t row_word[kVectorsPerLane] = {};  // row t's word, as the lanes sharing it hold it
+    const portable::UniformDraws draws = group_draws.Of(first, last);
+    words.Start(layout.CodeWord(g, 0), vectors);
     ACTPACK_UNROLL
     for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
       if (32 * t < vectors) {  // the same for every lane
-        const uint32_t j = lane + 32 * t;
-        const uint64_t at = first + uint64_t{j} * kPer;
-        const CodesOf<K> codes =
-            draws.one_key && count[t] == kPer
-                ? VectorCodes<K, true>(v[t], kPer, at, p, draws, levels, layout.bits)
-                : VectorCodesAnyKey<K>(v[t], count[t], at, p, draws, levels, layout.bits);
-        const uint64_t index = first_word + ((uint64_t{j} * vector_bits) >> 5);
-        if (vector_bits >= 32) {
-          if (j < vectors) {  // whole words of this lane's own
-            ACTPACK_UNROLL
-            for (uint32_t q = 0; q < sizeof(CodesOf<K>) / 4; ++q) {
-              if (32 * q < vector_bits) {
-                const uint32_t word = static_cast<uint32_t>(uint64_t{codes} >> (32 * q));
-                payload[index + q] = word;
-                checksum += portable::ChecksumTerm(word, index + q);
-              }
-            }
-          }
-        } else {  // a word of lanes_per_word lanes
-          uint32_t word = static_cast<uint32_t>(codes) << ((j & (lanes_per_word - 1)) * vector_bits);
-          for (uint32_t offset = 1; offset < lanes_per_word; offset *= 2) {
-            word |= __shfl_xor_sync(kFullMask, word, offset);
-          }
-          row_word[t] = word;
-          if (j < vectors && (j & (lanes_per_word - 1)) == 0) payload[index] = word;
-        }
+        const uint64_t at = first + uint64_t{lane + 32 * t} * kPer;
+        words.Put(t,
+                  draws.one_key && count[t] == kPer
+                      ? VectorCodes<K, true>(v[t], kPer, at, p, draws, levels, layout.bits)
+                      : VectorCodesAnyKey<K>(v[t], count[t], at, p, draws, levels, layout.bits),
+                  payload, &checksum);
       }
     }
-    if (vector_bits < 32) {
-      // Word m of the group is row (m * lanes_per_word) / 32's at lane (m * lanes_per_word)
-      // mod 32, and lane m takes its term; lane `words`, where there is one, the parameters'.
-      const uint32_t from = lane * lanes_per_word;
-      uint32_t mine = p.packed;
-      ACTPACK_UNROLL
-      for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
-        const uint32_t shared = __shfl_sync(kFullMask, row_word[t], from & 31);
-        if (lane < words && (from >> 5) == t) mine = shared;
-      }
-      if (lane <= words) checksum += portable::ChecksumTerm(mine, lane < words ? first_word + lane : g);
-    }
+    words.Sum(p.packed, g, &checksum);
   }
   WarpSumToGlobal(checksum, &status->payload_sum);
   WarpSumToGlobal(nonfinite, &status->nonfinite);

@@ -174,7 +174,7 @@ ACTPACK_HD uint64_t MeanOf(const Layout& l, uint64_t p, uint64_t j, bool* starts
 // tensors of at most 2^32 - 1 values (`narrow`, Narrow), where also a value's plane is found by
 // one; a kernel given a wider layout divides by the sizes themselves.
 struct MeanDivisors {
-  portable::Divisor32 inner, width, block_h, block_w, group_length, plane;
+  portable::Divisor32 inner, width, block_h, block_w, group_length, plane, groups_per_plane;
   bool narrow;
 };
 
@@ -186,7 +186,8 @@ ACTPACK_HD MeanDivisors MakeMeanDivisors(const Layout& l) {
     return portable::MakeDivisor32(static_cast<uint32_t>(MinU(d == 0 ? 1 : d, 0xffffffffu)));
   };
   return MeanDivisors{make(l.inner),   make(l.width),        make(l.block_h),
-                      make(l.block_w), make(l.group_length), make(l.plane), Narrow(l)};
+                      make(l.block_w), make(l.group_length), make(l.plane),
+                      make(l.groups_per_plane), Narrow(l)};
 }
 
 // MeanOf(l, p, j, starts) for a Narrow layout.

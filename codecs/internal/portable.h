@@ -212,15 +212,38 @@ ACTPACK_HD float UniformFloat(uint64_t seed, uint64_t index) {
 // 64-bit SplitMix64 and three, which is most of a GPU encode's arithmetic.
 struct UniformDraws {
   ACTPACK_HD_METHOD UniformDraws(uint64_t seed, uint64_t first, uint64_t last)
+      : UniformDraws(seed, first, last, Hash32(UniformKey(seed, first))) {}
+  // With `hashed_key` = Hash32(UniformKey(seed, first)), made already.
+  ACTPACK_HD_METHOD UniformDraws(uint64_t seed, uint64_t first, uint64_t last, uint32_t hashed_key)
       : seed(seed),
         one_key(last <= first || (first >> 32) == ((last - 1) >> 32)),
-        hashed_key(Hash32(UniformKey(seed, first))) {}
+        hashed_key(hashed_key) {}
   ACTPACK_HD_METHOD float operator()(uint64_t index) const {
     return one_key ? UniformFromHashedKey(hashed_key, index) : UniformFloat(seed, index);
   }
   uint64_t seed;
   bool one_key;
   uint32_t hashed_key;
+};
+
+// The UniformDraws of a kernel's groups in turn: a 2^32-element stream's key is hashed once for
+// the groups in it (a tensor below 2^32 elements has one stream), not once a group.
+class GroupDraws {
+ public:
+  ACTPACK_HD_METHOD explicit GroupDraws(uint64_t seed)
+      : seed_(seed), stream_(0), hashed_(Hash32(UniformKey(seed, 0))) {}
+  // The draws of elements [first, last).
+  ACTPACK_HD_METHOD UniformDraws Of(uint64_t first, uint64_t last) {
+    if ((first >> 32) != stream_) {
+      stream_ = first >> 32;  hashed_ = Hash32(UniformKey(seed_, first));  // a further stream
+    }
+    return UniformDraws(seed_, first, last, hashed_);
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t stream_;  // first >> 32 of the stream hashed_ is of
+  uint32_t hashed_;
 };
 
 // ---- division by a divisor fixed for many values ----
