@@ -381,6 +381,41 @@ TEST(CudaIdentityLargeTest, SixteenMebibytes) {
   }
 }
 
+// division's vector residual kernel takes two groups a warp, a half-warp each: an odd number of
+// groups leaves the last pair's second half without one, and a group whose residual range
+// overflows is counted alone, not with the other group of its pair (the refusal names the
+// count). Three planes of one group ([1, 3, 8, 16]: 128 values a plane); the overflow in plane
+// 0's first window (3.4e38 after a window sum that stays finite: its mean is -5e36).
+TEST(CudaIdentityDivisionTest, PairsOfGroupsInHalfWarps) {
+  DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
+  if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
+  const std::vector<int64_t> shape = {1, 3, 8, 16};
+  for (const char* spec : {"division", "division:block=4,bits=4", "division:block=16,bits=8"}) {
+    const CodecParams params = *ParseCodecSpec(spec);
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      std::vector<float> values = MakeValues(Data::kGaussian, shape, 3);
+      const std::vector<uint8_t> input = testing::ToBytes(values, dtype);
+      absl::StatusOr<std::vector<uint8_t>> a = cpu.Encode(input, dtype, shape, params);
+      absl::StatusOr<std::vector<uint8_t>> b = cuda.Encode(input, dtype, shape, params);
+      ASSERT_TRUE(a.ok()) << spec << ": " << a.status();
+      ASSERT_TRUE(b.ok()) << spec << ": " << b.status();
+      ASSERT_TRUE(*a == *b) << spec;
+      if (dtype != DType::kFloat32) continue;  // bfloat16 rounds 3.4e38 to infinity
+      values[0] = 3.4e38f;
+      values[1] = -3.4e38f;
+      values[2] = -3.2e38f;
+      for (int i = 3; i < 16; ++i) values[i] = 0.0f;  // the window's first row
+      const std::vector<uint8_t> overflowing = testing::ToBytes(values, dtype);
+      a = cpu.Encode(overflowing, dtype, shape, params);
+      b = cuda.Encode(overflowing, dtype, shape, params);
+      ASSERT_FALSE(a.ok()) << spec;
+      EXPECT_NE(std::string(a.status().message()).find(" in 1 groups"), std::string::npos)
+          << spec << ": " << a.status();
+      EXPECT_EQ(a.status(), b.status()) << spec;
+    }
+  }
+}
+
 #if defined(CUDAEMU)
 // eb's encode finds where each chunk's data starts by looking back at the chunks before it.
 // Whatever order the blocks run in (forward: every chunk before done; reverse: none, so each

@@ -163,7 +163,7 @@ TEST(DivisionTest, LfcIsTheWindowMeanInEveryView) {
   }
 }
 
-TEST(DivisionTest, MeanOfNarrowIsMeanOfForEveryValue) {
+TEST(DivisionTest, MeanOfNarrowAndOfRowsAreMeanOfForEveryValue) {
   // The kernels' multiplications against the division operator's MeanOf, window starts too.
   const std::vector<std::vector<int64_t>> shapes = {
       {2, 3, 13, 21}, {1, 2, 5, 30}, {2, 1, 1, 17}, {3, 20, 7}, {50, 9}, {100}, {1}, {4, 7, 9, 5}};
@@ -182,6 +182,10 @@ TEST(DivisionTest, MeanOfNarrowIsMeanOfForEveryValue) {
         ASSERT_EQ(division_math::MeanOfNarrow(l, d, p, static_cast<uint32_t>(j), &narrow_starts),
                   m) << spec << " value " << i;
         ASSERT_EQ(narrow_starts, starts) << spec << " value " << i;
+        if (l.inner == 1) {
+          ASSERT_EQ(division_math::MeanOfRowsNarrow(l, d, p, static_cast<uint32_t>(j)), m)
+              << spec << " value " << i;
+        }
       }
     }
   }

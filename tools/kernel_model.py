@@ -718,6 +718,7 @@ EB = "codecs/cuda/eb_kernels.cu"
 DIVISION = "codecs/cuda/division_kernels.cu"
 # division's ways for tensors of 2^32 values and more, which the modelled shapes are not.
 DIVISION_WIDE = ((DIVISION, ": division_math::MeanOf(l, p, j, starts);"),
+                 (DIVISION, ": division_math::MeanOf(l, p, j);"),
                  (DIVISION, ": j / l.group_length;"), (DIVISION, ": i / l.plane;"))
 OPS = "codecs/cuda/device_ops.cu"
 OPS_H = "codecs/cuda/device_ops.cuh"
@@ -842,16 +843,18 @@ def work(kernels_tree):
             Trip("for (uint32_t offset = 1; offset < per_word; offset *= 2)",
                  lambda s: s["groups"] * s["group"] / 32 * math.log2(s["per_word"]))]),
         # ... where the input is aligned and a vector's values share a window (the modelled
-        # shapes): one warp per group of 128, a lane's 16-byte vector loaded once with the one
-        # mean its values share, the residuals kept in registers for the range and the codes;
-        # a vector's 8 bits of codes ORed across 4 lanes by two shuffles.
-        "DivisionResidualVectorKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["groups"], 8), [
-            Trip("g < l.groups;", lambda s: s["groups"], loads=2,
+        # shapes): two groups of 128 a warp, a half-warp each, a lane's two 16-byte vectors
+        # loaded once with the one mean each one's values share, the residuals kept in
+        # registers for the range and the codes; a vector's 8 bits of codes ORed across 4 lanes
+        # by two shuffles, a row of the two groups at a time.
+        "DivisionResidualVectorKernel": Launch(
+                DIVISION, 256, lambda s: blocks_for(ceil_div(s["groups"], 2), 8), [
+            Trip("w < pairs;", lambda s: ceil_div(s["groups"], 2), loads=4,
                  cold=lambda s: [UNIFORM_FLOAT, FURTHER_STREAM, *DIVISION_WIDE,
                                  *group_words_cold(4 * 32 // s["per_word"])]),
             Trip("offset < lanes_per_word_; offset *= 2",
-                 lambda s: s["groups"] * ceil_div(s["group"] // 4, 32)
-                 * math.log2(32 // (4 * 32 // s["per_word"])), file=OPS_H)]),
+                 lambda s: ceil_div(s["groups"], 2) * 2 * math.log2(32 // (4 * 32 // s["per_word"])),
+                 file=OPS_H)]),
         # decode: a value a thread (the kernels of 2026-11-27; HEAD's below)
         "DivisionDecodeKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["numel"], 256), [
             Trip("i < numel; i += stride", lambda s: s["numel"] / 32, loads=3)]),

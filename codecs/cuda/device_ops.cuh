@@ -204,34 +204,39 @@ constexpr uint32_t kValuesPerVector = K == elements::kF32 ? 4 : 8;
 template <int K>
 using CodesOf = std::conditional_t<K == elements::kF32, uint32_t, uint64_t>;
 
-// The code words of a warp's group of vectors, written coalesced and summed into the checksum:
-// lane j's vector of row t (the group's vector j + 32 t, of `vectors`) has `vector_bits` codes
-// (4 to 64), its first at bit j * vector_bits of the group's codes from word `first_word` on.
-// Made once per kernel, Start-ed per group.
-// Below 32 bits a word holds the codes of lanes_per_word neighbouring lanes, ORed across them by
-// shuffles and written by the first; their checksum terms and the group's parameter word's are
-// then hashed at once, a word a lane (one 64-bit mix per lane, where each word and the
-// parameter word took a round of the warp). From 32 bits on a lane writes and hashes its own.
-template <int K, uint32_t kRows>
+// The code words of a group of vectors that kLanes lanes (a warp, or each half of one) hold,
+// written coalesced and summed into the checksum: lane j's vector of row t (the group's vector
+// j + kLanes t, of `vectors`) has `vector_bits` codes (4 to 64), its first at bit
+// j * vector_bits of the group's codes from word `first_word` on. Made once per kernel,
+// Start-ed per group. Below 32 bits a word holds the codes of lanes_per_word neighbouring lanes,
+// ORed across them by shuffles and written by the first; their checksum terms and the group's
+// parameter word's are then hashed at once, a word a lane (one 64-bit mix per lane, where each
+// word and the parameter word took a round of the warp). From 32 bits on a lane writes and
+// hashes its own. Every lane of the warp calls Put and Sum (their shuffles take the full warp).
+template <int K, uint32_t kRows, uint32_t kLanes = 32>
 class GroupCodeWords {
+  static_assert(kLanes == 16 || kLanes == 32, "a warp or a half-warp a group");
+
  public:
   __device__ explicit GroupCodeWords(uint32_t vector_bits)
-      : lane_(threadIdx.x & 31),
+      : lane_(threadIdx.x & (kLanes - 1)),
+        first_lane_(threadIdx.x & 31 & ~(kLanes - 1)),
         vector_bits_(vector_bits),
         lanes_per_word_(vector_bits < 32 ? 32 / vector_bits : 1) {}  // a power of two
 
-  // A group of `vectors` whose first code word is payload word `first_word`.
+  // A group of `vectors` (0: these lanes have none) whose first code word is payload word
+  // `first_word`.
   __device__ void Start(uint64_t first_word, uint32_t vectors) {
     first_word_ = first_word;
     vectors_ = vectors;
-    words_ = vector_bits_ < 32 ? (vectors * vector_bits_ + 31) >> 5 : 32;
+    words_ = vector_bits_ < 32 ? (vectors * vector_bits_ + 31) >> 5 : kLanes;
   }
 
-  // This lane's codes of row t (0 where its vector is past the group's). Every lane of the
-  // warp calls it, for the shuffles; t is the same in every lane.
+  // This lane's codes of row t (0 where its vector is past the group's); t is the same in
+  // every lane.
   __device__ void Put(uint32_t t, CodesOf<K> codes, uint32_t* __restrict__ payload,
                       uint64_t* checksum) {
-    const uint32_t j = lane_ + 32 * t;
+    const uint32_t j = lane_ + kLanes * t;
     const uint64_t index = first_word_ + ((uint64_t{j} * vector_bits_) >> 5);
     if (vector_bits_ >= 32) {
       if (j < vectors_) {  // whole words of this lane's own
@@ -254,29 +259,32 @@ class GroupCodeWords {
     }
   }
 
-  // After the last row, in every lane: the shared words' terms and the parameter word's
-  // (`param`, at payload word `param_index`), which takes the lane after the last word, or
-  // lane 0 apart where the words fill the warp.
+  // After the last row: the shared words' terms and the parameter word's (`param`, at payload
+  // word `param_index`), which takes the lane after the last word, or the group's first lane
+  // apart where the words fill its lanes.
   __device__ void Sum(uint32_t param, uint64_t param_index, uint64_t* checksum) const {
     if (vector_bits_ < 32) {
-      // Word m of the group is row (m * lanes_per_word) / 32's at lane (m * lanes_per_word)
-      // mod 32, and lane m takes its term.
+      // Word m of the group is row (m * lanes_per_word) / kLanes's at lane
+      // (m * lanes_per_word) mod kLanes, and lane m takes its term.
       const uint32_t from = lane_ * lanes_per_word_;
       uint32_t mine = param;
       ACTPACK_UNROLL
       for (uint32_t t = 0; t < kRows; ++t) {
-        const uint32_t shared = __shfl_sync(0xffffffffu, row_word_[t], from & 31);
-        if (lane_ < words_ && (from >> 5) == t) mine = shared;
+        const uint32_t shared =
+            __shfl_sync(0xffffffffu, row_word_[t], first_lane_ | (from & (kLanes - 1)));
+        if (lane_ < words_ && from / kLanes == t) mine = shared;
       }
-      if (lane_ <= words_) {
+      if (vectors_ > 0 && lane_ <= words_) {
         *checksum += portable::ChecksumTerm(mine, lane_ < words_ ? first_word_ + lane_ : param_index);
       }
     }
-    if (words_ == 32 && lane_ == 0) *checksum += portable::ChecksumTerm(param, param_index);
+    if (vectors_ > 0 && words_ == kLanes && lane_ == 0) {
+      *checksum += portable::ChecksumTerm(param, param_index);
+    }
   }
 
  private:
-  uint32_t lane_, vector_bits_, lanes_per_word_;
+  uint32_t lane_, first_lane_, vector_bits_, lanes_per_word_;
   uint32_t vectors_ = 0, words_ = 0;
   uint64_t first_word_ = 0;
   uint32_t row_word_[kRows] = {};  // row t's word, as the lanes sharing it hold it (Put)

@@ -8,8 +8,8 @@
 // quant's kernel: a shuffle reduction of the group's residual min/max, then each lane
 // quantizes one value per 32 and the codes of 32/bits neighbouring lanes are ORed into one
 // word, written coalesced; where the input is aligned and a 16-byte vector's values share a
-// window (ResidualVectorizable), a lane loads its vector and the one mean once and holds them
-// in registers for both passes (one pass over the input). The LFC means that (2) subtracts are
+// window (ResidualVectorizable), a half-warp per group, a lane loads its vectors and their
+// means once and holds them in registers for both passes (one pass over the input). The LFC means that (2) subtracts are
 // read back from the payload (1) wrote. Checksum and counts are summed per warp into the
 // call's DeviceStatus, and (2)'s last block writes the header (device_ops.cuh's CloseLaunch).
 // Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
@@ -41,9 +41,11 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 8;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kLfcOverflowWord = 0;  // DeviceStatus::work, kernels.h
-// 16-byte vectors a lane holds of its group in the vector residual kernel: one covers the
-// default group of 128 values (256 of a 16-bit tensor); larger groups take the scalar kernel.
-constexpr uint32_t kVectorsPerLane = 1;
+// The vector residual kernel's lanes a group (half a warp) and 16-byte vectors a lane holds of
+// it: they cover the default group of 128 values (256 of a 16-bit tensor); larger groups take
+// the scalar kernel.
+constexpr uint32_t kGroupLanes = 16;
+constexpr uint32_t kVectorsPerLane = 2;
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)
@@ -70,6 +72,13 @@ __device__ __forceinline__ uint64_t MeanIndex(const Layout& l, const MeanDivisor
                                               uint64_t p, uint64_t j, bool* starts = nullptr) {
   return d.narrow ? division_math::MeanOfNarrow(l, d, p, static_cast<uint32_t>(j), starts)
                   : division_math::MeanOf(l, p, j, starts);
+}
+
+// MeanIndex in a layout of rows (OneWindow's).
+__device__ __forceinline__ uint64_t RowMeanIndex(const Layout& l, const MeanDivisors& d,
+                                                 uint64_t p, uint64_t j) {
+  return d.narrow ? division_math::MeanOfRowsNarrow(l, d, p, static_cast<uint32_t>(j))
+                  : division_math::MeanOf(l, p, j);
 }
 
 // Whether every `per` values of a plane from a multiple of `per` on lie in one window: a plane
@@ -195,82 +204,158 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   CloseLaunch(closing, status);
 }
 
-// The residual kernel where ResidualVectorizable holds: one pass over the input. Each lane
-// loads its vectors of the group first (independent loads in flight) and the one mean a
-// vector's values share, and holds both in registers, taking each residual from them for the
-// group's range and again for its codes (a subtraction, not a reload), and the codes of 32 / (bits x a vector's values) neighbouring lanes are ORed into a
-// word with shuffles (at 8 bits of float32 a lane's word is its own), as quant's vector kernel.
+// The range of a vector's finite residuals, with the count of its non-finite values and whether
+// a finite value's residual overflows. Out of line: a vector with a non-finite residual is rare.
+struct ResidualRange {
+  float lo, hi;
+  uint32_t nonfinite;
+  int overflow;
+};
+
+template <int K>
+__device__ __noinline__ ResidualRange NonFiniteRange(uint4 v, float mean, float lo, float hi) {
+  ResidualRange range{lo, hi, 0, 0};
+  for (uint32_t e = 0; e < kValuesPerVector<K>; ++e) {
+    const float x = VectorElement<K>(v, e);
+    const float r = division_math::Residual(x, mean);
+    if (!portable::IsFinite(x)) {
+      ++range.nonfinite;
+    } else if (!portable::IsFinite(r)) {
+      range.overflow = 1;
+    } else {
+      range.lo = fminf(range.lo, r);
+      range.hi = fmaxf(range.hi, r);
+    }
+  }
+  return range;
+}
+
+// A lane's vectors of its group and the means they upsample from (0 past the group's vectors).
+template <int K>
+struct LaneVectors {
+  uint4 v[kVectorsPerLane];
+  float mean[kVectorsPerLane];
+};
+
+template <int K>
+__device__ __forceinline__ LaneVectors<K> LoadLaneVectors(const uint4* __restrict__ group,
+                                                          const uint16_t* __restrict__ means,
+                                                          const Layout& l, const MeanDivisors& d,
+                                                          uint64_t p, uint64_t j0, uint32_t lane,
+                                                          uint32_t vectors) {
+  LaneVectors<K> lv = {};
+  ACTPACK_UNROLL
+  for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
+    const uint32_t j = lane + kGroupLanes * t;
+    if (j < vectors) {
+      lv.v[t] = group[j];
+      lv.mean[t] =
+          portable::Bf16ToFloat(means[RowMeanIndex(l, d, p, j0 + j * kValuesPerVector<K>)]);
+    }
+  }
+  return lv;
+}
+
+template <int K>
+__device__ __noinline__ LaneVectors<K> LoadLaneVectorsOfPart(const uint4* group,
+                                                            const uint16_t* means, Layout l,
+                                                            MeanDivisors d, uint64_t p,
+                                                            uint64_t j0, uint32_t lane,
+                                                            uint32_t vectors) {
+  return LoadLaneVectors<K>(group, means, l, d, p, j0, lane, vectors);
+}
+
+// The residual kernel where ResidualVectorizable holds: one pass over the input, two groups a
+// warp, a half-warp each (the default group of 128 values is 32 vectors: 2 a lane), so that
+// the work a lane does once per group (the range's reduction, the parameters, the checksum's
+// hashes, the group's place) is shared by twice the values. Each lane loads its vectors of the
+// group first (independent loads in flight) and the one mean a vector's values share, and
+// holds both in registers, taking each residual from them for the group's range and again for
+// its codes (a subtraction, not a reload); the codes of 32 / (bits x a vector's values)
+// neighbouring lanes are ORed into a word with shuffles (at 8 bits of float32 a lane's word is
+// its own), as quant's vector kernel does.
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     DivisionResidualVectorKernel(const uint4* __restrict__ input, Layout l, MeanDivisors d,
                                  uint32_t* __restrict__ payload, LaunchClosing closing,
                                  DeviceStatus* __restrict__ status) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
-  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t lane = threadIdx.x & (kGroupLanes - 1);  // in the group's half-warp
+  const uint32_t half = (threadIdx.x & 31) / kGroupLanes;
+  const unsigned half_mask = 0xffffu << (kGroupLanes * half);
   const uint32_t levels = (1u << l.bits) - 1;
   const uint32_t vector_bits = kPer * l.bits;  // a vector's codes: 4 to 64 bits
-  GroupCodeWords<K, kVectorsPerLane> words(vector_bits);
+  GroupCodeWords<K, kVectorsPerLane, kGroupLanes> words(vector_bits);
   portable::GroupDraws group_draws(l.seed);
   const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   uint64_t overflow_groups = 0;
+  const uint64_t pairs = (l.groups + 1) / 2;
   const uint64_t warp_stride = uint64_t{gridDim.x} * kWarpsPerBlock;
-  for (uint64_t g = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; g < l.groups;
-       g += warp_stride) {
-    const auto [p, j0, n] = PlaceOfGroup(l, d, g);  // n: whole vectors, as the plane's are
-    const uint32_t vectors = static_cast<uint32_t>(n / kPer);
+  for (uint64_t w = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; w < pairs;
+       w += warp_stride) {
+    const uint64_t g = 2 * w + half;
+    const bool in = g < l.groups;  // the second half of the last pair may have no group
+    const auto [p, j0, n] = PlaceOfGroup(l, d, in ? g : 0);  // n: whole vectors, as the plane's
+    const uint32_t vectors = in ? static_cast<uint32_t>(n / kPer) : 0;
     const uint64_t first_element = p * l.plane + j0;
     const uint4* group = input + first_element / kPer;
-    uint4 v[kVectorsPerLane];
-    float mean[kVectorsPerLane];
-    ACTPACK_UNROLL
-    for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
-      const uint32_t j = lane + 32 * t;
-      v[t] = j < vectors ? group[j] : make_uint4(0, 0, 0, 0);
-      mean[t] = j < vectors ? portable::Bf16ToFloat(means[MeanIndex(l, d, p, j0 + j * kPer)])
-                            : 0.0f;
-    }
+    // Every lane's vectors of a whole group inline; a plane's short last group (or none, in
+    // the second half of the last pair) out of line.
+    const LaneVectors<K> lv = vectors == kGroupLanes * kVectorsPerLane
+                                  ? LoadLaneVectors<K>(group, means, l, d, p, j0, lane, vectors)
+                                  : LoadLaneVectorsOfPart<K>(group, means, l, d, p, j0, lane, vectors);
+    const uint4* v = lv.v;
+    const float* mean = lv.mean;
     float lo = __int_as_float(0x7f800000);  // +inf
     float hi = -lo;
     int overflow = 0;
     ACTPACK_UNROLL
     for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
-      if (lane + 32 * t >= vectors) continue;
+      if (lane + kGroupLanes * t >= vectors) continue;
+      // Finite residuals have one minimum and maximum but for the sign of a zero, which
+      // MakeGroupParams makes no difference: fminf and fmaxf (one instruction each) give the
+      // CPU's parameters. The vector's range first, and its largest residual magnitude's bits:
+      // where every residual is finite (so is every value) no value needs a test of its own.
+      float vlo = __int_as_float(0x7f800000);
+      float vhi = -vlo;
+      uint32_t magnitude = 0;
       ACTPACK_UNROLL
       for (uint32_t e = 0; e < kPer; ++e) {
-        const float x = VectorElement<K>(v[t], e);
-        const float r = division_math::Residual(x, mean[t]);
-        // Finite residuals have one minimum and maximum but for the sign of a zero, which
-        // MakeGroupParams makes no difference: fminf and fmaxf (one instruction each) give the
-        // CPU's parameters.
-        if (!portable::IsFinite(x)) {
-          ++nonfinite;
-        } else if (!portable::IsFinite(r)) {
-          overflow = 1;
-        } else {
-          lo = fminf(lo, r);
-          hi = fmaxf(hi, r);
-        }
+        const float r = division_math::Residual(VectorElement<K>(v[t], e), mean[t]);
+        vlo = fminf(vlo, r);
+        vhi = fmaxf(vhi, r);
+        const uint32_t bits = portable::FloatBits(r) & 0x7fffffffu;
+        magnitude = bits > magnitude ? bits : magnitude;
+      }
+      if (magnitude < 0x7f800000u) {
+        lo = fminf(lo, vlo);
+        hi = fmaxf(hi, vhi);
+      } else {
+        const ResidualRange range = NonFiniteRange<K>(v[t], mean[t], lo, hi);
+        lo = range.lo;
+        hi = range.hi;
+        nonfinite += range.nonfinite;
+        overflow |= range.overflow;
       }
     }
-    for (int offset = 16; offset > 0; offset /= 2) {
+    for (uint32_t offset = kGroupLanes / 2; offset > 0; offset /= 2) {  // within the half
       lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, offset));
       hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, offset));
     }
-    const bool any_overflow = __any_sync(kFullMask, overflow) != 0;
+    const bool any_overflow = (__ballot_sync(kFullMask, overflow) & half_mask) != 0;
     const quant_math::GroupParams gp = quant_math::MakeGroupParams(lo, hi, l.bits);
     const uint64_t param_word = division_math::ParamWord(l, g);
-    if (lane == 0) {
+    if (lane == 0 && in) {
       payload[param_word] = gp.packed;
       if (!gp.ok || any_overflow) ++overflow_groups;
     }
     const portable::UniformDraws draws = group_draws.Of(first_element, first_element + n);
     words.Start(division_math::PlaneCodeWord(l, p) + (j0 >> WordShift(l.bits)), vectors);
     ACTPACK_UNROLL
-    for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
-      if (32 * t >= vectors) continue;  // the same for every lane
-      const uint32_t j = lane + 32 * t;
+    for (uint32_t t = 0; t < kVectorsPerLane; ++t) {  // every lane: Put shuffles
+      const uint32_t j = lane + kGroupLanes * t;
       CodesOf<K> codes = 0;
       if (j < vectors) {
         const uint64_t at = first_element + uint64_t{j} * kPer;
@@ -409,7 +494,7 @@ __global__ void __launch_bounds__(kThreads)
 // vectors, a vector's values in one window, a group in kVectorsPerLane vectors a lane.
 bool ResidualVectorizable(const void* input, const Layout& l, uint32_t per) {
   return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&
-         OneWindow(l, per) && l.group_length <= uint64_t{32} * kVectorsPerLane * per;
+         OneWindow(l, per) && l.group_length <= uint64_t{kGroupLanes} * kVectorsPerLane * per;
 }
 
 template <int K>
@@ -420,11 +505,12 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
         input, layout, words, status);
   }
   const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
-  const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
   if (ResidualVectorizable(input, layout, kValuesPerVector<K>)) {
+    const int blocks = BlocksFor((layout.groups + 1) / 2, kWarpsPerBlock);  // two groups a warp
     ACTPACK_LAUNCH(DivisionResidualVectorKernel<K>, blocks, kWarpsPerBlock * 32, s)(
         static_cast<const uint4*>(input), layout, divisors, words, closing, status);
   } else {
+    const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
     ACTPACK_LAUNCH(DivisionResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
         input, layout, divisors, words, closing, status);
   }

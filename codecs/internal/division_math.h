@@ -205,6 +205,17 @@ ACTPACK_HD uint64_t MeanOfNarrow(const Layout& l, const MeanDivisors& d, uint64_
   return (row * static_cast<uint32_t>(l.blocks_w) + wb) * static_cast<uint32_t>(l.inner) + c;
 }
 
+// MeanOfNarrow for a layout of rows (no inner channels: l.inner == 1), without the channel's
+// division.
+ACTPACK_HD uint64_t MeanOfRowsNarrow(const Layout& l, const MeanDivisors& d, uint64_t p, uint32_t j) {
+  const uint32_t h = portable::Divide(j, d.width);
+  const uint32_t w = j - h * static_cast<uint32_t>(l.width);
+  const uint32_t hb = portable::Divide(h, d.block_h);
+  const uint32_t wb = portable::Divide(w, d.block_w);
+  const uint32_t row = static_cast<uint32_t>(p) * static_cast<uint32_t>(l.blocks_h) + hb;
+  return row * static_cast<uint32_t>(l.blocks_w) + wb;
+}
+
 // The mean values of a plane upsample from, walked in runs from value j0 of plane p: with
 // C == 1 a run is the rest of a window's columns in one row (they share a mean), with C > 1 the
 // rest of a position's C values (they read consecutive means). Counters, not divisions, move it
