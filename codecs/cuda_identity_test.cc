@@ -385,7 +385,8 @@ TEST(CudaIdentityLargeTest, SixteenMebibytes) {
 // groups leaves the last pair's second half without one, and a group whose residual range
 // overflows is counted alone, not with the other group of its pair (the refusal names the
 // count). Three planes of one group ([1, 3, 8, 16]: 128 values a plane); the overflow in plane
-// 0's first window (3.4e38 after a window sum that stays finite: its mean is -5e36).
+// 0's first window (3.4e38 after a window sum that stays finite: its mean is -5e36). A window
+// mean out of bfloat16's reach is counted once, apart.
 TEST(CudaIdentityDivisionTest, PairsOfGroupsInHalfWarps) {
   DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
   if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
@@ -410,6 +411,17 @@ TEST(CudaIdentityDivisionTest, PairsOfGroupsInHalfWarps) {
       b = cuda.Encode(overflowing, dtype, shape, params);
       ASSERT_FALSE(a.ok()) << spec;
       EXPECT_NE(std::string(a.status().message()).find(" in 1 groups"), std::string::npos)
+          << spec << ": " << a.status();
+      EXPECT_EQ(a.status(), b.status()) << spec;
+      // A window whose sum overflows (plane 1's first, 3e38 in its first row): its mean is out
+      // of bfloat16's reach, counted apart from the groups (the refusal says which).
+      values = MakeValues(Data::kGaussian, shape, 3);
+      for (int i = 128; i < 136; ++i) values[i] = 3e38f;
+      const std::vector<uint8_t> window_overflow = testing::ToBytes(values, dtype);
+      a = cpu.Encode(window_overflow, dtype, shape, params);
+      b = cuda.Encode(window_overflow, dtype, shape, params);
+      ASSERT_FALSE(a.ok()) << spec;
+      EXPECT_NE(std::string(a.status().message()).find("window means overflow"), std::string::npos)
           << spec << ": " << a.status();
       EXPECT_EQ(a.status(), b.status()) << spec;
     }

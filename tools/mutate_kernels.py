@@ -288,6 +288,9 @@ MUTANTS = [
            "codecs/cuda/division_kernels.cu",
            "for (uint32_t offset = kGroupLanes / 2; offset > 0; offset /= 2) {",
            "for (uint32_t offset = kGroupLanes; offset > 0; offset /= 2) {", identity("division")),
+    Mutant("division-lfc-overflow", "a count never raised", "codecs/cuda/division_kernels.cu",
+           "  WarpSumToGlobal(nonfinite, &status->work[kLfcOverflowWord]);",
+           "  WarpSumToGlobal(0, &status->work[kLfcOverflowWord]);", "*ivision*"),
     Mutant("division-vector-window", "a check removed", "codecs/cuda/division_kernels.cu",
            "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
            "         OneWindow(l, per) &&",
