@@ -78,7 +78,8 @@ MUTANTS = [
            "const int32_t code = __float2int_rd(clamped);",
            "const int32_t code = static_cast<int32_t>(clamped + 0.5f);", identity("quant2")),
     Mutant("quant-vector-finite", "a check removed", "codecs/cuda/quant_kernels.cu",
-           "if (magnitude < 0x7f800000u) {", "if (magnitude <= 0x7f800000u) {", identity("quant2")),
+           "if (range.magnitude < 0x7f800000u) {", "if (range.magnitude <= 0x7f800000u) {",
+           identity("quant2")),
     Mutant("quant-vector-partial", "a dropped tail element", "codecs/cuda/quant_kernels.cu",
            "? static_cast<uint32_t>(last - at)", "? static_cast<uint32_t>(last - at - 1)",
            identity("quant8")),
@@ -276,6 +277,11 @@ MUTANTS = [
            "codecs/cuda/division_kernels.cu",
            "       w += warp_stride) {\n    const uint64_t g = 2 * w + half;",
            "       w += warp_stride + 1) {\n    const uint64_t g = 2 * w + half;",
+           identity("division")),
+    # (<= would be equivalent: a non-finite value's window mean is not finite either, so its
+    # residual is NaN, above infinity's bits.)
+    Mutant("division-vector-finite", "a check removed", "codecs/cuda/division_kernels.cu",
+           "if (range.magnitude < 0x7f800000u) {", "if (range.magnitude < 0x80000000u) {",
            identity("division")),
     Mutant("division-vector-pair", "a check removed (a half-warp with no group writes)",
            "codecs/cuda/division_kernels.cu",

@@ -303,6 +303,30 @@ __device__ __forceinline__ float VectorElement(const uint4& v, uint32_t e) {
   }
 }
 
+// The range of a 16-byte vector's values as `of` maps them (fminf/fmaxf: one instruction each)
+// and their largest magnitude's bits, a NaN's above an infinity's: below 0x7f800000 every one
+// is finite and the range holds them all (so a vector with none else, nearly every one, needs
+// no test of each value); at or above, the range is not to be used.
+struct VectorRange {
+  float lo, hi;
+  uint32_t magnitude;
+};
+
+template <int K, typename Of>
+__device__ __forceinline__ VectorRange RangeOf(const uint4& v, Of of) {
+  const float first = of(VectorElement<K>(v, 0));
+  VectorRange r{first, first, portable::FloatBits(first) & 0x7fffffffu};
+  ACTPACK_UNROLL
+  for (uint32_t e = 1; e < kValuesPerVector<K>; ++e) {
+    const float x = of(VectorElement<K>(v, e));
+    r.lo = fminf(r.lo, x);
+    r.hi = fmaxf(r.hi, x);
+    const uint32_t bits = portable::FloatBits(x) & 0x7fffffffu;
+    r.magnitude = bits > r.magnitude ? bits : r.magnitude;
+  }
+  return r;
+}
+
 // The vector of kind K holding `values` (elements::Store's rounding).
 template <int K>
 __device__ __forceinline__ uint4 PackVector(const float* values) {

@@ -315,23 +315,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
       if (lane + kGroupLanes * t >= vectors) continue;
       // Finite residuals have one minimum and maximum but for the sign of a zero, which
-      // MakeGroupParams makes no difference: fminf and fmaxf (one instruction each) give the
-      // CPU's parameters. The vector's range first, and its largest residual magnitude's bits:
-      // where every residual is finite (so is every value) no value needs a test of its own.
-      float vlo = __int_as_float(0x7f800000);
-      float vhi = -vlo;
-      uint32_t magnitude = 0;
-      ACTPACK_UNROLL
-      for (uint32_t e = 0; e < kPer; ++e) {
-        const float r = division_math::Residual(VectorElement<K>(v[t], e), mean[t]);
-        vlo = fminf(vlo, r);
-        vhi = fmaxf(vhi, r);
-        const uint32_t bits = portable::FloatBits(r) & 0x7fffffffu;
-        magnitude = bits > magnitude ? bits : magnitude;
-      }
-      if (magnitude < 0x7f800000u) {
-        lo = fminf(lo, vlo);
-        hi = fmaxf(hi, vhi);
+      // MakeGroupParams makes no difference: fminf and fmaxf give the CPU's parameters. Where
+      // every residual is finite (so is every value) no value needs a test of its own.
+      const float m = mean[t];
+      const VectorRange range =
+          RangeOf<K>(v[t], [m](float x) { return division_math::Residual(x, m); });
+      if (range.magnitude < 0x7f800000u) {
+        lo = fminf(lo, range.lo);
+        hi = fmaxf(hi, range.hi);
       } else {
         const ResidualRange range = NonFiniteRange<K>(v[t], mean[t], lo, hi);
         lo = range.lo;

@@ -153,23 +153,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (uint32_t t = 0; t < kVectorsPerLane; ++t) {
       if (count[t] == kPer) {
         // Finite values have one minimum and maximum (but for the sign of a zero, which
-        // MakeGroupParams makes no difference): fminf/fmaxf give the CPU's. The vector's range
-        // first, and the largest magnitude's bits (a NaN's above an infinity's): a vector with
-        // no non-finite value (nearly all) needs no per-value test.
-        float vlo = VectorElement<K>(v[t], 0);
-        float vhi = vlo;
-        uint32_t magnitude = portable::FloatBits(vlo) & 0x7fffffffu;
-        ACTPACK_UNROLL
-        for (uint32_t e = 1; e < kPer; ++e) {
-          const float x = VectorElement<K>(v[t], e);
-          vlo = fminf(vlo, x);
-          vhi = fmaxf(vhi, x);
-          const uint32_t bits = portable::FloatBits(x) & 0x7fffffffu;
-          magnitude = bits > magnitude ? bits : magnitude;
-        }
-        if (magnitude < 0x7f800000u) {
-          lo = fminf(lo, vlo);
-          hi = fmaxf(hi, vhi);
+        // MakeGroupParams makes no difference): fminf/fmaxf give the CPU's.
+        const VectorRange range = RangeOf<K>(v[t], [](float x) { return x; });
+        if (range.magnitude < 0x7f800000u) {
+          lo = fminf(lo, range.lo);
+          hi = fmaxf(hi, range.hi);
         } else {
           const Range partial = PartialRange<K>(v[t], kPer, lo, hi);
           lo = partial.lo;
