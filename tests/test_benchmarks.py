@@ -54,6 +54,27 @@ def test_every_model_and_method_is_measured(results):
     ET.parse(out / "benchmark.svg")  # a well-formed picture
 
 
+def test_a_run_resumes_from_an_earlier_runs_searches(results, tmp_path):
+    """--max-batch-from takes an earlier file's searches as they are (each method's search is
+    saved as it ends, so an interrupted run's own file resumes it), and each taken method says
+    where it was searched: the earlier file, its commit, date and command."""
+    data, _, out = results
+    run = subprocess.run([sys.executable, SUITE, "--size", "smoke", "--quiet", "--threads", "1",
+                          "--trials", "in-process", "--models", "resnet50", "--methods", "plain",
+                          "actpack:quant2", "--max-batch-from", str(out / "benchmark.json"),
+                          "--out", str(tmp_path)], text=True, capture_output=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    with open(tmp_path / "benchmark.json") as f:
+        resumed = json.load(f)
+    earlier = data["models"]["resnet50"]["methods"]
+    for method, m in resumed["models"]["resnet50"]["methods"].items():
+        assert m["max_batch"] == earlier[method]["max_batch"], method
+        assert m["search"] == earlier[method]["search"], method
+        source = m["max_batch_from"]
+        assert source["file"] == str(out / "benchmark.json")
+        assert source["command"] == data["command"] and source["commit"] == data["commit"]
+
+
 def test_every_suite_model_trains_under_a_budget():
     """Each of the suite's models at the smoke size trains two steps under actpack.budget with
     auto, with finite losses and saved tensors in its report (the smoke run's machinery runs on
