@@ -186,8 +186,10 @@ absl::StatusOr<DeferredEncoding> EncodeDeferred(const TensorView& input, const C
   if (!header.ok()) return header.status();
   DeferredEncoding encoding;
 #ifdef ACTPACK_WITH_CUDA
-  absl::Status zeroed = cuda::ZeroStatus(status, context.stream);
-  if (!zeroed.ok()) return zeroed;
+  if (!(*codec)->EncodeZeroesStatus()) {
+    absl::Status zeroed = cuda::ZeroStatus(status, context.stream);
+    if (!zeroed.ok()) return zeroed;
+  }
   absl::StatusOr<PayloadInfo> payload =
       (*codec)->EncodePayload(input, params, &*header, out + kHeaderSize, context, status);
   if (!payload.ok()) return payload.status();

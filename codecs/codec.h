@@ -183,6 +183,10 @@ class Codec {
                                      const MutableTensorView& output, const ExecContext& context,
                                      DeviceStatus* status) const = 0;
 
+  // Whether its GPU encode's first launch zeroes the call's DeviceStatus (no other launch of the
+  // encode having summed into it yet), so that the deferred encode queues no memset of its own.
+  virtual bool EncodeZeroesStatus() const { return false; }
+
   // Whether its GPU decode checks the buffer in the launch that decodes it (DecodeCheckedPayload),
   // so that a decode of a buffer whose parameters the host knows needs no CheckBuffer launch.
   virtual bool ChecksOwnBuffer() const { return false; }

@@ -292,22 +292,29 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The fixed-size codecs whose kernels check and finish the buffer in the launch that writes it:
-// an encode is the status's memset and one launch, a decode one launch and Poison's. The
-// status holds garbage before the encode: the encode clears it. (division's encode is three:
-// the memset, its LFC launch and its residual's, which needs every mean.)
-class LaunchesTest : public OnDevice, public ::testing::WithParamInterface<Case> {};
+// an encode is the status's memset and one launch (division's: its LFC launch, which zeroes
+// the status, and its residual's, which needs every mean), a decode one launch and Poison's.
+// The status holds garbage before the encode: the encode clears it. division on [2, 3, 8, 16]
+// takes its vector residual kernel, on [3, 333] its scalar one.
+struct LaunchCase {
+  const char* spec;
+  DType dtype;
+  std::vector<int64_t> shape = {3, 333};
+};
+class LaunchesTest : public OnDevice, public ::testing::WithParamInterface<LaunchCase> {};
 
 TEST_P(LaunchesTest, AnEncodeAndADecodeQueueAtMostTwoOperationsEach) {
 #if !defined(CUDAEMU)
   GTEST_SKIP() << "the emulator counts the operations (--config=cudaemu)";
 #else
-  const std::vector<int64_t> shape = {3, 333};
-  const std::vector<uint8_t> input = Data(GetParam().dtype, 999, 4);
+  const std::vector<int64_t>& shape = GetParam().shape;
+  const size_t numel = TensorSpec{GetParam().dtype, shape}.numel();
+  const std::vector<uint8_t> input = Data(GetParam().dtype, numel, 4);
   const CodecParams params = *ParseCodecSpec(GetParam().spec);
   const size_t capacity = *MaxEncodedSize({GetParam().dtype, shape}, params);
   uint8_t* buffer = memory_.Alloc(capacity);
   uint8_t* on_device = memory_.Upload(input);
-  const size_t out_bytes = 999 * ElementSize(GetParam().dtype);
+  const size_t out_bytes = numel * ElementSize(GetParam().dtype);
   uint8_t* output = memory_.Alloc(out_bytes);
   ASSERT_EQ(cudaMemset(status_, 0xa5, sizeof(DeviceStatus)), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -336,12 +343,17 @@ TEST_P(LaunchesTest, AnEncodeAndADecodeQueueAtMostTwoOperationsEach) {
 
 INSTANTIATE_TEST_SUITE_P(
     Codecs, LaunchesTest,
-    ::testing::Values(Case{"identity", DType::kFloat32}, Case{"identity", DType::kFloat16},
-                      Case{"quant2", DType::kFloat32}, Case{"quant4", DType::kFloat16},
-                      Case{"quant8", DType::kBFloat16}, Case{"cast:bf16", DType::kFloat32},
-                      Case{"pool4", DType::kFloat32}, Case{"mask", DType::kBool}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = std::string(info.param.spec) + "_" + std::string(DTypeName(info.param.dtype));
+    ::testing::Values(LaunchCase{"identity", DType::kFloat32},
+                      LaunchCase{"identity", DType::kFloat16}, LaunchCase{"quant2", DType::kFloat32},
+                      LaunchCase{"quant4", DType::kFloat16}, LaunchCase{"quant8", DType::kBFloat16},
+                      LaunchCase{"cast:bf16", DType::kFloat32}, LaunchCase{"pool4", DType::kFloat32},
+                      LaunchCase{"mask", DType::kBool}, LaunchCase{"division", DType::kFloat32},
+                      LaunchCase{"division", DType::kFloat32, {2, 3, 8, 16}},
+                      LaunchCase{"division", DType::kBFloat16, {2, 3, 8, 16}}),
+    [](const ::testing::TestParamInfo<LaunchCase>& info) {
+      std::string name = std::string(info.param.spec) + "_" +
+                         std::string(DTypeName(info.param.dtype)) + "_" +
+                         std::to_string(info.param.shape.size()) + "d";
       std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
       return name;
     });

@@ -781,7 +781,8 @@ class Division final : public Codec {
     if (input.device == Device::kCuda) {
       if (v_.id == CodecId::kDivisionFft) return CpuOnly("encode");
 #ifdef ACTPACK_WITH_CUDA
-      // Two launches: the LFC, then the residual, its checksum and counts, and the header.
+      // Two launches: the LFC (zeroing the status), then the residual, the checksum and counts
+      // of the whole payload, and the header.
       header->payload_size = bytes;
       absl::Status queued =
           cuda::DivisionEncode(input.data, l, elements::KindOf(input.dtype),
@@ -848,6 +849,9 @@ class Division final : public Codec {
 
   // `division` checks its buffer in its decode launch (division_fft does not run on a GPU).
   bool ChecksOwnBuffer() const override { return v_.id == CodecId::kDivision; }
+
+  // Its LFC launch zeroes the status, which only the residual launch after it sums into.
+  bool EncodeZeroesStatus() const override { return v_.id == CodecId::kDivision; }
 
   absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
                                     const MutableTensorView& output, const ExecContext& context,

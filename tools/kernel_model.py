@@ -881,9 +881,7 @@ def work(kernels_tree):
                  lambda s: unrolled_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=4),
             Trip("for (; i < vectors; i += stride) {",
                  lambda s: leftover_trips(s["numel"] // 8, vector_blocks(s, 32)), loads=1),
-            Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0),
-            Trip("while ((mantissa & 0x400u) == 0)", lambda s: 0,
-                 file="codecs/internal/portable.h")]),  # subnormal halves only
+            Trip("for (uint64_t w = word + first; w < words; w += stride) {", lambda s: 0)]),
         # mask of a bool tensor: a thread per 16-byte vector (16 elements), two lanes' bits ORed
         # into a word by one shuffle (unrolled: a constant count); decode a thread per 16-byte
         # vector of output

@@ -4,14 +4,16 @@
 // (division_math.h, quant_math.h).
 //
 // Encode, two kernels on one stream: (1) one thread per LFC word (two windows; for C > 1 the
-// warp reads contiguous columns of the same rows); (2) one warp per residual group, as
+// warp reads contiguous columns of the same rows), its block 0 zeroing the call's DeviceStatus,
+// which nothing else in (1) touches; (2) one warp per residual group, as
 // quant's kernel: a shuffle reduction of the group's residual min/max, then each lane
 // quantizes one value per 32 and the codes of 32/bits neighbouring lanes are ORed into one
 // word, written coalesced; where the input is aligned and a 16-byte vector's values share a
 // window (ResidualVectorizable), a half-warp per group, a lane loads its vectors and their
 // means once and holds them in registers for both passes (one pass over the input). The LFC means that (2) subtracts are
-// read back from the payload (1) wrote. Checksum and counts are summed per warp into the
-// call's DeviceStatus, and (2)'s last block writes the header (device_ops.cuh's CloseLaunch).
+// read back from the payload (1) wrote. (2) sums the whole payload's checksum and counts per
+// warp into the status (the LFC words' too, each thread a share of them after its groups), and
+// its last block writes the header (device_ops.cuh's CloseLaunch).
 // Decode, one launch: a thread per 16-byte vector of output where planes hold whole vectors
 // and the output is 16-byte aligned (a value a thread elsewhere). Each value's thread sums the
 // checksum terms of the payload words it is the first reader of (its code word, its group's
@@ -47,23 +49,45 @@ constexpr int kLfcOverflowWord = 0;  // DeviceStatus::work, kernels.h
 constexpr uint32_t kGroupLanes = 16;
 constexpr uint32_t kVectorsPerLane = 2;
 
+// The encode's first launch: block 0 zeroes the call's status (codec.h's EncodeZeroesStatus),
+// so no thread of this launch sums into it; the residual launch sums these words' terms.
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     DivisionLfcKernel(const void* __restrict__ input, Layout layout,
                       uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
-  uint64_t checksum = 0;
-  uint64_t nonfinite = 0;
+  if (blockIdx.x == 0 && threadIdx.x < sizeof(DeviceStatus) / 8) {
+    reinterpret_cast<unsigned long long*>(status)[threadIdx.x] = 0;
+  }
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < layout.lfc_words;
        w += stride) {
-    const uint32_t word = division_math::LfcWord<K>(input, layout, w, &nonfinite);
-    payload[w] = word;
+    uint64_t nonfinite = 0;  // counted from the words by the residual launch
+    payload[w] = division_math::LfcWord<K>(input, layout, w, &nonfinite);
+  }
+}
+
+// The end of a residual launch: the thread's share of the LFC words (their checksum terms and
+// non-finite means, counted apart for the message), then every sum into the status, and the
+// closing. The LFC words are a 32nd of the values at the default window: each thread a few.
+__device__ __forceinline__ void CloseResidualLaunch(const uint32_t* __restrict__ payload,
+                                                    const Layout& l, uint64_t checksum,
+                                                    uint64_t nonfinite, uint64_t overflow_groups,
+                                                    const LaunchClosing& closing,
+                                                    DeviceStatus* __restrict__ status) {
+  uint64_t lfc_nonfinite = 0;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < l.lfc_words;
+       w += stride) {
+    const uint32_t word = payload[w];
     checksum += portable::ChecksumTerm(word, w);
+    lfc_nonfinite += division_math::NonFiniteMeans(word);
   }
   WarpSumToGlobal(checksum, &status->payload_sum);
+  WarpSumToGlobal(nonfinite, &status->nonfinite);
   // LFC means not finite in bfloat16: out of reach, and counted apart for the message.
-  WarpSumToGlobal(nonfinite, &status->unrepresentable);
-  WarpSumToGlobal(nonfinite, &status->work[kLfcOverflowWord]);
+  WarpSumToGlobal(overflow_groups + lfc_nonfinite, &status->unrepresentable);
+  WarpSumToGlobal(lfc_nonfinite, &status->work[kLfcOverflowWord]);
+  CloseLaunch(closing, status);
 }
 
 // The LFC mean value j of plane p upsamples from (division_math::MeanOf), and whether the value
@@ -198,10 +222,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   }
-  WarpSumToGlobal(checksum, &status->payload_sum);
-  WarpSumToGlobal(nonfinite, &status->nonfinite);
-  WarpSumToGlobal(overflow_groups, &status->unrepresentable);
-  CloseLaunch(closing, status);
+  CloseResidualLaunch(payload, l, checksum, nonfinite, overflow_groups, closing, status);
 }
 
 // The range of a vector's finite residuals, with the count of its non-finite values and whether
@@ -364,10 +385,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
     words.Sum(gp.packed, param_word, &checksum);
   }
-  WarpSumToGlobal(checksum, &status->payload_sum);
-  WarpSumToGlobal(nonfinite, &status->nonfinite);
-  WarpSumToGlobal(overflow_groups, &status->unrepresentable);
-  CloseLaunch(closing, status);
+  CloseResidualLaunch(payload, l, checksum, nonfinite, overflow_groups, closing, status);
 }
 
 // Value j of plane p decoded; adds to *checksum the terms of the payload words whose first
@@ -491,10 +509,8 @@ bool ResidualVectorizable(const void* input, const Layout& l, uint32_t per) {
 template <int K>
 void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
-  if (layout.lfc_words > 0) {
-    ACTPACK_LAUNCH(DivisionLfcKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
-        input, layout, words, status);
-  }
+  ACTPACK_LAUNCH(DivisionLfcKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
+      input, layout, words, status);  // launched where there are no words too: it zeroes status
   const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
   if (ResidualVectorizable(input, layout, kValuesPerVector<K>)) {
     const int blocks = BlocksFor((layout.groups + 1) / 2, kWarpsPerBlock);  // two groups a warp

@@ -5,7 +5,8 @@
 // Every call only queues work on `stream` and never waits for the device, except CopyToHost.
 // What the host would otherwise wait for goes into a DeviceStatus (internal/device_status.h):
 // the encoders sum their checksum and counts into the one they are given (zeroed first by the
-// caller, ZeroStatus), and put there the header fields the data decides. Every call returns an
+// caller, ZeroStatus, or by the encode's own first launch where the codec says so: division),
+// and put there the header fields the data decides. Every call returns an
 // absl::Status from common/cuda_check.h: the failing CUDA call with its file and line,
 // kResourceExhausted for an out-of-memory error.
 #ifndef ACTPACK_CODECS_CUDA_KERNELS_H_
@@ -163,7 +164,8 @@ absl::Status PoolDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWo
 
 // `division`: the pooled bfloat16 LFC, then the residual quantized per group: the payload of
 // division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind, and the
-// header at `out` from `header` (two launches). status: payload_sum; nonfinite = non-finite
+// header at `out` from `header` (two launches, the first zeroing `status`, so the caller need
+// not). status: payload_sum; nonfinite = non-finite
 // inputs; unrepresentable = LFC means not finite in bfloat16 (also counted in work[0]) and
 // groups whose residual range overflows float.
 absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,

@@ -27,9 +27,9 @@ enum DecodeFailure : uint64_t {
                               // (PlaceDeferred placed it nowhere)
 };
 
-// One encoded tensor's status: zeroed by the caller before the encode; the encode kernels sum
-// into it, PlaceDeferred records where it moved the encoding, the decode's check writes
-// `failures`. 128 bytes, 8-byte aligned.
+// One encoded tensor's status: zeroed before the encode (codec.h's EncodeZeroesStatus); the
+// encode kernels sum into it, PlaceDeferred records where it moved the encoding, the decode's
+// check writes `failures`. 128 bytes, 8-byte aligned.
 struct DeviceStatus {
   unsigned long long payload_sum;      // the payload's checksum terms (format.h)
   unsigned long long nonfinite;        // non-finite values the codec could not keep

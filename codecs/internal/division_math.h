@@ -114,6 +114,7 @@ ACTPACK_HD float WindowMean(const void* input, const Layout& l, uint64_t m) {
   float sum = 0.0f;
   for (uint64_t h = h0; h < h1; ++h) {
     const uint64_t row = ((p * l.height + h) * l.width) * l.inner + c;
+    ACTPACK_UNROLL_4  // a row of the default window in one trip
     for (uint64_t w = w0; w < w1; ++w) {
       sum = portable::Add(sum, elements::Load<K>(input, row + w * l.inner));
     }
@@ -127,6 +128,12 @@ ACTPACK_HD uint16_t StoredMean(float mean, uint64_t* nonfinite) {
   const uint16_t h = portable::FloatToBf16(mean);
   if ((h & 0x7f80u) == 0x7f80u) ++*nonfinite;
   return h;
+}
+
+// The non-finite means of an LFC payload word (both halves; 0 past the end is finite): what
+// StoredMean counted when it wrote them.
+ACTPACK_HD uint32_t NonFiniteMeans(uint32_t word) {
+  return ((word & 0x7f80u) == 0x7f80u) + ((word >> 16 & 0x7f80u) == 0x7f80u);
 }
 
 // LFC payload word `w`: means 2w (low half) and 2w + 1 (high half, zero past the end).

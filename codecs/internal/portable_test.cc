@@ -1,6 +1,7 @@
 #include "codecs/internal/portable.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -18,6 +19,19 @@ TEST(HalfTest, RoundTripsEveryHalf) {
       continue;
     }
     EXPECT_EQ(FloatToHalf(f), h) << "half 0x" << std::hex << h;
+  }
+}
+
+// Every finite half against its value from the definition: (1024 + m) * 2^(e - 25), or
+// m * 2^-24 for a subnormal, signed.
+TEST(HalfTest, EveryFiniteHalfHasItsValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) continue;
+    const double magnitude = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+    const float expected = static_cast<float>((h & 0x8000) != 0 ? -magnitude : magnitude);
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    EXPECT_EQ(std::memcmp(&f, &expected, 4), 0) << "half 0x" << std::hex << h;
   }
 }
 
