@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // The end of a residual launch: the thread's share of the LFC words (their checksum terms and
 // non-finite means, counted apart for the message), then every sum into the status, and the
-// closing. The LFC words are a 32nd of the values at the default window: each thread a few.
+// closing. An LFC word holds two 8 x 8 means at the default window, one per 128 values: each
+// thread a few.
 __device__ __forceinline__ void CloseResidualLaunch(const uint32_t* __restrict__ payload,
                                                     const Layout& l, uint64_t checksum,
                                                     uint64_t nonfinite, uint64_t overflow_groups,
