@@ -833,6 +833,16 @@ def work(kernels_tree):
                  file="codecs/internal/division_math.h"),
             Trip("for (uint64_t w = w0; w < w1; ++w)", lambda s: s["lfc_words"] / 32 * 2 * 8 * 8,
                  loads=1, file="codecs/internal/division_math.h")]),
+        # ... where a window's rows are whole 16-byte vectors (the modelled shapes; the scalar
+        # kernel's anchors are the 2026-11-27 tree's): an 8-wide float32 row two vectors, a
+        # window's rows unrolled 4 times (8 loads in flight a thread); nvcc keeps a copy of a
+        # word's two means for each `two`, the modelled shapes' the costlier.
+        "DivisionLfcVectorKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["lfc_words"], 256), [
+            Trip("w < layout.lfc_words;", lambda s: s["lfc_words"] / 32),
+            Trip("for (uint64_t half = 0; half < 2; ++half) {", lambda s: s["lfc_words"] / 32 * 2,
+                 file="codecs/internal/division_math.h"),
+            Trip("for (uint64_t h = 0; h < win.rows; ++h) {", lambda s: s["lfc_words"] / 32 * 2 * 8,
+                 loads=2)]),
         "DivisionResidualKernel": Launch(DIVISION, 256, lambda s: blocks_for(s["groups"], 8), [
             Trip("g < l.groups;", lambda s: s["groups"]),
             Trip("for (uint64_t k = lane; k < n; k += 32)", lambda s: s["groups"] * s["group"] / 32,

@@ -49,20 +49,68 @@ constexpr int kLfcOverflowWord = 0;  // DeviceStatus::work, kernels.h
 constexpr uint32_t kGroupLanes = 16;
 constexpr uint32_t kVectorsPerLane = 2;
 
-// The encode's first launch: block 0 zeroes the call's status (codec.h's EncodeZeroesStatus),
-// so no thread of this launch sums into it; the residual launch sums these words' terms.
+// Zeroes the call's status in block 0 of an encode's first launch (codec.h's
+// EncodeZeroesStatus): no thread of that launch sums into it.
+__device__ __forceinline__ void ZeroStatusInFirstBlock(DeviceStatus* __restrict__ status) {
+  if (blockIdx.x == 0 && threadIdx.x < sizeof(DeviceStatus) / 8) {
+    reinterpret_cast<unsigned long long*>(status)[threadIdx.x] = 0;
+  }
+}
+
+// The encode's first launch: the LFC words, a thread each; the residual launch sums their terms.
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     DivisionLfcKernel(const void* __restrict__ input, Layout layout,
                       uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
-  if (blockIdx.x == 0 && threadIdx.x < sizeof(DeviceStatus) / 8) {
-    reinterpret_cast<unsigned long long*>(status)[threadIdx.x] = 0;
-  }
+  ZeroStatusInFirstBlock(status);
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < layout.lfc_words;
        w += stride) {
     uint64_t nonfinite = 0;  // counted from the words by the residual launch
     payload[w] = division_math::LfcWord<K>(input, layout, w, &nonfinite);
+  }
+}
+
+// The 16-byte vectors of a window's row where LfcVectorizable holds (1 or 2), else 0.
+uint32_t LfcRowVectors(const void* input, const Layout& l, uint32_t per) {
+  const bool whole = reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.inner == 1 &&
+                     l.block_w % per == 0 && l.width % l.block_w == 0;
+  const uint32_t vectors = l.block_w / per;
+  return whole && vectors <= 2 ? vectors : 0;
+}
+
+// DivisionLfcKernel where a window's rows are one or two whole 16-byte vectors (`two`), as a
+// convolution's [N, C, H, W] activations with W a multiple of the window's are: the same sums
+// in the same order (WindowMean's), a row's values loaded as vectors, several rows' loads at
+// once.
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DivisionLfcVectorKernel(const uint4* __restrict__ input, Layout layout, bool two,
+                            uint32_t* __restrict__ payload, DeviceStatus* __restrict__ status) {
+  constexpr uint32_t kPer = kValuesPerVector<K>;
+  ZeroStatusInFirstBlock(status);
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < layout.lfc_words;
+       w += stride) {
+    uint64_t nonfinite = 0;  // counted from the words by the residual launch
+    payload[w] = division_math::LfcWordOf(layout, w, &nonfinite, [&](uint64_t m) {
+      const division_math::Window win = division_math::WindowOf(layout, m);
+      const uint4* first = input + win.first / kPer;
+      const uint64_t row_vectors = layout.width / kPer;
+      float sum = 0.0f;
+      ACTPACK_UNROLL_4
+      for (uint64_t h = 0; h < win.rows; ++h) {
+        const uint4 a = first[h * row_vectors];
+        const uint4 b = two ? first[h * row_vectors + 1] : uint4{};
+        ACTPACK_UNROLL
+        for (uint32_t e = 0; e < kPer; ++e) sum = portable::Add(sum, VectorElement<K>(a, e));
+        if (two) {
+          ACTPACK_UNROLL
+          for (uint32_t e = 0; e < kPer; ++e) sum = portable::Add(sum, VectorElement<K>(b, e));
+        }
+      }
+      return portable::Div(sum, static_cast<float>(win.rows * win.cols));
+    });
   }
 }
 
@@ -510,8 +558,14 @@ bool ResidualVectorizable(const void* input, const Layout& l, uint32_t per) {
 template <int K>
 void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
-  ACTPACK_LAUNCH(DivisionLfcKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
-      input, layout, words, status);  // launched where there are no words too: it zeroes status
+  // Launched where there are no words too: it zeroes the status.
+  const int lfc_blocks = BlocksFor(layout.lfc_words, kThreads);
+  if (const uint32_t row_vectors = LfcRowVectors(input, layout, kValuesPerVector<K>)) {
+    ACTPACK_LAUNCH(DivisionLfcVectorKernel<K>, lfc_blocks, kThreads, s)(
+        static_cast<const uint4*>(input), layout, row_vectors == 2, words, status);
+  } else {
+    ACTPACK_LAUNCH(DivisionLfcKernel<K>, lfc_blocks, kThreads, s)(input, layout, words, status);
+  }
   const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
   if (ResidualVectorizable(input, layout, kValuesPerVector<K>)) {
     const int blocks = BlocksFor((layout.groups + 1) / 2, kWarpsPerBlock);  // two groups a warp

@@ -98,11 +98,12 @@ ACTPACK_HD Layout MakePoolLayout(Layout l, uint32_t block) {
 
 // ---- `division`: the pooled LFC ----
 
-// Mean `m` of the LFC ([planes, blocks_h, blocks_w, C], row-major): the window's values summed
-// left to right in row-major order (h, then w) in float, divided by their count, both
-// correctly rounded. Windows at the bottom and right edges hold fewer values.
-template <int K>
-ACTPACK_HD float WindowMean(const void* input, const Layout& l, uint64_t m) {
+// Window `m` of the LFC ([planes, blocks_h, blocks_w, C], row-major): the index of its first
+// (top-left) value and its rows and columns (fewer at the bottom and right edges).
+struct Window {
+  uint64_t first, rows, cols;
+};
+ACTPACK_HD Window WindowOf(const Layout& l, uint64_t m) {
   const uint64_t c = m % l.inner;
   uint64_t t = m / l.inner;
   const uint64_t wb = t % l.blocks_w;
@@ -111,15 +112,23 @@ ACTPACK_HD float WindowMean(const void* input, const Layout& l, uint64_t m) {
   const uint64_t p = t / l.blocks_h;
   const uint64_t h0 = hb * l.block_h, h1 = MinU(h0 + l.block_h, l.height);
   const uint64_t w0 = wb * l.block_w, w1 = MinU(w0 + l.block_w, l.width);
+  return Window{((p * l.height + h0) * l.width + w0) * l.inner + c, h1 - h0, w1 - w0};
+}
+
+// Mean `m` of the LFC: the window's values summed left to right in row-major order (h, then w)
+// in float, divided by their count, both correctly rounded.
+template <int K>
+ACTPACK_HD float WindowMean(const void* input, const Layout& l, uint64_t m) {
+  const Window win = WindowOf(l, m);
   float sum = 0.0f;
-  for (uint64_t h = h0; h < h1; ++h) {
-    const uint64_t row = ((p * l.height + h) * l.width) * l.inner + c;
-    ACTPACK_UNROLL_4  // a row of the default window in one trip
-    for (uint64_t w = w0; w < w1; ++w) {
+  for (uint64_t h = 0; h < win.rows; ++h) {
+    const uint64_t row = win.first + h * l.width * l.inner;
+    ACTPACK_UNROLL_4  // half a row of the default window a trip
+    for (uint64_t w = 0; w < win.cols; ++w) {
       sum = portable::Add(sum, elements::Load<K>(input, row + w * l.inner));
     }
   }
-  return portable::Div(sum, static_cast<float>((h1 - h0) * (w1 - w0)));
+  return portable::Div(sum, static_cast<float>(win.rows * win.cols));
 }
 
 // A mean rounded to its stored bfloat16; counts a non-finite result (a non-finite input or an
@@ -136,17 +145,22 @@ ACTPACK_HD uint32_t NonFiniteMeans(uint32_t word) {
   return ((word & 0x7f80u) == 0x7f80u) + ((word >> 16 & 0x7f80u) == 0x7f80u);
 }
 
-// LFC payload word `w`: means 2w (low half) and 2w + 1 (high half, zero past the end).
-template <int K>
-ACTPACK_HD uint32_t LfcWord(const void* input, const Layout& l, uint64_t w, uint64_t* nonfinite) {
+// LFC payload word `w`: means 2w (low half) and 2w + 1 (high half, zero past the end), each
+// mean_of(m) stored (StoredMean).
+template <typename MeanOf>
+ACTPACK_HD uint32_t LfcWordOf(const Layout& l, uint64_t w, uint64_t* nonfinite, MeanOf mean_of) {
   uint32_t word = 0;
   for (uint64_t half = 0; half < 2; ++half) {
     const uint64_t m = 2 * w + half;
     if (m >= l.means) break;
-    word |= static_cast<uint32_t>(StoredMean(WindowMean<K>(input, l, m), nonfinite))
-            << (16 * half);
+    word |= static_cast<uint32_t>(StoredMean(mean_of(m), nonfinite)) << (16 * half);
   }
   return word;
+}
+
+template <int K>
+ACTPACK_HD uint32_t LfcWord(const void* input, const Layout& l, uint64_t w, uint64_t* nonfinite) {
+  return LfcWordOf(l, w, nonfinite, [&](uint64_t m) { return WindowMean<K>(input, l, m); });
 }
 
 // The LFC mean (index into the bfloat16 means) that element `j` of plane `p` upsamples from;
