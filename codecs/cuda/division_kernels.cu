@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The 16-byte vectors of a window's row where LfcVectorizable holds (1 or 2), else 0.
+// A window row's 16-byte vectors (1 or 2) where rows are whole aligned vectors, else 0.
 uint32_t LfcRowVectors(const void* input, const Layout& l, uint32_t per) {
   const bool whole = reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.inner == 1 &&
                      l.block_w % per == 0 && l.width % l.block_w == 0;
