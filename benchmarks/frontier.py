@@ -264,7 +264,9 @@ class Step:
             if (spec is None or not t.is_floating_point() or t.numel() * t.element_size() < MIN_BYTES
                     or t.data_ptr() in self.parameters):
                 return t
-            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            # The same tensor saved twice is stored once. The cache holds the tensor itself, so
+            # its memory cannot be reused by another one with the same address while keyed.
+            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t._version)
             if key not in cache:
                 x = t.detach().contiguous()
                 decoded, stored = round_trip(x, spec, generator)
@@ -273,8 +275,8 @@ class Step:
                 totals[1] += stored
                 totals[2] += diff.pow(2).sum().item()
                 totals[3] += x.double().pow(2).sum().item()
-                cache[key] = decoded
-            return cache[key]
+                cache[key] = (t, decoded)
+            return cache[key][1]
 
         self.model.zero_grad(set_to_none=True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
