@@ -8,7 +8,8 @@ on real data (natural images: the photographs scikit-image ships and scikit-lear
 handwritten digits, cropped and resized; for the GPT, the Python standard library's source
 text), one more training step is run exactly and then once per codec with every saved
 activation of at least 64 KiB (floating, not a parameter, as actpack's session packs) replaced
-by its decoded copy. Per model and codec the file records the bytes stored over the raw bytes,
+by its decoded copy (a ReLU's backward reads its own 1-bit mask, exact, as in actpack's
+session). Per model and codec the file records the bytes stored over the raw bytes,
 the relative RMS error over all those tensors, and the parameters' gradient against the exact
 step's: cosine and relative error.
 
@@ -228,13 +229,45 @@ def round_trip(t, spec, generator):
 
 # ---- the measurement ----
 
+class _MaskedRelu(torch.autograd.Function):
+    """ReLU whose backward reads a 1-bit mask of its output, not the output: actpack's session
+    keeps a ReLU's own mask exact (a sign mask) and packs the tensor only for its other readers,
+    so a codec's error never opens a dead unit's gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.clamp_min(0)
+        ctx.save_for_backward(y > 0)  # bool: never packed
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask
+
+
+class MaskedRelu(torch.nn.Module):
+    def forward(self, x):
+        return _MaskedRelu.apply(x)
+
+
+def mask_relus(module):
+    """Every nn.ReLU of `module` replaced by MaskedRelu, in place."""
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.ReLU):
+            setattr(module, name, MaskedRelu())
+        else:
+            mask_relus(child)
+    return module
+
+
 class Step:
     """One training step of a task's model on a fixed batch, exact or with every packable
     saved activation replaced by its round trip through a codec."""
 
     def __init__(self, task, steps, batch, images, log):
         self.task, self.batch, self.images = task, batch, images
-        self.model = task.model(torch.device("cpu"))
+        self.model = mask_relus(task.model(torch.device("cpu")))
         optimizer = task.make_optimizer(self.model)
         for i in range(steps):
             loss = self.loss(batch, i, images)
