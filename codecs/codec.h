@@ -211,6 +211,11 @@ class Codec {
   // OK when this codec runs on `device`; kUnimplemented saying what to use instead otherwise.
   virtual absl::Status CheckDevice(Device) const { return absl::OkStatus(); }
 
+  // The specs `codec="auto"` may choose for a saved tensor from this codec (none: auto never
+  // picks it). The session's candidates are these, gathered from the registry
+  // (runtime::SessionOptions::DefaultLadder).
+  virtual std::vector<std::string> AutoSpecs() const { return {}; }
+
   // Whether its GPU decoder reads the parameters the data decided on the device (from the
   // buffer's header, or the encode's DeviceStatus) and checks them there, so that the host need
   // not know them: DecodeUnresolvedPayload.

@@ -42,11 +42,14 @@ struct Variant {
   const char* lfc_option;  // "block" or "keep"
   int min_lfc;
   int max_lfc;
+  const char* auto_spec;  // what codec="auto" may choose, or nullptr
 };
 
-constexpr Variant kPoolVariant{CodecId::kDivision, "division", "block", kMinBlock, kMaxBlock};
+constexpr Variant kPoolVariant{CodecId::kDivision, "division", "block", kMinBlock, kMaxBlock,
+                               "division"};
+// CPU only: auto's candidates must run wherever the session does.
 constexpr Variant kFftVariant{CodecId::kDivisionFft, "division_fft", "keep", kMinKeep,
-                              kMaxKeep};
+                              kMaxKeep, nullptr};
 
 // The header parameters: byte 0 bits, byte 1 block (division) or keep (division_fft), bytes
 // 4..7 group, bytes 8..15 seed; the rest zero.
@@ -738,6 +741,10 @@ class Division final : public Codec {
 
   CodecId id() const override { return v_.id; }
   absl::string_view name() const override { return v_.name; }
+  std::vector<std::string> AutoSpecs() const override {
+    if (v_.auto_spec == nullptr) return {};
+    return {v_.auto_spec};
+  }
 
   absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const override {
     if (!IsLossyFloat(spec.dtype)) {

@@ -86,6 +86,24 @@ TEST(RegistryTest, ParsesEbSpecs) {
   EXPECT_EQ(FindCodec(CodecId::kEb)->name(), "eb");
 }
 
+TEST(RegistryTest, AutoSpecsParseAsTheirOwnCodecAndReadBack) {
+  int specs = 0;
+  for (const Codec* codec : AllCodecs()) {
+    for (const std::string& spec : codec->AutoSpecs()) {
+      absl::StatusOr<CodecParams> p = ParseCodecSpec(spec);
+      ASSERT_TRUE(p.ok()) << codec->name() << ": " << spec << ": " << p.status();
+      EXPECT_EQ(p->codec, codec->id()) << spec;
+      EXPECT_EQ(FormatCodecSpec(*p), spec);
+      EXPECT_TRUE(codec->CheckEncodable({DType::kFloat32, {8, 4, 16, 16}}, *p).ok()) << spec;
+      EXPECT_TRUE(codec->CheckDevice(Device::kCuda).ok()) << spec << " must run on a GPU too";
+      ++specs;
+    }
+  }
+  // quant's three strengths, eb's bound and division.
+  EXPECT_EQ(specs, 5);
+  EXPECT_TRUE(FindCodec(CodecId::kIdentity)->AutoSpecs().empty());  // lossless: never a rung
+}
+
 TEST(RegistryTest, EbSpecsRoundTrip) {
   for (const char* spec : {"eb:rel=1e-2", "eb:rel=1e-3", "eb:abs=1e-2", "eb:abs=2.5e-1",
                            "eb:abs=3e0", "eb:rel=1.234e-5", "eb:abs=1e30"}) {

@@ -68,12 +68,27 @@ bool IsBitpackedInteger(codecs::DType dtype) {
 }  // namespace
 
 std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
-  // Most exact first. Codecs that are not built in are left out.
-  std::vector<codecs::CodecParams> ladder;
-  for (const char* spec : {"quant8", "eb:rel=1e-2", "quant4", "division", "quant2"}) {
-    absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
-    if (params.ok()) ladder.push_back(*params);
+  // Every built-in codec's AutoSpecs, mildest first: by their bound on a float32 activation of
+  // a typical shape (ties keep the registry's order).
+  struct Rung {
+    codecs::CodecParams params;
+    size_t bound;
+  };
+  const codecs::TensorSpec typical{codecs::DType::kFloat32, {32, 64, 56, 56}};
+  std::vector<Rung> rungs;
+  for (const codecs::Codec* codec : codecs::AllCodecs()) {
+    for (const std::string& spec : codec->AutoSpecs()) {
+      // Every AutoSpecs parses and bounds a float32 tensor (registry_test checks it).
+      absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
+      if (!params.ok()) continue;
+      absl::StatusOr<size_t> bound = codecs::MaxEncodedSize(typical, *params);
+      if (bound.ok()) rungs.push_back({*params, *bound});
+    }
   }
+  std::stable_sort(rungs.begin(), rungs.end(),
+                   [](const Rung& a, const Rung& b) { return a.bound > b.bound; });
+  std::vector<codecs::CodecParams> ladder;
+  for (const Rung& rung : rungs) ladder.push_back(rung.params);
   return ladder;
 }
 

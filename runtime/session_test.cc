@@ -15,6 +15,16 @@
 namespace actpack::runtime {
 namespace {
 
+TEST(SessionTest, DefaultLadderIsEveryCodecsAutoSpecsMildestFirst) {
+  std::vector<std::string> ladder;
+  for (const codecs::CodecParams& p : SessionOptions::DefaultLadder()) {
+    ladder.push_back(codecs::FormatCodecSpec(p));
+  }
+  // eb's bound holds a block kept raw; then by bits per value.
+  EXPECT_EQ(ladder, (std::vector<std::string>{"eb:rel=1e-2", "quant8", "quant4", "division",
+                                              "quant2"}));
+}
+
 TEST(SessionTest, PacksDecodesAndCountsBytes) {
   Session session(Options("quant2"), HostFactory());
   Saved saved = MakeSaved(64, 256, 1);
