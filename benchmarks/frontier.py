@@ -15,13 +15,13 @@ step's: cosine and relative error.
 
 Codecs are actpack's own (`actpack.encode` / `actpack.decode`) and, for the choice of
 DIVISION's low part, simulated ones (`sim:<transform>:keep=k`): the low part is the lowest
-k x k frequencies of each plane's real 2-D transform (per channel, along tokens for
-[B, T, C] tensors: the view of codecs/FORMAT.md) kept in float16, either the DFT (the
-coefficients `division_fft` stores: 2 x (2k-1) x k halves a plane) or the orthonormal DCT-II
-(k x k halves a plane); the residual is quantized exactly as `division`'s groups are
-(128 values, a bfloat16 min and step, stochastic 2-bit codes), so a simulated row differs from
-a real one only by its low part. `sim:dft` beside `division_fft` shows the simulation is
-faithful.
+frequencies of each plane's real 2-D transform (per channel, along tokens for [B, T, C]
+tensors: the view of codecs/FORMAT.md), either the DFT's (what the retired `division_fft`
+stored: (2k-1) x k complex float16 pairs a plane) or the DCT-II's (`division_dct`'s: at most
+k x k bfloat16 values, a quarter of each axis at most); the residual is quantized exactly as
+`division`'s groups are (128 values, a bfloat16 min and step, stochastic 2-bit codes), so a
+simulated row differs from a real one only by its low part and rounding. `sim:dct` beside
+`division_dct` shows the simulation is faithful.
 
 Writes a JSON file (command, commit, machine, one row per model and codec) and an SVG (error
 against bits per value, one panel per model). CPU; about 15 minutes on 2 cores at the defaults.
@@ -46,10 +46,10 @@ MIN_BYTES = 64 << 10  # the session's default: smaller tensors stay exact
 
 CODECS = ["quant2", "quant4", "quant8", "eb:rel=1e-2", "eb:rel=1e-3", "pool2", "pool4",
           "division:block=4,bits=2", "division", "division:block=16,bits=2",
-          "division_fft:keep=1,bits=2", "division_fft", "division_fft:keep=4,bits=2",
-          "sim:dft:keep=1", "sim:dft:keep=2", "sim:dft:keep=4", "sim:dft:keep=8",
-          "sim:dct:keep=2", "sim:dct:keep=4", "sim:dct:keep=8", "sim:dct:keep=16",
-          "sim:dct:keep=32"]
+          "division_dct:keep=1,bits=2", "division_dct:keep=2,bits=2", "division_dct",
+          "division_dct:keep=8,bits=2", "division_dct:keep=16,bits=2",
+          "division_dct:keep=32,bits=2", "sim:dct:keep=4", "sim:dct:keep=16",
+          "sim:dft:keep=1", "sim:dft:keep=2", "sim:dft:keep=4", "sim:dft:keep=8"]
 
 
 # ---- natural images ----
@@ -153,12 +153,11 @@ def low_part(v, transform, keep):
     """(approximation, LFC bytes) of planes v [P, C, H, W]."""
     P, C, H, W = v.shape
     if transform == "dct":
-        kh, kw = min(keep, H), min(keep, W)
+        kh, kw = min(keep, -(-H // 4)), min(keep, -(-W // 4))
         A, B = dct_matrix(H, kh), dct_matrix(W, kw)
         coeffs = torch.einsum("uh,pchw,vw->pcuv", A, v, B)
-        # Scaled so the DC term is the plane's mean (float16 range as the DFT's), then stored.
-        scale = math.sqrt(H * W)
-        coeffs = (coeffs / scale).half().double() * scale
+        # Stored in bfloat16 (relative rounding: the scale does not matter).
+        coeffs = coeffs.float().bfloat16().double()
         return torch.einsum("uh,pcuv,vw->pchw", A, coeffs, B), 2 * P * C * kh * kw
     X = torch.fft.rfft2(v, norm="forward")
     rows = list(range(H)) if 2 * keep - 1 >= H else \

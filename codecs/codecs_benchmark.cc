@@ -45,7 +45,7 @@ constexpr Case kCases[] = {
     {"pool4", Data::kActivations, "1-D"},      {"division", Data::kNchw, "NCHW"},
     {"division", Data::kTokens, "tokens"},     {"eb:rel=1e-2", Data::kActivations, "1-D"},
     {"eb:rel=1e-3", Data::kActivations, "1-D"}, {"eb:rel=1e-2", Data::kSmooth, "smooth 2-D"},
-    {"identity", Data::kActivations, "1-D"},   {"division_fft", Data::kNchw, "NCHW"},
+    {"identity", Data::kActivations, "1-D"},   {"division_dct", Data::kNchw, "NCHW"},
 };
 
 std::vector<float> Input(size_t n, absl::string_view spec, Data data) {

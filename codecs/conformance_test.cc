@@ -31,7 +31,7 @@
 #include "codecs/codec.h"
 #include "codecs/dtype.h"
 #include "codecs/format.h"
-#include "codecs/internal/dft_math.h"
+#include "codecs/internal/dct_math.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
@@ -55,7 +55,7 @@ enum class Fidelity {
   kQuant,        // a level of its group's grid, within one step of the input
   kPoolMeans,    // the mean of its window, rounded to the dtype
   kDivision,     // the pooled LFC plus a level of its residual group's grid, within one step
-  kDivisionFft,  // within one stored step of its residual group (the LFC is an inverse DFT)
+  kDivisionDct,  // within one stored step of its residual group (the LFC is an inverse DCT)
 };
 
 struct SpecCase {
@@ -82,8 +82,9 @@ const std::vector<SpecCase>& Specs() {
       {"division", Fidelity::kDivision},
       {"division:block=4,bits=4", Fidelity::kDivision},
       {"division:block=3,bits=1,group=32", Fidelity::kDivision},
-      {"division_fft", Fidelity::kDivisionFft},
-      {"division_fft:keep=4,bits=8", Fidelity::kDivisionFft},
+      {"division_dct", Fidelity::kDivisionDct},
+      {"division_dct:keep=16,bits=8", Fidelity::kDivisionDct},
+      {"division_dct:keep=1,bits=4,group=32", Fidelity::kDivisionDct},
       {"bitpack", Fidelity::kExact},  // integer dtypes only: IntegerConformanceTest below
   };
   return *specs;
@@ -215,16 +216,17 @@ std::vector<GridCell> DivisionGridOf(DType dtype, const std::vector<uint8_t>& in
   }
 }
 
-// division_fft (division.h): the residual groups' parameters as stored in `buffer`, one per
-// element. Its LFC is an inverse DFT of stored coefficients, which this test does not redo.
-std::vector<quant_math::GroupParams> StoredFftGroups(const std::vector<uint8_t>& buffer,
+// division_dct (division.h): the residual groups' parameters as stored in `buffer`, one per
+// element. Its LFC is an inverse DCT of stored coefficients, which this test does not redo.
+std::vector<quant_math::GroupParams> StoredDctGroups(const std::vector<uint8_t>& buffer,
                                                      const std::vector<int64_t>& shape,
                                                      const CodecParams& params) {
   division_math::Layout l =
       division_math::MakeResidualLayout(shape.data(), static_cast<int>(shape.size()),
                                         params.bits, params.group_size, params.seed);
-  l.lfc_words = l.planes * dft_math::KeptRows(l.height, params.keep) *
-                dft_math::KeptColumns(l.width, params.keep) * l.inner;
+  const uint64_t coefficients = l.planes * dct_math::KeptAlong(l.height, params.keep) *
+                                dct_math::KeptAlong(l.width, params.keep) * l.inner;
+  l.lfc_words = (coefficients + 1) / 2;
   std::vector<quant_math::GroupParams> groups(l.planes * l.plane);
   for (uint64_t i = 0; i < groups.size(); ++i) {
     const uint64_t g = i / l.plane * l.groups_per_plane + i % l.plane / l.group_length;
@@ -301,7 +303,7 @@ class Reference {
       case Fidelity::kQuant: grid_ = QuantGrid(in_, params); break;
       case Fidelity::kPoolMeans: means_ = PoolMeans(in_, shape_, params.pool_window, dtype); break;
       case Fidelity::kDivision: grid_ = DivisionGridOf(dtype, input, shape_, params); break;
-      case Fidelity::kDivisionFft: fft_groups_ = StoredFftGroups(buffer, shape_, params); break;
+      case Fidelity::kDivisionDct: dct_groups_ = StoredDctGroups(buffer, shape_, params); break;
       default: break;
     }
   }
@@ -346,11 +348,11 @@ class Reference {
       }
       case Fidelity::kPoolMeans:
         return out == means_[i] ? "" : absl::StrCat("not its window mean ", means_[i]);
-      case Fidelity::kDivisionFft: {
+      case Fidelity::kDivisionDct: {
         // One step of the residual, plus what float arithmetic adds: the residual, the level
         // and their sum each round by 2^-24 of a value below the group's largest level, the
         // step and the output; then the output rounds to the dtype.
-        const quant_math::GroupParams& g = fft_groups_[i];
+        const quant_math::GroupParams& g = dct_groups_[i];
         const double levels = static_cast<double>((1 << params_.bits) - 1);
         const double min = g.min;
         const double largest = std::max(std::abs(min), std::abs(min + levels * g.step));
@@ -372,7 +374,7 @@ class Reference {
   double eb_bound_ = 0;
   std::vector<GridCell> grid_;
   std::vector<float> means_;
-  std::vector<quant_math::GroupParams> fft_groups_;
+  std::vector<quant_math::GroupParams> dct_groups_;
 };
 
 struct Case {
@@ -398,8 +400,8 @@ std::vector<Case> CasesOver(const std::vector<DType>& dtypes) {
   std::vector<Case> cases;
   for (Device device : {Device::kCpu, Device::kCuda}) {
     for (const SpecCase& spec : Specs()) {
-      // division_fft has no CUDA kernel (cuda_identity_test checks that it says so).
-      if (device == Device::kCuda && ParseCodecSpec(spec.spec)->codec == CodecId::kDivisionFft) {
+      // division_dct has no CUDA kernel (cuda_identity_test checks that it says so).
+      if (device == Device::kCuda && ParseCodecSpec(spec.spec)->codec == CodecId::kDivisionDct) {
         continue;
       }
       for (DType dtype : dtypes) {
@@ -634,7 +636,7 @@ TEST(CodecConformanceCoverageTest, CudaTensorsWhereCudaCannotServeThemAreAClearE
     const CodecParams params = *ParseCodecSpec(spec.spec);
     // A dtype the codec takes, 4 bytes per element as `x`: int32 for bitpack.
     const DType dtype = params.codec == CodecId::kBitpack ? DType::kInt32 : DType::kFloat32;
-    const bool cpu_only = params.codec == CodecId::kDivisionFft;
+    const bool cpu_only = params.codec == CodecId::kDivisionDct;
 #ifdef ACTPACK_WITH_CUDA
     if (!cpu_only) continue;
 #endif

@@ -335,21 +335,21 @@ TEST_P(CudaIdentityTest, CorruptAndTruncatedBuffersAreRefusedAlike) {
 
 INSTANTIATE_TEST_SUITE_P(AllSpecs, CudaIdentityTest, ::testing::ValuesIn(AllCases()), CaseName);
 
-// Every codec of the registry is compared here, but division_fft, which has no CUDA kernel (the
+// Every codec of the registry is compared here, but division_dct, which has no CUDA kernel (the
 // next test): a codec registered without cases fails.
 TEST(CudaIdentityOtherTest, EveryRegisteredCodecHasCases) {
-  std::set<CodecId> covered = {CodecId::kDivisionFft};
+  std::set<CodecId> covered = {CodecId::kDivisionDct};
   for (const char* spec : kSpecs) covered.insert(ParseCodecSpec(spec)->codec);
   for (const Codec* codec : AllCodecs()) {
     EXPECT_EQ(covered.count(codec->id()), 1u) << codec->name() << " has no identity cases";
   }
 }
 
-// division_fft has no CUDA kernel: the device path says so instead of guessing.
-TEST(CudaIdentityOtherTest, DivisionFftSaysItIsCpuOnly) {
+// division_dct has no CUDA kernel: the device path says so instead of guessing.
+TEST(CudaIdentityOtherTest, DivisionDctSaysItIsCpuOnly) {
   DeviceRunner cuda(Device::kCuda);
   if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
-  absl::StatusOr<CodecParams> params = ParseCodecSpec("division_fft");
+  absl::StatusOr<CodecParams> params = ParseCodecSpec("division_dct");
   ASSERT_TRUE(params.ok());
   const std::vector<uint8_t> input = testing::ToBytes(testing::Gaussian(2 * 16 * 16, 3), DType::kFloat32);
   absl::StatusOr<std::vector<uint8_t>> encoded = cuda.Encode(input, DType::kFloat32, {2, 16, 16}, *params);

@@ -10,7 +10,7 @@
 #include "absl/types/span.h"
 #include "codecs/internal/cuda_status.h"
 #include "codecs/internal/element_kind.h"
-#include "codecs/internal/dft_math.h"
+#include "codecs/internal/dct_math.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/parallel.h"
@@ -30,7 +30,7 @@ using division_math::Layout;
 constexpr int kMinBlock = 2;
 constexpr int kMaxBlock = 64;
 constexpr int kMinKeep = 1;
-constexpr int kMaxKeep = 8;
+constexpr int kMaxKeep = 32;
 constexpr int kMaxGroup = 65536;
 
 bool ValidBits(int bits) { return bits == 1 || bits == 2 || bits == 4 || bits == 8; }
@@ -48,10 +48,10 @@ struct Variant {
 constexpr Variant kPoolVariant{CodecId::kDivision, "division", "block", kMinBlock, kMaxBlock,
                                "division"};
 // CPU only: auto's candidates must run wherever the session does.
-constexpr Variant kFftVariant{CodecId::kDivisionFft, "division_fft", "keep", kMinKeep,
+constexpr Variant kDctVariant{CodecId::kDivisionDct, "division_dct", "keep", kMinKeep,
                               kMaxKeep, nullptr};
 
-// The header parameters: byte 0 bits, byte 1 block (division) or keep (division_fft), bytes
+// The header parameters: byte 0 bits, byte 1 block (division) or keep (division_dct), bytes
 // 4..7 group, bytes 8..15 seed; the rest zero.
 struct Params {
   uint32_t bits;
@@ -101,23 +101,13 @@ Layout ResidualLayout(absl::Span<const int64_t> shape, const Params& p) {
                                            p.group, p.seed);
 }
 
-// The FFT's LFC: one word (float16 real part low, imaginary part high) per kept coefficient,
-// [planes, rows, columns, C].
-struct FftShape {
-  uint64_t rows;
-  uint64_t columns;
-};
-
-FftShape FftShapeOf(const Layout& l, uint32_t keep) {
-  if (l.planes == 0) return {0, 0};
-  return {dft_math::KeptRows(l.height, keep), dft_math::KeptColumns(l.width, keep)};
-}
-
 Layout LayoutOf(const Variant& v, absl::Span<const int64_t> shape, const Params& p) {
   Layout l = ResidualLayout(shape, p);
   if (v.id == CodecId::kDivision) return division_math::MakePoolLayout(l, p.lfc);
-  const FftShape f = FftShapeOf(l, p.lfc);
-  l.lfc_words = l.planes * f.rows * f.columns * l.inner;
+  // The DCT's LFC: a bfloat16 per kept coefficient, two per word, [planes, rows, columns, C].
+  const uint64_t coefficients = l.planes * dct_math::KeptAlong(l.height, p.lfc) *
+                                dct_math::KeptAlong(l.width, p.lfc) * l.inner;
+  l.lfc_words = coefficients / 2 + coefficients % 2;
   return l;
 }
 
@@ -478,99 +468,77 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
   });
 }
 
-// ---- division_fft: the DFT LFC (CPU only) ----
+// ---- division_dct: the cosine-transform LFC (CPU only) ----
 
-// (phase + step) mod n for phase, step < n, without overflow.
-uint64_t AdvancePhase(uint64_t phase, uint64_t step, uint64_t n) {
-  return phase >= n - step ? phase - (n - step) : phase + step;
-}
-
-// The twiddles of one transform axis of length n: cos and sin of 2*pi*f*m/n for m < n at each
-// kept frequency f. One shared table when it is small; past kMaxTable entries (only long 1-D
-// tensors) each plane computes the frequency it needs into its own buffers.
-class AxisTwiddles {
+// The cosines of one axis of n samples at its kept frequencies: [frequency][m]. One shared
+// table when it is small; past kMaxTable entries (only long 1-D tensors) each plane computes
+// the frequency it needs into its own buffer.
+class AxisCosines {
  public:
-  AxisTwiddles(uint64_t n, std::vector<uint64_t> frequencies)
-      : n_(n), frequencies_(std::move(frequencies)) {
-    if (n_ * frequencies_.size() > kMaxTable) return;
-    cos_.resize(n_ * frequencies_.size());
-    sin_.resize(cos_.size());
-    for (size_t f = 0; f < frequencies_.size(); ++f) Fill(f, &cos_[f * n_], &sin_[f * n_]);
+  AxisCosines(uint64_t n, uint64_t kept) : n_(n), kept_(kept) {
+    if (n_ * kept_ > kMaxTable) return;
+    table_.resize(n_ * kept_);
+    for (uint64_t f = 0; f < kept_; ++f) Fill(f, &table_[f * n_]);
   }
 
-  struct Row {
-    const float* cos;
-    const float* sin;
-  };
-
-  // The twiddles of frequency index f, from the table or computed into *buffer.
-  Row Get(size_t f, std::vector<float>* buffer) const {
-    if (!cos_.empty()) return {&cos_[f * n_], &sin_[f * n_]};
-    buffer->resize(2 * n_);
-    Fill(f, buffer->data(), buffer->data() + n_);
-    return {buffer->data(), buffer->data() + n_};
+  // The cosines of frequency f, from the table or computed into *buffer.
+  const float* Get(uint64_t f, std::vector<float>* buffer) const {
+    if (!table_.empty()) return &table_[f * n_];
+    buffer->resize(n_);
+    Fill(f, buffer->data());
+    return buffer->data();
   }
 
  private:
   static constexpr uint64_t kMaxTable = 1 << 20;
 
-  void Fill(size_t f, float* cos, float* sin) const {
-    uint64_t phase = 0;
-    for (uint64_t m = 0; m < n_; ++m) {
-      const dft_math::CosSin t = dft_math::TurnCosSin(phase, n_);
-      cos[m] = t.cos;
-      sin[m] = t.sin;
-      phase = AdvancePhase(phase, frequencies_[f], n_);
-    }
+  void Fill(uint64_t f, float* out) const {
+    for (uint64_t m = 0; m < n_; ++m) out[m] = dct_math::Basis(m, f, n_);
   }
 
-  uint64_t n_;
-  std::vector<uint64_t> frequencies_;
-  std::vector<float> cos_, sin_;  // [frequency][m]
+  uint64_t n_, kept_;
+  std::vector<float> table_;
 };
 
-// Both axes' twiddles of a layout: rows at the kept row frequencies, columns at v < V.
-struct DftTwiddles {
-  DftTwiddles(const Layout& l, const FftShape& shape, uint32_t keep)
-      : rows(std::max<uint64_t>(1, l.height), RowFrequencies(l, shape, keep)),
-        columns(std::max<uint64_t>(1, l.width), ColumnFrequencies(shape)) {}
-
-  static std::vector<uint64_t> RowFrequencies(const Layout& l, const FftShape& shape,
-                                              uint32_t keep) {
-    std::vector<uint64_t> u(shape.rows);
-    for (uint64_t r = 0; r < shape.rows; ++r) u[r] = dft_math::RowFrequency(r, l.height, keep);
-    return u;
-  }
-  static std::vector<uint64_t> ColumnFrequencies(const FftShape& shape) {
-    std::vector<uint64_t> v(shape.columns);
-    for (uint64_t c = 0; c < shape.columns; ++c) v[c] = c;
-    return v;
-  }
-
-  AxisTwiddles rows;
-  AxisTwiddles columns;
+// The kept frequencies of a layout: rows along H, columns along W.
+struct DctShape {
+  uint64_t rows;
+  uint64_t columns;
 };
 
-// One plane's DFT work. The loops put independent sums innermost (all (h, c) of a column, or
-// all w of a row) so that they vectorize; each sum still runs in the order FORMAT.md gives:
-// forward along w (w ascending) then along h (h ascending), inverse along h (kept rows in
-// stored order) then along w (columns v ascending).
-class PlaneDft {
+DctShape DctShapeOf(const Layout& l, uint32_t keep) {
+  if (l.planes == 0) return {0, 0};
+  return {dct_math::KeptAlong(l.height, keep), dct_math::KeptAlong(l.width, keep)};
+}
+
+struct DctCosines {
+  DctCosines(const Layout& l, const DctShape& shape)
+      : rows(std::max<uint64_t>(1, l.height), shape.rows),
+        columns(std::max<uint64_t>(1, l.width), shape.columns) {}
+  AxisCosines rows;
+  AxisCosines columns;
+};
+
+// One plane's transform work. The loops put independent sums innermost (all (h, c) of a
+// column, or all c of a row) so that they vectorize; each sum still runs in the order
+// FORMAT.md gives: forward along w (w ascending) then along h (h ascending), inverse along h
+// (u ascending) then along w (v ascending).
+class PlaneDct {
  public:
-  PlaneDft(const Layout& l, const FftShape& shape, const DftTwiddles& twiddles)
+  PlaneDct(const Layout& l, const DctShape& shape, const DctCosines& cosines)
       : l_(l),
         shape_(shape),
-        twiddles_(twiddles),
+        cosines_(cosines),
         transposed_(l.plane),
-        g_re_(shape.columns * l.height * l.inner),
-        g_im_(g_re_.size()),
-        x_re_(shape.rows * shape.columns * l.inner),
-        x_im_(x_re_.size()),
+        g_(shape.columns * l.height * l.inner),
+        x_(shape.rows * shape.columns * l.inner),
         approx_(l.plane) {}
 
-  // The kept coefficients of plane p as LFC words; counts those that overflow float16.
+  // The kept coefficients of plane p as bfloat16 into the LFC section, [rows][columns][C], two
+  // per word (coefficient 2w in word w's low half); counts those out of bfloat16's range.
+  // Halves are stored one by one: two planes' chunks may share a word.
   template <int K>
-  void Forward(const void* input, uint64_t p, uint32_t* lfc, Partial* partial) {
+  void Forward(const void* input, uint64_t p, uint8_t* lfc, Partial* partial) {
     const uint64_t H = l_.height, W = l_.width, C = l_.inner, V = shape_.columns;
     const uint64_t lanes = H * C;
     // x[h][w][c] -> transposed[w][h][c] (a plain copy when W == 1).
@@ -582,90 +550,72 @@ class PlaneDft {
         }
       }
     }
-    // Along w: G[v][h][c] = sum_w x[h][w][c] e^{-2 pi i v w / W}.
-    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
-    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
+    // Along w: G[v][h][c] = sum_w x[h][w][c] cos_W(v, w).
+    std::fill(g_.begin(), g_.end(), 0.0f);
     for (uint64_t v = 0; v < V; ++v) {
-      const AxisTwiddles::Row t = twiddles_.columns.Get(v, &buffer_);
-      float* re = &g_re_[v * lanes];
-      float* im = &g_im_[v * lanes];
+      const float* t = cosines_.columns.Get(v, &buffer_);
+      float* g = &g_[v * lanes];
       for (uint64_t w = 0; w < W; ++w) {
-        const dft_math::CosSin tw{t.cos[w], t.sin[w]};
         const float* x = &transposed_[w * lanes];
-        for (uint64_t k = 0; k < lanes; ++k) dft_math::AddRealForward(x[k], tw, re + k, im + k);
+        for (uint64_t k = 0; k < lanes; ++k) g[k] = portable::Add(g[k], portable::Mul(x[k], t[w]));
       }
     }
-    // Along h at each kept row frequency, normalised by 1 / (H * W).
-    const float size = static_cast<float>(H * W);
-    for (uint64_t r = 0; r < shape_.rows; ++r) {
-      const AxisTwiddles::Row t = twiddles_.rows.Get(r, &buffer_);
+    // Along h at each kept row frequency, then scaled (dct_math::Coefficient).
+    const uint64_t first = p * shape_.rows * V * C;
+    for (uint64_t u = 0; u < shape_.rows; ++u) {
+      const float* t = cosines_.rows.Get(u, &buffer_);
       for (uint64_t v = 0; v < V; ++v) {
-        float* re = &x_re_[(r * V + v) * C];
-        float* im = &x_im_[(r * V + v) * C];
-        std::fill(re, re + C, 0.0f);
-        std::fill(im, im + C, 0.0f);
+        float* x = &x_[(u * V + v) * C];
+        std::fill(x, x + C, 0.0f);
         for (uint64_t h = 0; h < H; ++h) {
-          const dft_math::CosSin th{t.cos[h], t.sin[h]};
-          const float* gr = &g_re_[(v * H + h) * C];
-          const float* gi = &g_im_[(v * H + h) * C];
-          for (uint64_t c = 0; c < C; ++c) dft_math::AddForward(gr[c], gi[c], th, re + c, im + c);
+          const float* g = &g_[(v * H + h) * C];
+          for (uint64_t c = 0; c < C; ++c) x[c] = portable::Add(x[c], portable::Mul(g[c], t[h]));
         }
-        uint32_t* out = lfc + ((p * shape_.rows + r) * V + v) * C;
         for (uint64_t c = 0; c < C; ++c) {
-          const uint16_t hr = portable::FloatToHalf(portable::Div(re[c], size));
-          const uint16_t hi = portable::FloatToHalf(portable::Div(im[c], size));
-          if ((hr & 0x7c00u) == 0x7c00u || (hi & 0x7c00u) == 0x7c00u) ++partial->nonfinite_lfc;
-          out[c] = static_cast<uint32_t>(hr) | (static_cast<uint32_t>(hi) << 16);
+          const uint16_t stored = division_math::StoredMean(
+              dct_math::Coefficient(x[c], u, v, H, W), &partial->nonfinite_lfc);
+          std::memcpy(lfc + 2 * (first + (u * V + v) * C + c), &stored, 2);  // little-endian
         }
       }
     }
   }
 
-  // The real inverse DFT of plane p's stored coefficients: approximations of its H*W*C values.
-  const float* Inverse(const uint32_t* lfc, uint64_t p) {
+  // The inverse transform of plane p's stored coefficients: approximations of its H*W*C values.
+  const float* Inverse(const uint8_t* lfc, uint64_t p) {
     const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = shape_.rows, V = shape_.columns;
+    const uint8_t* plane = lfc + 2 * p * R * V * C;
     for (uint64_t k = 0; k < R * V * C; ++k) {
-      const uint32_t word = lfc[p * R * V * C + k];
-      x_re_[k] = portable::HalfToFloat(static_cast<uint16_t>(word));
-      x_im_[k] = portable::HalfToFloat(static_cast<uint16_t>(word >> 16));
+      uint16_t half;
+      std::memcpy(&half, plane + 2 * k, 2);
+      x_[k] = portable::Bf16ToFloat(half);
     }
-    // Along h: Y[v][h][c] = sum_r X[r][v][c] e^{+2 pi i u_r h / H} (in G's buffers).
-    std::fill(g_re_.begin(), g_re_.end(), 0.0f);
-    std::fill(g_im_.begin(), g_im_.end(), 0.0f);
-    for (uint64_t r = 0; r < R; ++r) {
-      const AxisTwiddles::Row t = twiddles_.rows.Get(r, &buffer_);
+    // Along h: Y[v][h][c] = sum_u X[u][v][c] cos_H(u, h) (in G's buffer).
+    std::fill(g_.begin(), g_.end(), 0.0f);
+    for (uint64_t u = 0; u < R; ++u) {
+      const float* t = cosines_.rows.Get(u, &buffer_);
       for (uint64_t v = 0; v < V; ++v) {
-        const float* xr = &x_re_[(r * V + v) * C];
-        const float* xi = &x_im_[(r * V + v) * C];
+        const float* x = &x_[(u * V + v) * C];
         for (uint64_t h = 0; h < H; ++h) {
-          const dft_math::CosSin th{t.cos[h], t.sin[h]};
-          float* yr = &g_re_[(v * H + h) * C];
-          float* yi = &g_im_[(v * H + h) * C];
-          for (uint64_t c = 0; c < C; ++c) dft_math::AddInverse(xr[c], xi[c], th, yr + c, yi + c);
+          float* y = &g_[(v * H + h) * C];
+          for (uint64_t c = 0; c < C; ++c) y[c] = portable::Add(y[c], portable::Mul(x[c], t[h]));
         }
       }
     }
-    // Along w: the real part, interior columns twice.
+    // Along w.
     std::fill(approx_.begin(), approx_.end(), 0.0f);
     for (uint64_t v = 0; v < V; ++v) {
-      const AxisTwiddles::Row t = twiddles_.columns.Get(v, &buffer_);
-      const bool twice = dft_math::ColumnCountsTwice(v, W);
+      const float* t = cosines_.columns.Get(v, &buffer_);
       for (uint64_t h = 0; h < H; ++h) {
-        const float* yr = &g_re_[(v * H + h) * C];
-        const float* yi = &g_im_[(v * H + h) * C];
+        const float* y = &g_[(v * H + h) * C];
         float* out = &approx_[h * W * C];
         if (C == 1) {
-          const float y_re = yr[0], y_im = yi[0];
-          for (uint64_t w = 0; w < W; ++w) {
-            out[w] = portable::Add(out[w],
-                                   dft_math::RealTerm(y_re, y_im, {t.cos[w], t.sin[w]}, twice));
-          }
+          const float yv = y[0];
+          for (uint64_t w = 0; w < W; ++w) out[w] = portable::Add(out[w], portable::Mul(yv, t[w]));
           continue;
         }
         for (uint64_t w = 0; w < W; ++w) {
-          const dft_math::CosSin tw{t.cos[w], t.sin[w]};
           for (uint64_t c = 0; c < C; ++c) {
-            out[w * C + c] = portable::Add(out[w * C + c], dft_math::RealTerm(yr[c], yi[c], tw, twice));
+            out[w * C + c] = portable::Add(out[w * C + c], portable::Mul(y[c], t[w]));
           }
         }
       }
@@ -675,13 +625,13 @@ class PlaneDft {
 
  private:
   const Layout& l_;
-  const FftShape shape_;
-  const DftTwiddles& twiddles_;
-  std::vector<float> transposed_;   // [W][H][C]: the plane's input
-  std::vector<float> g_re_, g_im_;  // [V][H][C]: forward along w / inverse along h
-  std::vector<float> x_re_, x_im_;  // [R][V][C]: the coefficients
-  std::vector<float> approx_;       // [H][W][C]
-  std::vector<float> buffer_;       // twiddles computed on demand
+  const DctShape shape_;
+  const DctCosines& cosines_;
+  std::vector<float> transposed_;  // [W][H][C]: the plane's input
+  std::vector<float> g_;           // [V][H][C]: forward along w / inverse along h
+  std::vector<float> x_;           // [R][V][C]: the coefficients
+  std::vector<float> approx_;      // [H][W][C]
+  std::vector<float> buffer_;      // cosines computed on demand
 };
 
 // Planes per parallel chunk: about 64 Ki values.
@@ -689,20 +639,22 @@ int64_t PlaneGrain(const Layout& l) {
   return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.plane)));
 }
 
-Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t keep,
+Partial DctEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t keep,
                      uint8_t* payload) {
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  const FftShape shape = FftShapeOf(l, keep);
-  const DftTwiddles twiddles(l, shape, keep);
+  const DctShape shape = DctShapeOf(l, keep);
+  const DctCosines cosines(l, shape);
+  // The last word's high half stays zero when the coefficients are odd in number.
+  if (l.lfc_words > 0) words[l.lfc_words - 1] = 0;
   std::vector<Partial> partials(internal::MaxParallelChunks());
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int chunk, int64_t begin, int64_t end) {
-    PlaneDft dft(l, shape, twiddles);
+    PlaneDct dct(l, shape, cosines);
     GroupScratch s(l.group_length);
     Partial& partial = partials[chunk];
     elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t p = begin; p < end; ++p) {
-        dft.Forward<K>(input, p, words, &partial);
-        const float* approx = dft.Inverse(words, p);
+        dct.Forward<K>(input, p, payload, &partial);
+        const float* approx = dct.Inverse(payload, p);
         for (uint64_t q = 0; q < l.groups_per_plane; ++q) {
           EncodeGroup<K, kBits>(input, l, p, q, approx + q * l.group_length, words, s, &partial);
         }
@@ -715,16 +667,16 @@ Partial FftEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t k
   return Sum(partials);
 }
 
-void FftDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, uint32_t keep,
+void DctDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, uint32_t keep,
                   void* output) {
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const FftShape shape = FftShapeOf(l, keep);
-  const DftTwiddles twiddles(l, shape, keep);
+  const DctShape shape = DctShapeOf(l, keep);
+  const DctCosines cosines(l, shape);
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int, int64_t begin, int64_t end) {
-    PlaneDft dft(l, shape, twiddles);
+    PlaneDct dct(l, shape, cosines);
     elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t p = begin; p < end; ++p) {
-        const float* approx = dft.Inverse(words, p);
+        const float* approx = dct.Inverse(payload, p);
         for (uint64_t q = 0; q < l.groups_per_plane; ++q) {
           DecodeGroup<K, kBits>(words, l, p, q, approx + q * l.group_length, output);
         }
@@ -786,7 +738,7 @@ class Division final : public Codec {
     const uint64_t bytes = PayloadBytes(l, &overflow);
     WriteParams(p, header);
     if (input.device == Device::kCuda) {
-      if (v_.id == CodecId::kDivisionFft) return CpuOnly("encode");
+      if (v_.id == CodecId::kDivisionDct) return CpuOnly("encode");
 #ifdef ACTPACK_WITH_CUDA
       // Two launches: the LFC (zeroing the status), then the residual, the checksum and counts
       // of the whole payload, and the header.
@@ -805,7 +757,7 @@ class Division final : public Codec {
     }
     const Partial total = v_.id == CodecId::kDivision
                               ? PoolEncodeCpu(input.data, input.dtype, l, payload)
-                              : FftEncodeCpu(input.data, input.dtype, l, p.lfc, payload);
+                              : DctEncodeCpu(input.data, input.dtype, l, p.lfc, payload);
     DeviceStatus counts{};
     counts.nonfinite = total.nonfinite;
     counts.unrepresentable = total.nonfinite_lfc + total.overflow_groups;
@@ -815,7 +767,7 @@ class Division final : public Codec {
     return PayloadInfo{bytes, total.checksum};
   }
 
-  // counts.work[0]: the LFC means (or DFT coefficients) that overflow, counted apart from the
+  // counts.work[0]: the LFC means (or DCT coefficients) that overflow, counted apart from the
   // residual groups in `unrepresentable` (kernels.h).
   absl::Status Refusal(const DeviceStatus& counts, const Header&) const override {
     if (counts.nonfinite > 0) {
@@ -828,7 +780,7 @@ class Division final : public Codec {
       return absl::FailedPreconditionError(absl::StrCat(
           "actpack: ", v_.name, " cannot encode this tensor: ", lfc,
           v_.id == CodecId::kDivision ? " window means overflow bfloat16 (a window sum overflows)"
-                                      : " DFT coefficients overflow float16",
+                                      : " DCT coefficients overflow bfloat16",
           "; keep it exact"));
     }
     if (counts.unrepresentable > 0) {
@@ -849,12 +801,12 @@ class Division final : public Codec {
     if (v_.id == CodecId::kDivision) {
       PoolDecodeCpu(payload, header.dtype, *l, output.data);
     } else {
-      FftDecodeCpu(payload, header.dtype, *l, p->lfc, output.data);
+      DctDecodeCpu(payload, header.dtype, *l, p->lfc, output.data);
     }
     return absl::OkStatus();
   }
 
-  // `division` checks its buffer in its decode launch (division_fft does not run on a GPU).
+  // `division` checks its buffer in its decode launch (division_dct does not run on a GPU).
   bool ChecksOwnBuffer() const override { return v_.id == CodecId::kDivision; }
 
   // Its LFC launch zeroes the status, which only the residual launch after it sums into.
@@ -863,7 +815,7 @@ class Division final : public Codec {
   absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
                                     const MutableTensorView& output, const ExecContext& context,
                                     DeviceStatus* status) const override {
-    if (v_.id == CodecId::kDivisionFft) return CpuOnly("decode");
+    if (v_.id == CodecId::kDivisionDct) return CpuOnly("decode");
     absl::StatusOr<Params> p = ReadParams(header, v_);
     if (!p.ok()) return p.status();
     absl::StatusOr<Layout> l = CheckedLayout(header, *p);
@@ -902,13 +854,13 @@ class Division final : public Codec {
   }
 
   absl::Status CheckDevice(Device device) const override {
-    if (device == Device::kCuda && v_.id == CodecId::kDivisionFft) return CpuOnly("run");
+    if (device == Device::kCuda && v_.id == CodecId::kDivisionDct) return CpuOnly("run");
     return absl::OkStatus();
   }
 
   absl::Status CpuOnly(const char* what) const {
     return absl::UnimplementedError(absl::StrCat(
-        "actpack: division_fft runs on the CPU only (cannot ", what,
+        "actpack: division_dct runs on the CPU only (cannot ", what,
         " on CUDA); use 'division' (average-pooled LFC) on the GPU"));
   }
 
@@ -922,8 +874,8 @@ const Codec* DivisionCodec() {
   return codec;
 }
 
-const Codec* DivisionFftCodec() {
-  static const Division* const codec = new Division(kFftVariant);
+const Codec* DivisionDctCodec() {
+  static const Division* const codec = new Division(kDctVariant);
   return codec;
 }
 

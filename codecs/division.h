@@ -1,4 +1,4 @@
-// `division` and `division_fft`: DIVISION dual-precision compression.
+// `division` and `division_dct`: DIVISION dual-precision compression.
 //
 // A tensor is split into a low-frequency component (LFC), kept at 16 bits but small, and the
 // high-frequency residual x - LFC, quantized to `bits` bits with stochastic rounding (one
@@ -7,9 +7,10 @@
 // input.
 //   division:     LFC = B x B average pooling (edge windows average what they hold), stored
 //                 as bfloat16 means and upsampled by repetition. CPU and CUDA.
-//   division_fft: LFC = the lowest k x k frequencies of each plane's 2-D DFT, stored as
-//                 float16 pairs, reconstructed by the real inverse DFT. CPU only: on a CUDA
-//                 tensor it is a kUnimplemented error naming `division` as the GPU variant.
+//   division_dct: LFC = the lowest k x k frequencies of each plane's 2-D cosine transform
+//                 (DCT-II; at most a quarter of an axis' frequencies), stored as bfloat16 and
+//                 reconstructed by the inverse sum of cosines. CPU only: on a CUDA tensor it
+//                 is a kUnimplemented error naming `division` as the GPU variant.
 // The low-pass runs over the last two dims of an NCHW (ndim >= 4) tensor, along dim -2
 // (tokens) of a 2-D or 3-D tensor, and along a 1-D tensor (division_math.h; FORMAT.md has the
 // layout and the measurements behind these choices). Non-finite inputs are kFailedPrecondition
@@ -17,7 +18,7 @@
 //
 // Usage:
 //   absl::StatusOr<CodecParams> p = ParseCodecSpec("division");  // block=8, bits=2, group=128
-//   absl::StatusOr<CodecParams> f = ParseCodecSpec("division_fft:keep=2,bits=2");
+//   absl::StatusOr<CodecParams> f = ParseCodecSpec("division_dct:keep=8,bits=2");
 #ifndef ACTPACK_CODECS_DIVISION_H_
 #define ACTPACK_CODECS_DIVISION_H_
 
@@ -25,13 +26,13 @@
 
 namespace actpack::codecs {
 
-// Defaults of the specs "division" and "division_fft" (ParseCodecSpec applies them).
+// Defaults of the specs "division" and "division_dct" (ParseCodecSpec applies them).
 inline constexpr int kDivisionDefaultBlock = 8;
-inline constexpr int kDivisionDefaultKeep = 2;
+inline constexpr int kDivisionDefaultKeep = 4;
 inline constexpr int kDivisionDefaultGroup = 128;
 
 const Codec* DivisionCodec();
-const Codec* DivisionFftCodec();
+const Codec* DivisionDctCodec();
 
 }  // namespace actpack::codecs
 

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codecs/codec.h"
-#include "codecs/internal/dft_math.h"
+#include "codecs/internal/dct_math.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
@@ -382,7 +382,7 @@ TEST(DivisionTest, HalfAndBfloat16Inputs) {
 }
 
 TEST(DivisionTest, EmptyAndScalarTensors) {
-  for (const char* spec : {"division", "division_fft"}) {
+  for (const char* spec : {"division", "division_dct"}) {
     for (const std::vector<int64_t>& shape :
          std::vector<std::vector<int64_t>>{{0, 5}, {2, 0, 4, 4}, {3, 4, 0}, {0}}) {
       const std::vector<uint8_t> buffer = *EncodeFloats({}, shape, Spec(spec));
@@ -396,7 +396,7 @@ TEST(DivisionTest, EmptyAndScalarTensors) {
 }
 
 TEST(DivisionTest, NonFiniteValuesAndOverflowsAreRefused) {
-  for (const char* spec : {"division", "division_fft"}) {
+  for (const char* spec : {"division", "division_dct"}) {
     for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
       std::vector<float> x = Gaussian(2 * 3 * 9 * 9, 1);
       x[100] = bad;
@@ -405,14 +405,17 @@ TEST(DivisionTest, NonFiniteValuesAndOverflowsAreRefused) {
       EXPECT_NE(encoded.status().message().find("1 non-finite"), absl::string_view::npos)
           << encoded.status();
     }
-    // Finite values whose window sum (division) or DFT coefficient (division_fft) overflows.
+    // Finite values whose window sum (division) or DCT coefficient (division_dct) overflows.
     const std::vector<float> big(64, 3e38f);
     EXPECT_EQ(EncodeFloats(big, {1, 1, 8, 8}, Spec(spec)).status().code(),
               absl::StatusCode::kFailedPrecondition) << spec;
   }
-  const std::vector<float> wide = {300000.0f, 1.0f, 2.0f, 3.0f};  // a mean beyond float16
-  EXPECT_EQ(EncodeFloats(wide, {4}, Spec("division_fft")).status().code(),
+  // A coefficient is the plane's mean times at most 4: beyond bfloat16 only near float's end.
+  const std::vector<float> wide = {3e38f, -3e38f, 3e38f, -3e38f, 3e38f, -3e38f, 3e38f, -3e38f};
+  EXPECT_EQ(EncodeFloats(wide, {8}, Spec("division_dct")).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  const std::vector<float> large = {3e5f, 1.0f, 2.0f, 3.0f};  // beyond float16, not bfloat16
+  EXPECT_TRUE(EncodeFloats(large, {4}, Spec("division_dct")).ok());
 }
 
 TEST(DivisionTest, SpecsParseAndFormat) {
@@ -421,18 +424,18 @@ TEST(DivisionTest, SpecsParseAndFormat) {
   EXPECT_EQ(d.block, 8);
   EXPECT_EQ(d.bits, 2);
   EXPECT_EQ(d.group_size, kDivisionDefaultGroup);
-  const CodecParams f = *ParseCodecSpec("division_fft");
-  EXPECT_EQ(f.codec, CodecId::kDivisionFft);
+  const CodecParams f = *ParseCodecSpec("division_dct");
+  EXPECT_EQ(f.codec, CodecId::kDivisionDct);
   EXPECT_EQ(f.keep, kDivisionDefaultKeep);
   EXPECT_EQ(ParseCodecSpec("division:block=16,bits=4")->block, 16);
-  EXPECT_EQ(ParseCodecSpec("division_fft:keep=8,bits=1")->keep, 8);
+  EXPECT_EQ(ParseCodecSpec("division_dct:keep=32,bits=1")->keep, 32);
   for (const char* spec : {"division", "division:block=4,bits=2", "division:block=8,bits=4,group=256",
-                           "division_fft", "division_fft:keep=4,bits=2", "division_fft:keep=1,bits=8,group=32"}) {
+                           "division_dct", "division_dct:keep=8,bits=2", "division_dct:keep=1,bits=8,group=32"}) {
     EXPECT_EQ(FormatCodecSpec(*ParseCodecSpec(spec)), spec);
   }
   EXPECT_EQ(FormatCodecSpec(*ParseCodecSpec("division:bits=2,block=8")), "division");
   for (const char* bad : {"division:block=1", "division:block=65", "division:bits=3", "division:group=100",
-                          "division:group=0", "division_fft:keep=0", "division_fft:keep=9", "division2",
+                          "division:group=0", "division_dct:keep=0", "division_dct:keep=33", "division_fft", "division2",
                           "division:colour=1"}) {
     const absl::StatusOr<CodecParams> p = ParseCodecSpec(bad);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -442,7 +445,7 @@ TEST(DivisionTest, SpecsParseAndFormat) {
 
 // Any float tensor is encodable; other dtypes are refused naming the dtype.
 TEST(DivisionTest, CheckEncodableRefusesOnlyNonFloatDtypes) {
-  for (const char* spec : {"division", "division_fft"}) {
+  for (const char* spec : {"division", "division_dct"}) {
     for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
                {}, {1}, {7}, {3, 1}, {1, 1, 1}, {2, 3, 1, 1}, {1, 1, 1, 1, 1, 9}, {5, 0}}) {
@@ -488,60 +491,91 @@ TEST(DivisionTest, CorruptParametersAreDataLoss) {
 TEST(DivisionTest, SameSeedSameBytesOtherSeedOtherBytes) {
   const std::vector<int64_t> shape = {2, 4, 16, 16};
   const std::vector<float> x = Gaussian(Numel(shape), 5);
-  for (const char* spec : {"division", "division_fft"}) {
+  for (const char* spec : {"division", "division_dct"}) {
     EXPECT_EQ(*EncodeFloats(x, shape, Spec(spec, 9)), *EncodeFloats(x, shape, Spec(spec, 9)));
     EXPECT_NE(*EncodeFloats(x, shape, Spec(spec, 9)), *EncodeFloats(x, shape, Spec(spec, 10)));
   }
 }
 
-// ---- division_fft ----
+// ---- division_dct ----
 
-TEST(DftMathTest, TwiddlesMatchTheLibraryCosineAndSine) {
+TEST(DctMathTest, CosinesMatchTheLibraryCosine) {
   for (uint64_t n : {1u, 2u, 3u, 7u, 8u, 12u, 100u, 1024u, 99991u}) {
     for (uint64_t m = 0; m < n; m += std::max<uint64_t>(1, n / 997)) {
-      const dft_math::CosSin t = dft_math::TurnCosSin(m, n);
-      const double angle = 2 * M_PI * static_cast<double>(m) / static_cast<double>(n);
-      ASSERT_NEAR(t.cos, std::cos(angle), 3e-7) << m << "/" << n;
-      ASSERT_NEAR(t.sin, std::sin(angle), 3e-7) << m << "/" << n;
+      ASSERT_NEAR(dct_math::TurnCos(m, n), std::cos(2 * M_PI * double(m) / double(n)), 3e-7)
+          << m << "/" << n;
     }
   }
   // Exact at the axes.
-  EXPECT_EQ(dft_math::TurnCosSin(0, 4).cos, 1.0f);
-  EXPECT_EQ(dft_math::TurnCosSin(1, 4).sin, 1.0f);
-  EXPECT_EQ(dft_math::TurnCosSin(2, 4).cos, -1.0f);
+  EXPECT_EQ(dct_math::TurnCos(0, 4), 1.0f);
+  EXPECT_EQ(dct_math::TurnCos(1, 4), 0.0f);
+  EXPECT_EQ(dct_math::TurnCos(2, 4), -1.0f);
+  for (uint64_t n : {1u, 5u, 56u, 4097u}) {
+    for (uint64_t f : {0u, 1u, 3u}) {
+      for (uint64_t m = 0; m < n; m += std::max<uint64_t>(1, n / 50)) {
+        ASSERT_NEAR(dct_math::Basis(m, f, n), std::cos(M_PI * (2 * m + 1) * f / (2.0 * n)), 3e-7);
+      }
+    }
+  }
+  // The product that reduces the angle does not overflow on a huge axis.
+  const uint64_t n = uint64_t{1} << 40;
+  EXPECT_EQ(dct_math::MulMod(n - 1, 31, 4 * n), (31 * (n - 1)) % (4 * n));
+  EXPECT_EQ(dct_math::MulMod(4 * n - 1, 4 * n - 1, 4 * n), 1u);
 }
 
-// The stored coefficients are the normalised DFT's lowest frequencies (rows |u| < k, columns
-// v < k), rounded to float16: checked against a direct DFT in double.
-TEST(DivisionFftTest, CoefficientsAreTheLowestDftFrequencies) {
+TEST(DctMathTest, KeptFrequenciesAreAtMostAQuarterOfAnAxis) {
+  EXPECT_EQ(dct_math::KeptAlong(1, 8), 1u);
+  EXPECT_EQ(dct_math::KeptAlong(4, 8), 1u);
+  EXPECT_EQ(dct_math::KeptAlong(5, 8), 2u);
+  EXPECT_EQ(dct_math::KeptAlong(16, 8), 4u);
+  EXPECT_EQ(dct_math::KeptAlong(56, 8), 8u);
+  EXPECT_EQ(dct_math::KeptAlong(56, 32), 14u);
+}
+
+// The bfloat16 coefficients of the stored LFC, in stored order.
+std::vector<float> StoredCoefficients(const std::vector<uint8_t>& buffer, size_t count) {
+  std::vector<float> out(count);
+  for (size_t j = 0; j < count; ++j) {
+    uint16_t half;
+    std::memcpy(&half, buffer.data() + kHeaderSize + 2 * j, 2);
+    out[j] = portable::Bf16ToFloat(half);
+  }
+  return out;
+}
+
+// The stored coefficients are the scaled DCT-II's lowest frequencies (u, v below a quarter of
+// each axis and k), rounded to bfloat16: checked against a direct transform in double.
+TEST(DivisionDctTest, CoefficientsAreTheLowestCosineFrequencies) {
   for (const auto& [shape, keep] : std::vector<std::pair<std::vector<int64_t>, int>>{
-           {{2, 1, 12, 10}, 3}, {{1, 2, 5, 6}, 4}, {{1, 1, 16, 16}, 8}, {{3, 9, 2}, 2}, {{40}, 2}}) {
-    CodecParams params = Spec("division_fft");
+           {{2, 1, 12, 10}, 3}, {{1, 2, 5, 6}, 4}, {{1, 1, 16, 16}, 8}, {{3, 9, 2}, 2},
+           {{40}, 2}, {{2, 64, 3}, 32}}) {
+    CodecParams params = Spec("division_dct");
     params.keep = keep;
     const std::vector<float> x = Gaussian(Numel(shape), 8, 0.3f, 1.0f);
-    const std::vector<uint32_t> words = Words(*EncodeFloats(x, shape, params));
+    const std::vector<uint8_t> buffer = *EncodeFloats(x, shape, params);
     const View v = ViewOf(shape, 1);
-    const int64_t rows = std::min<int64_t>(2 * keep - 1, v.height);
-    const int64_t columns = std::min<int64_t>(keep, v.width / 2 + 1);
-    size_t word = 0;
+    const int64_t rows = std::min<int64_t>(keep, (v.height + 3) / 4);
+    const int64_t columns = std::min<int64_t>(keep, (v.width + 3) / 4);
+    const std::vector<float> stored =
+        StoredCoefficients(buffer, v.planes * rows * columns * v.inner);
+    size_t j = 0;
     for (int64_t p = 0; p < v.planes; ++p) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t u = (2 * keep - 1 >= v.height || r < keep) ? r : v.height - (2 * keep - 1 - r);
-        for (int64_t c_v = 0; c_v < columns; ++c_v) {
-          for (int64_t c = 0; c < v.inner; ++c, ++word) {
-            double re = 0, im = 0;
+      for (int64_t u = 0; u < rows; ++u) {
+        for (int64_t f = 0; f < columns; ++f) {
+          for (int64_t c = 0; c < v.inner; ++c, ++j) {
+            double sum = 0;
             for (int64_t h = 0; h < v.height; ++h) {
               for (int64_t w = 0; w < v.width; ++w) {
-                const double a = 2 * M_PI * (double(u * h) / v.height + double(c_v * w) / v.width);
-                const double value = x[((p * v.height + h) * v.width + w) * v.inner + c];
-                re += value * std::cos(a);
-                im -= value * std::sin(a);
+                sum += x[((p * v.height + h) * v.width + w) * v.inner + c] *
+                       std::cos(M_PI * (2 * h + 1) * u / (2.0 * v.height)) *
+                       std::cos(M_PI * (2 * w + 1) * f / (2.0 * v.width));
               }
             }
-            re /= v.height * v.width;
-            im /= v.height * v.width;
-            ASSERT_NEAR(portable::HalfToFloat(words[word] & 0xffff), re, 2e-3 * (1 + std::abs(re)));
-            ASSERT_NEAR(portable::HalfToFloat(words[word] >> 16), im, 2e-3 * (1 + std::abs(im)));
+            const double expected =
+                sum / (v.height * v.width) * (u > 0 ? 2 : 1) * (f > 0 ? 2 : 1);
+            // bfloat16 keeps 8 significant bits: 2^-9 relative, plus the float sums' rounding.
+            ASSERT_NEAR(stored[j], expected, std::ldexp(std::abs(expected), -8) + 1e-5)
+                << "plane " << p << " u " << u << " v " << f << " c " << c;
           }
         }
       }
@@ -549,36 +583,42 @@ TEST(DivisionFftTest, CoefficientsAreTheLowestDftFrequencies) {
   }
 }
 
-// A plane made of kept frequencies only is (up to float16 rounding of the coefficients) its
-// own LFC: the residual is tiny and the decode far better than quant2's.
-TEST(DivisionFftTest, LowFrequencyPlanesAreCapturedByTheLfc) {
+// A plane made of kept frequencies only is (up to the coefficients' bfloat16 rounding) its own
+// LFC: the residual is tiny and the decode far better than quant2's. Ramps, which a periodic
+// transform misses, are smooth here.
+TEST(DivisionDctTest, LowFrequencyPlanesAreCapturedByTheLfc) {
   const std::vector<int64_t> shape = {2, 3, 24, 20};
   std::vector<float> x(Numel(shape));
   for (size_t i = 0; i < x.size(); ++i) {
     const double w = i % 20, h = (i / 20) % 24, p = i / 480;
-    x[i] = static_cast<float>(0.5 + std::cos(2 * M_PI * h / 24 + p) +
-                              0.7 * std::sin(2 * M_PI * (2 * h / 24.0 + 3 * w / 20.0)));
+    x[i] = static_cast<float>(0.5 + 0.1 * p + std::cos(M_PI * (2 * h + 1) * 2 / 48) +
+                              0.7 * std::cos(M_PI * (2 * w + 1) * 3 / 40) *
+                                  std::cos(M_PI * (2 * h + 1) / 48));
   }
-  CodecParams params = Spec("division_fft");
+  CodecParams params = Spec("division_dct");
   params.keep = 4;
-  const double fft_error = RelativeRms(x, DecodeFloats(*EncodeFloats(x, shape, params), shape));
-  const double quant_error = RelativeRms(x, DecodeFloats(*EncodeFloats(x, shape, Spec("quant2")), shape));
-  EXPECT_LT(fft_error, 2e-3) << fft_error;
-  EXPECT_LT(fft_error, quant_error / 50) << fft_error << " vs " << quant_error;
+  const double dct_error = RelativeRms(x, DecodeFloats(*EncodeFloats(x, shape, params), shape));
+  const double quant_error =
+      RelativeRms(x, DecodeFloats(*EncodeFloats(x, shape, Spec("quant2")), shape));
+  EXPECT_LT(dct_error, 3e-3) << dct_error;
+  EXPECT_LT(dct_error, quant_error / 50) << dct_error << " vs " << quant_error;
+  // With keep 1 (the plane's mean) the cosines are left to the residual.
+  params.keep = 1;
+  EXPECT_GT(RelativeRms(x, DecodeFloats(*EncodeFloats(x, shape, params), shape)), 10 * dct_error);
 }
 
-TEST(DivisionFftTest, ErrorWithinOneStepAndUnbiased) {
+TEST(DivisionDctTest, ErrorWithinOneStepAndUnbiased) {
   const std::vector<int64_t> shape = {1, 2, 13, 17};
   const std::vector<float> x = SmoothImages(shape, 0.3f, 6);
   const int draws = 600;
   std::vector<double> mean(x.size(), 0.0);
   double worst = 0, step = 0;
   for (int seed = 0; seed < draws; ++seed) {
-    const std::vector<uint8_t> buffer = *EncodeFloats(x, shape, Spec("division_fft", seed));
+    const std::vector<uint8_t> buffer = *EncodeFloats(x, shape, Spec("division_dct", seed));
     const std::vector<float> y = DecodeFloats(buffer, shape);
     const std::vector<uint32_t> words = Words(buffer);
     Layout l = division_math::MakeResidualLayout(shape.data(), 4, 2, kDivisionDefaultGroup, seed);
-    l.lfc_words = l.planes * 3 * 2;  // keep 2: rows -1, 0, 1; columns 0, 1
+    l.lfc_words = (2 * 4 * 4 + 1) / 2;  // keep 4: 4 x 4 frequencies of 13 x 17, 2 planes
     for (uint64_t g = 0; g < l.groups; ++g) {
       step = std::max<double>(step, quant_math::UnpackGroupParams(words[division_math::ParamWord(l, g)]).step);
     }
@@ -591,6 +631,20 @@ TEST(DivisionFftTest, ErrorWithinOneStepAndUnbiased) {
   double worst_bias = 0;
   for (size_t i = 0; i < x.size(); ++i) worst_bias = std::max(worst_bias, std::abs(mean[i] / draws - x[i]));
   EXPECT_LT(worst_bias, 5.0 * step / 2 / std::sqrt(draws) * 1.2);
+}
+
+// An odd number of coefficients leaves the last LFC word's high half zero, and planes that
+// share a word (one coefficient each) are written by different chunks without a race.
+TEST(DivisionDctTest, OddCoefficientCountsShareWords) {
+  const std::vector<int64_t> shape = {3, 1, 2, 2};  // 3 planes, one coefficient each
+  const std::vector<float> x = Gaussian(Numel(shape), 4);
+  const std::vector<uint8_t> buffer = *EncodeFloats(x, shape, Spec("division_dct"));
+  const std::vector<uint32_t> words = Words(buffer);
+  EXPECT_EQ(words[1] >> 16, 0u);
+  for (int p = 0; p < 3; ++p) {
+    const float mean = (x[4 * p] + x[4 * p + 1] + x[4 * p + 2] + x[4 * p + 3]) / 4;
+    EXPECT_NEAR(StoredCoefficients(buffer, 3)[p], mean, std::ldexp(std::abs(mean), -8) + 1e-6);
+  }
 }
 
 }  // namespace

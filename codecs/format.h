@@ -51,8 +51,9 @@ enum class CodecId : uint16_t {
   kPool = 5,
   kEb = 6,
   kDivision = 7,
-  kDivisionFft = 8,
+  // 8 was division_fft (a DFT low part), retired: division_dct replaced it.
   kBitpack = 9,
+  kDivisionDct = 10,
 };
 
 struct Header {

@@ -88,7 +88,7 @@ absl::Status SetOption(absl::string_view spec, absl::string_view key, absl::stri
                                                    "': unknown option '", key,
                                                    "'; known: bits, group, seed (quant, "
                                                    "division), k (pool), block (division), "
-                                                   "keep (division_fft), to (cast), rel or abs "
+                                                   "keep (division_dct), to (cast), rel or abs "
                                                    "(eb)"));
   }
   return absl::OkStatus();
@@ -118,7 +118,7 @@ const std::vector<const Codec*>& AllCodecs() {
   static const std::vector<const Codec*>* const codecs =
       new std::vector<const Codec*>{IdentityCodec(), QuantCodec(),    CastCodec(),
                                     MaskCodec(),     PoolCodec(),     EbCodec(),
-                                    DivisionCodec(), DivisionFftCodec(), BitpackCodec()};
+                                    DivisionCodec(), BitpackCodec(), DivisionDctCodec()};
   return *codecs;
 }
 
@@ -170,7 +170,7 @@ absl::StatusOr<CodecParams> ParseCodecSpec(absl::string_view spec) {
                                                    "pool4; cast: fp16, bf16)"));
   }
   params.codec = (*codec)->id();
-  if (params.codec == CodecId::kDivision || params.codec == CodecId::kDivisionFft) {
+  if (params.codec == CodecId::kDivision || params.codec == CodecId::kDivisionDct) {
     params.group_size = kDivisionDefaultGroup;
   }
   if (digits != absl::string_view::npos && digits > 0) {
@@ -221,14 +221,14 @@ std::string FormatCodecSpec(const CodecParams& params) {
     return spec;
   }
   if (params.codec == CodecId::kPool) return absl::StrCat(name, params.pool_window);
-  if (params.codec == CodecId::kDivision || params.codec == CodecId::kDivisionFft) {
-    const bool fft = params.codec == CodecId::kDivisionFft;
-    const int lfc = fft ? params.keep : params.block;
-    const int default_lfc = fft ? kDivisionDefaultKeep : kDivisionDefaultBlock;
+  if (params.codec == CodecId::kDivision || params.codec == CodecId::kDivisionDct) {
+    const bool dct = params.codec == CodecId::kDivisionDct;
+    const int lfc = dct ? params.keep : params.block;
+    const int default_lfc = dct ? kDivisionDefaultKeep : kDivisionDefaultBlock;
     if (lfc == default_lfc && params.bits == 2 && params.group_size == kDivisionDefaultGroup) {
       return name;
     }
-    std::string spec = absl::StrCat(name, fft ? ":keep=" : ":block=", lfc, ",bits=", params.bits);
+    std::string spec = absl::StrCat(name, dct ? ":keep=" : ":block=", lfc, ",bits=", params.bits);
     if (params.group_size != kDivisionDefaultGroup) {
       absl::StrAppend(&spec, ",group=", params.group_size);
     }

@@ -23,10 +23,10 @@ SPECS = {
     "eb:abs=1e-7": FLOATS,
     "division": FLOATS, "division:block=4,bits=4": FLOATS,
     "division:block=3,bits=1,group=32": FLOATS, "division:block=64,bits=8,group=64": FLOATS,
-    "division_fft": FLOATS, "division_fft:keep=4,bits=8": FLOATS,
+    "division_dct": FLOATS, "division_dct:keep=16,bits=8": FLOATS,
     "bitpack": [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8],
 }
-CPU_ONLY = {"division_fft"}
+CPU_ONLY = {"division_dct"}
 SHAPES = [(), (1,), (255,), (1000, 37), (64, 4097), (3, 40, 70), (4, 128, 96), (2, 3, 13, 21),
           (8, 16, 56, 56)]
 CASES = [(spec, dtype) for spec, dtypes in SPECS.items() for dtype in dtypes]

@@ -1,4 +1,4 @@
-"""actpack.encode / actpack.decode for the DIVISION codecs (division, division_fft)."""
+"""actpack.encode / actpack.decode for the DIVISION codecs (division, division_dct)."""
 import math
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 import actpack
 
 SPECS = ["division", "division:block=4,bits=4", "division:block=3,bits=1,group=32",
-         "division_fft", "division_fft:keep=4,bits=8"]
+         "division_dct", "division_dct:keep=16,bits=8"]
 
 
 def _smooth_maps(shape, noise=0.02, seed=0):
@@ -87,7 +87,7 @@ def test_empty_scalar_and_one_element(spec):
         assert y.shape == x.shape and torch.equal(y, x)
 
 
-@pytest.mark.parametrize("spec", ["division", "division_fft"])
+@pytest.mark.parametrize("spec", ["division", "division_dct"])
 def test_non_finite_values_are_refused(spec):
     x = torch.randn(2, 3, 9, 9)
     x[1, 2, 3, 4] = float("nan")
@@ -98,7 +98,7 @@ def test_non_finite_values_are_refused(spec):
 @pytest.mark.parametrize("bad, words", [("division:block=1", "block must be 2..64, not 1"),
                                         ("division:bits=3", "bits must be 1, 2, 4 or 8, not 3"),
                                         ("division:group=100", "group size"),
-                                        ("division_fft:keep=9", "keep must be 1..8, not 9")])
+                                        ("division_dct:keep=33", "keep must be 1..32, not 33")])
 def test_bad_specs_name_the_value(bad, words):
     with pytest.raises(ValueError, match=words):
         actpack.encode(torch.randn(8), bad)

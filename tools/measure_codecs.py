@@ -2,7 +2,7 @@
 step of the demo models (tools/demo.py) after a short warm-up, encoded and decoded with actpack.
 
     python3 tools/measure_codecs.py                       # both models, the default codecs
-    python3 tools/measure_codecs.py --model cnn --codecs quant2 division division_fft:keep=1,bits=2
+    python3 tools/measure_codecs.py --model cnn --codecs quant2 division division_dct:keep=1,bits=2
 
 For each model and codec: the compression ratio (raw bytes / encoded bytes, all saved float
 tensors of at least 64 KiB, as the session packs), the relative RMS error
@@ -28,8 +28,8 @@ import actpack  # noqa: E402
 
 DEFAULT_CODECS = ["quant8", "quant4", "quant2", "eb:rel=1e-3", "eb:rel=1e-2", "division", "division@last", "division:block=4,bits=2",
                   "division:block=16,bits=2", "division:block=8,bits=2,group=64",
-                  "division:block=8,bits=2,group=256", "division_fft:keep=1,bits=2",
-                  "division_fft", "division_fft:keep=4,bits=2", "division_fft:keep=8,bits=2"]
+                  "division:block=8,bits=2,group=256", "division_dct:keep=1,bits=2",
+                  "division_dct", "division_dct:keep=8,bits=2", "division_dct:keep=16,bits=2"]
 
 
 def saved_activations(model_name, steps, batch, context, seed=0):

@@ -19,9 +19,11 @@ TORCH="torch==2.13.0"
 # tqdm and matplotlib: the benchmark suite's progress bar and picture (benchmarks/).
 # hypothesis: the property tests of tests/test_edge_inputs.py. pytest-xdist: the test command
 # runs a test per core.
-# scikit-learn: the handwritten digits it ships, the convergence benchmark's image data.
+# scikit-learn and scikit-image: the handwritten digits and photographs they ship, the image
+# data of the convergence and frontier benchmarks.
 PIP_PACKAGES=("$TORCH" pytest pytest-xdist hypothesis numpy ninja setuptools wheel build tqdm matplotlib
-              jsonschema scikit-learn "transformers>=4.40" "accelerate>=0.26" "lightning>=2.0")
+              jsonschema scikit-learn scikit-image "transformers>=4.40" "accelerate>=0.26"
+              "lightning>=2.0")
 PIP_PACKAGES+=(nvidia-cuda-nvdisasm)  # the SASS disassembler tools/kernel_model.py reads
 
 LOG="${ACTPACK_SETUP_LOG:-$PWD/build/setup.log}"

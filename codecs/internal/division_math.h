@@ -1,4 +1,4 @@
-// The layout and arithmetic of the DIVISION codecs (`division`, `division_fft`), shared by the
+// The layout and arithmetic of the DIVISION codecs (`division`, `division_dct`), shared by the
 // CPU reference (division.cc) and the CUDA kernels (cuda/division_kernels.cu) so that both
 // write the same bytes. codecs/FORMAT.md is the specification; this header is its code.
 //
