@@ -21,7 +21,7 @@ stored: (2k-1) x k complex float16 pairs a plane) or the DCT-II's (`division_dct
 k x k bfloat16 values, a quarter of each axis at most); the residual is quantized exactly as
 `division`'s groups are (128 values, a bfloat16 min and step, stochastic 2-bit codes), so a
 simulated row differs from a real one only by its low part and rounding. `sim:dct` beside
-`division_dct` shows the simulation is faithful.
+`division_dct:keep=4,bits=2` shows the simulation is faithful.
 
 Writes a JSON file (command, commit, machine, one row per model and codec) and an SVG (error
 against bits per value, one panel per model). CPU; about 15 minutes on 2 cores at the defaults.
@@ -46,7 +46,7 @@ MIN_BYTES = 64 << 10  # the session's default: smaller tensors stay exact
 
 CODECS = ["quant2", "quant4", "quant8", "eb:rel=1e-2", "eb:rel=1e-3", "pool2", "pool4",
           "division:block=4,bits=2", "division", "division:block=16,bits=2",
-          "division_dct:keep=1,bits=2", "division_dct:keep=2,bits=2", "division_dct",
+          "division_dct", "division_dct:keep=2,bits=2", "division_dct:keep=4,bits=2",
           "division_dct:keep=8,bits=2", "division_dct:keep=16,bits=2",
           "division_dct:keep=32,bits=2", "sim:dct:keep=4", "sim:dct:keep=16",
           "sim:dft:keep=1", "sim:dft:keep=2", "sim:dft:keep=4", "sim:dft:keep=8"]

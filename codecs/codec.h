@@ -112,7 +112,7 @@ struct CodecParams {
   DType cast_to = DType::kFloat16;  // cast: the storage type, float16 or bfloat16
   int pool_window = 4;     // pool: values averaged into one stored mean, 2..64
   int block = 8;           // division: the B x B pooling window of the LFC, 2..64
-  int keep = 4;            // division_dct: the lowest k x k frequencies kept, 1..32
+  int keep = 1;            // division_dct: the lowest k x k frequencies kept, 1..32
   EbMode eb_mode = EbMode::kRelative;  // eb: how error_bound is read
   double error_bound = 1e-2;           // eb: the bound, absolute or relative to the range
 };

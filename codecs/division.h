@@ -18,7 +18,7 @@
 //
 // Usage:
 //   absl::StatusOr<CodecParams> p = ParseCodecSpec("division");  // block=8, bits=2, group=128
-//   absl::StatusOr<CodecParams> f = ParseCodecSpec("division_dct:keep=8,bits=2");
+//   absl::StatusOr<CodecParams> f = ParseCodecSpec("division_dct:keep=8,bits=2");  // keep 1 by default
 #ifndef ACTPACK_CODECS_DIVISION_H_
 #define ACTPACK_CODECS_DIVISION_H_
 
@@ -28,7 +28,7 @@ namespace actpack::codecs {
 
 // Defaults of the specs "division" and "division_dct" (ParseCodecSpec applies them).
 inline constexpr int kDivisionDefaultBlock = 8;
-inline constexpr int kDivisionDefaultKeep = 4;
+inline constexpr int kDivisionDefaultKeep = 1;
 inline constexpr int kDivisionDefaultGroup = 128;
 
 const Codec* DivisionCodec();

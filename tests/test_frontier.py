@@ -16,7 +16,7 @@ def results(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("frontier") / "frontier.json"
     assert frontier.main(["--smoke", "--models", "vit-b16", "gpt2-small", "--out", str(out),
-                          "--codecs", "quant2", "quant8", "division_dct", "sim:dct:keep=4",
+                          "--codecs", "quant2", "quant8", "division_dct:keep=4,bits=2", "sim:dct:keep=4",
                           "sim:dft:keep=1"]) == 0
     with open(out) as f:
         document = json.load(f)
@@ -45,10 +45,11 @@ def test_more_bits_less_error_and_better_gradients(results):
 
 
 def test_the_simulated_low_part_matches_the_codec(results):
-    # sim:dct:keep=4 is division_dct (keep 4) computed in float64 by torch: the same bytes up
+    # sim:dct:keep=4 is division_dct:keep=4 computed in float64 by torch: the same bytes up
     # to the LFC's word padding, and an error within the residual's draws of the codec's.
     for model in ("vit-b16", "gpt2-small"):
-        real, sim = _row(results, model, "division_dct"), _row(results, model, "sim:dct:keep=4")
+        real = _row(results, model, "division_dct:keep=4,bits=2")
+        sim = _row(results, model, "sim:dct:keep=4")
         assert real["tensors"] == sim["tensors"] > 0
         assert abs(real["stored_bytes"] - sim["stored_bytes"]) <= 4 * real["tensors"]
         assert abs(real["rel_error"] - sim["rel_error"]) < 0.05 * real["rel_error"]
