@@ -2,6 +2,7 @@
 
     python3 benchmarks/frontier.py                   # the four suite models, 300 steps each
     python3 benchmarks/frontier.py --smoke           # tiny models, 2 steps (the test command)
+    python3 benchmarks/frontier.py --picture benchmarks/results/frontier.json   # the SVG again
 
 For each of the suite's models (benchmarks/models.py, "cpu" sizes) trained for `--steps` steps
 on real data (natural images: the photographs scikit-image ships and scikit-learn's
@@ -357,6 +358,9 @@ def picture(results, path):
             ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, label=family)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ticks = [2, 3, 4, 6, 8, 16, 32]
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("bits stored per value (float32 = 32)")
         ax.set_title(name)
     axes[0][0].set_ylabel("relative RMS error of the saved activations")
@@ -377,7 +381,13 @@ def main(argv=None):
     parser.add_argument("--codecs", nargs="+", default=CODECS)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                       "frontier.json"))
+    parser.add_argument("--picture", metavar="JSON",
+                        help="only draw the SVG of a result file (beside it), measuring nothing")
     args = parser.parse_args(argv)
+    if args.picture:
+        with open(args.picture) as f:
+            picture(json.load(f), os.path.splitext(args.picture)[0] + ".svg")
+        return 0
     steps = args.steps if args.steps is not None else (2 if args.smoke else 300)
     size = "smoke" if args.smoke else "cpu"
     torch.manual_seed(0)

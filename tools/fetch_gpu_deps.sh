@@ -3,8 +3,7 @@
 # a network: downloads into .deps/ (git-ignored; carry it with the working tree) what that
 # machine lacks.
 #   .deps/*.deb     Abseil, Highway, nlohmann/json and CLI11 to build actpack (gpu_check.sh
-#                   unpacks them into .deps/root when the machine has no Abseil of its own), and
-#                   KissFFT where apt has it (the frequency-domain codec's CPU transform)
+#                   unpacks them into .deps/root when the machine has no Abseil of its own)
 #   .deps/wheels/   the Python modules the GPU check imports that the lent GPU machine's image
 #                   does not hold (it holds torch, pytest, pytest-timeout, hypothesis, tqdm,
 #                   matplotlib and numpy, not jsonschema): jsonschema (the tests' report schema
@@ -39,11 +38,5 @@ runtime_package=$(apt-cache depends libabsl-dev | awk '/Depends: libabsl2/{print
 # Highway: the codecs' vector kernels (headers in libhwy-dev, libhwy.so in libhwy1).
 # nlohmann/json (the report) and CLI11 (the CLI's arguments): headers only.
 apt-get download libabsl-dev "$runtime_package" libhwy-dev libhwy1 nlohmann-json3-dev libcli11-dev
-# KissFFT, where this machine's apt knows it: its headers and the library they link.
-if apt-cache show libkissfft-dev >/dev/null 2>&1; then
-  kissfft=$(apt-cache depends libkissfft-dev | awk '/Depends: libkissfft/{print $2}' | sort -u)
-  # shellcheck disable=SC2086  # one package name a word
-  apt-get download libkissfft-dev $kissfft || echo "fetch_gpu_deps: KissFFT's packages were not downloaded"
-fi
 ls -l ./*.deb wheels
 du -sh .

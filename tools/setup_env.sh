@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 APT_PACKAGES=(bazel-bootstrap libabsl-dev libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
               nlohmann-json3-dev libcli11-dev
-              libkissfft-dev librsvg2-bin ninja-build clang libclang-rt-14-dev)
+              librsvg2-bin ninja-build clang libclang-rt-14-dev)
 TORCH="torch==2.13.0"
 # The optional integrations' frameworks (the extras actpack[transformers], actpack[lightning])
 # are installed too, so their tests run. torch is named with them, pinned: pip then keeps the
