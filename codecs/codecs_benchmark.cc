@@ -46,6 +46,7 @@ constexpr Case kCases[] = {
     {"division", Data::kTokens, "tokens"},     {"eb:rel=1e-2", Data::kActivations, "1-D"},
     {"eb:rel=1e-3", Data::kActivations, "1-D"}, {"eb:rel=1e-2", Data::kSmooth, "smooth 2-D"},
     {"identity", Data::kActivations, "1-D"},   {"division_dct", Data::kNchw, "NCHW"},
+    {"division_dct", Data::kTokens, "tokens"}, {"division_dct:keep=8,bits=2", Data::kNchw, "NCHW"},
 };
 
 std::vector<float> Input(size_t n, absl::string_view spec, Data data) {

@@ -481,6 +481,11 @@ class AxisCosines {
     for (uint64_t f = 0; f < kept_; ++f) Fill(f, &table_[f * n_]);
   }
 
+  // The cosine of frequency f at sample m.
+  float At(uint64_t f, uint64_t m) const {
+    return table_.empty() ? dct_math::Basis(m, f, n_) : table_[f * n_ + m];
+  }
+
   // The cosines of frequency f, from the table or computed into *buffer.
   const float* Get(uint64_t f, std::vector<float>* buffer) const {
     if (!table_.empty()) return &table_[f * n_];
@@ -519,18 +524,19 @@ struct DctCosines {
   AxisCosines columns;
 };
 
-// One plane's transform work. The loops put independent sums innermost (all (h, c) of a
-// column, or all c of a row) so that they vectorize; each sum still runs in the order
-// FORMAT.md gives: forward along w (w ascending) then along h (h ascending), inverse along h
-// (u ascending) then along w (v ascending).
+// One plane's transform work. The loops put independent sums innermost (all (w, c) of a row,
+// or all c of a column) so that they vectorize; each sum still runs in the order FORMAT.md
+// gives: forward along h (h ascending) then along w (w ascending), inverse along h (u
+// ascending) then along w (v ascending).
 class PlaneDct {
  public:
   PlaneDct(const Layout& l, const DctShape& shape, const DctCosines& cosines)
       : l_(l),
         shape_(shape),
         cosines_(cosines),
-        transposed_(l.plane),
-        g_(shape.columns * l.height * l.inner),
+        row_(l.width * l.inner),
+        g_(shape.rows * l.width * l.inner),
+        y_(shape.columns * l.height * l.inner),
         x_(shape.rows * shape.columns * l.inner),
         approx_(l.plane) {}
 
@@ -539,37 +545,29 @@ class PlaneDct {
   // Halves are stored one by one: two planes' chunks may share a word.
   template <int K>
   void Forward(const void* input, uint64_t p, uint8_t* lfc, Partial* partial) {
-    const uint64_t H = l_.height, W = l_.width, C = l_.inner, V = shape_.columns;
-    const uint64_t lanes = H * C;
-    // x[h][w][c] -> transposed[w][h][c] (a plain copy when W == 1).
+    const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = shape_.rows, V = shape_.columns;
+    const uint64_t lanes = W * C;
+    // Along h: G[u][w][c] = sum_h x[h][w][c] cos_H(u, h), a row at a time.
+    std::fill(g_.begin(), g_.end(), 0.0f);
     const uint64_t base = p * l_.plane;
     for (uint64_t h = 0; h < H; ++h) {
-      for (uint64_t w = 0; w < W; ++w) {
-        for (uint64_t c = 0; c < C; ++c) {
-          transposed_[(w * H + h) * C + c] = elements::Load<K>(input, base + (h * W + w) * C + c);
-        }
+      for (uint64_t k = 0; k < lanes; ++k) row_[k] = elements::Load<K>(input, base + h * lanes + k);
+      for (uint64_t u = 0; u < R; ++u) {
+        const float t = cosines_.rows.At(u, h);
+        float* g = &g_[u * lanes];
+        for (uint64_t k = 0; k < lanes; ++k) g[k] = portable::Add(g[k], portable::Mul(row_[k], t));
       }
     }
-    // Along w: G[v][h][c] = sum_w x[h][w][c] cos_W(v, w).
-    std::fill(g_.begin(), g_.end(), 0.0f);
+    // Along w at each kept column frequency, then scaled (dct_math::Coefficient).
+    const uint64_t first = p * R * V * C;
     for (uint64_t v = 0; v < V; ++v) {
       const float* t = cosines_.columns.Get(v, &buffer_);
-      float* g = &g_[v * lanes];
-      for (uint64_t w = 0; w < W; ++w) {
-        const float* x = &transposed_[w * lanes];
-        for (uint64_t k = 0; k < lanes; ++k) g[k] = portable::Add(g[k], portable::Mul(x[k], t[w]));
-      }
-    }
-    // Along h at each kept row frequency, then scaled (dct_math::Coefficient).
-    const uint64_t first = p * shape_.rows * V * C;
-    for (uint64_t u = 0; u < shape_.rows; ++u) {
-      const float* t = cosines_.rows.Get(u, &buffer_);
-      for (uint64_t v = 0; v < V; ++v) {
+      for (uint64_t u = 0; u < R; ++u) {
         float* x = &x_[(u * V + v) * C];
         std::fill(x, x + C, 0.0f);
-        for (uint64_t h = 0; h < H; ++h) {
-          const float* g = &g_[(v * H + h) * C];
-          for (uint64_t c = 0; c < C; ++c) x[c] = portable::Add(x[c], portable::Mul(g[c], t[h]));
+        const float* g = &g_[u * lanes];
+        for (uint64_t w = 0; w < W; ++w) {
+          for (uint64_t c = 0; c < C; ++c) x[c] = portable::Add(x[c], portable::Mul(g[w * C + c], t[w]));
         }
         for (uint64_t c = 0; c < C; ++c) {
           const uint16_t stored = division_math::StoredMean(
@@ -589,14 +587,14 @@ class PlaneDct {
       std::memcpy(&half, plane + 2 * k, 2);
       x_[k] = portable::Bf16ToFloat(half);
     }
-    // Along h: Y[v][h][c] = sum_u X[u][v][c] cos_H(u, h) (in G's buffer).
-    std::fill(g_.begin(), g_.end(), 0.0f);
+    // Along h: Y[v][h][c] = sum_u X[u][v][c] cos_H(u, h).
+    std::fill(y_.begin(), y_.end(), 0.0f);
     for (uint64_t u = 0; u < R; ++u) {
       const float* t = cosines_.rows.Get(u, &buffer_);
       for (uint64_t v = 0; v < V; ++v) {
         const float* x = &x_[(u * V + v) * C];
         for (uint64_t h = 0; h < H; ++h) {
-          float* y = &g_[(v * H + h) * C];
+          float* y = &y_[(v * H + h) * C];
           for (uint64_t c = 0; c < C; ++c) y[c] = portable::Add(y[c], portable::Mul(x[c], t[h]));
         }
       }
@@ -606,7 +604,7 @@ class PlaneDct {
     for (uint64_t v = 0; v < V; ++v) {
       const float* t = cosines_.columns.Get(v, &buffer_);
       for (uint64_t h = 0; h < H; ++h) {
-        const float* y = &g_[(v * H + h) * C];
+        const float* y = &y_[(v * H + h) * C];
         float* out = &approx_[h * W * C];
         if (C == 1) {
           const float yv = y[0];
@@ -627,11 +625,12 @@ class PlaneDct {
   const Layout& l_;
   const DctShape shape_;
   const DctCosines& cosines_;
-  std::vector<float> transposed_;  // [W][H][C]: the plane's input
-  std::vector<float> g_;           // [V][H][C]: forward along w / inverse along h
-  std::vector<float> x_;           // [R][V][C]: the coefficients
-  std::vector<float> approx_;      // [H][W][C]
-  std::vector<float> buffer_;      // cosines computed on demand
+  std::vector<float> row_;     // [W][C]: one row of the input
+  std::vector<float> g_;       // [R][W][C]: forward along h
+  std::vector<float> y_;       // [V][H][C]: inverse along h
+  std::vector<float> x_;       // [R][V][C]: the coefficients
+  std::vector<float> approx_;  // [H][W][C]
+  std::vector<float> buffer_;  // cosines computed on demand
 };
 
 // Planes per parallel chunk: about 64 Ki values.

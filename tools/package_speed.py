@@ -31,7 +31,8 @@ CASES = (("quant1", "activations", "1-D"), ("quant2", "activations", "1-D"),
          ("pool4", "activations", "1-D"), ("division", "nchw", "NCHW"),
          ("division", "tokens", "tokens"), ("eb:rel=1e-2", "activations", "1-D"),
          ("eb:rel=1e-3", "activations", "1-D"), ("eb:rel=1e-2", "smooth", "smooth 2-D"),
-         ("identity", "activations", "1-D"), ("division_dct", "nchw", "NCHW"))
+         ("identity", "activations", "1-D"), ("division_dct", "nchw", "NCHW"),
+         ("division_dct", "tokens", "tokens"), ("division_dct:keep=8,bits=2", "nchw", "NCHW"))
 
 
 def data(n, spec, kind):
