@@ -536,6 +536,8 @@ class PlaneDct {
         cosines_(cosines),
         row_(l.width * l.inner),
         g_(shape.rows * l.width * l.inner),
+        gt_(g_.size()),
+        acc_(shape.rows * l.inner),
         y_(shape.columns * l.height * l.inner),
         x_(shape.rows * shape.columns * l.inner),
         approx_(l.plane) {}
@@ -558,20 +560,26 @@ class PlaneDct {
         for (uint64_t k = 0; k < lanes; ++k) g[k] = portable::Add(g[k], portable::Mul(row_[k], t));
       }
     }
-    // Along w at each kept column frequency, then scaled (dct_math::Coefficient).
+    // Along w at each kept column frequency: G turned to [W][R][C] first, so that the R * C
+    // independent sums of a column frequency run side by side (w ascending in each).
+    const uint64_t sums = R * C;
+    for (uint64_t u = 0; u < R; ++u) {
+      for (uint64_t w = 0; w < W; ++w) {
+        for (uint64_t c = 0; c < C; ++c) gt_[(w * R + u) * C + c] = g_[u * lanes + w * C + c];
+      }
+    }
     const uint64_t first = p * R * V * C;
     for (uint64_t v = 0; v < V; ++v) {
       const float* t = cosines_.columns.Get(v, &buffer_);
+      std::fill(acc_.begin(), acc_.end(), 0.0f);  // [R][C]
+      for (uint64_t w = 0; w < W; ++w) {
+        const float* g = &gt_[w * sums];
+        for (uint64_t j = 0; j < sums; ++j) acc_[j] = portable::Add(acc_[j], portable::Mul(g[j], t[w]));
+      }
       for (uint64_t u = 0; u < R; ++u) {
-        float* x = &x_[(u * V + v) * C];
-        std::fill(x, x + C, 0.0f);
-        const float* g = &g_[u * lanes];
-        for (uint64_t w = 0; w < W; ++w) {
-          for (uint64_t c = 0; c < C; ++c) x[c] = portable::Add(x[c], portable::Mul(g[w * C + c], t[w]));
-        }
         for (uint64_t c = 0; c < C; ++c) {
           const uint16_t stored = division_math::StoredMean(
-              dct_math::Coefficient(x[c], u, v, H, W), &partial->nonfinite_lfc);
+              dct_math::Coefficient(acc_[u * C + c], u, v, H, W), &partial->nonfinite_lfc);
           std::memcpy(lfc + 2 * (first + (u * V + v) * C + c), &stored, 2);  // little-endian
         }
       }
@@ -593,9 +601,16 @@ class PlaneDct {
       const float* t = cosines_.rows.Get(u, &buffer_);
       for (uint64_t v = 0; v < V; ++v) {
         const float* x = &x_[(u * V + v) * C];
+        float* y = &y_[v * H * C];
+        if (C == 1) {
+          const float xv = x[0];
+          for (uint64_t h = 0; h < H; ++h) y[h] = portable::Add(y[h], portable::Mul(xv, t[h]));
+          continue;
+        }
         for (uint64_t h = 0; h < H; ++h) {
-          float* y = &y_[(v * H + h) * C];
-          for (uint64_t c = 0; c < C; ++c) y[c] = portable::Add(y[c], portable::Mul(x[c], t[h]));
+          for (uint64_t c = 0; c < C; ++c) {
+            y[h * C + c] = portable::Add(y[h * C + c], portable::Mul(x[c], t[h]));
+          }
         }
       }
     }
@@ -627,6 +642,8 @@ class PlaneDct {
   const DctCosines& cosines_;
   std::vector<float> row_;     // [W][C]: one row of the input
   std::vector<float> g_;       // [R][W][C]: forward along h
+  std::vector<float> gt_;      // [W][R][C]: the same, turned for the pass along w
+  std::vector<float> acc_;     // [R][C]: one column frequency's sums along w
   std::vector<float> y_;       // [V][H][C]: inverse along h
   std::vector<float> x_;       // [R][V][C]: the coefficients
   std::vector<float> approx_;  // [H][W][C]
