@@ -666,6 +666,17 @@ TEST(DivisionDctTest, OddCoefficientCountsShareWords) {
     const float mean = (x[4 * p] + x[4 * p + 1] + x[4 * p + 2] + x[4 * p + 3]) / 4;
     EXPECT_NEAR(StoredCoefficients(buffer, 3)[p], mean, std::ldexp(std::abs(mean), -8) + 1e-6);
   }
+  // Planes of 64 Ki values are a parallel chunk each: neighbours write the two halves of one
+  // word from different threads (the tsan build checks that they are separate stores).
+  const std::vector<int64_t> big = {8, 1, 256, 256};
+  const std::vector<float> y = Gaussian(Numel(big), 5, 0.5f, 1.0f);
+  const std::vector<float> stored = StoredCoefficients(*EncodeFloats(y, big, Spec("division_dct")), 8);
+  for (int p = 0; p < 8; ++p) {
+    double mean = 0;
+    for (int i = 0; i < 65536; ++i) mean += y[p * 65536 + i];
+    mean /= 65536;
+    EXPECT_NEAR(stored[p], mean, std::ldexp(std::abs(mean), -8) + 1e-4) << "plane " << p;
+  }
 }
 
 }  // namespace
