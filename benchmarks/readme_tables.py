@@ -151,8 +151,10 @@ def frontier():
         cells = []
         for m in models:
             r = by.get((m, codec))
+            spread = (f" ({r['grad_cosine_min']:.2f}-{r['grad_cosine_max']:.2f})"
+                      if r is not None and "grad_cosine_min" in r else "")
             cells.append("-" if r is None else f"{r['bits_per_value']:.2f}, {r['rel_error']:.3f}, "
-                                               f"{r['grad_cosine']:.4f}")
+                                               f"{r['grad_cosine']:.4f}{spread}")
         lines.append(f"| `{codec}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -871,9 +873,10 @@ def results_doc():
             "error over those tensors, and the cosine of the parameters' gradient against the "
             "exact step's. `sim:dft` rows are DIVISION with a DFT low part (the retired "
             "`division_fft`), `sim:dct` the same computation for `division_dct`, which shows "
-            "the simulation agrees with the codec. The cosine is one stochastic draw's: near a "
-            "relative error of 0.4 two encodes of equal error (a `sim:dct` row and its codec's) "
-            "differ by up to 0.12 in it, so only wide gaps between cosines mean something. "
+            "the simulation agrees with the codec. Error and cosine are means over the file's "
+            "`draws` encodes with different seeds, the cosines' range in brackets: near a "
+            "relative error of 0.4 one draw's cosine moves by a tenth, so only gaps wider than "
+            "the ranges mean something. "
             "Why `division_dct` keeps a cosine "
             "transform: [codecs/FORMAT.md](../codecs/FORMAT.md#division_dct-10).",
             frontier_source(), TABLES["frontier"](),

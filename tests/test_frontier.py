@@ -17,7 +17,7 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("frontier") / "frontier.json"
     assert frontier.main(["--smoke", "--models", "vit-b16", "gpt2-small", "--out", str(out),
                           "--codecs", "quant2", "quant8", "division_dct:keep=4,bits=2", "sim:dct:keep=4",
-                          "sim:dft:keep=1"]) == 0
+                          "sim:dft:keep=1", "--draws", "2"]) == 0
     with open(out) as f:
         document = json.load(f)
     assert os.path.exists(str(out)[:-len(".json")] + ".svg")
@@ -42,6 +42,9 @@ def test_more_bits_less_error_and_better_gradients(results):
         assert q8["rel_error"] < q2["rel_error"] / 20
         assert q8["grad_cosine"] > 0.999 and q8["grad_cosine"] > q2["grad_cosine"]
         assert q8["grad_rel_error"] < q2["grad_rel_error"]
+        assert q2["draws"] == 2
+        assert q2["grad_cosine_min"] <= q2["grad_cosine"] <= q2["grad_cosine_max"]
+        assert q2["grad_cosine_min"] < q2["grad_cosine_max"]  # two seeds, two draws
 
 
 def test_the_simulated_low_part_matches_the_codec(results):
