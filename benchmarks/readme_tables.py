@@ -159,6 +159,17 @@ def frontier():
     return "\n".join(lines)
 
 
+def frontier_draws():
+    """What the file's gradient cosines are: one encode's, or a mean over several."""
+    draws = load("frontier.json").get("draws", 1)
+    if draws == 1:
+        return ("Each row is one encode: near a relative error of 0.4 two encodes of equal error "
+                "(a `sim:dct` row and its codec's) differ by up to 0.12 in the cosine, so only "
+                "wider gaps mean something (`--draws` averages several).")
+    return (f"Error and cosine are means over {draws} encodes with different seeds, the "
+            "cosines' range in brackets: only gaps wider than the ranges mean something.")
+
+
 def frontier_source():
     d = load("frontier.json")
     date, machine = _measured(d)
@@ -873,10 +884,7 @@ def results_doc():
             "error over those tensors, and the cosine of the parameters' gradient against the "
             "exact step's. `sim:dft` rows are DIVISION with a DFT low part (the retired "
             "`division_fft`), `sim:dct` the same computation for `division_dct`, which shows "
-            "the simulation agrees with the codec. Error and cosine are means over the file's "
-            "`draws` encodes with different seeds, the cosines' range in brackets: near a "
-            "relative error of 0.4 one draw's cosine moves by a tenth, so only gaps wider than "
-            "the ranges mean something. "
+            "the simulation agrees with the codec. " + frontier_draws() + " "
             "Why `division_dct` keeps a cosine "
             "transform: [codecs/FORMAT.md](../codecs/FORMAT.md#division_dct-10).",
             frontier_source(), TABLES["frontier"](),
