@@ -152,11 +152,15 @@ def dct_matrix(n, keep):
     return m
 
 
+def ceil_div(a, b):
+    return -(-a // b)
+
+
 def low_part(v, transform, keep):
     """(approximation, LFC bytes) of planes v [P, C, H, W]."""
     P, C, H, W = v.shape
     if transform == "dct":
-        kh, kw = min(keep, -(-H // 4)), min(keep, -(-W // 4))
+        kh, kw = min(keep, ceil_div(H, 4)), min(keep, ceil_div(W, 4))
         A, B = dct_matrix(H, kh), dct_matrix(W, kw)
         coeffs = torch.einsum("uh,pchw,vw->pcuv", A, v, B)
         # Stored in bfloat16 (relative rounding: the scale does not matter).
@@ -188,11 +192,12 @@ def bf16_up(x):
 
 
 def quantize_residual(r, bits, group, generator):
-    """(decoded residual, bytes) of residual planes r [P, n] with `division`'s groups."""
+    """(decoded residual, bytes) of residual planes r [P, n] with `division`'s groups
+    (codecs/FORMAT.md: near-equal chunks of a multiple of 32 values)."""
     P, n = r.shape
-    chunks = -(-n // group)
-    length = 32 * -(-(-(-n // chunks)) // 32)
-    groups = -(-n // length)
+    chunks = ceil_div(n, group)
+    length = 32 * ceil_div(ceil_div(n, chunks), 32)
+    groups = ceil_div(n, length)
     padded = F.pad(r, (0, groups * length - n), value=float("nan")).reshape(P, groups, length)
     lo = torch.nan_to_num(padded, nan=math.inf).amin(2, keepdim=True)
     hi = torch.nan_to_num(padded, nan=-math.inf).amax(2, keepdim=True)
@@ -202,7 +207,7 @@ def quantize_residual(r, bits, group, generator):
     codes = torch.where(step > 0, torch.floor((padded - lo) / torch.where(step > 0, step, 1) + u),
                         torch.zeros_like(padded)).clamp(0, 2 ** bits - 1)
     out = (codes * step + lo).reshape(P, -1)[:, :n]
-    return out, 4 * P * groups + 4 * P * -(-n * bits // 32)
+    return out, 4 * P * groups + 4 * P * ceil_div(n * bits, 32)
 
 
 def simulate(t, transform, keep, generator, bits=2, group=128):

@@ -101,12 +101,23 @@ Layout ResidualLayout(absl::Span<const int64_t> shape, const Params& p) {
                                            p.group, p.seed);
 }
 
+// The kept frequencies of a layout: rows along H, columns along W.
+struct DctShape {
+  uint64_t rows;
+  uint64_t columns;
+};
+
+DctShape DctShapeOf(const Layout& l, uint32_t keep) {
+  if (l.planes == 0) return {0, 0};
+  return {dct_math::KeptAlong(l.height, keep), dct_math::KeptAlong(l.width, keep)};
+}
+
 Layout LayoutOf(const Variant& v, absl::Span<const int64_t> shape, const Params& p) {
   Layout l = ResidualLayout(shape, p);
   if (v.id == CodecId::kDivision) return division_math::MakePoolLayout(l, p.lfc);
   // The DCT's LFC: a bfloat16 per kept coefficient, two per word, [planes, rows, columns, C].
-  const uint64_t coefficients = l.planes * dct_math::KeptAlong(l.height, p.lfc) *
-                                dct_math::KeptAlong(l.width, p.lfc) * l.inner;
+  const DctShape kept = DctShapeOf(l, p.lfc);
+  const uint64_t coefficients = l.planes * kept.rows * kept.columns * l.inner;
   l.lfc_words = coefficients / 2 + coefficients % 2;
   return l;
 }
@@ -471,14 +482,14 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
 // ---- division_dct: the cosine-transform LFC (CPU only) ----
 
 // The cosines of one axis of n samples at its kept frequencies: [frequency][m]. One shared
-// table when it is small; past kMaxTable entries (only long 1-D tensors) each plane computes
-// the frequency it needs into its own buffer.
+// table when it is small; past kMaxTable entries (a long axis: a 1-D tensor, the rows of a
+// long 2-D one) each plane computes the cosines it needs where it needs them.
 class AxisCosines {
  public:
-  AxisCosines(uint64_t n, uint64_t kept) : n_(n), kept_(kept) {
-    if (n_ * kept_ > kMaxTable) return;
-    table_.resize(n_ * kept_);
-    for (uint64_t f = 0; f < kept_; ++f) Fill(f, &table_[f * n_]);
+  AxisCosines(uint64_t n, uint64_t kept) : n_(n) {
+    if (n_ * kept > kMaxTable) return;
+    table_.resize(n_ * kept);
+    for (uint64_t f = 0; f < kept; ++f) Fill(f, &table_[f * n_]);
   }
 
   // The cosine of frequency f at sample m.
@@ -501,20 +512,9 @@ class AxisCosines {
     for (uint64_t m = 0; m < n_; ++m) out[m] = dct_math::Basis(m, f, n_);
   }
 
-  uint64_t n_, kept_;
+  uint64_t n_;
   std::vector<float> table_;
 };
-
-// The kept frequencies of a layout: rows along H, columns along W.
-struct DctShape {
-  uint64_t rows;
-  uint64_t columns;
-};
-
-DctShape DctShapeOf(const Layout& l, uint32_t keep) {
-  if (l.planes == 0) return {0, 0};
-  return {dct_math::KeptAlong(l.height, keep), dct_math::KeptAlong(l.width, keep)};
-}
 
 struct DctCosines {
   DctCosines(const Layout& l, const DctShape& shape)

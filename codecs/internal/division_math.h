@@ -47,7 +47,7 @@ ACTPACK_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0
 ACTPACK_HD uint64_t MinU(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 // The view and the residual quantizer's groups of a tensor of this shape. The LFC fields are
-// left zero; MakePoolLayout and the FFT's layout fill them in. A tensor with no elements has
+// left zero; MakePoolLayout and the DCT's layout fill them in. A tensor with no elements has
 // no planes, groups or words.
 ACTPACK_HD Layout MakeResidualLayout(const int64_t* shape, int ndim, uint32_t bits,
                                      uint32_t group, uint64_t seed) {
