@@ -63,6 +63,9 @@ const char* const kSpecs[] = {
     "division:block=4,bits=4",
     "division:block=2,bits=1",
     "division:block=16,bits=8",
+    "division_dct",
+    "division_dct:keep=4,bits=4",
+    "division_dct:keep=32,bits=8",
     "bitpack",
 };
 
@@ -335,26 +338,42 @@ TEST_P(CudaIdentityTest, CorruptAndTruncatedBuffersAreRefusedAlike) {
 
 INSTANTIATE_TEST_SUITE_P(AllSpecs, CudaIdentityTest, ::testing::ValuesIn(AllCases()), CaseName);
 
-// Every codec of the registry is compared here, but division_dct, which has no CUDA kernel (the
-// next test): a codec registered without cases fails.
+// Every codec of the registry is compared here: a codec registered without cases fails.
 TEST(CudaIdentityOtherTest, EveryRegisteredCodecHasCases) {
-  std::set<CodecId> covered = {CodecId::kDivisionDct};
+  std::set<CodecId> covered;
   for (const char* spec : kSpecs) covered.insert(ParseCodecSpec(spec)->codec);
   for (const Codec* codec : AllCodecs()) {
     EXPECT_EQ(covered.count(codec->id()), 1u) << codec->name() << " has no identity cases";
   }
 }
 
-// division_dct has no CUDA kernel: the device path says so instead of guessing.
-TEST(CudaIdentityOtherTest, DivisionDctSaysItIsCpuOnly) {
-  DeviceRunner cuda(Device::kCuda);
+// division_dct's forward kernel cuts a plane into chunks of channels and tiles of columns, and
+// its kernels keep an axis' cosines in shared memory only where they fit: shapes past each of
+// these limits encode and decode to the CPU's bytes. [2, 9, 300] has two chunks of channels at
+// keep 1 (256 a block) and five at keep 32 (64); [1, 1, 5, 1100] four tiles of 256 columns and,
+// at keep 32, 31 x 1100 column cosines (past a table's 2048); [3, 600, 2] the same along the
+// tokens (rows), with 150 frequencies a quarter of the axis but keep's 32 kept.
+TEST(CudaIdentityDivisionDctTest, ChunksTilesAndLongAxes) {
+  DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
   if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
-  absl::StatusOr<CodecParams> params = ParseCodecSpec("division_dct");
-  ASSERT_TRUE(params.ok());
-  const std::vector<uint8_t> input = testing::ToBytes(testing::Gaussian(2 * 16 * 16, 3), DType::kFloat32);
-  absl::StatusOr<std::vector<uint8_t>> encoded = cuda.Encode(input, DType::kFloat32, {2, 16, 16}, *params);
-  ASSERT_FALSE(encoded.ok());
-  EXPECT_EQ(encoded.status().code(), absl::StatusCode::kUnimplemented) << encoded.status();
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{2, 9, 300}, {1, 1, 5, 1100}, {3, 600, 2}}) {
+    for (const char* spec : {"division_dct", "division_dct:keep=32,bits=2"}) {
+      const CodecParams params = *ParseCodecSpec(spec);
+      const std::vector<uint8_t> input =
+          testing::ToBytes(MakeValues(Data::kSmooth, shape, 5), DType::kFloat32);
+      const std::string what = absl::StrCat(spec, " [", absl::StrJoin(shape, ","), "]");
+      absl::StatusOr<std::vector<uint8_t>> a = cpu.Encode(input, DType::kFloat32, shape, params);
+      absl::StatusOr<std::vector<uint8_t>> b = cuda.Encode(input, DType::kFloat32, shape, params);
+      ASSERT_TRUE(a.ok()) << what << ": " << a.status();
+      ASSERT_TRUE(b.ok()) << what << ": " << b.status();
+      ASSERT_TRUE(*a == *b) << what;
+      std::vector<uint8_t> out_a, out_b;
+      ASSERT_TRUE(cpu.Decode(*a, a->size(), DType::kFloat32, shape, &out_a).ok()) << what;
+      ASSERT_TRUE(cuda.Decode(*b, b->size(), DType::kFloat32, shape, &out_b).ok()) << what;
+      ASSERT_TRUE(out_a == out_b) << what;
+    }
+  }
 }
 
 // One tensor of 16 MiB (float32, [64, 256, 256]) through the codecs the runtime uses most:

@@ -101,25 +101,10 @@ Layout ResidualLayout(absl::Span<const int64_t> shape, const Params& p) {
                                            p.group, p.seed);
 }
 
-// The kept frequencies of a layout: rows along H, columns along W.
-struct DctShape {
-  uint64_t rows;
-  uint64_t columns;
-};
-
-DctShape DctShapeOf(const Layout& l, uint32_t keep) {
-  if (l.planes == 0) return {0, 0};
-  return {dct_math::KeptAlong(l.height, keep), dct_math::KeptAlong(l.width, keep)};
-}
-
 Layout LayoutOf(const Variant& v, absl::Span<const int64_t> shape, const Params& p) {
-  Layout l = ResidualLayout(shape, p);
-  if (v.id == CodecId::kDivision) return division_math::MakePoolLayout(l, p.lfc);
-  // The DCT's LFC: a bfloat16 per kept coefficient, two per word, [planes, rows, columns, C].
-  const DctShape kept = DctShapeOf(l, p.lfc);
-  const uint64_t coefficients = l.planes * kept.rows * kept.columns * l.inner;
-  l.lfc_words = coefficients / 2 + coefficients % 2;
-  return l;
+  const Layout l = ResidualLayout(shape, p);
+  return v.id == CodecId::kDivision ? division_math::MakePoolLayout(l, p.lfc)
+                                    : division_math::MakeDctLayout(l, p.lfc);
 }
 
 // Payload bytes of a layout, or 0 with *overflow set when a corrupt header's shape would need
@@ -479,7 +464,7 @@ void PoolDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* o
   });
 }
 
-// ---- division_dct: the cosine-transform LFC (CPU only) ----
+// ---- division_dct: the cosine-transform LFC (cuda/division_kernels.cu computes the same) ----
 
 // The cosines of one axis of n samples at its kept frequencies: [frequency][m]. One shared
 // table when it is small; past kMaxTable entries (a long axis: a 1-D tensor, the rows of a
@@ -517,9 +502,9 @@ class AxisCosines {
 };
 
 struct DctCosines {
-  DctCosines(const Layout& l, const DctShape& shape)
-      : rows(std::max<uint64_t>(1, l.height), shape.rows),
-        columns(std::max<uint64_t>(1, l.width), shape.columns) {}
+  explicit DctCosines(const Layout& l)
+      : rows(std::max<uint64_t>(1, l.height), l.kept_rows),
+        columns(std::max<uint64_t>(1, l.width), l.kept_columns) {}
   AxisCosines rows;
   AxisCosines columns;
 };
@@ -530,16 +515,15 @@ struct DctCosines {
 // ascending) then along w (v ascending).
 class PlaneDct {
  public:
-  PlaneDct(const Layout& l, const DctShape& shape, const DctCosines& cosines)
+  PlaneDct(const Layout& l, const DctCosines& cosines)
       : l_(l),
-        shape_(shape),
         cosines_(cosines),
         row_(l.width * l.inner),
-        g_(shape.rows * l.width * l.inner),
+        g_(l.kept_rows * l.width * l.inner),
         gt_(g_.size()),
-        acc_(shape.rows * l.inner),
-        y_(shape.columns * l.height * l.inner),
-        x_(shape.rows * shape.columns * l.inner),
+        acc_(l.kept_rows * l.inner),
+        y_(l.kept_columns * l.height * l.inner),
+        x_(l.kept_rows * l.kept_columns * l.inner),
         approx_(l.plane) {}
 
   // The kept coefficients of plane p as bfloat16 into the LFC section, [rows][columns][C], two
@@ -547,7 +531,7 @@ class PlaneDct {
   // Halves are stored one by one: two planes' chunks may share a word.
   template <int K>
   void Forward(const void* input, uint64_t p, uint8_t* lfc, Partial* partial) {
-    const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = shape_.rows, V = shape_.columns;
+    const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = l_.kept_rows, V = l_.kept_columns;
     const uint64_t lanes = W * C;
     // Along h: G[u][w][c] = sum_h x[h][w][c] cos_H(u, h), a row at a time.
     std::fill(g_.begin(), g_.end(), 0.0f);
@@ -568,7 +552,6 @@ class PlaneDct {
         for (uint64_t c = 0; c < C; ++c) gt_[(w * R + u) * C + c] = g_[u * lanes + w * C + c];
       }
     }
-    const uint64_t first = p * R * V * C;
     for (uint64_t v = 0; v < V; ++v) {
       const float* t = cosines_.columns.Get(v, &buffer_);
       std::fill(acc_.begin(), acc_.end(), 0.0f);  // [R][C]
@@ -580,7 +563,8 @@ class PlaneDct {
         for (uint64_t c = 0; c < C; ++c) {
           const uint16_t stored = division_math::StoredMean(
               dct_math::Coefficient(acc_[u * C + c], u, v, H, W), &partial->nonfinite_lfc);
-          std::memcpy(lfc + 2 * (first + (u * V + v) * C + c), &stored, 2);  // little-endian
+          const uint64_t at = division_math::CoefficientIndex(l_, p, u, v, c);
+          std::memcpy(lfc + 2 * at, &stored, 2);  // little-endian
         }
       }
     }
@@ -588,8 +572,8 @@ class PlaneDct {
 
   // The inverse transform of plane p's stored coefficients: approximations of its H*W*C values.
   const float* Inverse(const uint8_t* lfc, uint64_t p) {
-    const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = shape_.rows, V = shape_.columns;
-    const uint8_t* plane = lfc + 2 * p * R * V * C;
+    const uint64_t H = l_.height, W = l_.width, C = l_.inner, R = l_.kept_rows, V = l_.kept_columns;
+    const uint8_t* plane = lfc + 2 * division_math::CoefficientIndex(l_, p, 0, 0, 0);
     for (uint64_t k = 0; k < R * V * C; ++k) {
       uint16_t half;
       std::memcpy(&half, plane + 2 * k, 2);
@@ -638,7 +622,6 @@ class PlaneDct {
 
  private:
   const Layout& l_;
-  const DctShape shape_;
   const DctCosines& cosines_;
   std::vector<float> row_;     // [W][C]: one row of the input
   std::vector<float> g_;       // [R][W][C]: forward along h
@@ -655,16 +638,14 @@ int64_t PlaneGrain(const Layout& l) {
   return std::max<int64_t>(1, 65536 / static_cast<int64_t>(std::max<uint64_t>(1, l.plane)));
 }
 
-Partial DctEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t keep,
-                     uint8_t* payload) {
+Partial DctEncodeCpu(const void* input, DType dtype, const Layout& l, uint8_t* payload) {
   uint32_t* words = reinterpret_cast<uint32_t*>(payload);
-  const DctShape shape = DctShapeOf(l, keep);
-  const DctCosines cosines(l, shape);
+  const DctCosines cosines(l);
   // The last word's high half stays zero when the coefficients are odd in number.
   if (l.lfc_words > 0) words[l.lfc_words - 1] = 0;
   std::vector<Partial> partials(internal::MaxParallelChunks());
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int chunk, int64_t begin, int64_t end) {
-    PlaneDct dct(l, shape, cosines);
+    PlaneDct dct(l, cosines);
     GroupScratch s(l.group_length);
     Partial& partial = partials[chunk];
     elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
@@ -683,13 +664,11 @@ Partial DctEncodeCpu(const void* input, DType dtype, const Layout& l, uint32_t k
   return Sum(partials);
 }
 
-void DctDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, uint32_t keep,
-                  void* output) {
+void DctDecodeCpu(const uint8_t* payload, DType dtype, const Layout& l, void* output) {
   const uint32_t* words = reinterpret_cast<const uint32_t*>(payload);
-  const DctShape shape = DctShapeOf(l, keep);
-  const DctCosines cosines(l, shape);
+  const DctCosines cosines(l);
   internal::ParallelFor(l.planes, PlaneGrain(l), [&](int, int64_t begin, int64_t end) {
-    PlaneDct dct(l, shape, cosines);
+    PlaneDct dct(l, cosines);
     elements::DispatchKindAndBits(dtype, l.bits, [&]<int K, int kBits>() {
       for (int64_t p = begin; p < end; ++p) {
         const float* approx = dct.Inverse(payload, p);
@@ -754,7 +733,6 @@ class Division final : public Codec {
     const uint64_t bytes = PayloadBytes(l, &overflow);
     WriteParams(p, header);
     if (input.device == Device::kCuda) {
-      if (v_.id == CodecId::kDivisionDct) return CpuOnly("encode");
 #ifdef ACTPACK_WITH_CUDA
       // Two launches: the LFC (zeroing the status), then the residual, the checksum and counts
       // of the whole payload, and the header.
@@ -773,7 +751,7 @@ class Division final : public Codec {
     }
     const Partial total = v_.id == CodecId::kDivision
                               ? PoolEncodeCpu(input.data, input.dtype, l, payload)
-                              : DctEncodeCpu(input.data, input.dtype, l, p.lfc, payload);
+                              : DctEncodeCpu(input.data, input.dtype, l, payload);
     DeviceStatus counts{};
     counts.nonfinite = total.nonfinite;
     counts.unrepresentable = total.nonfinite_lfc + total.overflow_groups;
@@ -817,21 +795,20 @@ class Division final : public Codec {
     if (v_.id == CodecId::kDivision) {
       PoolDecodeCpu(payload, header.dtype, *l, output.data);
     } else {
-      DctDecodeCpu(payload, header.dtype, *l, p->lfc, output.data);
+      DctDecodeCpu(payload, header.dtype, *l, output.data);
     }
     return absl::OkStatus();
   }
 
-  // `division` checks its buffer in its decode launch (division_dct does not run on a GPU).
-  bool ChecksOwnBuffer() const override { return v_.id == CodecId::kDivision; }
+  // The decode launch checks the buffer.
+  bool ChecksOwnBuffer() const override { return true; }
 
-  // Its LFC launch zeroes the status, which only the residual launch after it sums into.
-  bool EncodeZeroesStatus() const override { return v_.id == CodecId::kDivision; }
+  // The LFC launch zeroes the status, which only the residual launch after it sums into.
+  bool EncodeZeroesStatus() const override { return true; }
 
   absl::Status DecodeCheckedPayload(const Header& header, const DeviceBufferCheck& check,
                                     const MutableTensorView& output, const ExecContext& context,
                                     DeviceStatus* status) const override {
-    if (v_.id == CodecId::kDivisionDct) return CpuOnly("decode");
     absl::StatusOr<Params> p = ReadParams(header, v_);
     if (!p.ok()) return p.status();
     absl::StatusOr<Layout> l = CheckedLayout(header, *p);
@@ -867,17 +844,6 @@ class Division final : public Codec {
   Params ParamsOf(const CodecParams& params) const {
     return Params{static_cast<uint32_t>(params.bits), static_cast<uint32_t>(LfcParam(params)),
                   static_cast<uint32_t>(params.group_size), params.seed};
-  }
-
-  absl::Status CheckDevice(Device device) const override {
-    if (device == Device::kCuda && v_.id == CodecId::kDivisionDct) return CpuOnly("run");
-    return absl::OkStatus();
-  }
-
-  absl::Status CpuOnly(const char* what) const {
-    return absl::UnimplementedError(absl::StrCat(
-        "actpack: division_dct runs on the CPU only (cannot ", what,
-        " on CUDA); use 'division' (average-pooled LFC) on the GPU"));
   }
 
   const Variant v_;

@@ -9,8 +9,8 @@
 //                 as bfloat16 means and upsampled by repetition. CPU and CUDA.
 //   division_dct: LFC = the lowest k x k frequencies of each plane's 2-D cosine transform
 //                 (DCT-II; at most a quarter of an axis' frequencies), stored as bfloat16 and
-//                 reconstructed by the inverse sum of cosines. CPU only: on a CUDA tensor it
-//                 is a kUnimplemented error naming `division` as the GPU variant.
+//                 reconstructed by the inverse sum of cosines, computed directly (no FFT) in
+//                 a fixed order. CPU and CUDA, byte for byte.
 // The low-pass runs over the last two dims of an NCHW (ndim >= 4) tensor, along dim -2
 // (tokens) of a 2-D or 3-D tensor, and along a 1-D tensor (division_math.h; FORMAT.md has the
 // layout and the measurements behind these choices). Non-finite inputs are kFailedPrecondition

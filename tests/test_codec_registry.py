@@ -26,7 +26,6 @@ SPECS = {
     "division_dct": FLOATS, "division_dct:keep=16,bits=8": FLOATS,
     "bitpack": [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8],
 }
-CPU_ONLY = {"division_dct"}
 SHAPES = [(), (1,), (255,), (1000, 37), (64, 4097), (3, 40, 70), (4, 128, 96), (2, 3, 13, 21),
           (8, 16, 56, 56)]
 CASES = [(spec, dtype) for spec, dtypes in SPECS.items() for dtype in dtypes]
@@ -130,16 +129,13 @@ def check_identical_bytes(spec, dtype, device):
             assert same_values(actpack.decode(other.cpu()), actpack.decode(cpu.to(device)).cpu())
 
 
-IDENTITY_CASES = [c for c in CASES if codec_of(c[0]) not in CPU_ONLY]
-
-
-@pytest.mark.parametrize("spec, dtype", IDENTITY_CASES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("spec, dtype", CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_encoding_is_deterministic_for_every_shape(spec, dtype):
     check_identical_bytes(spec, dtype, "cpu")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec, dtype", IDENTITY_CASES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("spec, dtype", CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_cpu_and_cuda_write_identical_bytes(spec, dtype):
     check_identical_bytes(spec, dtype, "cuda")
 
@@ -162,7 +158,7 @@ def test_the_cpu_refuses_in_these_words(spec):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", [s for s in SPECS if codec_of(s) not in CPU_ONLY])
+@pytest.mark.parametrize("spec", list(SPECS))
 def test_cuda_refuses_what_the_cpu_refuses(spec):
     if spec in REFUSED:
         bad, words = REFUSED[spec]
@@ -182,9 +178,3 @@ def test_cuda_refuses_what_the_cpu_refuses(spec):
     with pytest.raises(RuntimeError, match="truncated"):
         actpack.decode(buffer[:-4])
 
-
-@pytest.mark.gpu
-def test_cpu_only_codecs_say_so_on_cuda():
-    for spec in CPU_ONLY:
-        with pytest.raises(RuntimeError, match="CPU only"):
-            actpack.encode(torch.randn(1, 1, 8, 8, device="cuda"), spec)

@@ -1,4 +1,4 @@
-// CUDA kernels of the `division` codec. They write exactly the payload of the CPU reference
+// CUDA kernels of the `division` and `division_dct` codecs. They write exactly the payload of the CPU reference
 // (division.cc): the same window sums (division_math::LfcWord, a left-to-right correctly
 // rounded sum per window), the same residuals, group parameters and counter-based draws
 // (division_math.h, quant_math.h).
@@ -20,14 +20,25 @@
 // parameter word, its window's LFC word), and the last block checks the buffer.
 // A value's plane, group and window come from divisions by the layout's sizes: in a tensor of
 // at most 2^32 - 1 values, multiplications made once per launch (division_math::MeanDivisors).
+//
+// `division_dct` (layout.kept_rows > 0) writes exactly the CPU's payload too: its sums run in
+// the order FORMAT.md gives, each a correctly rounded float operation, the cosines from
+// dct_math.h's polynomial (a block's tables in shared memory where they fit). Encode, two
+// launches: (1) DctForwardKernel, a block a plane's chunk of channels, zeroing the status in
+// block 0; (2) the residual kernel above, the approximations the inverse transform of the
+// coefficients (1) wrote (CosineLfc). Decode, one launch (DctDecodeKernel): a value a thread.
+// The transform is direct (about R x V multiply-adds a value each way at R x V kept
+// frequencies: one at the default keep), not an FFT: FORMAT.md says why.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/cuda_check.h"
 #include "codecs/cuda/device_ops.cuh"
 #include "codecs/cuda/kernels.h"
 #include "codecs/cuda/launch.cuh"
+#include "codecs/internal/dct_math.h"
 #include "codecs/internal/division_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
@@ -189,27 +200,208 @@ __device__ __forceinline__ GroupPlace PlaceOfGroup(const Layout& l, const MeanDi
   return GroupPlace{p, q * l.group_length, division_math::GroupSize(l, q)};
 }
 
-// The residual of element k of group (p, q) against the mean it upsamples from.
-template <int K>
-__device__ __forceinline__ float ResidualAt(const void* __restrict__ input,
-                                            const uint16_t* __restrict__ means, const Layout& l,
-                                            const MeanDivisors& d, uint64_t p, uint64_t j,
-                                            float* x) {
-  *x = elements::Load<K>(input, p * l.plane + j);
-  const float mean = portable::Bf16ToFloat(means[MeanIndex(l, d, p, j)]);
-  return division_math::Residual(*x, mean);
+// `division`'s LFC as the residual kernel sees it: a value's approximation is the mean of its
+// window.
+struct PooledLfc {
+  const uint16_t* means;
+  __device__ __forceinline__ void Prepare(const Layout&) {}
+  __device__ __forceinline__ float At(const Layout& l, const MeanDivisors& d, uint64_t p,
+                                      uint64_t j) const {
+    return portable::Bf16ToFloat(means[MeanIndex(l, d, p, j)]);
+  }
+};
+
+// ---- division_dct's cosine-transform LFC ----
+
+// Cosines an axis' table holds in shared memory (frequencies 1.. of the axis' samples); a longer
+// axis' are computed where they are needed, as on the CPU.
+constexpr uint64_t kMaxCosines = 2048;
+
+// The cosine of frequency f at sample m of an axis of n: frequency 0's is 1 (TurnCos(0, .)
+// exactly), the others from `table` ([f - 1][m]) or computed (no table).
+__device__ __forceinline__ float CosineAt(const float* table, uint64_t f, uint64_t m, uint64_t n) {
+  if (f == 0) return 1.0f;
+  return table != nullptr ? table[(f - 1) * n + m] : dct_math::Basis(m, f, n);
 }
 
+// Fills `table` with the cosines of frequencies 1..kept-1 of an axis of n samples where they fit,
+// block-wide (the caller syncs), and returns it; nullptr where they do not fit or there are none.
+__device__ __forceinline__ const float* FillCosines(float* table, uint64_t kept, uint64_t n) {
+  const uint64_t entries = (kept - 1) * n;
+  if (entries == 0 || entries > kMaxCosines) return nullptr;
+  for (uint64_t i = threadIdx.x; i < entries; i += blockDim.x) {
+    table[i] = dct_math::Basis(i % n, 1 + i / n, n);
+  }
+  return table;
+}
+
+// h, w and c of value j of a plane.
+struct PlanePosition {
+  uint64_t h, w, c;
+};
+__device__ __forceinline__ PlanePosition PositionOf(const Layout& l, const MeanDivisors& d,
+                                                    uint64_t j) {
+  if (d.narrow) {
+    const uint32_t j32 = static_cast<uint32_t>(j);
+    const uint32_t t = portable::Divide(j32, d.inner);
+    const uint32_t h = portable::Divide(t, d.width);
+    return PlanePosition{h, t - h * static_cast<uint32_t>(l.width),
+                         j32 - t * static_cast<uint32_t>(l.inner)};
+  }
+  const uint64_t t = j / l.inner;
+  return PlanePosition{t / l.width, t % l.width, j % l.inner};
+}
+
+// `division_dct`'s LFC as the residual and decode kernels see it: a value's approximation is
+// the inverse transform of its plane's stored coefficients at its place, summed in the CPU's
+// order (division.cc's PlaneDct::Inverse: along h over u ascending, then along w over v
+// ascending). Prepare fills the block's cosine tables (shared memory) before any At.
+struct CosineLfc {
+  const uint16_t* coefficients;
+  const float* row_cosines;
+  const float* column_cosines;
+
+  __device__ __forceinline__ void Prepare(const Layout& l) {
+    __shared__ float rows[kMaxCosines];
+    __shared__ float columns[kMaxCosines];
+    row_cosines = FillCosines(rows, l.kept_rows, l.height);
+    column_cosines = FillCosines(columns, l.kept_columns, l.width);
+    __syncthreads();
+  }
+
+  __device__ __forceinline__ float At(const Layout& l, const MeanDivisors& d, uint64_t p,
+                                      uint64_t j) const {
+    const PlanePosition at = PositionOf(l, d, j);
+    const uint16_t* x = coefficients + division_math::CoefficientIndex(l, p, 0, 0, at.c);
+    float approximation = 0.0f;
+    for (uint64_t v = 0; v < l.kept_columns; ++v) {
+      float y = 0.0f;
+      for (uint64_t u = 0; u < l.kept_rows; ++u) {
+        const float cosine = CosineAt(row_cosines, u, at.h, l.height);
+        const float coefficient = portable::Bf16ToFloat(x[(u * l.kept_columns + v) * l.inner]);
+        y = portable::Add(y, portable::Mul(coefficient, cosine));
+      }
+      approximation = portable::Add(approximation,
+                                    portable::Mul(y, CosineAt(column_cosines, v, at.w, l.width)));
+    }
+    return approximation;
+  }
+};
+
+// How the forward kernel cuts a plane: `channels` channels a block item, `columns` columns a
+// tile of the pass along h (a thread each (column, channel)), the items' channel chunks a plane.
+struct ForwardTiling {
+  uint32_t channels, columns;
+  uint64_t chunks;
+};
+
+// The forward kernel's shared memory: the pass along h's sums ([u][lane]) and the coefficients'
+// ([u][v][channel]).
+constexpr uint32_t kForwardSums = 4096;
+constexpr uint32_t kForwardCoefficients = 2048;
+
+ForwardTiling TilingOf(const Layout& l) {
+  if (l.planes == 0) return ForwardTiling{1, 1, 0};
+  const uint64_t lanes = std::min<uint64_t>(kThreads, kForwardSums / l.kept_rows);
+  const uint64_t per_channel = l.kept_rows * l.kept_columns;  // at most 32 x 32
+  const uint64_t channels =
+      std::min<uint64_t>({l.inner, lanes, kForwardCoefficients / per_channel});
+  const uint64_t columns = std::min<uint64_t>(l.width, lanes / channels);
+  return ForwardTiling{static_cast<uint32_t>(channels), static_cast<uint32_t>(columns),
+                       (l.inner + channels - 1) / channels};
+}
+
+// The encode's first launch for `division_dct`: the kept coefficients of each (plane, channel),
+// the sums in the CPU's order (division.cc's PlaneDct::Forward: along h, h ascending, for each
+// (u, w, c); then along w, w ascending, for each (u, v, c)), each rounded to bfloat16 into the
+// LFC section. A block item is a plane's chunk of channels: a tile of columns at a time, each
+// thread sums one (column, channel) along h for every u into shared memory, then each
+// coefficient's sum along w goes on over the tile's columns. Block 0 zeroes the status and the
+// pad half of an odd LFC.
 template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DctForwardKernel(const void* __restrict__ input, Layout l, ForwardTiling t,
+                     uint16_t* __restrict__ lfc, DeviceStatus* __restrict__ status) {
+  __shared__ float sums[kForwardSums];
+  __shared__ float coefficients[kForwardCoefficients];
+  __shared__ float rows[kMaxCosines];
+  __shared__ float columns[kMaxCosines];
+  ZeroStatusInFirstBlock(status);
+  const uint64_t R = l.kept_rows, V = l.kept_columns, H = l.height, W = l.width, C = l.inner;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && R * V * C * l.planes % 2 != 0) {
+    lfc[2 * l.lfc_words - 1] = 0;
+  }
+  const float* row_cosines = FillCosines(rows, R, H);
+  const float* column_cosines = FillCosines(columns, V, W);
+  __syncthreads();
+  const uint32_t lanes = t.channels * t.columns;
+  const uint64_t items = R * V * t.channels;
+  const uint32_t lane = threadIdx.x;
+  for (uint64_t b = blockIdx.x; b < l.planes * t.chunks; b += gridDim.x) {
+    const uint64_t p = b / t.chunks;
+    const uint64_t c0 = (b - p * t.chunks) * t.channels;
+    const uint64_t channels = division_math::MinU(t.channels, C - c0);
+    for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) coefficients[i] = 0.0f;
+    for (uint64_t w0 = 0; w0 < W; w0 += t.columns) {
+      const uint64_t w = w0 + lane / t.channels, c = lane % t.channels;
+      if (lane < lanes && w < W && c < channels) {  // along h
+        for (uint64_t u = 0; u < R; ++u) sums[u * lanes + lane] = 0.0f;
+        const uint64_t first = p * l.plane + w * C + c0 + c;
+        for (uint64_t h = 0; h < H; ++h) {
+          const float x = elements::Load<K>(input, first + h * W * C);
+          for (uint64_t u = 0; u < R; ++u) {
+            float& g = sums[u * lanes + lane];
+            g = portable::Add(g, portable::Mul(x, CosineAt(row_cosines, u, h, H)));
+          }
+        }
+      }
+      __syncthreads();
+      const uint64_t tile = division_math::MinU(t.columns, W - w0);
+      for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) {  // along w
+        const uint64_t c = i % t.channels, u = i / t.channels / V, v = i / t.channels % V;
+        if (c >= channels) continue;
+        float acc = coefficients[i];
+        for (uint64_t k = 0; k < tile; ++k) {
+          const float g = sums[u * lanes + k * t.channels + c];
+          acc = portable::Add(acc, portable::Mul(g, CosineAt(column_cosines, v, w0 + k, W)));
+        }
+        coefficients[i] = acc;
+      }
+      __syncthreads();
+    }
+    for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) {
+      const uint64_t c = i % t.channels, u = i / t.channels / V, v = i / t.channels % V;
+      if (c >= channels) continue;
+      uint64_t nonfinite = 0;  // counted from the words by the residual launch
+      lfc[division_math::CoefficientIndex(l, p, u, v, c0 + c)] = division_math::StoredMean(
+          dct_math::Coefficient(coefficients[i], u, v, H, W), &nonfinite);
+    }
+    __syncthreads();  // the next item's zeroing after every read of these
+  }
+}
+
+// The residual of value j of plane p against its LFC approximation.
+template <int K, typename Lfc>
+__device__ __forceinline__ float ResidualAt(const void* __restrict__ input, const Lfc& lfc,
+                                            const Layout& l, const MeanDivisors& d, uint64_t p,
+                                            uint64_t j, float* x) {
+  *x = elements::Load<K>(input, p * l.plane + j);
+  return division_math::Residual(*x, lfc.At(l, d, p, j));
+}
+
+// The residual launch of either codec (`division` where its vector kernel does not apply):
+// one warp a group, the LFC's approximations from `lfc` (which reads the payload the first
+// launch wrote).
+template <int K, typename Lfc>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    DivisionResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
+    DivisionResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d, Lfc lfc,
                            uint32_t* __restrict__ payload, LaunchClosing closing,
                            DeviceStatus* __restrict__ status) {
+  lfc.Prepare(l);
   const int lane = threadIdx.x & 31;
   const uint32_t word_shift = WordShift(l.bits);
   const uint32_t per_word = 1u << word_shift;  // 32 / bits
   const uint32_t levels = (1u << l.bits) - 1;
-  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   uint64_t overflow_groups = 0;
@@ -222,7 +414,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     int overflow = 0;
     for (uint64_t k = lane; k < n; k += 32) {
       float x;
-      const float r = ResidualAt<K>(input, means, l, d, p, j0 + k, &x);
+      const float r = ResidualAt<K>(input, lfc, l, d, p, j0 + k, &x);
       if (!portable::IsFinite(x)) {
         ++nonfinite;
         continue;
@@ -255,7 +447,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       uint32_t code = 0;
       if (k < n) {
         float x;
-        const float r = ResidualAt<K>(input, means, l, d, p, j0 + k, &x);
+        const float r = ResidualAt<K>(input, lfc, l, d, p, j0 + k, &x);
         if (portable::IsFinite(r)) {
           code = quant_math::Quantize(r, gp, draws(first_element + k), levels);
         }
@@ -437,31 +629,41 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   CloseResidualLaunch(payload, l, checksum, nonfinite, overflow_groups, closing, status);
 }
 
-// Value j of plane p decoded; adds to *checksum the terms of the payload words whose first
-// reader it is: its code word (the word's first value), its group's parameter word (the
-// group's first value) and its window's LFC word (the top-left value of the word's first
-// window).
-template <int K>
-__device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
-                                          const MeanDivisors& d, uint64_t p, uint64_t j,
-                                          uint64_t* checksum) {
+// Value j of plane p's code and its group's parameters; adds to *checksum the terms of the
+// payload words whose first reader it is among its code word (the word's first value) and its
+// group's parameter word (the group's first value).
+struct StoredResidual {
+  uint32_t code;
+  quant_math::GroupParams params;
+};
+__device__ __forceinline__ StoredResidual StoredResidualAt(const uint32_t* __restrict__ payload,
+                                                           const Layout& l, const MeanDivisors& d,
+                                                           uint64_t p, uint64_t j,
+                                                           uint64_t* checksum) {
   const uint32_t word_shift = WordShift(l.bits);
   const uint32_t in_word = static_cast<uint32_t>(j) & ((1u << word_shift) - 1);  // j % (32 / bits)
-  const uint32_t mask = (1u << l.bits) - 1;
-  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   const uint64_t q = GroupOf(l, d, j);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
   const uint64_t word_at = division_math::PlaneCodeWord(l, p) + (j >> word_shift);
   const uint32_t word = payload[word_at];
-  bool starts = false;
-  const uint64_t m = MeanIndex(l, d, p, j, &starts);
   if (in_word == 0) *checksum += portable::ChecksumTerm(word, word_at);
   if (j == q * l.group_length) *checksum += portable::ChecksumTerm(packed, param_at);
+  return StoredResidual{(word >> (in_word * l.bits)) & ((1u << l.bits) - 1),
+                        quant_math::UnpackGroupParams(packed)};
+}
+
+// Value j of plane p decoded with `division`'s LFC; adds to *checksum StoredResidualAt's terms
+// and its window's LFC word's where it is the top-left value of the word's first window.
+__device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
+                                          const MeanDivisors& d, uint64_t p, uint64_t j,
+                                          uint64_t* checksum) {
+  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
+  const StoredResidual stored = StoredResidualAt(payload, l, d, p, j, checksum);
+  bool starts = false;
+  const uint64_t m = MeanIndex(l, d, p, j, &starts);
   if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
-  const uint32_t code = (word >> (in_word * l.bits)) & mask;
-  return division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code,
-                                    quant_math::UnpackGroupParams(packed));
+  return division_math::Reconstruct(portable::Bf16ToFloat(means[m]), stored.code, stored.params);
 }
 
 // The 16-byte vector of values j0.. of plane p (j0 a multiple of the vector's values, so they
@@ -542,7 +744,34 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (uint64_t i = done + first; i < numel; i += stride) {
     const uint64_t p = PlaneOf(l, d, i);
-    elements::Store<K>(output, i, DecodeAt<K>(payload, l, d, p, i - p * l.plane, &checksum));
+    elements::Store<K>(output, i, DecodeAt(payload, l, d, p, i - p * l.plane, &checksum));
+  }
+  WarpSumToGlobal(checksum, &status->decode_sum);
+  CloseLaunch(closing, status);
+}
+
+// `division_dct`'s decode, one launch: a thread a value (its approximation from the block's
+// cosine tables and its plane's coefficients, plus its dequantized residual), each thread a
+// share of the LFC words' checksum terms; the last block checks the buffer.
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DctDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
+                    CosineLfc lfc, void* __restrict__ output, LaunchClosing closing,
+                    DeviceStatus* __restrict__ status) {
+  lfc.Prepare(l);
+  const uint64_t numel = l.planes * l.plane;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  const uint64_t first = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  uint64_t checksum = 0;
+  for (uint64_t i = first; i < numel; i += stride) {
+    const uint64_t p = PlaneOf(l, d, i);
+    const uint64_t j = i - p * l.plane;
+    const StoredResidual stored = StoredResidualAt(payload, l, d, p, j, &checksum);
+    elements::Store<K>(output, i, division_math::Reconstruct(lfc.At(l, d, p, j), stored.code,
+                                                             stored.params));
+  }
+  for (uint64_t w = first; w < l.lfc_words; w += stride) {
+    checksum += portable::ChecksumTerm(payload[w], w);
   }
   WarpSumToGlobal(checksum, &status->decode_sum);
   CloseLaunch(closing, status);
@@ -558,7 +787,18 @@ bool ResidualVectorizable(const void* input, const Layout& l, uint32_t per) {
 template <int K>
 void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
-  // Launched where there are no words too: it zeroes the status.
+  const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
+  const int group_blocks = BlocksFor(layout.groups, kWarpsPerBlock);
+  uint16_t* halves = reinterpret_cast<uint16_t*>(words);
+  if (layout.kept_rows > 0 || layout.planes == 0) {  // division_dct (or no values)
+    // Launched where there are no values too: it zeroes the status.
+    const ForwardTiling tiling = TilingOf(layout);
+    ACTPACK_LAUNCH(DctForwardKernel<K>, BlocksFor(layout.planes * tiling.chunks, 1), kThreads, s)(
+        input, layout, tiling, halves, status);
+    ACTPACK_LAUNCH((DivisionResidualKernel<K, CosineLfc>), group_blocks, kWarpsPerBlock * 32, s)(
+        input, layout, divisors, CosineLfc{halves, nullptr, nullptr}, words, closing, status);
+    return;
+  }
   const int lfc_blocks = BlocksFor(layout.lfc_words, kThreads);
   if (const uint32_t row_vectors = LfcRowVectors(input, layout, kValuesPerVector<K>)) {
     ACTPACK_LAUNCH(DivisionLfcVectorKernel<K>, lfc_blocks, kThreads, s)(
@@ -566,15 +806,13 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
   } else {
     ACTPACK_LAUNCH(DivisionLfcKernel<K>, lfc_blocks, kThreads, s)(input, layout, words, status);
   }
-  const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
   if (ResidualVectorizable(input, layout, kValuesPerVector<K>)) {
     const int blocks = BlocksFor((layout.groups + 1) / 2, kWarpsPerBlock);  // two groups a warp
     ACTPACK_LAUNCH(DivisionResidualVectorKernel<K>, blocks, kWarpsPerBlock * 32, s)(
         static_cast<const uint4*>(input), layout, divisors, words, closing, status);
   } else {
-    const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
-    ACTPACK_LAUNCH(DivisionResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
-        input, layout, divisors, words, closing, status);
+    ACTPACK_LAUNCH((DivisionResidualKernel<K, PooledLfc>), group_blocks, kWarpsPerBlock * 32, s)(
+        input, layout, divisors, PooledLfc{halves}, words, closing, status);
   }
 }
 
@@ -582,12 +820,18 @@ template <int K>
 void LaunchDecode(const uint32_t* words, const Layout& layout, void* output,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
   const uint64_t numel = layout.planes * layout.plane;
+  const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
+  if (layout.kept_rows > 0) {  // division_dct
+    const CosineLfc lfc{reinterpret_cast<const uint16_t*>(words), nullptr, nullptr};
+    ACTPACK_LAUNCH(DctDecodeKernel<K>, BlocksFor(numel, kThreads), kThreads, s)(
+        words, layout, divisors, lfc, output, closing, status);
+    return;
+  }
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const bool vectors_fit =
       reinterpret_cast<uintptr_t>(output) % 16 == 0 && layout.plane % kPer == 0;
   ACTPACK_LAUNCH(DivisionDecodeKernel<K>, BlocksFor(vectors_fit ? numel / kPer : numel, kThreads),
-                 kThreads, s)(words, layout, division_math::MakeMeanDivisors(layout),
-                              vectors_fit, output, closing, status);
+                 kThreads, s)(words, layout, divisors, vectors_fit, output, closing, status);
 }
 
 }  // namespace

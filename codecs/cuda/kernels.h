@@ -162,17 +162,18 @@ absl::Status PoolDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWo
                         uint32_t known, const PoolLayout& layout, void* output,
                         DeviceStatus* status, void* stream);
 
-// `division`: the pooled bfloat16 LFC, then the residual quantized per group: the payload of
-// division.cc for `layout` (division_math::MakePoolLayout) and an elements::Kind, and the
-// header at `out` from `header` (two launches, the first zeroing `status`, so the caller need
-// not). status: payload_sum; nonfinite = non-finite
-// inputs; unrepresentable = LFC means not finite in bfloat16 (also counted in work[0]) and
+// `division` and `division_dct`: the LFC (pooled means, or the kept cosine-transform
+// coefficients where layout.kept_rows > 0: division_math::MakePoolLayout, MakeDctLayout), then
+// the residual quantized per group: the payload of division.cc for `layout` and an
+// elements::Kind, and the header at `out` from `header` (two launches, the first zeroing
+// `status`, so the caller need not). status: payload_sum; nonfinite = non-finite
+// inputs; unrepresentable = LFC values not finite in bfloat16 (also counted in work[0]) and
 // groups whose residual range overflows float.
 absl::Status DivisionEncode(const void* input, const division_math::Layout& layout,
                             int element_kind, const HeaderWords& header, uint8_t* out,
                             DeviceStatus* status, void* stream);
 
-// Upsampled LFC + dequantized residual, in one launch that checks the buffer at `buffer`
+// LFC approximation + dequantized residual, in one launch that checks the buffer at `buffer`
 // (`capacity` bytes) as CheckBuffer does, its failures in status->failures (Poison after it).
 absl::Status DivisionDecode(const uint8_t* buffer, uint64_t capacity, const HeaderWords& expected,
                             uint32_t known, const division_math::Layout& layout,

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "codecs/internal/dct_math.h"
 #include "codecs/internal/elements.h"
 #include "codecs/internal/portable.h"
 #include "codecs/internal/quant_math.h"
@@ -31,6 +32,8 @@ struct Layout {
   uint32_t block_h, block_w;
   uint64_t blocks_h, blocks_w;  // ceil(H / block_h), ceil(W / block_w)
   uint64_t means;               // planes * blocks_h * blocks_w * C
+  // `division_dct`: the kept frequencies along H (rows) and W (columns); 0 in `division`.
+  uint64_t kept_rows, kept_columns;
   // The residual quantizer.
   uint32_t bits;
   uint64_t seed;
@@ -47,7 +50,7 @@ ACTPACK_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0
 ACTPACK_HD uint64_t MinU(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 // The view and the residual quantizer's groups of a tensor of this shape. The LFC fields are
-// left zero; MakePoolLayout and the DCT's layout fill them in. A tensor with no elements has
+// left zero; MakePoolLayout and MakeDctLayout fill them in. A tensor with no elements has
 // no planes, groups or words.
 ACTPACK_HD Layout MakeResidualLayout(const int64_t* shape, int ndim, uint32_t bits,
                                      uint32_t group, uint64_t seed) {
@@ -94,6 +97,22 @@ ACTPACK_HD Layout MakePoolLayout(Layout l, uint32_t block) {
   l.means = l.planes * l.blocks_h * l.blocks_w * l.inner;
   l.lfc_words = CeilDiv(l.means, 2);
   return l;
+}
+
+// `division_dct`: adds the cosine-transform LFC under `keep` (dct_math.h): a bfloat16 per kept
+// coefficient, [planes, kept_rows, kept_columns, C], two per word, low half first.
+ACTPACK_HD Layout MakeDctLayout(Layout l, uint32_t keep) {
+  if (l.planes == 0) return l;
+  l.kept_rows = dct_math::KeptAlong(l.height, keep);
+  l.kept_columns = dct_math::KeptAlong(l.width, keep);
+  l.lfc_words = CeilDiv(l.planes * l.kept_rows * l.kept_columns * l.inner, 2);
+  return l;
+}
+
+// Index of coefficient (u, v) of channel c of plane p in the DCT's LFC.
+ACTPACK_HD uint64_t CoefficientIndex(const Layout& l, uint64_t p, uint64_t u, uint64_t v,
+                                     uint64_t c) {
+  return ((p * l.kept_rows + u) * l.kept_columns + v) * l.inner + c;
 }
 
 // ---- `division`: the pooled LFC ----
