@@ -970,7 +970,7 @@ def work(kernels_tree):
                 Trip("for (uint32_t r = 1; r < l.tile_rows; ++r) k[r * tc + lane]", lambda s: 0)]),
         })
     with open(os.path.join(kernels_tree, DIVISION)) as f:
-        decode_vectors = "DecodeAt<K>" in f.read()
+        decode_vectors = "DecodeVector<K>(" in f.read()
     if decode_vectors:  # a thread per 16-byte vector of output (the planes hold whole vectors)
         # The modelled [n, 64, 64, 64] planes take OneWindow's path: a vector of a row's values
         # in one 8-wide window (loads: its group's parameter word, its code words, one mean and

@@ -200,15 +200,41 @@ __device__ __forceinline__ GroupPlace PlaceOfGroup(const Layout& l, const MeanDi
   return GroupPlace{p, q * l.group_length, division_math::GroupSize(l, q)};
 }
 
-// `division`'s LFC as the residual kernel sees it: a value's approximation is the mean of its
-// window.
+// The LFC as the residual and decode kernels see it (PooledLfc, CosineLfc below):
+//   Prepare(l)             block-wide, before any other call (a kernel's first statement);
+//   At(l, d, p, j)         the approximation of value j of plane p;
+//   VectorAt(l, d, p, j)   At where a 16-byte vector's values from j share it
+//                          (VectorsShareApproximation);
+//   AtSumming(l, d, p, j, checksum)  At, adding the checksum terms of the LFC words whose first
+//                          reader value j is;
+//   SumOtherWords(l, checksum)  the decode thread's share of the LFC words no value reads first.
+// Both read the LFC section the encode's first launch (or the encoder) wrote: `payload`.
+
+// `division`'s: a value's approximation is the mean of its window.
 struct PooledLfc {
-  const uint16_t* means;
+  const uint32_t* payload;
+
   __device__ __forceinline__ void Prepare(const Layout&) {}
+  __device__ __forceinline__ float Mean(uint64_t m) const {
+    return portable::Bf16ToFloat(reinterpret_cast<const uint16_t*>(payload)[m]);
+  }
   __device__ __forceinline__ float At(const Layout& l, const MeanDivisors& d, uint64_t p,
                                       uint64_t j) const {
-    return portable::Bf16ToFloat(means[MeanIndex(l, d, p, j)]);
+    return Mean(MeanIndex(l, d, p, j));
   }
+  __device__ __forceinline__ float VectorAt(const Layout& l, const MeanDivisors& d, uint64_t p,
+                                            uint64_t j) const {
+    return Mean(RowMeanIndex(l, d, p, j));
+  }
+  // The first reader of an LFC word: the top-left value of the word's first window.
+  __device__ __forceinline__ float AtSumming(const Layout& l, const MeanDivisors& d, uint64_t p,
+                                             uint64_t j, uint64_t* checksum) const {
+    bool starts = false;
+    const uint64_t m = MeanIndex(l, d, p, j, &starts);
+    if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
+    return Mean(m);
+  }
+  __device__ __forceinline__ void SumOtherWords(const Layout&, uint64_t*) const {}
 };
 
 // ---- division_dct's cosine-transform LFC ----
@@ -252,14 +278,14 @@ __device__ __forceinline__ PlanePosition PositionOf(const Layout& l, const MeanD
   return PlanePosition{t / l.width, t % l.width, j % l.inner};
 }
 
-// `division_dct`'s LFC as the residual and decode kernels see it: a value's approximation is
-// the inverse transform of its plane's stored coefficients at its place, summed in the CPU's
-// order (division.cc's PlaneDct::Inverse: along h over u ascending, then along w over v
-// ascending). Prepare fills the block's cosine tables (shared memory) before any At.
+// `division_dct`'s: a value's approximation is the inverse transform of its plane's stored
+// coefficients at its place, summed in the CPU's order (division.cc's PlaneDct::Inverse: along
+// h over u ascending, then along w over v ascending). Prepare fills the block's cosine tables
+// (shared memory). A coefficient has many readers: the decode sums the LFC words apart.
 struct CosineLfc {
-  const uint16_t* coefficients;
-  const float* row_cosines;
-  const float* column_cosines;
+  const uint32_t* payload;
+  const float* row_cosines = nullptr;
+  const float* column_cosines = nullptr;
 
   __device__ __forceinline__ void Prepare(const Layout& l) {
     __shared__ float rows[kMaxCosines];
@@ -272,7 +298,8 @@ struct CosineLfc {
   __device__ __forceinline__ float At(const Layout& l, const MeanDivisors& d, uint64_t p,
                                       uint64_t j) const {
     const PlanePosition at = PositionOf(l, d, j);
-    const uint16_t* x = coefficients + division_math::CoefficientIndex(l, p, 0, 0, at.c);
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(payload) +
+                        division_math::CoefficientIndex(l, p, 0, 0, at.c);
     float approximation = 0.0f;
     for (uint64_t v = 0; v < l.kept_columns; ++v) {
       float y = 0.0f;
@@ -286,98 +313,165 @@ struct CosineLfc {
     }
     return approximation;
   }
+  __device__ __forceinline__ float VectorAt(const Layout& l, const MeanDivisors& d, uint64_t p,
+                                            uint64_t j) const {
+    return At(l, d, p, j);
+  }
+  __device__ __forceinline__ float AtSumming(const Layout& l, const MeanDivisors& d, uint64_t p,
+                                             uint64_t j, uint64_t*) const {
+    return At(l, d, p, j);
+  }
+  __device__ __forceinline__ void SumOtherWords(const Layout& l, uint64_t* checksum) const {
+    const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+    for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < l.lfc_words;
+         w += stride) {
+      *checksum += portable::ChecksumTerm(payload[w], w);
+    }
+  }
 };
 
-// How the forward kernel cuts a plane: `channels` channels a block item, `columns` columns a
-// tile of the pass along h (a thread each (column, channel)), the items' channel chunks a plane.
+// Whether the values of a 16-byte vector (`per` of them from a multiple of `per` in a plane)
+// share one LFC approximation: a window's (OneWindow) or, in division_dct at one kept
+// frequency without inner channels, the plane's.
+__host__ __device__ inline bool VectorsShareApproximation(const Layout& l, uint32_t per) {
+  if (l.kept_rows > 0) return l.kept_rows == 1 && l.kept_columns == 1 && l.inner == 1;
+  return OneWindow(l, per);
+}
+
+// How the forward kernel cuts the work: a block item is `planes` planes' chunk of `channels`
+// channels (several planes where a plane's W x C values fill less than a block, one plane and
+// `chunks` chunks of it otherwise), a tile `columns` of its columns; a thread sums one
+// (plane, column, channel) along h per tile.
 struct ForwardTiling {
-  uint32_t channels, columns;
-  uint64_t chunks;
+  uint32_t planes, channels, columns;
+  uint64_t chunks;  // channel chunks a plane
+  uint64_t items;   // block items in all
 };
 
-// The forward kernel's shared memory: the pass along h's sums ([u][lane]) and the coefficients'
-// ([u][v][channel]).
+// The forward kernel's shared memory: the pass along h's sums ([u][lane]) and the
+// coefficients' ([plane][u][v][channel]) at most, and the cosine tables; a single kept
+// frequency (keep 1, the default) needs a sum a thread and no tables.
 constexpr uint32_t kForwardSums = 4096;
 constexpr uint32_t kForwardCoefficients = 2048;
 
 ForwardTiling TilingOf(const Layout& l) {
-  if (l.planes == 0) return ForwardTiling{1, 1, 0};
-  const uint64_t lanes = std::min<uint64_t>(kThreads, kForwardSums / l.kept_rows);
+  if (l.planes == 0) return ForwardTiling{1, 1, 1, 0, 0};
   const uint64_t per_channel = l.kept_rows * l.kept_columns;  // at most 32 x 32
-  const uint64_t channels =
-      std::min<uint64_t>({l.inner, lanes, kForwardCoefficients / per_channel});
+  const uint64_t lanes = std::min<uint64_t>(kThreads, kForwardSums / l.kept_rows);
+  const uint64_t coefficients = std::min<uint64_t>(lanes, kForwardCoefficients / per_channel);
+  const uint64_t channels = std::min<uint64_t>(l.inner, coefficients);
   const uint64_t columns = std::min<uint64_t>(l.width, lanes / channels);
-  return ForwardTiling{static_cast<uint32_t>(channels), static_cast<uint32_t>(columns),
-                       (l.inner + channels - 1) / channels};
+  const bool whole = channels == l.inner && columns == l.width;
+  const uint64_t planes =
+      whole ? std::max<uint64_t>(1, std::min({lanes / (l.width * l.inner),
+                                              coefficients / l.inner, l.planes}))
+            : 1;
+  const uint64_t chunks = (l.inner + channels - 1) / channels;
+  return ForwardTiling{static_cast<uint32_t>(planes), static_cast<uint32_t>(channels),
+                       static_cast<uint32_t>(columns), chunks,
+                       (l.planes + planes - 1) / planes * chunks};
 }
 
-// The encode's first launch for `division_dct`: the kept coefficients of each (plane, channel),
+// The work of the encode's first launch for `division_dct`: the kept coefficients of each (plane, channel),
 // the sums in the CPU's order (division.cc's PlaneDct::Forward: along h, h ascending, for each
 // (u, w, c); then along w, w ascending, for each (u, v, c)), each rounded to bfloat16 into the
-// LFC section. A block item is a plane's chunk of channels: a tile of columns at a time, each
-// thread sums one (column, channel) along h for every u into shared memory, then each
-// coefficient's sum along w goes on over the tile's columns. Block 0 zeroes the status and the
-// pad half of an odd LFC.
-template <int K>
-__global__ void __launch_bounds__(kThreads)
-    DctForwardKernel(const void* __restrict__ input, Layout l, ForwardTiling t,
-                     uint16_t* __restrict__ lfc, DeviceStatus* __restrict__ status) {
-  __shared__ float sums[kForwardSums];
-  __shared__ float coefficients[kForwardCoefficients];
-  __shared__ float rows[kMaxCosines];
-  __shared__ float columns[kMaxCosines];
+// LFC section. Per block item and tile of columns, each thread sums one (plane, column,
+// channel) along h for every u into shared memory; then each coefficient's sum along w goes
+// on over the tile's columns. `kMean`: one kept frequency (the plane's mean; cosines all 1),
+// with the shared memory that needs. Block 0 zeroes the status and the pad half of an odd LFC.
+template <int K, bool kMean>
+__device__ __forceinline__ void ForwardItems(const void* __restrict__ input, const Layout& l,
+                                             const ForwardTiling& t, uint16_t* __restrict__ lfc,
+                                             DeviceStatus* __restrict__ status) {
+  __shared__ float sums[kMean ? kThreads : kForwardSums];
+  __shared__ float coefficients[kMean ? kThreads : kForwardCoefficients];
+  __shared__ float rows[kMean ? 1 : kMaxCosines];
+  __shared__ float columns[kMean ? 1 : kMaxCosines];
   ZeroStatusInFirstBlock(status);
-  const uint64_t R = l.kept_rows, V = l.kept_columns, H = l.height, W = l.width, C = l.inner;
+  const uint64_t R = kMean ? 1 : l.kept_rows, V = kMean ? 1 : l.kept_columns;
+  const uint64_t H = l.height, W = l.width, C = l.inner;
   if (blockIdx.x == 0 && threadIdx.x == 0 && R * V * C * l.planes % 2 != 0) {
     lfc[2 * l.lfc_words - 1] = 0;
   }
-  const float* row_cosines = FillCosines(rows, R, H);
-  const float* column_cosines = FillCosines(columns, V, W);
+  const float* row_cosines = kMean ? nullptr : FillCosines(rows, R, H);
+  const float* column_cosines = kMean ? nullptr : FillCosines(columns, V, W);
   __syncthreads();
-  const uint32_t lanes = t.channels * t.columns;
-  const uint64_t items = R * V * t.channels;
+  const uint32_t plane_lanes = t.channels * t.columns;
+  const uint32_t lanes = t.planes * plane_lanes;
+  const uint64_t per_plane = R * V * t.channels;  // a plane's coefficients in an item
+  const uint64_t items = t.planes * per_plane;
   const uint32_t lane = threadIdx.x;
-  for (uint64_t b = blockIdx.x; b < l.planes * t.chunks; b += gridDim.x) {
-    const uint64_t p = b / t.chunks;
-    const uint64_t c0 = (b - p * t.chunks) * t.channels;
+  for (uint64_t b = blockIdx.x; b < t.items; b += gridDim.x) {
+    const uint64_t first_plane = b / t.chunks * t.planes;
+    const uint64_t c0 = (b % t.chunks) * t.channels;
     const uint64_t channels = division_math::MinU(t.channels, C - c0);
+    const uint64_t planes = division_math::MinU(t.planes, l.planes - first_plane);
     for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) coefficients[i] = 0.0f;
     for (uint64_t w0 = 0; w0 < W; w0 += t.columns) {
-      const uint64_t w = w0 + lane / t.channels, c = lane % t.channels;
-      if (lane < lanes && w < W && c < channels) {  // along h
-        for (uint64_t u = 0; u < R; ++u) sums[u * lanes + lane] = 0.0f;
-        const uint64_t first = p * l.plane + w * C + c0 + c;
-        for (uint64_t h = 0; h < H; ++h) {
-          const float x = elements::Load<K>(input, first + h * W * C);
-          for (uint64_t u = 0; u < R; ++u) {
-            float& g = sums[u * lanes + lane];
-            g = portable::Add(g, portable::Mul(x, CosineAt(row_cosines, u, h, H)));
+      const uint64_t pp = lane / plane_lanes, in_plane = lane % plane_lanes;
+      const uint64_t w = w0 + in_plane / t.channels, c = in_plane % t.channels;
+      if (lane < lanes && pp < planes && w < W && c < channels) {  // along h
+        const uint64_t first = (first_plane + pp) * l.plane + w * C + c0 + c;
+        if (kMean) {
+          float g = 0.0f;
+          ACTPACK_UNROLL_4
+          for (uint64_t h = 0; h < H; ++h) {
+            g = portable::Add(g, portable::Mul(elements::Load<K>(input, first + h * W * C), 1.0f));
+          }
+          sums[lane] = g;
+        } else {
+          for (uint64_t u = 0; u < R; ++u) sums[u * lanes + lane] = 0.0f;
+          for (uint64_t h = 0; h < H; ++h) {
+            const float x = elements::Load<K>(input, first + h * W * C);
+            for (uint64_t u = 0; u < R; ++u) {
+              float& g = sums[u * lanes + lane];
+              g = portable::Add(g, portable::Mul(x, CosineAt(row_cosines, u, h, H)));
+            }
           }
         }
       }
       __syncthreads();
       const uint64_t tile = division_math::MinU(t.columns, W - w0);
       for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) {  // along w
-        const uint64_t c = i % t.channels, u = i / t.channels / V, v = i / t.channels % V;
-        if (c >= channels) continue;
+        const uint64_t pp = i / per_plane, c = i % t.channels;
+        const uint64_t u = i % per_plane / t.channels / V, v = i % per_plane / t.channels % V;
+        if (pp >= planes || c >= channels) continue;
         float acc = coefficients[i];
+        const float* g = sums + u * lanes + pp * plane_lanes + c;
         for (uint64_t k = 0; k < tile; ++k) {
-          const float g = sums[u * lanes + k * t.channels + c];
-          acc = portable::Add(acc, portable::Mul(g, CosineAt(column_cosines, v, w0 + k, W)));
+          const float cosine = kMean ? 1.0f : CosineAt(column_cosines, v, w0 + k, W);
+          acc = portable::Add(acc, portable::Mul(g[k * t.channels], cosine));
         }
         coefficients[i] = acc;
       }
       __syncthreads();
     }
     for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) {
-      const uint64_t c = i % t.channels, u = i / t.channels / V, v = i / t.channels % V;
-      if (c >= channels) continue;
+      const uint64_t pp = i / per_plane, c = i % t.channels;
+      const uint64_t u = i % per_plane / t.channels / V, v = i % per_plane / t.channels % V;
+      if (pp >= planes || c >= channels) continue;
       uint64_t nonfinite = 0;  // counted from the words by the residual launch
-      lfc[division_math::CoefficientIndex(l, p, u, v, c0 + c)] = division_math::StoredMean(
-          dct_math::Coefficient(coefficients[i], u, v, H, W), &nonfinite);
+      lfc[division_math::CoefficientIndex(l, first_plane + pp, u, v, c0 + c)] =
+          division_math::StoredMean(dct_math::Coefficient(coefficients[i], u, v, H, W),
+                                    &nonfinite);
     }
     __syncthreads();  // the next item's zeroing after every read of these
   }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DctForwardKernel(const void* __restrict__ input, Layout l, ForwardTiling t,
+                     uint16_t* __restrict__ lfc, DeviceStatus* __restrict__ status) {
+  ForwardItems<K, false>(input, l, t, lfc, status);
+}
+
+// DctForwardKernel at one kept frequency (keep 1, the default: each (plane, channel)'s mean).
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DctMeanKernel(const void* __restrict__ input, Layout l, ForwardTiling t,
+                  uint16_t* __restrict__ lfc, DeviceStatus* __restrict__ status) {
+  ForwardItems<K, true>(input, l, t, lfc, status);
 }
 
 // The residual of value j of plane p against its LFC approximation.
@@ -389,14 +483,15 @@ __device__ __forceinline__ float ResidualAt(const void* __restrict__ input, cons
   return division_math::Residual(*x, lfc.At(l, d, p, j));
 }
 
-// The residual launch of either codec (`division` where its vector kernel does not apply):
-// one warp a group, the LFC's approximations from `lfc` (which reads the payload the first
-// launch wrote).
+// The residual launch's work in either codec (`division` where its vector kernel does not
+// apply): one warp a group, the LFC's approximations from `lfc` (which reads the payload the
+// first launch wrote).
 template <int K, typename Lfc>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    DivisionResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d, Lfc lfc,
-                           uint32_t* __restrict__ payload, LaunchClosing closing,
-                           DeviceStatus* __restrict__ status) {
+__device__ __forceinline__ void ResidualGroups(const void* __restrict__ input, const Layout& l,
+                                               const MeanDivisors& d, Lfc& lfc,
+                                               uint32_t* __restrict__ payload,
+                                               const LaunchClosing& closing,
+                                               DeviceStatus* __restrict__ status) {
   lfc.Prepare(l);
   const int lane = threadIdx.x & 31;
   const uint32_t word_shift = WordShift(l.bits);
@@ -466,6 +561,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   CloseResidualLaunch(payload, l, checksum, nonfinite, overflow_groups, closing, status);
 }
 
+template <int K>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    DivisionResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
+                           uint32_t* __restrict__ payload, LaunchClosing closing,
+                           DeviceStatus* __restrict__ status) {
+  PooledLfc lfc{payload};
+  ResidualGroups<K>(input, l, d, lfc, payload, closing, status);
+}
+
+// division_dct's residual launch.
+template <int K>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    DctResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
+                      uint32_t* __restrict__ payload, LaunchClosing closing,
+                      DeviceStatus* __restrict__ status) {
+  CosineLfc lfc{payload};
+  ResidualGroups<K>(input, l, d, lfc, payload, closing, status);
+}
+
 // The range of a vector's finite residuals, with the count of its non-finite values and whether
 // a finite value's residual overflows. Out of line: a vector with a non-finite residual is rare.
 struct ResidualRange {
@@ -499,11 +613,11 @@ struct LaneVectors {
   float mean[kVectorsPerLane];
 };
 
-template <int K>
+template <int K, typename Lfc>
 __device__ __forceinline__ LaneVectors<K> LoadLaneVectors(const uint4* __restrict__ group,
-                                                          const uint16_t* __restrict__ means,
-                                                          const Layout& l, const MeanDivisors& d,
-                                                          uint64_t p, uint64_t j0, uint32_t lane,
+                                                          const Lfc& lfc, const Layout& l,
+                                                          const MeanDivisors& d, uint64_t p,
+                                                          uint64_t j0, uint32_t lane,
                                                           uint32_t vectors) {
   LaneVectors<K> lv = {};
   ACTPACK_UNROLL
@@ -511,20 +625,18 @@ __device__ __forceinline__ LaneVectors<K> LoadLaneVectors(const uint4* __restric
     const uint32_t j = lane + kGroupLanes * t;
     if (j < vectors) {
       lv.v[t] = group[j];
-      lv.mean[t] =
-          portable::Bf16ToFloat(means[RowMeanIndex(l, d, p, j0 + j * kValuesPerVector<K>)]);
+      lv.mean[t] = lfc.VectorAt(l, d, p, j0 + j * kValuesPerVector<K>);
     }
   }
   return lv;
 }
 
-template <int K>
-__device__ __noinline__ LaneVectors<K> LoadLaneVectorsOfPart(const uint4* group,
-                                                            const uint16_t* means, Layout l,
-                                                            MeanDivisors d, uint64_t p,
+template <int K, typename Lfc>
+__device__ __noinline__ LaneVectors<K> LoadLaneVectorsOfPart(const uint4* group, Lfc lfc,
+                                                            Layout l, MeanDivisors d, uint64_t p,
                                                             uint64_t j0, uint32_t lane,
                                                             uint32_t vectors) {
-  return LoadLaneVectors<K>(group, means, l, d, p, j0, lane, vectors);
+  return LoadLaneVectors<K>(group, lfc, l, d, p, j0, lane, vectors);
 }
 
 // The residual kernel where ResidualVectorizable holds: one pass over the input, two groups a
@@ -536,11 +648,13 @@ __device__ __noinline__ LaneVectors<K> LoadLaneVectorsOfPart(const uint4* group,
 // its codes (a subtraction, not a reload); the codes of 32 / (bits x a vector's values)
 // neighbouring lanes are ORed into a word with shuffles (at 8 bits of float32 a lane's word is
 // its own), as quant's vector kernel does.
-template <int K>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    DivisionResidualVectorKernel(const uint4* __restrict__ input, Layout l, MeanDivisors d,
-                                 uint32_t* __restrict__ payload, LaunchClosing closing,
-                                 DeviceStatus* __restrict__ status) {
+template <int K, typename Lfc>
+__device__ __forceinline__ void ResidualVectorGroups(const uint4* __restrict__ input,
+                                                     const Layout& l, const MeanDivisors& d,
+                                                     Lfc& lfc, uint32_t* __restrict__ payload,
+                                                     const LaunchClosing& closing,
+                                                     DeviceStatus* __restrict__ status) {
+  lfc.Prepare(l);
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint32_t lane = threadIdx.x & (kGroupLanes - 1);  // in the group's half-warp
   const uint32_t half = (threadIdx.x & 31) / kGroupLanes;
@@ -549,7 +663,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const uint32_t vector_bits = kPer * l.bits;  // a vector's codes: 4 to 64 bits
   GroupCodeWords<K, kVectorsPerLane, kGroupLanes> words(vector_bits);
   portable::GroupDraws group_draws(l.seed);
-  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   uint64_t checksum = 0;
   uint64_t nonfinite = 0;
   uint64_t overflow_groups = 0;
@@ -566,8 +679,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     // Every lane's vectors of a whole group inline; a plane's short last group (or none, in
     // the second half of the last pair) out of line.
     const LaneVectors<K> lv = vectors == kGroupLanes * kVectorsPerLane
-                                  ? LoadLaneVectors<K>(group, means, l, d, p, j0, lane, vectors)
-                                  : LoadLaneVectorsOfPart<K>(group, means, l, d, p, j0, lane, vectors);
+                                  ? LoadLaneVectors<K>(group, lfc, l, d, p, j0, lane, vectors)
+                                  : LoadLaneVectorsOfPart<K>(group, lfc, l, d, p, j0, lane, vectors);
     const uint4* v = lv.v;
     const float* mean = lv.mean;
     float lo = __int_as_float(0x7f800000);  // +inf
@@ -629,6 +742,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   CloseResidualLaunch(payload, l, checksum, nonfinite, overflow_groups, closing, status);
 }
 
+template <int K>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    DivisionResidualVectorKernel(const uint4* __restrict__ input, Layout l, MeanDivisors d,
+                                 uint32_t* __restrict__ payload, LaunchClosing closing,
+                                 DeviceStatus* __restrict__ status) {
+  PooledLfc lfc{payload};
+  ResidualVectorGroups<K>(input, l, d, lfc, payload, closing, status);
+}
+
+// division_dct's where its planes' values share one approximation (one kept frequency, no
+// inner channels: a convolution's activations at the default keep).
+template <int K>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    DctResidualVectorKernel(const uint4* __restrict__ input, Layout l, MeanDivisors d,
+                            uint32_t* __restrict__ payload, LaunchClosing closing,
+                            DeviceStatus* __restrict__ status) {
+  CosineLfc lfc{payload};
+  ResidualVectorGroups<K>(input, l, d, lfc, payload, closing, status);
+}
+
 // Value j of plane p's code and its group's parameters; adds to *checksum the terms of the
 // payload words whose first reader it is among its code word (the word's first value) and its
 // group's parameter word (the group's first value).
@@ -653,32 +786,29 @@ __device__ __forceinline__ StoredResidual StoredResidualAt(const uint32_t* __res
                         quant_math::UnpackGroupParams(packed)};
 }
 
-// Value j of plane p decoded with `division`'s LFC; adds to *checksum StoredResidualAt's terms
-// and its window's LFC word's where it is the top-left value of the word's first window.
-__device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Layout& l,
-                                          const MeanDivisors& d, uint64_t p, uint64_t j,
-                                          uint64_t* checksum) {
-  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
+// Value j of plane p decoded; adds to *checksum the terms of the payload words whose first
+// reader it is (StoredResidualAt's, the LFC's AtSumming's).
+template <typename Lfc>
+__device__ __forceinline__ float DecodeAt(const uint32_t* __restrict__ payload, const Lfc& lfc,
+                                          const Layout& l, const MeanDivisors& d, uint64_t p,
+                                          uint64_t j, uint64_t* checksum) {
   const StoredResidual stored = StoredResidualAt(payload, l, d, p, j, checksum);
-  bool starts = false;
-  const uint64_t m = MeanIndex(l, d, p, j, &starts);
-  if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
-  return division_math::Reconstruct(portable::Bf16ToFloat(means[m]), stored.code, stored.params);
+  return division_math::Reconstruct(lfc.AtSumming(l, d, p, j, checksum), stored.code,
+                                    stored.params);
 }
 
 // The 16-byte vector of values j0.. of plane p (j0 a multiple of the vector's values, so they
-// share a group and one or two code words), with DecodeAt's checksum terms. `one_window`: the
-// vector's values lie in one window (OneWindow).
-template <int K>
+// share a group and one or two code words), with DecodeAt's checksum terms. `shared`: the
+// vector's values share one approximation (VectorsShareApproximation).
+template <int K, typename Lfc>
 __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ payload,
-                                              const Layout& l, const MeanDivisors& d,
-                                              bool one_window, uint64_t p, uint64_t j0,
-                                              uint64_t* checksum) {
+                                              const Lfc& lfc, const Layout& l,
+                                              const MeanDivisors& d, bool shared, uint64_t p,
+                                              uint64_t j0, uint64_t* checksum) {
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint32_t word_shift = WordShift(l.bits);
   const uint32_t per_word = 1u << word_shift;  // 32 / bits
   const uint32_t mask = (1u << l.bits) - 1;
-  const uint16_t* means = reinterpret_cast<const uint16_t*>(payload);
   const uint64_t q = GroupOf(l, d, j0);
   const uint64_t param_at = division_math::ParamWord(l, p * l.groups_per_plane + q);
   const uint32_t packed = payload[param_at];
@@ -695,16 +825,13 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
   if (two) *checksum += portable::ChecksumTerm(next, word_at + 1);
   const uint32_t shift = in_word * l.bits;
   float values[kPer];
-  if (one_window) {  // one mean, and only the first value may start its window
-    bool starts = false;
-    const uint64_t m = MeanIndex(l, d, p, j0, &starts);
-    if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
-    const float mean = portable::Bf16ToFloat(means[m]);
+  if (shared) {  // one approximation, and only the first value may be an LFC word's first reader
+    const float approximation = lfc.AtSumming(l, d, p, j0, checksum);
     ACTPACK_UNROLL
     for (uint32_t e = 0; e < kPer; ++e) {
       const uint32_t bit = shift + e * l.bits;
       const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
-      values[e] = division_math::Reconstruct(mean, code, gp);
+      values[e] = division_math::Reconstruct(approximation, code, gp);
     }
     return PackVector<K>(values);
   }
@@ -712,19 +839,20 @@ __device__ __forceinline__ uint4 DecodeVector(const uint32_t* __restrict__ paylo
   for (uint32_t e = 0; e < kPer; ++e) {
     const uint32_t bit = shift + e * l.bits;
     const uint32_t code = ((bit < 32 ? word >> bit : next >> (bit - 32))) & mask;
-    bool starts = false;
-    const uint64_t m = MeanIndex(l, d, p, j0 + e, &starts);  // a value's own window
-    if (starts && m % 2 == 0) *checksum += portable::ChecksumTerm(payload[m / 2], m / 2);
-    values[e] = division_math::Reconstruct(portable::Bf16ToFloat(means[m]), code, gp);
+    values[e] = division_math::Reconstruct(lfc.AtSumming(l, d, p, j0 + e, checksum), code, gp);
   }
   return PackVector<K>(values);
 }
 
-template <int K>
-__global__ void __launch_bounds__(kThreads)
-    DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
-                         bool vectors_fit, void* __restrict__ output, LaunchClosing closing,
-                         DeviceStatus* __restrict__ status) {
+// The decode launch's work in either codec: a thread per 16-byte vector of output where
+// `vectors_fit`, a value a thread elsewhere; the last block checks the buffer.
+template <int K, typename Lfc>
+__device__ __forceinline__ void DecodeValues(const uint32_t* __restrict__ payload, Lfc& lfc,
+                                             const Layout& l, const MeanDivisors& d,
+                                             bool vectors_fit, void* __restrict__ output,
+                                             const LaunchClosing& closing,
+                                             DeviceStatus* __restrict__ status) {
+  lfc.Prepare(l);
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const uint64_t numel = l.planes * l.plane;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -733,86 +861,94 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t done = 0;  // the values the vectors wrote
   if (vectors_fit) {  // a vector's values lie in one plane
     const uint64_t vectors = numel / kPer;
-    const bool one_window = OneWindow(l, kPer);
+    const bool shared = VectorsShareApproximation(l, kPer);
     for (uint64_t v = first; v < vectors; v += stride) {
       const uint64_t p = PlaneOf(l, d, v * kPer);
       const uint64_t j0 = v * kPer - p * l.plane;
       static_cast<uint4*>(output)[v] =
-          DecodeVector<K>(payload, l, d, one_window, p, j0, &checksum);
+          DecodeVector<K>(payload, lfc, l, d, shared, p, j0, &checksum);
     }
     done = vectors * kPer;
   }
   for (uint64_t i = done + first; i < numel; i += stride) {
     const uint64_t p = PlaneOf(l, d, i);
-    elements::Store<K>(output, i, DecodeAt(payload, l, d, p, i - p * l.plane, &checksum));
+    elements::Store<K>(output, i, DecodeAt(payload, lfc, l, d, p, i - p * l.plane, &checksum));
   }
+  lfc.SumOtherWords(l, &checksum);
   WarpSumToGlobal(checksum, &status->decode_sum);
   CloseLaunch(closing, status);
 }
 
-// `division_dct`'s decode, one launch: a thread a value (its approximation from the block's
-// cosine tables and its plane's coefficients, plus its dequantized residual), each thread a
-// share of the LFC words' checksum terms; the last block checks the buffer.
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DivisionDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
+                         bool vectors_fit, void* __restrict__ output, LaunchClosing closing,
+                         DeviceStatus* __restrict__ status) {
+  PooledLfc lfc{payload};
+  DecodeValues<K>(payload, lfc, l, d, vectors_fit, output, closing, status);
+}
+
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     DctDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
-                    CosineLfc lfc, void* __restrict__ output, LaunchClosing closing,
+                    bool vectors_fit, void* __restrict__ output, LaunchClosing closing,
                     DeviceStatus* __restrict__ status) {
-  lfc.Prepare(l);
-  const uint64_t numel = l.planes * l.plane;
-  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  const uint64_t first = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  uint64_t checksum = 0;
-  for (uint64_t i = first; i < numel; i += stride) {
-    const uint64_t p = PlaneOf(l, d, i);
-    const uint64_t j = i - p * l.plane;
-    const StoredResidual stored = StoredResidualAt(payload, l, d, p, j, &checksum);
-    elements::Store<K>(output, i, division_math::Reconstruct(lfc.At(l, d, p, j), stored.code,
-                                                             stored.params));
-  }
-  for (uint64_t w = first; w < l.lfc_words; w += stride) {
-    checksum += portable::ChecksumTerm(payload[w], w);
-  }
-  WarpSumToGlobal(checksum, &status->decode_sum);
-  CloseLaunch(closing, status);
+  CosineLfc lfc{payload};
+  DecodeValues<K>(payload, lfc, l, d, vectors_fit, output, closing, status);
 }
 
-// Whether the vector residual kernel takes `input`: 16-byte aligned, planes (so groups) of whole
-// vectors, a vector's values in one window, a group in kVectorsPerLane vectors a lane.
+// Whether the vector residual kernels take `input`: 16-byte aligned, planes (so groups) of
+// whole vectors, a vector's values sharing one approximation, a group in kVectorsPerLane vectors
+// a lane.
 bool ResidualVectorizable(const void* input, const Layout& l, uint32_t per) {
   return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&
-         OneWindow(l, per) && l.group_length <= uint64_t{kGroupLanes} * kVectorsPerLane * per;
+         VectorsShareApproximation(l, per) &&
+         l.group_length <= uint64_t{kGroupLanes} * kVectorsPerLane * per;
 }
 
 template <int K>
 void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
   const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
-  const int group_blocks = BlocksFor(layout.groups, kWarpsPerBlock);
-  uint16_t* halves = reinterpret_cast<uint16_t*>(words);
-  if (layout.kept_rows > 0 || layout.planes == 0) {  // division_dct (or no values)
-    // Launched where there are no values too: it zeroes the status.
+  const bool dct = layout.kept_rows > 0 || layout.planes == 0;  // (no values: either pair)
+  // The LFC, launched where there are no values too: it zeroes the status.
+  if (dct) {
     const ForwardTiling tiling = TilingOf(layout);
-    ACTPACK_LAUNCH(DctForwardKernel<K>, BlocksFor(layout.planes * tiling.chunks, 1), kThreads, s)(
-        input, layout, tiling, halves, status);
-    ACTPACK_LAUNCH((DivisionResidualKernel<K, CosineLfc>), group_blocks, kWarpsPerBlock * 32, s)(
-        input, layout, divisors, CosineLfc{halves, nullptr, nullptr}, words, closing, status);
-    return;
-  }
-  const int lfc_blocks = BlocksFor(layout.lfc_words, kThreads);
-  if (const uint32_t row_vectors = LfcRowVectors(input, layout, kValuesPerVector<K>)) {
-    ACTPACK_LAUNCH(DivisionLfcVectorKernel<K>, lfc_blocks, kThreads, s)(
+    const int blocks = BlocksFor(tiling.items, 1);
+    uint16_t* halves = reinterpret_cast<uint16_t*>(words);
+    if (layout.kept_rows <= 1 && layout.kept_columns <= 1) {
+      ACTPACK_LAUNCH(DctMeanKernel<K>, blocks, kThreads, s)(input, layout, tiling, halves, status);
+    } else {
+      ACTPACK_LAUNCH(DctForwardKernel<K>, blocks, kThreads, s)(input, layout, tiling, halves,
+                                                                status);
+    }
+  } else if (const uint32_t row_vectors = LfcRowVectors(input, layout, kValuesPerVector<K>)) {
+    ACTPACK_LAUNCH(DivisionLfcVectorKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
         static_cast<const uint4*>(input), layout, row_vectors == 2, words, status);
   } else {
-    ACTPACK_LAUNCH(DivisionLfcKernel<K>, lfc_blocks, kThreads, s)(input, layout, words, status);
+    ACTPACK_LAUNCH(DivisionLfcKernel<K>, BlocksFor(layout.lfc_words, kThreads), kThreads, s)(
+        input, layout, words, status);
   }
+  // The residual.
   if (ResidualVectorizable(input, layout, kValuesPerVector<K>)) {
     const int blocks = BlocksFor((layout.groups + 1) / 2, kWarpsPerBlock);  // two groups a warp
-    ACTPACK_LAUNCH(DivisionResidualVectorKernel<K>, blocks, kWarpsPerBlock * 32, s)(
-        static_cast<const uint4*>(input), layout, divisors, words, closing, status);
+    const uint4* vectors = static_cast<const uint4*>(input);
+    if (dct) {
+      ACTPACK_LAUNCH(DctResidualVectorKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+          vectors, layout, divisors, words, closing, status);
+    } else {
+      ACTPACK_LAUNCH(DivisionResidualVectorKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+          vectors, layout, divisors, words, closing, status);
+    }
   } else {
-    ACTPACK_LAUNCH((DivisionResidualKernel<K, PooledLfc>), group_blocks, kWarpsPerBlock * 32, s)(
-        input, layout, divisors, PooledLfc{halves}, words, closing, status);
+    const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
+    if (dct) {
+      ACTPACK_LAUNCH(DctResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+          input, layout, divisors, words, closing, status);
+    } else {
+      ACTPACK_LAUNCH(DivisionResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+          input, layout, divisors, words, closing, status);
+    }
   }
 }
 
@@ -820,18 +956,18 @@ template <int K>
 void LaunchDecode(const uint32_t* words, const Layout& layout, void* output,
                   const LaunchClosing& closing, DeviceStatus* status, cudaStream_t s) {
   const uint64_t numel = layout.planes * layout.plane;
-  const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
-  if (layout.kept_rows > 0) {  // division_dct
-    const CosineLfc lfc{reinterpret_cast<const uint16_t*>(words), nullptr, nullptr};
-    ACTPACK_LAUNCH(DctDecodeKernel<K>, BlocksFor(numel, kThreads), kThreads, s)(
-        words, layout, divisors, lfc, output, closing, status);
-    return;
-  }
   constexpr uint32_t kPer = kValuesPerVector<K>;
   const bool vectors_fit =
       reinterpret_cast<uintptr_t>(output) % 16 == 0 && layout.plane % kPer == 0;
-  ACTPACK_LAUNCH(DivisionDecodeKernel<K>, BlocksFor(vectors_fit ? numel / kPer : numel, kThreads),
-                 kThreads, s)(words, layout, divisors, vectors_fit, output, closing, status);
+  const int blocks = BlocksFor(vectors_fit ? numel / kPer : numel, kThreads);
+  const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
+  if (layout.kept_rows > 0) {
+    ACTPACK_LAUNCH(DctDecodeKernel<K>, blocks, kThreads, s)(words, layout, divisors, vectors_fit,
+                                                            output, closing, status);
+  } else {
+    ACTPACK_LAUNCH(DivisionDecodeKernel<K>, blocks, kThreads, s)(
+        words, layout, divisors, vectors_fit, output, closing, status);
+  }
 }
 
 }  // namespace
