@@ -47,9 +47,8 @@ struct Variant {
 
 constexpr Variant kPoolVariant{CodecId::kDivision, "division", "block", kMinBlock, kMaxBlock,
                                "division"};
-// CPU only: auto's candidates must run wherever the session does.
 constexpr Variant kDctVariant{CodecId::kDivisionDct, "division_dct", "keep", kMinKeep,
-                              kMaxKeep, nullptr};
+                              kMaxKeep, "division_dct"};
 
 // The header parameters: byte 0 bits, byte 1 block (division) or keep (division_dct), bytes
 // 4..7 group, bytes 8..15 seed; the rest zero.

@@ -720,6 +720,8 @@ DIVISION = "codecs/cuda/division_kernels.cu"
 DIVISION_WIDE = ((DIVISION, ": division_math::MeanOf(l, p, j, starts);"),
                  (DIVISION, ": division_math::MeanOf(l, p, j);"),
                  (DIVISION, ": j / l.group_length;"), (DIVISION, ": i / l.plane;"))
+# The decode of a vector whose values do not share one approximation (not these planes').
+DECODE_OWN_VALUES = ((DIVISION, "values[e] = division_math::Reconstruct(lfc.AtSumming(l, d, p, j0 + e"),)
 OPS = "codecs/cuda/device_ops.cu"
 OPS_H = "codecs/cuda/device_ops.cuh"
 UNIFORM_FLOAT = ("codecs/internal/portable.h",
@@ -977,9 +979,38 @@ def work(kernels_tree):
         # the LFC word a window's first value checks).
         w["DivisionDecodeKernel"] = Launch(DIVISION, 256, lambda s: blocks_for(s["numel"] // 4, 256), [
             Trip("for (uint64_t v = first; v < vectors; v += stride) {",
-                 lambda s: s["numel"] / 4 / 32, loads=5, cold=DIVISION_WIDE + (
-                     (DIVISION, "MeanIndex(l, d, p, j0 + e, &starts);  // a value's own window"),)),
+                 lambda s: s["numel"] / 4 / 32, loads=5, cold=DIVISION_WIDE + DECODE_OWN_VALUES),
             Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0)])
+        # division_dct at keep 1 on the same planes (its encode's first launch, the residual
+        # and the decode): four 64 x 64 planes a block item, a thread a column summing down the
+        # rows (4 loads in flight), then a thread a plane sums the 64 column sums (the loop
+        # unrolled 4 times); the residual and decode as division's vector kernels, the plane's
+        # one coefficient for their means (the decode sums the LFC words apart).
+        w["DctMeanKernel"] = Launch(DIVISION, 256, lambda s: blocks_for(s["planes"] // 4, 1), [
+            Trip("for (uint64_t b = blockIdx.x; b < t.items; b += gridDim.x) {",
+                 lambda s: s["planes"] // 4 * 8),
+            Trip("for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) coefficients[i] = 0.0f;",
+                 lambda s: s["planes"] // 4),
+            Trip("for (uint64_t w0 = 0; w0 < W; w0 += t.columns) {", lambda s: s["planes"] // 4 * 8),
+            Trip("for (uint64_t h = 0; h < H; ++h) {", lambda s: s["numel"] / 32, loads=1),
+            Trip("for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) {  // along w",
+                 lambda s: s["planes"] // 4),
+            Trip("for (uint64_t k = 0; k < tile; ++k) {", lambda s: s["planes"] // 4 * 64 // 4),
+            Trip("for (uint64_t i = threadIdx.x; i < items; i += blockDim.x) {",
+                 lambda s: s["planes"] // 4, nth=2)])
+        w["DctResidualVectorKernel"] = Launch(
+                DIVISION, 256, lambda s: blocks_for(ceil_div(s["groups"], 2), 8), [
+            Trip("w < pairs;", lambda s: ceil_div(s["groups"], 2), loads=4,
+                 cold=lambda s: [UNIFORM_FLOAT, FURTHER_STREAM, *DIVISION_WIDE,
+                                 *group_words_cold(4 * 32 // s["per_word"])]),
+            Trip("offset < lanes_per_word_; offset *= 2",
+                 lambda s: ceil_div(s["groups"], 2) * 2 * math.log2(32 // (4 * 32 // s["per_word"])),
+                 file=OPS_H)])
+        w["DctMeanDecodeKernel"] = Launch(DIVISION, 256, lambda s: blocks_for(s["numel"] // 4, 256), [
+            Trip("for (uint64_t v = first; v < vectors; v += stride) {",
+                 lambda s: s["numel"] / 4 / 32, loads=3, cold=DIVISION_WIDE + DECODE_OWN_VALUES),
+            Trip("for (uint64_t i = done + first; i < numel; i += stride)", lambda s: 0),
+            Trip("w < l.lfc_words;", lambda s: s["lfc_words"] / 32, loads=1)])
     quant_decode = os.path.join(kernels_tree, QUANT)
     with open(quant_decode) as f:
         source = f.read()
@@ -1021,6 +1052,10 @@ def shape_of(spec, dtype, nbytes, ratio=1.0):
     elif spec == "division":
         planes = n // 4096
         s.update(lfc_words=planes * 64 // 2, group=128, groups=planes * 32, per_word=16)
+    elif spec == "division_dct":  # keep 1: a coefficient a plane
+        planes = n // 4096
+        s.update(planes=planes, lfc_words=ceil_div(planes, 2), group=128, groups=planes * 32,
+                 per_word=16)
     elif spec == "cast":
         s.update(words=ceil_div(n, 2))
     elif spec == "mask":
@@ -1260,7 +1295,8 @@ def read_benchmark(path):
 
 
 BENCHMARKED = ["identity", "quant2", "quant4", "quant8", "eb:rel=1e-2", "eb:rel=1e-3", "division"]
-OTHERS = [("cast", "float32"), ("mask", "bool"), ("pool", "float32"), ("bitpack", "int64")]
+OTHERS = [("cast", "float32"), ("mask", "bool"), ("pool", "float32"), ("bitpack", "int64"),
+          ("division_dct", "float32")]
 SIZES_MIB = [64, 256]
 COLUMNS = ["codec", "size", "phase", "op", "launches", "kernel", "threads", "registers",
            "warps_per_sm", "issue_per_elem", "int64_per_elem", "div_per_elem", "cvt_per_elem",

@@ -282,14 +282,18 @@ __device__ __forceinline__ PlanePosition PositionOf(const Layout& l, const MeanD
 // coefficients at its place, summed in the CPU's order (division.cc's PlaneDct::Inverse: along
 // h over u ascending, then along w over v ascending). Prepare fills the block's cosine tables
 // (shared memory). A coefficient has many readers: the decode sums the LFC words apart.
+// `kMean`: one kept frequency (keep 1, the default), where every cosine is 1 and the sums
+// reduce to the (plane, channel)'s one coefficient: no tables, no loops, fewer registers.
+template <bool kMean>
 struct CosineLfc {
   const uint32_t* payload;
   const float* row_cosines = nullptr;
   const float* column_cosines = nullptr;
 
   __device__ __forceinline__ void Prepare(const Layout& l) {
-    __shared__ float rows[kMaxCosines];
-    __shared__ float columns[kMaxCosines];
+    if (kMean) return;
+    __shared__ float rows[kMean ? 1 : kMaxCosines];
+    __shared__ float columns[kMean ? 1 : kMaxCosines];
     row_cosines = FillCosines(rows, l.kept_rows, l.height);
     column_cosines = FillCosines(columns, l.kept_columns, l.width);
     __syncthreads();
@@ -297,9 +301,18 @@ struct CosineLfc {
 
   __device__ __forceinline__ float At(const Layout& l, const MeanDivisors& d, uint64_t p,
                                       uint64_t j) const {
+    const uint16_t* coefficients = reinterpret_cast<const uint16_t*>(payload);
+    if (kMean) {  // the same operations as below with R = V = 1 and cosines of 1
+      const uint64_t c = d.narrow ? static_cast<uint32_t>(j) -
+                                        portable::Divide(static_cast<uint32_t>(j), d.inner) *
+                                            static_cast<uint32_t>(l.inner)
+                                  : j % l.inner;
+      const float x =
+          portable::Bf16ToFloat(coefficients[division_math::CoefficientIndex(l, p, 0, 0, c)]);
+      return portable::Add(0.0f, portable::Mul(portable::Add(0.0f, portable::Mul(x, 1.0f)), 1.0f));
+    }
     const PlanePosition at = PositionOf(l, d, j);
-    const uint16_t* x = reinterpret_cast<const uint16_t*>(payload) +
-                        division_math::CoefficientIndex(l, p, 0, 0, at.c);
+    const uint16_t* x = coefficients + division_math::CoefficientIndex(l, p, 0, 0, at.c);
     float approximation = 0.0f;
     for (uint64_t v = 0; v < l.kept_columns; ++v) {
       float y = 0.0f;
@@ -330,11 +343,16 @@ struct CosineLfc {
   }
 };
 
+// Whether a division_dct layout keeps one frequency (CosineLfc<true>).
+__host__ __device__ inline bool OneFrequency(const Layout& l) {
+  return l.kept_rows == 1 && l.kept_columns == 1;
+}
+
 // Whether the values of a 16-byte vector (`per` of them from a multiple of `per` in a plane)
 // share one LFC approximation: a window's (OneWindow) or, in division_dct at one kept
 // frequency without inner channels, the plane's.
 __host__ __device__ inline bool VectorsShareApproximation(const Layout& l, uint32_t per) {
-  if (l.kept_rows > 0) return l.kept_rows == 1 && l.kept_columns == 1 && l.inner == 1;
+  if (l.kept_rows > 0) return OneFrequency(l) && l.inner == 1;
   return OneWindow(l, per);
 }
 
@@ -570,13 +588,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   ResidualGroups<K>(input, l, d, lfc, payload, closing, status);
 }
 
-// division_dct's residual launch.
+// division_dct's residual launch, and at one kept frequency.
 template <int K>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     DctResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
                       uint32_t* __restrict__ payload, LaunchClosing closing,
                       DeviceStatus* __restrict__ status) {
-  CosineLfc lfc{payload};
+  CosineLfc<false> lfc{payload};
+  ResidualGroups<K>(input, l, d, lfc, payload, closing, status);
+}
+
+template <int K>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    DctMeanResidualKernel(const void* __restrict__ input, Layout l, MeanDivisors d,
+                          uint32_t* __restrict__ payload, LaunchClosing closing,
+                          DeviceStatus* __restrict__ status) {
+  CosineLfc<true> lfc{payload};
   ResidualGroups<K>(input, l, d, lfc, payload, closing, status);
 }
 
@@ -758,7 +785,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     DctResidualVectorKernel(const uint4* __restrict__ input, Layout l, MeanDivisors d,
                             uint32_t* __restrict__ payload, LaunchClosing closing,
                             DeviceStatus* __restrict__ status) {
-  CosineLfc lfc{payload};
+  CosineLfc<true> lfc{payload};  // VectorsShareApproximation: one kept frequency
   ResidualVectorGroups<K>(input, l, d, lfc, payload, closing, status);
 }
 
@@ -893,7 +920,16 @@ __global__ void __launch_bounds__(kThreads)
     DctDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
                     bool vectors_fit, void* __restrict__ output, LaunchClosing closing,
                     DeviceStatus* __restrict__ status) {
-  CosineLfc lfc{payload};
+  CosineLfc<false> lfc{payload};
+  DecodeValues<K>(payload, lfc, l, d, vectors_fit, output, closing, status);
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    DctMeanDecodeKernel(const uint32_t* __restrict__ payload, Layout l, MeanDivisors d,
+                        bool vectors_fit, void* __restrict__ output, LaunchClosing closing,
+                        DeviceStatus* __restrict__ status) {
+  CosineLfc<true> lfc{payload};
   DecodeValues<K>(payload, lfc, l, d, vectors_fit, output, closing, status);
 }
 
@@ -916,7 +952,7 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
     const ForwardTiling tiling = TilingOf(layout);
     const int blocks = BlocksFor(tiling.items, 1);
     uint16_t* halves = reinterpret_cast<uint16_t*>(words);
-    if (layout.kept_rows <= 1 && layout.kept_columns <= 1) {
+    if (layout.kept_rows <= 1 && layout.kept_columns <= 1) {  // one kept frequency, or no values
       ACTPACK_LAUNCH(DctMeanKernel<K>, blocks, kThreads, s)(input, layout, tiling, halves, status);
     } else {
       ACTPACK_LAUNCH(DctForwardKernel<K>, blocks, kThreads, s)(input, layout, tiling, halves,
@@ -942,7 +978,10 @@ void LaunchEncode(const void* input, const Layout& layout, uint32_t* words,
     }
   } else {
     const int blocks = BlocksFor(layout.groups, kWarpsPerBlock);
-    if (dct) {
+    if (dct && OneFrequency(layout)) {
+      ACTPACK_LAUNCH(DctMeanResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
+          input, layout, divisors, words, closing, status);
+    } else if (dct) {
       ACTPACK_LAUNCH(DctResidualKernel<K>, blocks, kWarpsPerBlock * 32, s)(
           input, layout, divisors, words, closing, status);
     } else {
@@ -961,7 +1000,10 @@ void LaunchDecode(const uint32_t* words, const Layout& layout, void* output,
       reinterpret_cast<uintptr_t>(output) % 16 == 0 && layout.plane % kPer == 0;
   const int blocks = BlocksFor(vectors_fit ? numel / kPer : numel, kThreads);
   const MeanDivisors divisors = division_math::MakeMeanDivisors(layout);
-  if (layout.kept_rows > 0) {
+  if (OneFrequency(layout)) {
+    ACTPACK_LAUNCH(DctMeanDecodeKernel<K>, blocks, kThreads, s)(
+        words, layout, divisors, vectors_fit, output, closing, status);
+  } else if (layout.kept_rows > 0) {
     ACTPACK_LAUNCH(DctDecodeKernel<K>, blocks, kThreads, s)(words, layout, divisors, vectors_fit,
                                                             output, closing, status);
   } else {

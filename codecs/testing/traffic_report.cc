@@ -48,7 +48,7 @@ struct Case {
 std::vector<Case> Cases() {
   std::vector<Case> cases = {{"identity", DType::kFloat32}, {"cast", DType::kFloat32},
                              {"mask", DType::kBool}, {"bitpack", DType::kInt64}};
-  for (const char* spec : {"quant2", "quant4", "quant8", "pool", "division", "eb"}) {
+  for (const char* spec : {"quant2", "quant4", "quant8", "pool", "division", "division_dct", "eb"}) {
     for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       cases.push_back({spec, dtype});
     }
