@@ -52,6 +52,9 @@ def identity(spec):
     return f"AllSpecs/CudaIdentityTest.*/{name}_*"
 
 
+# division_dct's cases of the identity test.
+DCT_CASES = (identity("division_dct") + ":CudaIdentityDivisionDctTest.*")
+
 MUTANTS = [
     # Shared reductions and the checksum.
     Mutant("ops-sum-step", "a reduction that skips a step", "codecs/cuda/device_ops.cuh",
@@ -326,7 +329,7 @@ MUTANTS = [
            "       w += 2 * stride) {", identity("division")),
     Mutant("division-vector-window", "a check removed", "codecs/cuda/division_kernels.cu",
            "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
-           "         OneWindow(l, per) &&",
+           "         VectorsShareApproximation(l, per) &&",
            "return reinterpret_cast<uintptr_t>(input) % 16 == 0 && l.plane % per == 0 &&\n"
            "         true &&", identity("division:block=2,bits=1")),
     Mutant("division-vector-minmax-step", "a reduction that skips a step",
@@ -340,8 +343,8 @@ MUTANTS = [
            "return l.inner == 1 && l.width % per == 0 && l.block_w % per == 0;",
            "return l.inner == 1 && l.width % per == 0;", identity("division:block=2,bits=1")),
     Mutant("division-one-window-term", "a check removed", "codecs/cuda/division_kernels.cu",
-           "const uint64_t m = MeanIndex(l, d, p, j0, &starts);\n    if (starts && m % 2 == 0)",
-           "const uint64_t m = MeanIndex(l, d, p, j0, &starts);\n    if (m % 2 == 0)",
+           "const uint64_t m = MeanIndex(l, d, p, j, &starts);\n    if (starts && m % 2 == 0)",
+           "const uint64_t m = MeanIndex(l, d, p, j, &starts);\n    if (m % 2 == 0)",
            identity("division")),
     Mutant("division-minmax-step", "a reduction that skips a step",
            "codecs/cuda/division_kernels.cu",
@@ -372,6 +375,39 @@ MUTANTS = [
            "return d.narrow ? portable::Divide(static_cast<uint32_t>(j), d.group_length)",
            "return d.narrow ? portable::Divide(static_cast<uint32_t>(j + 1), d.group_length)",
            identity("division")),
+    # division_dct (its own cases: every spec, and the chunks, tiles and long axes)
+    Mutant("dct-forward-barrier", "a missing barrier", "codecs/cuda/division_kernels.cu",
+           "      }\n      __syncthreads();\n      const uint64_t tile",
+           "      }\n      const uint64_t tile", DCT_CASES),
+    Mutant("dct-forward-row", "a dropped tail element", "codecs/cuda/division_kernels.cu",
+           "          for (uint64_t h = 0; h < H; ++h) {\n            g = portable::Add(",
+           "          for (uint64_t h = 0; h + 1 < H; ++h) {\n            g = portable::Add(",
+           DCT_CASES),
+    Mutant("dct-forward-tile", "a tile read past its columns", "codecs/cuda/division_kernels.cu",
+           "const uint64_t tile = division_math::MinU(t.columns, W - w0);",
+           "const uint64_t tile = t.columns;", DCT_CASES),
+    Mutant("dct-forward-planes", "a block item one plane too many",
+           "codecs/cuda/division_kernels.cu",
+           "const uint64_t planes = division_math::MinU(t.planes, l.planes - first_plane);",
+           "const uint64_t planes = t.planes;", DCT_CASES),
+    Mutant("dct-forward-pad", "a padding half left as the buffer held it",
+           "codecs/cuda/division_kernels.cu",
+           "    lfc[2 * l.lfc_words - 1] = 0;", "    lfc[2 * l.lfc_words - 1] = lfc[0];", DCT_CASES),
+    Mutant("dct-cosine-table", "a wrong index", "codecs/cuda/division_kernels.cu",
+           "table[i] = dct_math::Basis(i % n, 1 + i / n, n);",
+           "table[i] = dct_math::Basis(i % n, i / n, n);", DCT_CASES),
+    Mutant("dct-mean-channel", "a wrong index", "codecs/cuda/division_kernels.cu",
+           "CoefficientIndex(l, p, 0, 0, c)]);\n      return portable::Add(0.0f",
+           "CoefficientIndex(l, p, 0, 0, 0)]);\n      return portable::Add(0.0f", DCT_CASES),
+    Mutant("dct-other-words", "a thread's share of the words skipped after the first",
+           "codecs/cuda/division_kernels.cu",
+           "    for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < l.lfc_words;\n"
+           "         w += stride) {",
+           "    for (uint64_t w = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; w < l.lfc_words;\n"
+           "         w += 2 * stride) {", DCT_CASES),
+    Mutant("dct-shared-approximation", "a check removed", "codecs/cuda/division_kernels.cu",
+           "if (l.kept_rows > 0) return OneFrequency(l) && l.inner == 1;",
+           "if (l.kept_rows > 0) return OneFrequency(l);", DCT_CASES),
     # eb
     Mutant("eb-encode-barrier", "a missing barrier", "codecs/cuda/eb_kernels.cu",
            "        listed[bi] = choice.outliers;\n      }\n    }\n    __syncthreads();\n",
