@@ -171,8 +171,6 @@ absl::StatusOr<DeferredEncoding> EncodeDeferred(const TensorView& input, const C
   if (!cuda.ok()) return cuda;
   absl::StatusOr<const Codec*> codec = CodecFor(params.codec);
   if (!codec.ok()) return codec.status();
-  cuda = (*codec)->CheckDevice(Device::kCuda);
-  if (!cuda.ok()) return cuda;
   absl::StatusOr<size_t> max_size = MaxEncodedSize(input.Spec(), params);
   if (!max_size.ok()) return max_size.status();
   if (capacity < *max_size) {
@@ -245,7 +243,6 @@ absl::Status DecodeDeferred(const DeferredEncoding& encoding, const uint8_t* buf
   absl::StatusOr<const Codec*> codec = DecoderFor(header);
   if (!codec.ok()) return codec.status();
   absl::Status status_ok = CheckOutput(header, output, context);
-  if (status_ok.ok()) status_ok = (*codec)->CheckDevice(Device::kCuda);
   if (!status_ok.ok()) return status_ok;
   if (encoding.device_decided && !(*codec)->ReadsDeviceParams()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -442,8 +439,7 @@ absl::StatusOr<size_t> Encode(const TensorView& input, const CodecParams& params
   }
   if (context.device == Device::kCuda) {
     // The deferred encode, then one wait for its status.
-    absl::Status runs = (*codec)->CheckDevice(Device::kCuda);
-    if (runs.ok()) runs = NeedsCuda("encode");
+    absl::Status runs = NeedsCuda("encode");
     if (!runs.ok()) return runs;
     absl::StatusOr<internal::DeviceCounters> status = internal::DeviceCounters::Make(context);
     if (!status.ok()) return status.status();
@@ -614,8 +610,6 @@ absl::Status DecodeVerified(const Header& verified, const uint8_t* buffer,
     }
     return (*codec)->DecodePayload(verified, buffer + kHeaderSize, output, context, nullptr);
   }
-  status = (*codec)->CheckDevice(Device::kCuda);
-  if (!status.ok()) return status;
   return DecodeOnDevice(**codec, verified, buffer, output, context);
 }
 
@@ -632,8 +626,6 @@ absl::Status Decode(const uint8_t* buffer, size_t size, const MutableTensorView&
     if (!status.ok()) return status;
     return DecodeVerified(*header, buffer, output, context);
   }
-  status = (*codec)->CheckDevice(Device::kCuda);
-  if (!status.ok()) return status;
   if ((*codec)->ChecksOwnBuffer()) {
     return DecodeCheckedOnDevice(**codec, *header, buffer, output, context);
   }

@@ -208,9 +208,6 @@ class Codec {
                                      const MutableTensorView& output, const ExecContext& context,
                                      DeviceStatus* status) const;
 
-  // OK when this codec runs on `device`; kUnimplemented saying what to use instead otherwise.
-  virtual absl::Status CheckDevice(Device) const { return absl::OkStatus(); }
-
   // The specs `codec="auto"` may choose for a saved tensor from this codec (none: auto never
   // picks it). The session's candidates are these, gathered from the registry
   // (runtime::SessionOptions::DefaultLadder).

@@ -347,6 +347,25 @@ TEST(CudaIdentityOtherTest, EveryRegisteredCodecHasCases) {
   }
 }
 
+// Float32 `values` of `shape` under `spec`: the same encoding from both devices, which both
+// decode to the same bytes.
+void ExpectSameBytes(DeviceRunner& cpu, DeviceRunner& cuda, const std::vector<float>& values,
+                     const std::vector<int64_t>& shape, const char* spec) {
+  const std::string what = absl::StrCat(spec, " [", absl::StrJoin(shape, ","), "]");
+  absl::StatusOr<CodecParams> params = ParseCodecSpec(spec);
+  ASSERT_TRUE(params.ok()) << what << ": " << params.status();
+  const std::vector<uint8_t> input = testing::ToBytes(values, DType::kFloat32);
+  absl::StatusOr<std::vector<uint8_t>> a = cpu.Encode(input, DType::kFloat32, shape, *params);
+  absl::StatusOr<std::vector<uint8_t>> b = cuda.Encode(input, DType::kFloat32, shape, *params);
+  ASSERT_TRUE(a.ok()) << what << ": " << a.status();
+  ASSERT_TRUE(b.ok()) << what << ": " << b.status();
+  ASSERT_TRUE(*a == *b) << what;
+  std::vector<uint8_t> out_a, out_b;
+  ASSERT_TRUE(cpu.Decode(*a, a->size(), DType::kFloat32, shape, &out_a).ok()) << what;
+  ASSERT_TRUE(cuda.Decode(*b, b->size(), DType::kFloat32, shape, &out_b).ok()) << what;
+  ASSERT_TRUE(out_a == out_b) << what;
+}
+
 // division_dct's forward kernel cuts a plane into chunks of channels and tiles of columns, and
 // its kernels keep an axis' cosines in shared memory only where they fit: shapes past each of
 // these limits encode and decode to the CPU's bytes. [2, 9, 300] has two chunks of channels at
@@ -359,19 +378,7 @@ TEST(CudaIdentityDivisionDctTest, ChunksTilesAndLongAxes) {
   for (const std::vector<int64_t>& shape :
        std::vector<std::vector<int64_t>>{{2, 9, 300}, {1, 1, 5, 1100}, {3, 600, 2}}) {
     for (const char* spec : {"division_dct", "division_dct:keep=32,bits=2"}) {
-      const CodecParams params = *ParseCodecSpec(spec);
-      const std::vector<uint8_t> input =
-          testing::ToBytes(MakeValues(Data::kSmooth, shape, 5), DType::kFloat32);
-      const std::string what = absl::StrCat(spec, " [", absl::StrJoin(shape, ","), "]");
-      absl::StatusOr<std::vector<uint8_t>> a = cpu.Encode(input, DType::kFloat32, shape, params);
-      absl::StatusOr<std::vector<uint8_t>> b = cuda.Encode(input, DType::kFloat32, shape, params);
-      ASSERT_TRUE(a.ok()) << what << ": " << a.status();
-      ASSERT_TRUE(b.ok()) << what << ": " << b.status();
-      ASSERT_TRUE(*a == *b) << what;
-      std::vector<uint8_t> out_a, out_b;
-      ASSERT_TRUE(cpu.Decode(*a, a->size(), DType::kFloat32, shape, &out_a).ok()) << what;
-      ASSERT_TRUE(cuda.Decode(*b, b->size(), DType::kFloat32, shape, &out_b).ok()) << what;
-      ASSERT_TRUE(out_a == out_b) << what;
+      ExpectSameBytes(cpu, cuda, MakeValues(Data::kSmooth, shape, 5), shape, spec);
     }
   }
 }
@@ -382,21 +389,10 @@ TEST(CudaIdentityLargeTest, SixteenMebibytes) {
   DeviceRunner cpu(Device::kCpu), cuda(Device::kCuda);
   if (!cuda.available()) GTEST_SKIP() << cuda.why_unavailable();
   const std::vector<int64_t> shape = {64, 256, 256};
-  const std::vector<uint8_t> input =
-      testing::ToBytes(MakeValues(Data::kSmooth, shape, 9), DType::kFloat32);
-  ASSERT_GE(input.size(), size_t{16} << 20);
-  for (const char* spec : {"quant2", "eb:rel=1e-3", "division"}) {
-    absl::StatusOr<CodecParams> params = ParseCodecSpec(spec);
-    ASSERT_TRUE(params.ok());
-    absl::StatusOr<std::vector<uint8_t>> a = cpu.Encode(input, DType::kFloat32, shape, *params);
-    absl::StatusOr<std::vector<uint8_t>> b = cuda.Encode(input, DType::kFloat32, shape, *params);
-    ASSERT_TRUE(a.ok()) << spec << ": " << a.status();
-    ASSERT_TRUE(b.ok()) << spec << ": " << b.status();
-    ASSERT_TRUE(*a == *b) << spec;
-    std::vector<uint8_t> out_a, out_b;
-    ASSERT_TRUE(cpu.Decode(*a, a->size(), DType::kFloat32, shape, &out_a).ok()) << spec;
-    ASSERT_TRUE(cuda.Decode(*b, b->size(), DType::kFloat32, shape, &out_b).ok()) << spec;
-    ASSERT_TRUE(out_a == out_b) << spec;
+  const std::vector<float> values = MakeValues(Data::kSmooth, shape, 9);
+  ASSERT_GE(values.size() * 4, size_t{16} << 20);
+  for (const char* spec : {"quant2", "eb:rel=1e-3", "division", "division_dct"}) {
+    ExpectSameBytes(cpu, cuda, values, shape, spec);
   }
 }
 

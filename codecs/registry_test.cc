@@ -95,7 +95,6 @@ TEST(RegistryTest, AutoSpecsParseAsTheirOwnCodecAndReadBack) {
       EXPECT_EQ(p->codec, codec->id()) << spec;
       EXPECT_EQ(FormatCodecSpec(*p), spec);
       EXPECT_TRUE(codec->CheckEncodable({DType::kFloat32, {8, 4, 16, 16}}, *p).ok()) << spec;
-      EXPECT_TRUE(codec->CheckDevice(Device::kCuda).ok()) << spec << " must run on a GPU too";
       ++specs;
     }
   }
