@@ -103,6 +103,7 @@ class Bitpack final : public Codec {
  public:
   CodecId id() const override { return CodecId::kBitpack; }
   absl::string_view name() const override { return "bitpack"; }
+  bool lossless() const override { return true; }
 
   absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams&) const override {
     if (KindOf(spec.dtype) == 0) {

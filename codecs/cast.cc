@@ -26,6 +26,7 @@ class Cast final : public Codec {
  public:
   CodecId id() const override { return CodecId::kCast; }
   absl::string_view name() const override { return "cast"; }
+  bool lossless() const override { return false; }
 
   absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const override {
     if (params.cast_to != DType::kFloat16 && params.cast_to != DType::kBFloat16) {

@@ -208,6 +208,10 @@ class Codec {
                                      const MutableTensorView& output, const ExecContext& context,
                                      DeviceStatus* status) const;
 
+  // Whether a decode gives back every bit of what was encoded (identity, mask, bitpack): such a
+  // codec has no error to measure and is never one of auto's rungs.
+  virtual bool lossless() const = 0;
+
   // The specs `codec="auto"` may choose for a saved tensor from this codec (none: auto never
   // picks it). The session's candidates are these, gathered from the registry
   // (runtime::SessionOptions::DefaultLadder).

@@ -624,6 +624,15 @@ TEST(CodecConformanceCoverageTest, EveryRegisteredCodecHasCases) {
   }
 }
 
+// A spec checked bit for bit here is one whose codec says it is lossless, and only those.
+TEST(CodecConformanceCoverageTest, ExactCasesAreTheLosslessCodecs) {
+  for (const SpecCase& spec : Specs()) {
+    const Codec* codec = FindCodec(ParseCodecSpec(spec.spec)->codec);
+    ASSERT_NE(codec, nullptr) << spec.spec;
+    EXPECT_EQ(spec.fidelity == Fidelity::kExact, codec->lossless()) << spec.spec;
+  }
+}
+
 // A CUDA tensor in a build without CUDA (encode and decode) is a clear kUnimplemented error that
 // says why, for every codec of the registry (each has a CUDA path in a CUDA build).
 TEST(CodecConformanceCoverageTest, CudaTensorsWithoutCudaAreAClearError) {

@@ -687,6 +687,7 @@ class Division final : public Codec {
 
   CodecId id() const override { return v_.id; }
   absl::string_view name() const override { return v_.name; }
+  bool lossless() const override { return false; }
   std::vector<std::string> AutoSpecs() const override {
     if (v_.auto_spec == nullptr) return {};
     return {v_.auto_spec};

@@ -550,6 +550,7 @@ class Eb final : public Codec {
  public:
   CodecId id() const override { return CodecId::kEb; }
   absl::string_view name() const override { return "eb"; }
+  bool lossless() const override { return false; }
   // One bound: 1e-3 stores about twice quant8's bytes, where quant8 is as accurate.
   std::vector<std::string> AutoSpecs() const override { return {"eb:rel=1e-2"}; }
 

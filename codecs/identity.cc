@@ -16,6 +16,7 @@ class Identity final : public Codec {
  public:
   CodecId id() const override { return CodecId::kIdentity; }
   absl::string_view name() const override { return "identity"; }
+  bool lossless() const override { return true; }
 
   absl::Status CheckEncodable(const TensorSpec&, const CodecParams&) const override {
     return absl::OkStatus();

@@ -82,6 +82,7 @@ class Mask final : public Codec {
  public:
   CodecId id() const override { return CodecId::kMask; }
   absl::string_view name() const override { return "mask"; }
+  bool lossless() const override { return true; }
 
   absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams&) const override {
     if (!IsMaskable(spec.dtype)) {

@@ -76,6 +76,7 @@ class Pool final : public Codec {
  public:
   CodecId id() const override { return CodecId::kPool; }
   absl::string_view name() const override { return "pool"; }
+  bool lossless() const override { return false; }
 
   absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const override {
     if (!IsLossyFloat(spec.dtype)) {

@@ -156,6 +156,7 @@ class Quant final : public Codec {
  public:
   CodecId id() const override { return CodecId::kQuant; }
   absl::string_view name() const override { return "quant"; }
+  bool lossless() const override { return false; }
   std::vector<std::string> AutoSpecs() const override { return {"quant8", "quant4", "quant2"}; }
 
   absl::Status CheckEncodable(const TensorSpec& spec, const CodecParams& params) const override {

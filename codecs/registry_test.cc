@@ -103,6 +103,16 @@ TEST(RegistryTest, AutoSpecsParseAsTheirOwnCodecAndReadBack) {
   EXPECT_TRUE(FindCodec(CodecId::kIdentity)->AutoSpecs().empty());  // lossless: never a rung
 }
 
+TEST(RegistryTest, LosslessCodecsAreTheExactOnesAndNeverRungs) {
+  std::vector<std::string> lossless;
+  for (const Codec* codec : AllCodecs()) {
+    if (!codec->lossless()) continue;
+    lossless.emplace_back(codec->name());
+    EXPECT_TRUE(codec->AutoSpecs().empty()) << codec->name();
+  }
+  EXPECT_EQ(lossless, (std::vector<std::string>{"identity", "mask", "bitpack"}));
+}
+
 TEST(RegistryTest, EbSpecsRoundTrip) {
   for (const char* spec : {"eb:rel=1e-2", "eb:rel=1e-3", "eb:abs=1e-2", "eb:abs=2.5e-1",
                            "eb:abs=3e0", "eb:rel=1.234e-5", "eb:abs=1e30"}) {

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "codecs/registry.h"
 #include "runtime/codec_choice.h"
 
 namespace actpack::runtime {
@@ -16,9 +17,14 @@ namespace {
 constexpr char kWhere[] = "actpack.budget: ";
 constexpr char kHeadroomExpected[] = "a share of the budget in [0, 0.5)";
 
+// Whether a codec choice may change what backward reads: "auto" and the lossy codecs' specs,
+// not "none" nor a lossless codec's (Codec::lossless).
 bool IsLossy(absl::string_view spec) {
-  const absl::string_view name = spec.substr(0, spec.find(':'));
-  return name != kNotPacked && name != "identity";
+  if (spec.substr(0, spec.find(':')) == kNotPacked) return false;
+  const absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
+  if (!params.ok()) return true;  // "auto"
+  const codecs::Codec* codec = codecs::FindCodec(params->codec);
+  return codec == nullptr || !codec->lossless();
 }
 
 // Python's repr of a printable str without quotes in it (what the Python front end passes);
