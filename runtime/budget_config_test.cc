@@ -84,8 +84,20 @@ TEST(BudgetConfigTest, WhatAValidConfigurationMeans) {
   config.codec = "none";  // plain training
   EXPECT_FALSE(config.Packs() || config.Automatic() || config.GuardsGradients());
   EXPECT_EQ(config.Packing(), "plain training (enabled=False)");
-  config.codec = "identity";  // lossless: nothing to guard
-  EXPECT_FALSE(config.Automatic() || config.GuardsGradients());
+  for (const char* lossless : {"identity", "mask", "bitpack"}) {  // nothing to guard
+    config.codec = lossless;
+    EXPECT_FALSE(config.Automatic() || config.GuardsGradients()) << lossless;
+  }
+  for (const char* lossy : {"quant2", "cast:bf16", "eb:rel=1e-3", "division_dct:keep=4"}) {
+    config.codec = lossy;
+    EXPECT_TRUE(config.GuardsGradients()) << lossy;
+  }
+  config.codec = "identity";
+  config.rules = {{"enc*", "identity"}, {"*", "pool4"}};  // a lossy rule arms it
+  EXPECT_TRUE(config.GuardsGradients());
+  config.rules = {{"enc*", "identity"}, {"*", "mask"}};
+  EXPECT_FALSE(config.GuardsGradients());
+  config.rules.clear();
   config.codec = "auto";
   config.rules = {{"*", "quant2"}};  // a mapping without "auto": auto chooses nothing
   EXPECT_TRUE(config.Automatic());
