@@ -265,6 +265,16 @@ def test_plan_checks_its_arguments_before_any_step(data, which):
             refused(error, value, *(value if isinstance(value, list) else ()))
 
 
+def test_plan_takes_any_codec_the_registry_holds():
+    """plan()'s choices are its own names or any codec spec budget() takes; a spec the registry
+    refuses is refused with the registry's reason."""
+    for codecs in (["quant4"], ["none", "division_dct:keep=4", "auto"], ["mask", "eb:rel=1e-3"]):
+        with mock.patch.object(_planner, "_plan", _stop), pytest.raises(_Accepted):
+            actpack.plan(_never, "1GiB", codecs=codecs, progress=False, restore=False)
+    with pytest.raises(ValueError, match=r"'quant5'.*bits must be 1, 2, 4 or 8"):
+        actpack.plan(_never, "1GiB", codecs=["quant5"], progress=False, restore=False)
+
+
 conf_values = st.one_of(
     sizes, scientific, st.text(alphabet=st.characters(exclude_characters=","), max_size=20),
     ints.map(str), floats.map(repr),

@@ -256,6 +256,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return *pairs;
   });
   m.def("format_bytes", [](uint64_t bytes) { return actpack::allocator::FormatBytes(bytes); });
+  // A codec spec as the registry writes it back (its options in full); ValueError naming what is
+  // wrong otherwise.
+  m.def("canonical_codec_spec", [](const std::string& spec) {
+    absl::StatusOr<actpack::codecs::CodecParams> params = actpack::codecs::ParseCodecSpec(spec);
+    actpack::torch_plugin::ThrowIfError(params.status());
+    return actpack::codecs::FormatCodecSpec(*params);
+  });
   m.def("codec_names", [] {
     std::vector<std::string> names;
     for (const actpack::codecs::Codec* codec : actpack::codecs::AllCodecs()) {

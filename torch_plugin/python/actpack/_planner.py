@@ -396,9 +396,18 @@ def _codec_choices(codecs):
         raise ValueError(f"actpack.plan: codecs is empty ({shown}); expected some of "
                          f"{', '.join(ALL_CHOICES)}, or None for the default ones")
     for choice in codecs:
-        if not isinstance(choice, str) or choice not in ALL_CHOICES:
-            raise ValueError(f"actpack.plan: unknown codec choice {_args.show(choice)} in "
-                             f"{shown}; expected some of {', '.join(ALL_CHOICES)}")
+        if isinstance(choice, str) and choice in ALL_CHOICES:
+            continue
+        why = ""
+        if isinstance(choice, str):
+            try:
+                _C.canonical_codec_spec(choice)  # any codec the registry holds, as budget() takes it
+                continue
+            except ValueError as error:
+                why = f" ({error})"
+        raise ValueError(f"actpack.plan: unknown codec choice {_args.show(choice)} in {shown}; "
+                         f"expected some of {', '.join(ALL_CHOICES)} or a codec spec such as "
+                         f"'quant4'{why}")
     return codecs
 
 
