@@ -27,8 +27,8 @@
 // launches: (1) DctForwardKernel, a block a plane's chunk of channels, zeroing the status in
 // block 0; (2) the residual kernel above, the approximations the inverse transform of the
 // coefficients (1) wrote (CosineLfc). Decode, one launch (DctDecodeKernel): a value a thread.
-// The transform is direct (about R x V multiply-adds a value each way at R x V kept
-// frequencies: one at the default keep), not an FFT: FORMAT.md says why.
+// The transform is direct (about R multiply-adds a value forward and R x V back at R x V kept
+// frequencies: one each at the default keep), not an FFT: FORMAT.md says why.
 #include <cuda_runtime.h>
 
 #include <algorithm>
