@@ -98,8 +98,8 @@ TEST(RegistryTest, AutoSpecsParseAsTheirOwnCodecAndReadBack) {
       ++specs;
     }
   }
-  // quant's three strengths, eb's bound, division and division_dct.
-  EXPECT_EQ(specs, 6);
+  // quant's three strengths, eb's bound and division.
+  EXPECT_EQ(specs, 5);
   EXPECT_TRUE(FindCodec(CodecId::kIdentity)->AutoSpecs().empty());  // lossless: never a rung
 }
 

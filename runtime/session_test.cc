@@ -22,7 +22,7 @@ TEST(SessionTest, DefaultLadderIsEveryCodecsAutoSpecsMildestFirst) {
   }
   // eb's bound holds a block kept raw; then by bits per value.
   EXPECT_EQ(ladder, (std::vector<std::string>{"eb:rel=1e-2", "quant8", "quant4", "division",
-                                              "division_dct", "quant2"}));
+                                              "quant2"}));
 }
 
 TEST(SessionTest, PacksDecodesAndCountsBytes) {
@@ -788,10 +788,6 @@ TEST(SessionErrorBoundTest, ThePolicyNeverTakesACandidateAboveTheCap) {
       << status.message();
 }
 
-// The ladder's 2-bit rungs: on these tensors both fit a budget of a twelfth of their bytes,
-// and both leave a relative error far above the default floor.
-bool TwoBit(const std::string& codec) { return codec == "quant2" || codec == "division_dct"; }
-
 // The fidelity floor (max_rel_rms, 0.2 by default): once measured, a codec whose relative
 // RMS error on a tensor is above it is not taken for it (quant2 on Gaussian data: ~0.6), and
 // a budget only such codecs would fit is infeasible, saying so; 0 lifts the floor.
@@ -846,7 +842,7 @@ TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
 
   for (const double floor : {kDefaultMaxRelRms, 0.0}) {
     SCOPED_TRACE(floor);
-    SessionOptions tight = AutoOptions(other + raw / 12);  // only the 2-bit codecs fit
+    SessionOptions tight = AutoOptions(other + raw / 12);  // only quant2 fits
     tight.max_rel_rms = floor;
     Session capped(tight, HostFactory());
     ASSERT_TRUE(StepWithPeak(capped, other).ok());
@@ -861,7 +857,7 @@ TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
     } else {
       ASSERT_TRUE(status.ok()) << status;
       RunStep(capped);
-      for (const SavedRecord& record : capped.Records()) EXPECT_TRUE(TwoBit(record.codec));
+      for (const SavedRecord& record : capped.Records()) EXPECT_EQ(record.codec, "quant2");
     }
   }
 }
@@ -872,11 +868,11 @@ TEST(SessionPolicyTest, TheFidelityFloorRulesOutCodecsMeasuredAboveIt) {
 TEST(SessionPolicyTest, TighteningTheFloorMovesAutomaticTensorsToFinerCodecs) {
   const uint64_t other = 1 << 20;
   const uint64_t raw = 4u * 64 * 256 * 4;
-  Session session(AutoOptions(other + raw / 12), HostFactory());  // only the 2-bit codecs fit
+  Session session(AutoOptions(other + raw / 12), HostFactory());  // only quant2 fits
   ASSERT_TRUE(StepWithPeak(session, other).ok());
   ASSERT_TRUE(StepWithPeak(session, other).ok());
   ASSERT_TRUE(StepWithPeak(session, other).ok());
-  for (const SavedRecord& record : session.Records()) ASSERT_TRUE(TwoBit(record.codec));
+  for (const SavedRecord& record : session.Records()) ASSERT_EQ(record.codec, "quant2");
   EXPECT_EQ(session.Policy().max_rel_rms, 0.0);
   double floor = kDefaultMaxRelRms;
   for (uint64_t tightening = 1; tightening <= 3; ++tightening, floor /= 2) {
@@ -887,7 +883,7 @@ TEST(SessionPolicyTest, TighteningTheFloorMovesAutomaticTensorsToFinerCodecs) {
     // The step packs before any new plan: the records' choices moved at once.
     const absl::Status status = StepWithPeak(session, other);
     for (const SavedRecord& record : session.Records()) {
-      EXPECT_FALSE(TwoBit(record.codec)) << record.codec;
+      EXPECT_NE(record.codec, "quant2");
       const PolicyCandidate& chosen = record.candidates[std::max(record.choice, 0)];
       EXPECT_EQ(chosen.spec, record.choice > 0 ? record.codec : std::string(kNotPacked));
       EXPECT_LE(chosen.error, floor * floor) << chosen.spec;
