@@ -1,6 +1,6 @@
-// CUDA kernels of the `division` and `division_dct` codecs. They write exactly the payload of the CPU reference
-// (division.cc): the same window sums (division_math::LfcWord, a left-to-right correctly
-// rounded sum per window), the same residuals, group parameters and counter-based draws
+// CUDA kernels of the `division` and `division_dct` codecs. `division`'s write exactly the payload
+// of the CPU reference (division.cc): the same window sums (division_math::LfcWord, a left-to-right
+// correctly rounded sum per window), the same residuals, group parameters and counter-based draws
 // (division_math.h, quant_math.h).
 //
 // Encode, two kernels on one stream: (1) one thread per LFC word (two windows; for C > 1 the
@@ -24,9 +24,12 @@
 // `division_dct` (layout.kept_rows > 0) writes exactly the CPU's payload too: its sums run in
 // the order FORMAT.md gives, each a correctly rounded float operation, the cosines from
 // dct_math.h's polynomial (a block's tables in shared memory where they fit). Encode, two
-// launches: (1) DctForwardKernel, a block a plane's chunk of channels, zeroing the status in
-// block 0; (2) the residual kernel above, the approximations the inverse transform of the
-// coefficients (1) wrote (CosineLfc). Decode, one launch (DctDecodeKernel): a value a thread.
+// launches: (1) DctMeanKernel (one kept frequency) or DctForwardKernel, a block item a few
+// planes' chunk of channels, zeroing the status in block 0; (2) the residual kernels above
+// (DctResidualVectorKernel where a vector's values share one approximation, else
+// DctMeanResidualKernel or DctResidualKernel), the approximations the inverse transform of the
+// coefficients (1) wrote (CosineLfc). Decode, one launch (DctMeanDecodeKernel or
+// DctDecodeKernel): the decode above, the LFC words' checksum terms summed apart.
 // The transform is direct (about R multiply-adds a value forward and R x V back at R x V kept
 // frequencies: one each at the default keep), not an FFT: FORMAT.md says why.
 #include <cuda_runtime.h>
@@ -390,13 +393,13 @@ ForwardTiling TilingOf(const Layout& l) {
                        (l.planes + planes - 1) / planes * chunks};
 }
 
-// The work of the encode's first launch for `division_dct`: the kept coefficients of each (plane, channel),
-// the sums in the CPU's order (division.cc's PlaneDct::Forward: along h, h ascending, for each
-// (u, w, c); then along w, w ascending, for each (u, v, c)), each rounded to bfloat16 into the
-// LFC section. Per block item and tile of columns, each thread sums one (plane, column,
-// channel) along h for every u into shared memory; then each coefficient's sum along w goes
-// on over the tile's columns. `kMean`: one kept frequency (the plane's mean; cosines all 1),
-// with the shared memory that needs. Block 0 zeroes the status and the pad half of an odd LFC.
+// The work of the encode's first launch for `division_dct`: the kept coefficients of each (plane,
+// channel), the sums in the CPU's order (division.cc's PlaneDct::Forward: along h, h ascending, for
+// each (u, w, c); then along w, w ascending, for each (u, v, c)), each rounded to bfloat16 into the
+// LFC section. Per block item and tile of columns, each thread sums one (plane, column, channel)
+// along h for every u into shared memory; then each coefficient's sum along w goes on over the
+// tile's columns. `kMean`: one kept frequency (the plane's mean; cosines all 1), with the shared
+// memory that needs. Block 0 zeroes the status and the pad half of an odd LFC.
 template <int K, bool kMean>
 __device__ __forceinline__ void ForwardItems(const void* __restrict__ input, const Layout& l,
                                              const ForwardTiling& t, uint16_t* __restrict__ lfc,
