@@ -53,7 +53,7 @@ runtime::SessionState SampleState() {
   automatic.stored_bytes = 72;
   automatic.occurrences = 2;
   automatic.assigned.automatic = true;
-  automatic.candidates = {{"keep", 512, 0.0},
+  automatic.candidates = {{"none", 512, 0.0},
                           {"quant4", 72, 4e-3},
                           {"eb:abs=0.1", 100, std::numeric_limits<double>::infinity()}};
   automatic.choice = 1;

@@ -64,14 +64,14 @@ std::optional<std::string> GradientGuard::Observe(
 }
 
 BudgetRun::BudgetRun(BudgetConfig config, BudgetMemoryFacts memory_facts, Session& session,
-                     BudgetMemory& memory, std::function<size_t(size_t)> repack)
+                     BudgetMemory& memory, std::function<size_t(size_t)> relieve)
     : config_(std::move(config)),
       facts_(memory_facts),
       automatic_(config_.Automatic()),
       recompute_(config_.Recompute()),
       session_(session),
       memory_(memory),
-      repack_(std::move(repack)),
+      relieve_(std::move(relieve)),
       recomputing_(recompute_ == RecomputeMode::kOn) {
   if (config_.GuardsGradients()) guard_.emplace(config_.CodecText());
 }
@@ -146,8 +146,8 @@ size_t BudgetRun::Relieve(size_t needed) {
   // A run that stopped (or never started) makes no room: its pressure callback may outlive it
   // where a front end could not remove it, and must not lift the next run's cap.
   if (!started_) return 0;
-  if (automatic_ && repack_) {
-    if (const size_t freed = repack_(needed); freed > 0) return freed;
+  if (automatic_ && relieve_) {
+    if (const size_t freed = relieve_(needed); freed > 0) return freed;
   }
   if (!facts_.capped || planned_ || steps_ >= UnplannedSteps()) return 0;
   // A step before the first plan does not fit even packed at the harshest: let it finish over

@@ -16,7 +16,7 @@
 //     under lossy packing tightens auto's fidelity floor or stops the run;
 //   - the run's peaks and warnings become the report's run section (RunSection).
 //
-//   BudgetRun run(config, {budget_bytes, capped, outside_allowance}, session, memory, repack);
+//   BudgetRun run(config, {budget_bytes, capped, outside_allowance}, session, memory, relieve);
 //   run.Start();
 //   ... a step; the allocator's pressure callback calls run.Relieve(needed) ...
 //   absl::StatusOr<BudgetRun::StepEnd> end = run.EndStep(regions_ran);
@@ -134,11 +134,11 @@ class GradientGuard {
 
 class BudgetRun {
  public:
-  // `repack` frees memory under pressure by re-packing what the plan kept exact (the plugin's
-  // SavedTensorSession::Relieve); the bytes it freed. Session and memory outlive the run.
+  // `relieve` frees memory under pressure by re-packing what the plan kept exact (the plugin's
+  // SavedTensorPacker::Relieve); the bytes it freed. Session and memory outlive the run.
   // `config` is valid (BudgetConfig::Validate).
   BudgetRun(BudgetConfig config, BudgetMemoryFacts memory_facts, Session& session,
-            BudgetMemory& memory, std::function<size_t(size_t)> repack);
+            BudgetMemory& memory, std::function<size_t(size_t)> relieve);
 
   // Caps the memory at the budget and releases what was cached before the run.
   void Start();
@@ -227,7 +227,7 @@ class BudgetRun {
   std::optional<GradientGuard> guard_;
   Session& session_;
   BudgetMemory& memory_;
-  const std::function<size_t(size_t)> repack_;
+  const std::function<size_t(size_t)> relieve_;
 
   bool started_ = false;
   uint64_t cap_before_ = kNoCap;

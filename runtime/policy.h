@@ -14,7 +14,7 @@
 //
 // Usage:
 //   PolicyInput input{.budget_bytes = 6 << 30, .other_bytes = measured_peak - stored_at_peak};
-//   input.items.push_back({{{"keep", raw, 0.0}, {"quant4", raw / 7, 3e-3}, ...}, weight});
+//   input.items.push_back({{{"none", raw, 0.0}, {"quant4", raw / 7, 3e-3}, ...}, weight});
 //   PolicyPlan plan = SolvePolicy(input);
 //   if (!plan.feasible) ... plan.smallest_feasible_budget ...
 #ifndef ACTPACK_RUNTIME_POLICY_H_
@@ -28,7 +28,7 @@
 namespace actpack::runtime {
 
 struct PolicyCandidate {
-  std::string spec;    // codec spec ("keep" for the tensor as it is)
+  std::string spec;    // codec spec (kNotPacked, "none", for the tensor as it is)
   uint64_t bytes = 0;  // stored bytes per step
   double error = 0.0;  // relative squared error, 0 for exact codecs
 };

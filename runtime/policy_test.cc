@@ -13,7 +13,7 @@ namespace {
 // keep / quant8 / quant4 / quant2 as the session measures them, for a tensor of `raw` bytes
 // whose error scales with `scale`.
 PolicyItem Ladder(uint64_t raw, double scale) {
-  return {{{"keep", raw, 0.0},
+  return {{{"none", raw, 0.0},
            {"quant8", raw / 4 + 64, 1e-5 * scale},
            {"quant4", raw / 8 + 64, 4e-3 * scale},
            {"quant2", raw / 16 + 64, 5e-2 * scale}},
@@ -64,7 +64,7 @@ TEST(PolicyTest, ACeilingHoldsThePlanAtAPeakKnownToFit) {
   EXPECT_TRUE(plan.feasible);
   EXPECT_LE(plan.projected_peak, input.ceiling_bytes);
   EXPECT_EQ(input.items[0].candidates[plan.choice[0]].spec, "quant2");
-  EXPECT_EQ(input.items[1].candidates[plan.choice[1]].spec, "keep");
+  EXPECT_EQ(input.items[1].candidates[plan.choice[1]].spec, "none");
   // A ceiling above the budget's limit changes nothing.
   input.ceiling_bytes = 2000000;
   EXPECT_EQ(SolvePolicy(input).choice, (std::vector<int>{0, 0}));
@@ -72,7 +72,7 @@ TEST(PolicyTest, ACeilingHoldsThePlanAtAPeakKnownToFit) {
 
 TEST(PolicyTest, SkipsDominatedAndNonConvexCandidates) {
   // "bad" is bigger and worse than quant4; "mid" lies above the segment quant8 -> quant2.
-  PolicyItem item{{{"keep", 1000, 0.0},
+  PolicyItem item{{{"none", 1000, 0.0},
                    {"bad", 600, 0.5},
                    {"quant8", 500, 0.001},
                    {"mid", 300, 0.4},

@@ -106,18 +106,18 @@ absl::string_view KeepReasonName(KeepReason reason) {
   switch (reason) {
     case KeepReason::kNone: return "";
     case KeepReason::kDisabled: return "packing disabled";
-    case KeepReason::kChosenNone: return "codec 'none': kept as it is";
+    case KeepReason::kCodecNone: return "codec 'none': kept as it is";
     case KeepReason::kParameter: return "parameter (or a view of one)";
     case KeepReason::kNotFloatingPoint: return "not floating point";
-    case KeepReason::kTooSmall: return "below min_bytes";
+    case KeepReason::kBelowMinBytes: return "below min_bytes";
     case KeepReason::kLossInput: return "log-probabilities of the loss";
-    case KeepReason::kPolicyExact: return "exact: fits the budget";
+    case KeepReason::kFitsBudget: return "exact: fits the budget";
     case KeepReason::kSavedInBackward: return "saved during backward (create_graph or recomputation)";
-    case KeepReason::kAwaitingBound: return "exact until its error bound is known (first step)";
+    case KeepReason::kAwaitingErrorBound: return "exact until its error bound is known (first step)";
     case KeepReason::kStatistics: return "an op's statistics (mean, rstd, logsumexp)";
     case KeepReason::kCheckpointInput:
       return "a checkpointed region's input (its recomputation would carry a codec's error)";
-    case KeepReason::kFlaggedOnDevice: return "its codec met values it cannot hold on the GPU";
+    case KeepReason::kNonFiniteOnDevice: return "its codec met values it cannot hold on the GPU";
     case KeepReason::kNonFinite: return "its codec cannot hold its values (non-finite)";
   }
   return "";
@@ -127,17 +127,17 @@ absl::string_view KeepReasonCode(KeepReason reason) {
   switch (reason) {
     case KeepReason::kNone: return "";
     case KeepReason::kDisabled: return "disabled";
-    case KeepReason::kChosenNone: return "codec_none";
+    case KeepReason::kCodecNone: return "codec_none";
     case KeepReason::kParameter: return "parameter";
     case KeepReason::kNotFloatingPoint: return "not_floating_point";
-    case KeepReason::kTooSmall: return "below_min_bytes";
+    case KeepReason::kBelowMinBytes: return "below_min_bytes";
     case KeepReason::kLossInput: return "loss_input";
-    case KeepReason::kPolicyExact: return "fits_budget";
+    case KeepReason::kFitsBudget: return "fits_budget";
     case KeepReason::kSavedInBackward: return "saved_in_backward";
-    case KeepReason::kAwaitingBound: return "awaiting_error_bound";
+    case KeepReason::kAwaitingErrorBound: return "awaiting_error_bound";
     case KeepReason::kStatistics: return "statistics";
     case KeepReason::kCheckpointInput: return "checkpoint_input";
-    case KeepReason::kFlaggedOnDevice: return "nonfinite_on_device";
+    case KeepReason::kNonFiniteOnDevice: return "nonfinite_on_device";
     case KeepReason::kNonFinite: return "nonfinite";
   }
   return "";
@@ -244,7 +244,7 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   if (!options_.enabled) {
     plan.reason = KeepReason::kDisabled;
   } else if (record.assigned.keep) {
-    plan.reason = KeepReason::kChosenNone;
+    plan.reason = KeepReason::kCodecNone;
   } else if (info.is_parameter) {
     plan.reason = KeepReason::kParameter;
   } else if (info.in_backward) {
@@ -254,20 +254,20 @@ PackPlan Session::Plan(const SavedTensorInfo& info) {
   } else if (!mask && !bitpack && (!info.supported_dtype || !codecs::IsLossyFloat(info.dtype))) {
     plan.reason = KeepReason::kNotFloatingPoint;
   } else if (bytes < options_.min_bytes) {
-    plan.reason = KeepReason::kTooSmall;
+    plan.reason = KeepReason::kBelowMinBytes;
   } else if (IsLossInput(info.producer)) {
     plan.reason = KeepReason::kLossInput;
   } else if (IsStatistics(info, bytes, largest_so_far)) {
     plan.reason = KeepReason::kStatistics;
   } else if (record.device_flagged) {
-    plan.reason = KeepReason::kFlaggedOnDevice;
+    plan.reason = KeepReason::kNonFiniteOnDevice;
   }
   if (plan.reason != KeepReason::kNone) {
     plan.action = PackAction::kKeep;
     record.codec = std::string(kNotPacked);
     record.reason = plan.reason;
     // A flagged record's note says what its codec met, and when.
-    if (plan.reason != KeepReason::kFlaggedOnDevice) {
+    if (plan.reason != KeepReason::kNonFiniteOnDevice) {
       record.note = std::string(KeepReasonName(plan.reason));
     }
     totals_.kept_bytes += bytes;
@@ -777,7 +777,7 @@ absl::Status Session::CheckDeferred(Deferred* work) {
       const absl::Status refused = codecs::CheckEncode(use.header, read);
       if (!record->device_flagged) ++totals_.exact_fallbacks;
       record->device_flagged = true;
-      record->reason = KeepReason::kFlaggedOnDevice;
+      record->reason = KeepReason::kNonFiniteOnDevice;
       record->note = absl::StrCat(refused.message(), " (on the GPU: decoded as NaN at step ",
                                   step_index_, ", kept exact from the next step)");
     }
@@ -934,7 +934,7 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
   // Only a step where the cap bound (the pool ran out even after giving back its cache) says
   // what fragmentation costs; otherwise reserved includes cache the pool would have released,
   // and planning for it would make the policy harsher than the budget requires.
-  if (pressure_this_step_ && reserved_bytes > 0 && peak_bytes > 0) {
+  if (relieving_this_step_ && reserved_bytes > 0 && peak_bytes > 0) {
     policy_.fragmentation = std::max(1.0, static_cast<double>(reserved_bytes) /
                                               static_cast<double>(peak_bytes));
   }
@@ -949,12 +949,12 @@ absl::Status Session::EndStep(uint64_t peak_bytes, uint64_t reserved_bytes,
     const uint64_t close = UsableBytes(PlanningBudget(), options_.headroom / 2);
     // The pool reserved within half the headroom of the budget: full, as far as the plan goes.
     const bool pool_full = reserved_bytes >= UsableBytes(PoolBudget(), options_.headroom / 2);
-    if (profiled_since_plan_ || pressure_this_step_ || peak_bytes > close) {
+    if (profiled_since_plan_ || relieving_this_step_ || peak_bytes > close) {
       status = Replan(peak_bytes, pool_full);
       profiled_since_plan_ = false;
     }
   }
-  pressure_this_step_ = false;
+  relieving_this_step_ = false;
   current_step_.index = step_index_;
   totals_.steps = step_index_ + 1;
   if (first_steps_.size() < kStepsKept) {

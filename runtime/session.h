@@ -20,7 +20,7 @@
 //
 // No lock of the session is held while it allocates (buffers, statuses, a shrink's copy): an
 // allocation at the budget's cap runs the pressure callbacks on the same thread, and they call
-// OnPressure, ReliefPlan and Pack (common/checked_mutex.h checks it).
+// StartRelief, ReliefPlan and Pack (common/checked_mutex.h checks it).
 #ifndef ACTPACK_RUNTIME_SESSION_H_
 #define ACTPACK_RUNTIME_SESSION_H_
 
@@ -161,14 +161,13 @@ enum class PackAction { kKeep, kReuse, kPack };
 
 // Why a tensor is stored exactly: kept as it is, or (kNonFinite) packed by identity. The report
 // writes a code for each (KeepReasonCode: what tests and tools match) beside a sentence
-// (KeepReasonName, or the codec's own message).
+// (KeepReasonName, or the codec's own message); each value is named as its code.
 enum class KeepReason {
-  kNone, kDisabled, kChosenNone, kParameter, kNotFloatingPoint, kTooSmall, kLossInput,
-  kPolicyExact,
-  kSavedInBackward, kAwaitingBound, kStatistics, kCheckpointInput,
+  kNone, kDisabled, kCodecNone, kParameter, kNotFloatingPoint, kBelowMinBytes, kLossInput,
+  kFitsBudget, kSavedInBackward, kAwaitingErrorBound, kStatistics, kCheckpointInput,
   // Its codec met values it cannot hold (non-finite values) in an earlier step on a GPU, where
   // it is packed without waiting to know: that step decoded NaN, the later ones keep it exact.
-  kFlaggedOnDevice,
+  kNonFiniteOnDevice,
   // Its codec refused its values (non-finite) when packing on the host: packed by identity.
   kNonFinite
 };
@@ -287,7 +286,7 @@ struct SavedRecord {
   // last one outgrew its buffer and the spill room beside it.
   std::string sized_spec;
   uint64_t sized_bytes = 0;
-  bool device_flagged = false;  // KeepReason::kFlaggedOnDevice from the next step
+  bool device_flagged = false;  // KeepReason::kNonFiniteOnDevice from the next step
 
   // Error-bounded mode: the mean square of the data (from the last measurement, 0: unknown),
   // the relative squared error allowed (infinite: no cap), where the cap came from
@@ -419,7 +418,7 @@ class Session {
 
   // Memory pressure mid-step (the allocator is out of budget): the rest of the step packs the
   // policy's tensors with their harshest codec, and the policy plans again at the step's end.
-  void OnPressure();
+  void StartRelief();
 
   // The plan that re-packs record `record`'s tensor, kept exact by the policy earlier in this
   // step, with its harshest codec to free memory under pressure (PackPlan::relief).
@@ -589,7 +588,7 @@ class Session {
   SessionTotals totals_ ABSL_GUARDED_BY(mu_);
   uint64_t step_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool profiled_since_plan_ ABSL_GUARDED_BY(mu_) = false;
-  bool pressure_this_step_ ABSL_GUARDED_BY(mu_) = false;
+  bool relieving_this_step_ ABSL_GUARDED_BY(mu_) = false;
   GradientStatistics gradients_ ABSL_GUARDED_BY(mu_);
   std::vector<int> step_records_ ABSL_GUARDED_BY(mu_);  // records planned in this step
   PolicyState policy_ ABSL_GUARDED_BY(mu_);

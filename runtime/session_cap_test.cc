@@ -177,7 +177,7 @@ class SessionCapTest : public ::testing::TestWithParam<CapCase> {
     std::shared_ptr<PackedTensor> packed;
   };
   size_t Relieve(Session& session, size_t needed) {
-    session.OnPressure();
+    session.StartRelief();
     size_t freed = 0;
     for (Kept& kept : kept_) {
       if (freed >= needed || kept.tensor == nullptr) continue;

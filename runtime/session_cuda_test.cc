@@ -272,7 +272,7 @@ TEST_F(SessionCudaTest, ANonFiniteActivationDecodesAsNaNOnceAndIsKeptExactAfter)
     const PackPlan plan = session.Plan(info);
     if (step == 1) {
       EXPECT_EQ(plan.action, PackAction::kKeep);
-      EXPECT_EQ(plan.reason, KeepReason::kFlaggedOnDevice);
+      EXPECT_EQ(plan.reason, KeepReason::kNonFiniteOnDevice);
       break;
     }
     ASSERT_EQ(plan.action, PackAction::kPack);
@@ -291,7 +291,7 @@ TEST_F(SessionCudaTest, ANonFiniteActivationDecodesAsNaNOnceAndIsKeptExactAfter)
     ASSERT_EQ(cudaMemcpy(decoded.data(), output, numel * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     for (int64_t i = 0; i < numel; ++i) ASSERT_TRUE(std::isnan(decoded[i])) << "element " << i;
     const SavedRecord record = session.Records().front();
-    EXPECT_EQ(record.reason, KeepReason::kFlaggedOnDevice) << record.note;
+    EXPECT_EQ(record.reason, KeepReason::kNonFiniteOnDevice) << record.note;
     EXPECT_EQ(session.Totals().exact_fallbacks, 1u);
   }
 }
@@ -359,7 +359,7 @@ TEST_F(SessionCudaTest, PressureFromAShrinkAtTheCapReachesTheSession) {
   Session session(options, Factory(&budget));
   int pressure_calls = 0;
   budget.AddPressureCallback([&](size_t) {
-    session.OnPressure();
+    session.StartRelief();
     ++pressure_calls;
     return size_t{0};
   });

@@ -103,7 +103,7 @@ void Session::PlanBoundedEb(SavedRecord& record, PackPlan& plan) {
   UpdateErrorBound(record);
   if (!std::isfinite(record.error_cap)) {
     plan.action = PackAction::kKeep;
-    plan.reason = KeepReason::kAwaitingBound;
+    plan.reason = KeepReason::kAwaitingErrorBound;
     return;
   }
   plan.params = BoundedEb(record.AllowedRms());
@@ -114,10 +114,10 @@ void Session::SetModuleGradients(const std::map<std::string, ModuleGradients>& g
   gradients_.Set(gradients);
 }
 
-void Session::OnPressure() {
+void Session::StartRelief() {
   CheckedLock lock(&mu_);
-  if (!pressure_this_step_) ++policy_.pressure_events;
-  pressure_this_step_ = true;
+  if (!relieving_this_step_) ++policy_.pressure_events;
+  relieving_this_step_ = true;
 }
 
 double Session::TightenFloor() {
@@ -167,12 +167,12 @@ void Session::PlanAutomatic(const SavedTensorInfo& info, SavedRecord& record, Pa
     choice = bounded ? HarshestCandidate(record) : 0;
   }
   // Not planned yet, or out of memory mid-step: the safe default, the harshest codec.
-  if (choice < 0 || (pressure_this_step_ && options_.budget_bytes > 0)) {
+  if (choice < 0 || (relieving_this_step_ && options_.budget_bytes > 0)) {
     choice = HarshestCandidate(record);
   }
   if (choice == 0) {
     plan.action = PackAction::kKeep;
-    plan.reason = KeepReason::kPolicyExact;
+    plan.reason = KeepReason::kFitsBudget;
     record.error = CodecMeasurement{};
     return;
   }
@@ -207,7 +207,7 @@ void Session::ChooseMeasured(PackPlan& plan) {
   }
   const SavedRecord& record = records_[plan.record];
   const bool safe_default =
-      record.choice < 0 || (pressure_this_step_ && options_.budget_bytes > 0);
+      record.choice < 0 || (relieving_this_step_ && options_.budget_bytes > 0);
   if (!record.assigned.automatic || !safe_default) return;
   const std::string chosen = codecs::FormatCodecSpec(plan.params);
   for (size_t i = 0; i < record.codecs.size(); ++i) {

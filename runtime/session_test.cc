@@ -66,7 +66,7 @@ TEST(SessionTest, KeepsParametersOtherTypesAndSmallTensors) {
   bools.info.dtype = codecs::DType::kBool;
   EXPECT_EQ(session.Plan(bools.info).reason, KeepReason::kNotFloatingPoint);
   Saved small = MakeSaved(2, 2, 3);
-  EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kTooSmall);
+  EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kBelowMinBytes);
   Saved log_probs = MakeSaved(64, 64, 5);
   log_probs.info.producer = "LogSoftmaxBackward0";
   EXPECT_EQ(session.Plan(log_probs.info).reason, KeepReason::kLossInput);
@@ -235,7 +235,7 @@ TEST(SessionTest, ReluOutputIsPackedAsItsSignMaskAndNotSharedWithOtherReaders) {
 TEST(SessionTest, IntegerTensorsAreKeptWhereEveryTensorIs) {
   Session session(Options("quant2", 1 << 20), HostFactory());
   const SavedIndices small = MakeIndices(12);  // 128 KiB, below min_bytes
-  EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kTooSmall);
+  EXPECT_EQ(session.Plan(small.info).reason, KeepReason::kBelowMinBytes);
   SavedIndices parameter = MakeIndices(13);
   parameter.info.shape = {1024, 16, 16};
   parameter.info.is_parameter = true;
@@ -535,7 +535,7 @@ TEST(SessionPolicyTest, PressureRepacksKeptTensorsAndTurnsTheRestOfTheStepHarsh)
   Saved kept = MakeSaved(64, 256, 200, 0);
   PackPlan plan = session.Plan(kept.info);
   ASSERT_EQ(plan.action, PackAction::kKeep);
-  session.OnPressure();
+  session.StartRelief();
   PackPlan relief = session.ReliefPlan(plan.record);
   ASSERT_EQ(relief.action, PackAction::kPack);
   EXPECT_TRUE(relief.relief);
@@ -627,7 +627,7 @@ TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
   RunStep(session, &actions);
   EXPECT_EQ(actions, std::vector<PackAction>(4, PackAction::kKeep));
-  session.OnPressure();
+  session.StartRelief();
   ASSERT_TRUE(session.EndStep(peak, peak + peak / 10, peak + peak / 10).ok());
   EXPECT_NEAR(session.Policy().fragmentation, 1.1, 1e-6);
   actions.clear();
@@ -636,7 +636,7 @@ TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
   EXPECT_LE(static_cast<double>(other + held), static_cast<double>(other + raw) / 1.1);
   EXPECT_NE(actions, std::vector<PackAction>(4, PackAction::kKeep));
   // A later step under pressure that reserved no more than it allocated brings it back to 1.
-  session.OnPressure();
+  session.StartRelief();
   ASSERT_TRUE(session.EndStep(other + held, other + held, other + held).ok());
   EXPECT_EQ(session.Policy().fragmentation, 1.0);
 }
@@ -685,11 +685,11 @@ TEST(SessionTest, ARuleOfNoneKeepsItsModulesTensors) {
   packed.info.module = "head";
   const PackPlan keep_plan = session.Plan(kept.info);
   EXPECT_EQ(keep_plan.action, PackAction::kKeep);
-  EXPECT_EQ(keep_plan.reason, KeepReason::kChosenNone);
+  EXPECT_EQ(keep_plan.reason, KeepReason::kCodecNone);
   EXPECT_EQ(session.Plan(packed.info).action, PackAction::kPack);
   const std::vector<SavedRecord> records = session.Records();
   EXPECT_EQ(records[0].codec, "none");
-  EXPECT_EQ(records[0].reason, KeepReason::kChosenNone);
+  EXPECT_EQ(records[0].reason, KeepReason::kCodecNone);
   EXPECT_EQ(records[1].reason, KeepReason::kNone);
   EXPECT_EQ(session.Totals().kept_bytes, 64u * 256 * 4);
 }
@@ -713,7 +713,7 @@ TEST(SessionErrorBoundTest, FixedEbPacksAtTheBoundTheGradientsAllow) {
   for (Saved* s : {&fc, &act}) {
     PackPlan plan = session.Plan(s->info);
     ASSERT_EQ(plan.action, PackAction::kKeep);
-    EXPECT_EQ(plan.reason, KeepReason::kAwaitingBound);
+    EXPECT_EQ(plan.reason, KeepReason::kAwaitingErrorBound);
     ASSERT_EQ(plan.measure.size(), 1u);
     session.RecordMeasurement(plan.record, 0, Measure(*s, plan.measure[0]));
   }

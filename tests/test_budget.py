@@ -97,9 +97,8 @@ def test_a_share_of_the_host_is_taken_of_its_physical_memory():
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     with actpack.budget("50%", codec="identity"):
         assert actpack.memory_budget("cpu") == physical // 2
-    assert actpack.memory._resolve_budget(actpack.parse_budget("25%"), actpack._C._HOST_DEVICE) \
-        == physical // 4
-    assert actpack.memory._resolve_budget(actpack.parse_budget("6GiB"), 0) == 6 << 30
+    assert actpack.budget("25%", codec="identity", device="cpu").budget_bytes == physical // 4
+    assert actpack.budget("6GiB", codec="identity", device="cpu").budget_bytes == 6 << 30
 
 
 def test_a_tensor_saved_twice_is_packed_once():
@@ -312,20 +311,20 @@ def test_module_names_take_one_walk_of_the_model_and_follow_a_change():
     assert {f"{i}.0" for i in range(20)} <= modules and {f"{i}.1" for i in range(20)} <= modules
 
 
-def test_session_hooks_are_plain_functions_over_packed_handles():
+def test_saved_tensor_hooks_are_plain_functions_over_packed_handles():
     config = actpack._C.BudgetConfig("1GiB", codec="identity", min_bytes="0")
-    session = actpack._C.Session(config)
-    pack, unpack = session.hooks()
+    hooks = actpack._C.SavedTensorHooks(config)
+    pack, unpack = hooks.hooks()
     x = torch.randn(4, 5)
     handle = pack(x, "layer")
     assert isinstance(handle, actpack._C.PackedTensor)
     assert handle.raw_bytes == 4 * 5 * 4 < handle.stored_bytes  # identity adds a header
     assert torch.equal(unpack(handle), x) and torch.equal(unpack(handle), x)
-    assert session.totals()["unpacks"] == 2
+    assert hooks.totals()["unpacks"] == 2
     weight = nn.Parameter(torch.randn(3))
     kept = pack(weight, "")  # a parameter is kept, as a tensor: unpack gives it back
     assert isinstance(kept, torch.Tensor) and unpack(kept) is kept
-    assert session.hook_seconds() > 0
+    assert hooks.hook_seconds() > 0
     with pytest.raises(TypeError):
         unpack(object())
     with pytest.raises(TypeError):
@@ -356,3 +355,23 @@ def test_a_timed_budget_clocks_its_hooks_and_the_ends_of_its_steps():
     with context:
         with pytest.raises(RuntimeError, match="before the budget is entered"):
             context.timed()
+
+
+def test_on_report_hands_each_report_to_its_callback_until_removed(tmp_path):
+    model = small_cnn()
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    seen = []
+    handle = actpack.on_report(seen.append)
+    try:
+        with actpack.budget("1GiB", codec="quant4", report=tmp_path / "r.json") as run:
+            F.cross_entropy(model(x), y).backward()
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and seen[0] is run.report
+    assert seen[0] == json.loads((tmp_path / "r.json").read_text())
+    assert seen[0]["activations"]["totals"]["packed_raw_bytes"] > 0
+    with actpack.budget("1GiB", codec="quant4"):
+        F.cross_entropy(model(x), y).backward()
+    assert len(seen) == 1  # removed: no call
+    with pytest.raises(TypeError, match="callback must be callable, got int"):
+        actpack.on_report(3)

@@ -33,8 +33,8 @@ def cuda_with_actpack(monkeypatch):
 def _run(memory, automatic):
     """The C++ budget run over `memory`, as actpack.budget makes it."""
     config = _C.BudgetConfig("64MiB", codec="auto" if automatic else "quant2", headroom=0.15)
-    session = _C.Session(config)
-    return _C.BudgetRun(session, memory, config, memory.budget_bytes, capped=memory.capped,
+    hooks = _C.SavedTensorHooks(config)
+    return _C.BudgetRun(hooks, memory, config, memory.budget_bytes, capped=memory.capped,
                         outside_allowance_bytes=0)
 
 

@@ -120,7 +120,7 @@ def test_a_share_is_of_the_budgets_device(two_gpus):
                                          r"2 CUDA devices are visible: name it with device="):
         actpack.budget("80%")
     budget = actpack.budget("80%", device=1)
-    assert budget._memory.budget_bytes == int(0.8 * (80 << 30))
+    assert budget.budget_bytes == int(0.8 * (80 << 30))
     assert two_gpus == [("resolve_budget", 1)]
 
 

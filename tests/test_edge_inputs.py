@@ -298,7 +298,7 @@ def test_actpack_conf_is_taken_or_refused_in_one_line(pairs, budget):
         pairs = [("budget", budget)] + [pair for pair in pairs if pair[0] != "budget"]
     text = ",".join(f"{k}={v}" for k, v in pairs)
     try:
-        options = _env._parse(text)
+        options = _env.parse(text)
         options.pop("allocator", None)
         # What activate() does next, short of installing an allocator and entering.
         actpack.budget(options.pop("budget"), **options)

@@ -106,7 +106,7 @@ def test_a_bad_floor_is_refused_naming_it(value, error):
 
 def test_the_floor_from_the_environment(monkeypatch):
     from actpack import _env
-    assert _env._parse("budget=1GiB,max_rel_rms=0.3")["max_rel_rms"] == 0.3
-    assert _env._parse("budget=1GiB,max_rel_rms=none")["max_rel_rms"] is None
+    assert _env.parse("budget=1GiB,max_rel_rms=0.3")["max_rel_rms"] == 0.3
+    assert _env.parse("budget=1GiB,max_rel_rms=none")["max_rel_rms"] is None
     with pytest.raises(ValueError, match="max_rel_rms"):
-        _env._parse("budget=1GiB,max_rel_rms=high")
+        _env.parse("budget=1GiB,max_rel_rms=high")

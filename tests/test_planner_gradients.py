@@ -124,5 +124,5 @@ def test_gradients_are_read_by_numpy_without_torch_allocations(dtype):
     """The copy to float64 is numpy's (a bfloat16's bits widened by hand): on the CPU a profile
     step's peak is actpack's allocator's, and a torch copy of every gradient would join it."""
     g = torch.randn(1000).to(dtype)
-    out = _gradient_fidelity._host_float64(g)
+    out = _gradient_fidelity.host_float64(g)
     assert out.dtype.name == "float64" and (out == g.double().numpy()).all()

@@ -172,13 +172,13 @@ def test_a_sigint_during_the_restore_waits_until_it_is_done():
     try:
         done = []
         with pytest.raises(KeyboardInterrupt):
-            with _snapshot._sigint_deferred():
+            with _snapshot.sigint_deferred():
                 os.kill(os.getpid(), signal.SIGINT)
                 done.append(True)
         assert done == [True]
         called = []
         signal.signal(signal.SIGINT, lambda signum, frame: called.append(len(done)))
-        with _snapshot._sigint_deferred():
+        with _snapshot.sigint_deferred():
             os.kill(os.getpid(), signal.SIGINT)
             done.append(True)
         assert called == [2]

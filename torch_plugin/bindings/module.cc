@@ -1,7 +1,7 @@
 // The Python module actpack._C and the torch ops actpack::encode / actpack::decode.
 //
-// Session (session_bindings.h) is saved_tensors.h's SavedTensorSession for Python's
-// saved_tensors_hooks.
+// SavedTensorHooks (saved_tensor_hooks_bindings.h) is saved_tensors.h's SavedTensorPacker for
+// Python's saved_tensors_hooks.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -37,7 +37,7 @@
 #include "torch_plugin/csrc/kernel_image.h"
 #include "torch_plugin/csrc/lean_backward.h"
 #include "torch_plugin/bindings/python_json.h"
-#include "torch_plugin/bindings/session_bindings.h"
+#include "torch_plugin/bindings/saved_tensor_hooks_bindings.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
@@ -215,7 +215,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::string("none");
       },
       py::arg("kind"));
-  actpack::torch_plugin::BindSession(m);
+  actpack::torch_plugin::BindSavedTensorHooks(m);
   m.def("write_report", &actpack::torch_plugin::WriteReport, py::arg("report"), py::arg("path"));
   m.def(
       "allocator_section",

@@ -64,7 +64,7 @@ class HostMemory final : public runtime::BudgetMemory {
 
   void SetCap(uint64_t bytes) override { HostPool().budget().SetBudget(bytes); }
 
-  void WatchPressure(allocator::BudgetAdaptor::PressureCallback relieve) {
+  void RelievePressureWith(allocator::BudgetAdaptor::PressureCallback relieve) {
     absl::StatusOr<allocator::PressureCallbackId> id =
         allocator::RegisterPressureCallback(allocator::kHostDevice, std::move(relieve));
     torch_plugin::ThrowIfError(id.status());
@@ -133,15 +133,15 @@ struct Budget::State {
         parameters(std::move(watched)),
         limit(options.ParsedLimit()),
         budget_bytes(limit.Resolve(allocator::PhysicalMemoryBytes())),
-        session(options, budget_bytes, allocator::kHostOutsideAllowanceBytes),
+        packer(options, budget_bytes, allocator::kHostOutsideAllowanceBytes),
         run(options, {budget_bytes, true, allocator::kHostOutsideAllowanceBytes},
-            session.runtime_session(), memory,
-            [this](size_t needed) { return session.Relieve(needed); }) {}
+            packer.session(), memory,
+            [this](size_t needed) { return packer.Relieve(needed); }) {}
 
   SavedTensor Pack(const at::Tensor& tensor) {
     // No backward is running: one that raised never ran its queued end of step.
     if (torch::autograd::get_current_graph_task_id() == -1) end_queued = false;
-    return session.Pack(tensor, module_names.empty() ? std::string() : module_names.back());
+    return packer.Pack(tensor, module_names.empty() ? std::string() : module_names.back());
   }
 
   // The first unpack of a backward pass queues the end of the step for when that pass
@@ -152,7 +152,7 @@ struct Budget::State {
         torch::autograd::get_current_graph_task_id() != -1 && !end_queued.exchange(true)) {
       torch::autograd::Engine::get_default_engine().queue_callback([self] { self->EndStep(); });
     }
-    return session.Unpack(saved);
+    return packer.Unpack(saved);
   }
 
   void EndStep() {
@@ -188,7 +188,7 @@ struct Budget::State {
   NamedParameters parameters;  // the gradient guard's
   const runtime::MemoryLimit limit;
   const uint64_t budget_bytes;
-  torch_plugin::SavedTensorSession session;
+  torch_plugin::SavedTensorPacker packer;
   HostMemory memory;
   runtime::BudgetRun run;
   std::atomic<bool> end_queued{false};
@@ -256,7 +256,7 @@ Budget::Budget(BudgetOptions options, NamedParameters parameters)
   // Out of budget mid-step: re-pack what the plan kept exact, or let a step before the first
   // plan finish over the cap to measure what it needs.
   std::weak_ptr<State> weak = state_;
-  state_->memory.WatchPressure([weak](size_t needed) -> size_t {
+  state_->memory.RelievePressureWith([weak](size_t needed) -> size_t {
     std::shared_ptr<State> state = weak.lock();
     return state ? state->run.Relieve(needed) : 0;
   });
@@ -291,7 +291,7 @@ void Budget::Close() {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - state_->started).count();
   state_->report = report::MakeRunReport(state_->RunMetadata(wall),
-                                         report::ActivationsSection(state_->session.State()));
+                                         report::ActivationsSection(state_->packer.State()));
   state_->report["allocator"] = std::move(allocator_section);
   if (!state_->options.report.empty()) {
     const absl::Status written = report::WriteRunReport(state_->report, state_->options.report);

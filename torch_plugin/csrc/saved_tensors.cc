@@ -33,7 +33,7 @@
 namespace actpack::torch_plugin {
 
 // A tensor the policy kept exact this step. Under memory pressure it is re-packed with the
-// harshest codec and the tensor dropped (SavedTensorSession::Relieve), which frees its memory
+// harshest codec and the tensor dropped (SavedTensorPacker::Relieve), which frees its memory
 // when this was the only reference.
 struct KeptTensor {
   at::Tensor tensor;  // undefined once re-packed
@@ -411,7 +411,7 @@ runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind) {
   return std::exchange(saving_region_inputs, kind);
 }
 
-SavedTensorSession::SavedTensorSession(const runtime::BudgetConfig& config,
+SavedTensorPacker::SavedTensorPacker(const runtime::BudgetConfig& config,
                                        uint64_t budget_bytes,
                                        uint64_t outside_allowance_bytes) {
   ThrowIfError(config.Validate());
@@ -422,7 +422,7 @@ SavedTensorSession::SavedTensorSession(const runtime::BudgetConfig& config,
   RegisterLeanBackwardKernels();
 }
 
-SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string module) {
+SavedTensor SavedTensorPacker::Pack(const at::Tensor& tensor, std::string module) {
   const c10::OptionalDeviceGuard device_guard(GuardedDevice(tensor.device()));
   PackedHandle handle;
   handle.options = tensor.options();
@@ -470,11 +470,11 @@ SavedTensor SavedTensorSession::Pack(const at::Tensor& tensor, std::string modul
 // its own autograd node would close a cycle (node -> saved object -> tensor -> node) through
 // C++, which Python's collector cannot see; a step that raised before its backward would then
 // keep its whole graph alive for good.
-SavedTensor SavedTensorSession::Keep(const at::Tensor& tensor,
+SavedTensor SavedTensorPacker::Keep(const at::Tensor& tensor,
                                      const runtime::SavedTensorInfo& info,
                                      const runtime::PackPlan& plan, PackedHandle handle) {
   at::Tensor detached = tensor.detach();
-  if (plan.reason != runtime::KeepReason::kPolicyExact) return detached;
+  if (plan.reason != runtime::KeepReason::kFitsBudget) return detached;
   handle.kept =
       std::make_shared<KeptTensor>(KeptTensor{std::move(detached), nullptr, info, plan.record});
   GuardStorage(tensor, handle.kept->info);  // Relieve may pack it
@@ -482,7 +482,7 @@ SavedTensor SavedTensorSession::Keep(const at::Tensor& tensor,
   return handle;
 }
 
-at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
+at::Tensor SavedTensorPacker::Unpack(const SavedTensor& saved) {
   if (const at::Tensor* tensor = std::get_if<at::Tensor>(&saved)) return *tensor;
   const PackedHandle& h = std::get<PackedHandle>(saved);
   if (h.kept && h.kept->tensor.defined()) return h.kept->tensor;
@@ -518,7 +518,7 @@ at::Tensor SavedTensorSession::Unpack(const SavedTensor& saved) {
   return restored;
 }
 
-void SavedTensorSession::SetModuleGradients(
+void SavedTensorPacker::SetModuleGradients(
     const std::map<std::string, std::tuple<double, double, double, double>>& gradients) {
   std::map<std::string, runtime::ModuleGradients> converted;
   for (const auto& [module, g] : gradients) {
@@ -529,8 +529,8 @@ void SavedTensorSession::SetModuleGradients(
 
 // Only a tensor whose memory nothing else holds frees anything; a non-contiguous one would
 // need a contiguous copy first, so it stays.
-size_t SavedTensorSession::Relieve(size_t needed) {
-  session_->OnPressure();
+size_t SavedTensorPacker::Relieve(size_t needed) {
+  session_->StartRelief();
   std::vector<std::shared_ptr<KeptTensor>> candidates;
   std::vector<std::weak_ptr<KeptTensor>> live;
   for (const std::weak_ptr<KeptTensor>& weak : kept_) {

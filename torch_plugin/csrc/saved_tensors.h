@@ -1,16 +1,18 @@
-// The torch side of the saved-tensor session, without Python: what a pack hook does with the
-// tensor autograd saves and what an unpack hook gives back, over runtime::Session.
+// The torch layer of the saved-tensor session, without Python: what a pack hook does with the
+// tensor autograd saves and what an unpack hook gives back, over the runtime layer's
+// runtime::Session (records, policy, packed bytes).
 //
-// Two front ends share it: actpack._C.Session (module.cc), behind the Python context
-// actpack.budget, and the C++ guard actpack::Budget (budget.h), behind LibTorch's saved-variable
-// hooks. Buffers are torch uint8 tensors on the saved tensor's device, so their bytes come from
-// (and are counted by) the same allocator as every other tensor of the step.
+// Two front ends share it: actpack._C.SavedTensorHooks (saved_tensor_hooks_bindings.h, the
+// Python layer), behind the Python context actpack.budget, and the C++ guard actpack::Budget
+// (budget.h), behind LibTorch's saved-variable hooks. Buffers are torch uint8 tensors on the
+// saved tensor's device, so their bytes come from (and are counted by) the same allocator as
+// every other tensor of the step.
 //
-//   SavedTensorSession session(config, budget_bytes, outside_allowance_bytes);
-//   SavedTensor saved = session.Pack(tensor, "layer1.conv");  // in the pack hook
-//   at::Tensor back = session.Unpack(saved);                   // in the unpack hook
+//   SavedTensorPacker packer(config, budget_bytes, outside_allowance_bytes);
+//   SavedTensor saved = packer.Pack(tensor, "layer1.conv");  // in the pack hook
+//   at::Tensor back = packer.Unpack(saved);                   // in the unpack hook
 //   budget_run.EndStep();  // when the backward pass ends (runtime::BudgetRun, over
-//                          // session.runtime_session())
+//                          // packer.session())
 #ifndef ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
 #define ACTPACK_TORCH_PLUGIN_CSRC_SAVED_TENSORS_H_
 
@@ -63,12 +65,12 @@ using SavedTensor = std::variant<at::Tensor, PackedHandle>;
 // around actpack.recompute's (actpack/_recompute.py). Returns the previous value.
 runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind);
 
-class SavedTensorSession {
+class SavedTensorPacker {
  public:
   // A session for `config` with a budget of `budget_bytes` on the saved tensors' device and
   // `outside_allowance_bytes` the system may count outside the pool. Throws ValueError
   // (c10::ValueError) naming a bad option (runtime::BudgetConfig::Validate).
-  SavedTensorSession(const runtime::BudgetConfig& config, uint64_t budget_bytes,
+  SavedTensorPacker(const runtime::BudgetConfig& config, uint64_t budget_bytes,
                      uint64_t outside_allowance_bytes);
 
   // `tensor` is being saved for backward inside module `module` ("" when unknown).
@@ -84,8 +86,8 @@ class SavedTensorSession {
   // freed. Returns the bytes freed.
   size_t Relieve(size_t needed);
 
-  // The session under the tensors: a budget run ends its steps (runtime::BudgetRun).
-  runtime::Session& runtime_session() { return *session_; }
+  // The runtime session under the tensors: a budget run ends its steps (runtime::BudgetRun).
+  runtime::Session& session() { return *session_; }
   runtime::PolicyState Policy() const { return session_->Policy(); }
   runtime::SessionTotals Totals() const { return session_->Totals(); }
   runtime::SessionState State() const { return session_->State(); }

@@ -17,6 +17,7 @@ from actpack._codec import codec_names, decode, encode
 from actpack._gradient_guard import GradientRunaway
 from actpack._planner import Plan, plan
 from actpack._recompute import recompute
+from actpack._report_observers import on_report
 from actpack._units import format_bytes, parse_budget, parse_size
 from actpack import search
 from actpack.memory import (
@@ -69,6 +70,7 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "on_report",
     "parse_budget",
     "parse_size",
     "plan",

@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from actpack import _C, _args, _checkpoint, _budget_memory, _recompute
+from actpack import _C, _args, _checkpoint, _budget_memory, _recompute, _report_observers
 from actpack._gradient_guard import GradientRunaway
 from actpack._module_tracker import ModuleTracker
 from actpack._budget_memory import BudgetMemory
@@ -19,9 +19,9 @@ from actpack._units import parse_budget
 class Run:
     """What a budget context knows about the run; `report` is set when the context exits."""
 
-    def __init__(self, budget_spec, session):
+    def __init__(self, budget_spec, session_hooks):
         self.budget = budget_spec
-        self._session = session
+        self._session_hooks = session_hooks
         self._final_totals = None
         self._final_session_seconds = None
         self._timing = None  # budget.timed()'s clock
@@ -35,9 +35,9 @@ class Run:
     def totals(self):
         """Byte counts of the session (packed raw/stored bytes, peaks, fallbacks): live inside
         the context, as they were at its exit after it."""
-        if self._session is None:
+        if self._session_hooks is None:
             return dict(self._final_totals)
-        return dict(self._session.totals())
+        return dict(self._session_hooks.totals())
 
     def clock(self):
         """Seconds the budget's own work took so far: "session_seconds", inside the C++
@@ -46,17 +46,17 @@ class Run:
         C++), "hook_calls" (packs and unpacks) and "end_of_step_seconds" (the end of each
         step: gradient norms, the policy, the peaks); None where not timed. Live inside the
         context, as they were at its exit after it."""
-        session = (self._final_session_seconds if self._session is None
-                   else self._session.hook_seconds())
+        session = (self._final_session_seconds if self._session_hooks is None
+                   else self._session_hooks.hook_seconds())
         timing = self._timing or {"hooks_seconds": None, "hook_calls": None,
                                   "end_of_step_seconds": None}
         return {"session_seconds": session, **timing}
 
     def _close(self):
-        # The run outlives the context; the session need not live as long.
-        self._final_totals = dict(self._session.totals())
-        self._final_session_seconds = self._session.hook_seconds()
-        self._session = None
+        # The run outlives the context; the C++ session need not live as long.
+        self._final_totals = dict(self._session_hooks.totals())
+        self._final_session_seconds = self._session_hooks.hook_seconds()
+        self._session_hooks = None
 
 
 def _eager(method):
@@ -214,20 +214,21 @@ class budget:
         self._memory = BudgetMemory(self._budget, device)
         self._memory.budget_bytes, self._memory.outside_allowance = _C.holding_outside(
             self._memory.budget_bytes, self._memory.outside_allowance, _held_outside)
-        self._session = _C.Session(self._config, budget_bytes=self._memory.budget_bytes,
-                                   outside_allowance_bytes=self._memory.outside_allowance)
+        self._session_hooks = _C.SavedTensorHooks(
+            self._config, budget_bytes=self._memory.budget_bytes,
+            outside_allowance_bytes=self._memory.outside_allowance)
         self._codec = codec if isinstance(codec, str) else dict(codec)
         self._enabled = enabled
         self._run = None  # the C++ run (runtime/budget_run.h), from __enter__ on
         self._snapshot = snapshot
         self._report_path = report
         self._modules = ModuleTracker()
-        self._pack, self._unpack = self._make_hooks(*self._session.hooks())
+        self._pack, self._unpack = self._make_hooks(*self._session_hooks.hooks())
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._end_of_backward_queued = False
         self._profile_every = int(profile_every)
         self._hooks_traced = False
-        self.run = Run(self._budget, self._session)
+        self.run = Run(self._budget, self._session_hooks)
         self._started = None
         # The index of the CUDA device the budget is on once bound (-1 before), while the pack
         # hook watches the devices of the tensors it packs (on a machine with CUDA).
@@ -273,6 +274,12 @@ class budget:
         0 while a budget opened inside this one is open: that one governs the allocator."""
         return self._relieve(int(needed))
 
+    @property
+    def budget_bytes(self):
+        """The budget in bytes on its device: a share ("80%") resolved against the device's
+        memory when the budget was made."""
+        return self._memory.budget_bytes
+
     @staticmethod
     def open_budgets():
         """The budgets open now, on every thread, outermost first (a budget is open from its
@@ -281,8 +288,8 @@ class budget:
             return list(_open)
 
     def _make_hooks(self, session_pack, session_unpack):
-        """The saved-tensor hooks, over the session's pack and unpack (Session.hooks()). They
-        run for every saved tensor: what they call is looked up here, once."""
+        """The saved-tensor hooks, over the session's pack and unpack (SavedTensorHooks.hooks()).
+        They run for every saved tensor: what they call is looked up here, once."""
         is_compiling = torch.compiler.is_compiling
         graph_task_id = torch._C._current_graph_task_id
         is_grad_enabled = torch.is_grad_enabled
@@ -340,7 +347,7 @@ class budget:
         self._run.start()  # capped from now on
         # Out of budget mid-step: re-pack what the plan kept exact, or let a step before
         # the first plan go over to measure what it needs (BudgetRun::Relieve).
-        self._memory.watch_pressure(self._relieve)
+        self._memory.relieve_pressure_with(self._relieve)
 
     def _end_step(self):
         # The guard's norms are queued before the end of step's status read, which waits for
@@ -367,7 +374,7 @@ class budget:
         # the error caps, on the steps whose end may re-plan from new measurements.
         step = self._run.steps
         if self._statistics_step(step):
-            self._session.set_module_gradients(self._modules.gradient_statistics())
+            self._session_hooks.set_module_gradients(self._modules.gradient_statistics())
         # The next step's output gradients, for the error caps.
         self._modules.watch_outputs = self._loss_bound is not None and self._statistics_step(step + 1)
         if not self._memory.bound:
@@ -401,7 +408,7 @@ class budget:
             self._started = time.perf_counter()
             self._memory.start()
             self._run = _C.BudgetRun(
-                self._session, self._memory, self._config, self._memory.budget_bytes,
+                self._session_hooks, self._memory, self._config, self._memory.budget_bytes,
                 capped=self._memory.capped,
                 outside_allowance_bytes=self._memory.outside_allowance,
                 lifted_cap_extra_bytes=_budget_memory.LIFTED_CAP_EXTRA)
@@ -451,11 +458,12 @@ class budget:
                            (str(error) if error is not None else _error_text(exc_type, exc)))
         wall = time.perf_counter() - self._started
         self._started = None
-        self.run.report = _C.build_report(self._run_metadata(wall), self._session)
+        self.run.report = _C.build_report(self._run_metadata(wall), self._session_hooks)
         self.run.report["allocator"] = allocator
         self.run._close()
         if self._report_path is not None:
             _C.write_report(self.run.report, _rank_path(self._report_path))
+        _report_observers.notify(self.run.report)
         if error is not None:
             raise error from exc
         return False

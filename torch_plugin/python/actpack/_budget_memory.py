@@ -187,7 +187,7 @@ class BudgetMemory(_C.BudgetMemory):
 
     # ----
 
-    def watch_pressure(self, relieve):
+    def relieve_pressure_with(self, relieve):
         """Calls relieve(needed_bytes) when an allocation would cross the budget (actpack's
         allocator only: torch's has no such hook)."""
         if self.capped:

@@ -23,7 +23,7 @@ KEYS = list(_C.CONF_KEYS)
 _active = None
 
 
-def _parse(text):
+def parse(text):
     """ACTPACK_CONF's text as actpack.budget's keyword arguments, with "budget" (the limit),
     "allocator" and "device" where given: each key's value parsed and the whole checked by
     runtime::ParseBudgetConf (C++), whose error names the key and the value."""
@@ -47,7 +47,7 @@ def activate(text):
 
     import actpack
 
-    options = _parse(text)
+    options = parse(text)
     allocator = options.pop("allocator", "auto")
     if allocator == "auto":
         allocator = "cuda" if torch.cuda.is_available() else "cpu"

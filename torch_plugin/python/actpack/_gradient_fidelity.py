@@ -82,13 +82,13 @@ class Capture:
             self._take(p for group in optimizer.param_groups for p in group["params"])
 
     def _take(self, parameters):
-        taken = {id(p): _host_float64(p.grad) for p in parameters
+        taken = {id(p): host_float64(p.grad) for p in parameters
                  if p.grad is not None and not p.grad.is_sparse}
         if taken:
             self.gradients = taken
 
 
-def _host_float64(tensor):
+def host_float64(tensor):
     """A float64 numpy copy of `tensor`, made by numpy: on the CPU the copy does not go through
     torch's allocator (actpack's, whose peak the profile step is measuring)."""
     t = tensor.detach()

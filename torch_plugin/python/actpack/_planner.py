@@ -62,7 +62,8 @@ import os
 import sys
 import warnings
 
-from actpack import _C, _args, _gradient_fidelity, _budget_memory, _snapshot, memory, search
+from actpack import (_C, _args, _gradient_fidelity, _budget_memory, _report_observers, _snapshot,
+                     memory, search)
 from actpack._budget import NONE, _error_text, _innermost, budget as _budget_context
 from actpack._units import format_bytes, parse_budget
 
@@ -492,7 +493,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fres
     if fidelity is not None:
         total += 1 if NONE in codecs else 2
         say("exact gradients")
-        fidelity.run("exact")
+        fidelity.run(_REFERENCE)
         done += 1
         if NONE not in codecs:  # its first profile step is the second exact run
             say("exact gradients again")
@@ -569,6 +570,7 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fres
     document["planner"] = section
     if report is not None:
         _C.write_report(document, os.fspath(report))
+    _report_observers.notify(document)
     return Plan(budget_bytes, sizes, choices, verified, document, step.calls)
 
 
@@ -576,6 +578,10 @@ def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fres
 # steps), which is not how it trains under a budget: its gradients are not measured from them
 # (not yet otherwise).
 _MEASURED_LATER = ("auto", RECOMPUTE_CHOICE)
+
+# The gradients every choice's are compared with: a step packing nothing, run before NONE's own
+# profile step (the two agreeing shows the step repeatable).
+_REFERENCE = "reference"
 
 
 class _Fidelity:
@@ -587,15 +593,15 @@ class _Fidelity:
         self._anchor = _snapshot.TrainingState()
         self._roots = _gradient_fidelity.parameters_by_root(self._anchor.modules())
         self._parameters = [p for _, named in self._roots for p, _ in named]
-        self._gradients = {}  # "exact" or a choice -> {id(parameter): vector}
+        self._gradients = {}  # _REFERENCE or a choice -> {id(parameter): vector}
         self.repeatable = None
 
     def run(self, choice):
         """A profile step of `choice` (_run_step's answer) from the saved state, capturing its
-        gradients; "exact" is the reference run (no packing)."""
+        gradients; _REFERENCE is the reference run (no packing, as NONE's)."""
         self._anchor.restore()
         with _gradient_fidelity.Capture(self._parameters) as capture:
-            result = _run_step(self._step, self.batch, NONE if choice == "exact" else choice)
+            result = _run_step(self._step, self.batch, NONE if choice == _REFERENCE else choice)
         self._gradients[choice] = capture.gradients
         return result
 
@@ -603,7 +609,7 @@ class _Fidelity:
         """Puts each choice's comparison in its entry and warns of groups below the bound."""
         grouped = {name: _gradient_fidelity.by_group(g, self._roots)
                    for name, g in self._gradients.items() if g is not None}
-        exact = grouped.get("exact")
+        exact = grouped.get(_REFERENCE)
         self.repeatable = exact is not None and _gradient_fidelity.repeatable(
             exact, grouped.get(NONE))
         below = []

@@ -134,7 +134,7 @@ class TrainingState:
 
     def restore(self):
         """Puts everything saved back; a Ctrl-C meanwhile waits until it is done."""
-        with _sigint_deferred():
+        with sigint_deferred():
             _set_rng_states(self._rng)
             for tensor, saved in self._tensors.values():
                 saved.write_into(tensor)
@@ -181,7 +181,7 @@ def _set_rng_states(states):
 
 
 @contextlib.contextmanager
-def _sigint_deferred():
+def sigint_deferred():
     """Holds back SIGINT (main thread only) and delivers it afterwards: a restore cut short
     would leave the training state half put back."""
     if threading.current_thread() is not threading.main_thread():

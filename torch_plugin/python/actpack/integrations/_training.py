@@ -27,7 +27,7 @@ def options_from(limit, options, caller):
     if not text:
         raise ValueError(f"{caller}: no budget: pass one (e.g. limit=\"6GiB\") or set "
                          "ACTPACK_CONF=\"budget=6GiB,...\"")
-    conf = _env._parse(text)
+    conf = _env.parse(text)
     # The allocator key says which allocator to install at interpreter start; a budget opened
     # when training starts uses the CPU pool or, on CUDA, whatever was installed by then.
     conf.pop("allocator", None)

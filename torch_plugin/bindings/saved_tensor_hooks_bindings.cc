@@ -1,8 +1,9 @@
-#include "torch_plugin/bindings/session_bindings.h"
+#include "torch_plugin/bindings/saved_tensor_hooks_bindings.h"
 
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -28,11 +29,19 @@ namespace {
 
 namespace py = pybind11;
 
-class PySession {
+class PythonHooks {
  public:
-  PySession(const runtime::BudgetConfig& config, uint64_t budget_bytes,
-            uint64_t outside_allowance_bytes)
-      : session_(config, budget_bytes, outside_allowance_bytes) {}
+  PythonHooks(const runtime::BudgetConfig& config, uint64_t budget_bytes,
+              uint64_t outside_allowance_bytes)
+      : packer_(config, budget_bytes, outside_allowance_bytes) {
+    ++live_;
+  }
+  ~PythonHooks() { --live_; }
+  PythonHooks(const PythonHooks&) = delete;
+  PythonHooks& operator=(const PythonHooks&) = delete;
+
+  // How many are alive: each budget's is freed when its run closes, with every tensor it packed.
+  static int64_t Live() { return live_; }
 
   // New references; nullptr with a Python error set.
   PyObject* Pack(const at::Tensor& tensor, std::string module);
@@ -42,12 +51,13 @@ class PySession {
   // hooks cost beyond it is Python's.
   double HookSeconds() const { return static_cast<double>(hook_nanoseconds_) * 1e-9; }
 
-  SavedTensorSession& session() { return session_; }
-  const SavedTensorSession& session() const { return session_; }
+  SavedTensorPacker& packer() { return packer_; }
+  const SavedTensorPacker& packer() const { return packer_; }
 
  private:
-  SavedTensorSession session_;
+  SavedTensorPacker packer_;
   uint64_t hook_nanoseconds_ = 0;  // under the GIL, as the hooks run
+  static inline std::atomic<int64_t> live_{0};
 };
 
 // ---- actpack._C.PackedTensor: a PackedHandle as a Python object ----
@@ -57,7 +67,7 @@ struct PackedObject {
   PackedHandle handle;
 };
 
-PyTypeObject* packed_type = nullptr;  // made by BindSession
+PyTypeObject* packed_type = nullptr;  // made by BindSavedTensorHooks
 
 PyObject* WrapHandle(PackedHandle&& handle) {
   PyObject* object = packed_type->tp_alloc(packed_type, 0);
@@ -92,7 +102,7 @@ PyType_Slot packed_slots[] = {
     {Py_tp_dealloc, reinterpret_cast<void*>(DeallocPacked)},
     {Py_tp_getset, packed_getset},
     {Py_tp_doc, const_cast<char*>("A saved tensor as actpack holds it (packed, or kept for the "
-                                  "policy); only actpack._C.Session makes them.")},
+                                  "policy); only actpack._C.SavedTensorHooks makes them.")},
     {0, nullptr},
 };
 
@@ -110,12 +120,12 @@ uint64_t NanosecondsSince(std::chrono::steady_clock::time_point start) {
                                    .count());
 }
 
-// ---- the hooks as CPython functions; `self` is a capsule of the session (see MakeHooks) ----
+// ---- the hooks as CPython functions; `self` is a capsule of the PythonHooks (see MakeHooks) ----
 
-constexpr char kCapsuleName[] = "actpack._C.Session";
+constexpr char kCapsuleName[] = "actpack._C.SavedTensorHooks";
 
-PySession& SessionOf(PyObject* capsule) {
-  return *static_cast<PySession*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+PythonHooks& HooksOf(PyObject* capsule) {
+  return *static_cast<PythonHooks*>(PyCapsule_GetPointer(capsule, kCapsuleName));
 }
 
 // pack(tensor, module: str)
@@ -128,7 +138,7 @@ PyObject* PackHook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   Py_ssize_t size = 0;
   const char* module = PyUnicode_AsUTF8AndSize(args[1], &size);
   if (module == nullptr) return nullptr;
-  return SessionOf(self).Pack(THPVariable_Unpack(args[0]),
+  return HooksOf(self).Pack(THPVariable_Unpack(args[0]),
                               std::string(module, static_cast<size_t>(size)));
   END_HANDLE_TH_ERRORS
 }
@@ -136,7 +146,7 @@ PyObject* PackHook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 // unpack(handle)
 PyObject* UnpackHook(PyObject* self, PyObject* handle) {
   HANDLE_TH_ERRORS
-  return SessionOf(self).Unpack(handle);
+  return HooksOf(self).Unpack(handle);
   END_HANDLE_TH_ERRORS
 }
 
@@ -145,11 +155,11 @@ PyMethodDef pack_def = {"pack", reinterpret_cast<PyCFunction>(reinterpret_cast<v
                         "pack(tensor, module): the tensor itself, or a PackedTensor"};
 PyMethodDef unpack_def = {"unpack", UnpackHook, METH_O, "unpack(handle): the saved tensor"};
 
-// (pack, unpack) of the session `self`; they hold a reference to it.
+// (pack, unpack) of the PythonHooks `self`; they hold a reference to it.
 py::tuple MakeHooks(const py::object& self) {
-  PySession& session = self.cast<PySession&>();
+  PythonHooks& hooks = self.cast<PythonHooks&>();
   py::object capsule = py::reinterpret_steal<py::object>(
-      PyCapsule_New(&session, kCapsuleName, [](PyObject* c) {
+      PyCapsule_New(&hooks, kCapsuleName, [](PyObject* c) {
         Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(c)));
       }));
   if (!capsule) throw py::error_already_set();
@@ -165,8 +175,8 @@ py::tuple MakeHooks(const py::object& self) {
   return py::make_tuple(pack, unpack);
 }
 
-py::dict PolicyDict(const PySession& s) {
-  const runtime::PolicyState p = s.session().Policy();
+py::dict PolicyDict(const PythonHooks& s) {
+  const runtime::PolicyState p = s.packer().Policy();
   py::dict d;
   d["plans"] = p.plans;
   d["other_bytes"] = p.other_bytes;
@@ -179,8 +189,8 @@ py::dict PolicyDict(const PySession& s) {
   return d;
 }
 
-py::dict TotalsDict(const PySession& s) {
-  const runtime::SessionTotals t = s.session().Totals();
+py::dict TotalsDict(const PythonHooks& s) {
+  const runtime::SessionTotals t = s.packer().Totals();
   py::dict d;
   d["packed_raw_bytes"] = t.packed_raw_bytes;
   d["packed_stored_bytes"] = t.packed_stored_bytes;
@@ -197,9 +207,9 @@ py::dict TotalsDict(const PySession& s) {
   return d;
 }
 
-PyObject* PySession::Pack(const at::Tensor& tensor, std::string module) {
+PyObject* PythonHooks::Pack(const at::Tensor& tensor, std::string module) {
   const auto start = std::chrono::steady_clock::now();
-  SavedTensor saved = session_.Pack(tensor, std::move(module));
+  SavedTensor saved = packer_.Pack(tensor, std::move(module));
   PyObject* result = nullptr;
   if (at::Tensor* kept = std::get_if<at::Tensor>(&saved)) {
     result = THPVariable_Wrap(std::move(*kept));
@@ -210,7 +220,7 @@ PyObject* PySession::Pack(const at::Tensor& tensor, std::string module) {
   return result;
 }
 
-PyObject* PySession::Unpack(PyObject* handle) {
+PyObject* PythonHooks::Unpack(PyObject* handle) {
   // The handle's type first: THPVariable_Check of anything but a plain tensor calls
   // Tensor's __instancecheck__ in Python.
   if (Py_TYPE(handle) != packed_type) {
@@ -224,7 +234,7 @@ PyObject* PySession::Unpack(PyObject* handle) {
   }
   const auto start = std::chrono::steady_clock::now();
   PyObject* result =
-      THPVariable_Wrap(session_.Unpack(reinterpret_cast<PackedObject*>(handle)->handle));
+      THPVariable_Wrap(packer_.Unpack(reinterpret_cast<PackedObject*>(handle)->handle));
   hook_nanoseconds_ += NanosecondsSince(start);
   return result;
 }
@@ -391,7 +401,7 @@ void BindBudgetRun(py::module_& m) {
   py::class_<BudgetRun>(m, "BudgetRun",
                         "One run under a memory budget over a session and a BudgetMemory "
                         "(runtime/budget_run.h): actpack.budget drives it")
-      .def(py::init([](PySession& session, runtime::BudgetMemory& memory,
+      .def(py::init([](PythonHooks& hooks, runtime::BudgetMemory& memory,
                        const runtime::BudgetConfig& config, uint64_t budget_bytes, bool capped,
                        uint64_t outside_allowance_bytes, uint64_t lifted_cap_extra_bytes) {
              ThrowIfError(config.Validate());
@@ -401,10 +411,10 @@ void BindBudgetRun(py::module_& m) {
              facts.outside_allowance_bytes = outside_allowance_bytes;
              facts.lifted_cap_extra_bytes = lifted_cap_extra_bytes;
              return std::make_unique<BudgetRun>(
-                 config, facts, session.session().runtime_session(), memory,
-                 [&session](size_t needed) { return session.session().Relieve(needed); });
+                 config, facts, hooks.packer().session(), memory,
+                 [&hooks](size_t needed) { return hooks.packer().Relieve(needed); });
            }),
-           py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::arg("session"),
+           py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::arg("hooks"),
            py::arg("memory"), py::arg("config"), py::arg("budget_bytes"), py::arg("capped"),
            py::arg("outside_allowance_bytes"),
            py::arg("lifted_cap_extra_bytes") = runtime::kLiftedCapExtraBytes)
@@ -458,24 +468,28 @@ void BindBudgetRun(py::module_& m) {
 
 }  // namespace
 
-void BindSession(py::module_& m) {
+void BindSavedTensorHooks(py::module_& m) {
   packed_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&packed_spec));
   if (packed_type == nullptr) throw py::error_already_set();
   m.attr("PackedTensor") = py::handle(reinterpret_cast<PyObject*>(packed_type));
-  py::class_<PySession>(m, "Session")
+  py::class_<PythonHooks>(m, "SavedTensorHooks")
       .def(py::init<const runtime::BudgetConfig&, uint64_t, uint64_t>(), py::arg("config"),
            py::arg("budget_bytes") = 0, py::arg("outside_allowance_bytes") = 0)
       .def("hooks", &MakeHooks,
            "(pack, unpack): the session's saved-tensor hooks as plain functions")
-      .def("hook_seconds", &PySession::HookSeconds)
-      .def("relieve", [](PySession& s, size_t needed) { return s.session().Relieve(needed); },
+      .def("hook_seconds", &PythonHooks::HookSeconds)
+      .def_static("live", &PythonHooks::Live,
+                  "how many are alive (a budget's is freed when its run closes)")
+      .def("relieve", [](PythonHooks& s, size_t needed) { return s.packer().Relieve(needed); },
            py::arg("needed"))
       .def("set_module_gradients",
-           [](PySession& s, const std::map<std::string, std::tuple<double, double, double, double>>&
-                                gradients) { s.session().SetModuleGradients(gradients); },
+           [](PythonHooks& s,
+              const std::map<std::string, std::tuple<double, double, double, double>>& gradients) {
+             s.packer().SetModuleGradients(gradients);
+           },
            py::arg("gradients"))
       .def("tighten_floor",
-           [](PySession& s) { return s.session().runtime_session().TightenFloor(); },
+           [](PythonHooks& s) { return s.packer().session().TightenFloor(); },
            "halves the fidelity floor of the automatic choices (runtime::Session::TightenFloor); "
            "returns the new floor")
       .def("policy", &PolicyDict)
@@ -484,11 +498,11 @@ void BindSession(py::module_& m) {
   BindBudgetRun(m);
   m.def(
       "build_report",
-      [](py::handle run, const PySession& session) {
+      [](py::handle run, const PythonHooks& hooks) {
         return ToPython(report::MakeRunReport(
-            FromPython(run), report::ActivationsSection(session.session().State())));
+            FromPython(run), report::ActivationsSection(hooks.packer().State())));
       },
-      py::arg("run"), py::arg("session"));
+      py::arg("run"), py::arg("hooks"));
 }
 
 }  // namespace actpack::torch_plugin
