@@ -6,9 +6,9 @@
 #   OUT=/some/dir bash tools/gpu_check.sh     # on the GPU machine, .deps/ carried along
 #   ACTPACK_GPU_DRY=1 bash tools/gpu_check.sh # the plumbing on a CPU machine (installed actpack)
 #
-# With no variables it ends within 8 minutes on an H100 or H200, the build included: the
-# stages' limits add up to ACTPACK_GPU_STAGE_SECONDS (360) after the build, and the whole run
-# stops by ACTPACK_GPU_DEADLINE (470 s from its start). A stage gets the lesser of its limit and
+# With no variables it ends within 9 minutes on an H100 or H200, the build included: the
+# stages' limits add up to ACTPACK_GPU_STAGE_SECONDS (405) after the build, and the whole run
+# stops by ACTPACK_GPU_DEADLINE (520 s from its start). A stage gets the lesser of its limit and
 # what is left; one that no longer fits is skipped and named; the last takes what the others
 # left. Stages (name: limit):
 #   budget 45      the capped CUDA path: tests/test_gpu_budget.py (capped steps, out of memory
@@ -17,10 +17,12 @@
 #                  and tests/test_gpu_codecs.py): training.json's gradients rest on it
 #   training 160   benchmarks/gpu_training.py: largest batch per method under 8 GiB, gradient
 #                  cosines, step time, waits and allocations per step at the cap
-#   kernels 90     tools/gpu_benchmark.py: codec kernels as fractions of a copy (the kernel issue)
-#   frequency 30   tools/gpu_frequency.py, once the frequency-domain issue adds it
+#   kernels 90     tools/gpu_benchmark.py: codec kernels as fractions of a copy (division_dct,
+#                  the frequency-domain codec, among them)
+#   counters 75    tools/gpu_counters.py: the same kernels' hardware counters under Nsight
+#                  Compute (DRAM bytes, throughput, occupancy, stall reasons) at 256 MiB float32
 #   tests 10+      every other GPU test (pytest -m gpu), with what the stages before left unused
-# Opt-in, beyond the 360 s (name them in ACTPACK_GPU_STAGES, raise the two limits): sync (host
+# Opt-in, beyond the 405 s (name them in ACTPACK_GPU_STAGES, raise the two limits): sync (host
 # waits of a 64 GiB budget, tools/gpu_sync_check.py), demo, replay (allocator traces), suite
 # (benchmarks/suite.py --size smoke), cputests (the CPU tests against the CUDA build).
 #
@@ -30,7 +32,7 @@
 # there is no .git). Writes under OUT at most 8 files, none in subfolders (what a lent GPU
 # machine returns): gpu_check_log.txt (this whole console log), manifest.md (a README for the
 # results folder: device, driver, torch, commit, each stage's outcome and time), manifest.json,
-# training.json, kernels.json, frequency.json (once its script exists), build.log.
+# training.json, kernels.json, counters.json, build.log.
 # What the machine lacks to build (Abseil, Highway, nlohmann/json, CLI11) and to test
 # (jsonschema) comes from .deps/, filled beforehand by tools/fetch_gpu_deps.sh.
 set -uo pipefail
@@ -38,9 +40,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
 DIGEST=
 DRY=${ACTPACK_GPU_DRY:-0}
-STAGE_SECONDS=${ACTPACK_GPU_STAGE_SECONDS:-360}
-DEADLINE=${ACTPACK_GPU_DEADLINE:-470}
-STAGES=${ACTPACK_GPU_STAGES:-budget,identity,training,kernels,frequency,tests}
+STAGE_SECONDS=${ACTPACK_GPU_STAGE_SECONDS:-405}
+DEADLINE=${ACTPACK_GPU_DEADLINE:-520}
+STAGES=${ACTPACK_GPU_STAGES:-budget,identity,training,kernels,counters,tests}
 DATE=$(date -u +%Y-%m-%d)
 OUT=${OUT:-$ROOT/benchmarks/results/gpu_$DATE}
 mkdir -p "$OUT"
@@ -289,16 +291,11 @@ print("pytest_timeout", u.find_spec("pytest_timeout") is not None)') || {
   stage kernels 90 0 "tools/gpu_benchmark.py: codec kernels against a copy" \
     bash -c 'exec python3 tools/gpu_benchmark.py "$@" --time-limit $((ACTPACK_STAGE_SECONDS - 10))' _ \
     "${device[@]}" "${sizes[@]}" --json "$OUT/kernels.json"
-  if [[ -f tools/gpu_frequency.py ]]; then
+  if [[ $DRY != 1 ]]; then
     # shellcheck disable=SC2016
-    stage frequency 30 0 "tools/gpu_frequency.py: the frequency-domain codec" \
-      bash -c 'exec python3 tools/gpu_frequency.py "$@" --time-limit $((ACTPACK_STAGE_SECONDS - 8))' _ \
-      "${device[@]}" --json "$OUT/frequency.json"
-  elif selected frequency; then
-    echo
-    echo "== frequency: tools/gpu_frequency.py is not there yet (the frequency-domain issue's stage; its 30 s go to the stages after) =="
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' frequency "tools/gpu_frequency.py" 30 0 0 - \
-      "not there yet" >>"$WORK/stages.tsv"
+    stage counters 75 0 "tools/gpu_counters.py: the kernels' counters under Nsight Compute" \
+      bash -c 'exec python3 tools/gpu_counters.py --json "$1" --time-limit $((ACTPACK_STAGE_SECONDS - 8))' _ \
+      "$OUT/counters.json"
   fi
   stage tests 10 1 "pytest -m gpu: the other GPU tests, most telling first" \
     "${pytest[@]}" --junitxml="$WORK/tests.xml" -m gpu "${others[@]}"

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ElementTree
 
 # What each stage writes beside the console log.
 STAGE_FILES = {"training": "training.json", "kernels": "kernels.json",
-               "frequency": "frequency.json"}
+               "counters": "counters.json"}
 FILES = {
     "gpu_check_log.txt": "the whole console log (every stage's output, the build's tail)",
     "manifest.md": "this file",
@@ -25,7 +25,8 @@ FILES = {
     "kernels.json": "tools/gpu_benchmark.py: each codec's encode and decode kernel time against "
                     "a copy, per size and dtype, beside the traffic table's and the model's "
                     "predictions",
-    "frequency.json": "tools/gpu_frequency.py: the frequency-domain codec's stage",
+    "counters.json": "tools/gpu_counters.py: each codec kernel's Nsight Compute counters at 256 "
+                     "MiB float32 (DRAM bytes, throughput, occupancy, stalls), with ncu's raw CSV",
     "build.log": "the build's full output",
 }
 
