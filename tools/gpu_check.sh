@@ -22,7 +22,9 @@
 #   counters 75    tools/gpu_counters.py: the same kernels' hardware counters under Nsight
 #                  Compute (DRAM bytes, throughput, occupancy, stall reasons) at 256 MiB float32
 #   tests 10+      every other GPU test (pytest -m gpu), with what the stages before left unused
-# Opt-in, beyond the 405 s (name them in ACTPACK_GPU_STAGES, raise the two limits): sync (host
+# Opt-in, beyond the 405 s (name them in ACTPACK_GPU_STAGES, raise the two limits): triage
+# (each codec alone at 1, 64 and 256 MiB, launches blocking, the failures under compute-sanitizer,
+# tools/gpu_triage.py), sync (host
 # waits of a 64 GiB budget, tools/gpu_sync_check.py), demo, replay (allocator traces), suite
 # (benchmarks/suite.py --size smoke), cputests (the CPU tests against the CUDA build).
 #
@@ -300,6 +302,9 @@ print("pytest_timeout", u.find_spec("pytest_timeout") is not None)') || {
   stage tests 10 1 "pytest -m gpu: the other GPU tests, most telling first" \
     "${pytest[@]}" --junitxml="$WORK/tests.xml" -m gpu "${others[@]}"
   # Opt-in stages (ACTPACK_GPU_STAGES names them), beyond the default budget.
+  stage triage 150 0 "tools/gpu_triage.py: each codec alone, launches blocking, then compute-sanitizer" \
+    bash -c 'exec python3 tools/gpu_triage.py --json "$1" --time-limit $((ACTPACK_STAGE_SECONDS - 8))' _ \
+    "$OUT/triage.json"
   stage sync 120 0 "tools/gpu_sync_check.py: host waits per step, 64 GiB budget" \
     python3 tools/gpu_sync_check.py
   stage demo 180 0 "tools/demo.py --device cuda" \

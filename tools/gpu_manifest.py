@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ElementTree
 
 # What each stage writes beside the console log.
 STAGE_FILES = {"training": "training.json", "kernels": "kernels.json",
-               "counters": "counters.json"}
+               "counters": "counters.json", "triage": "triage.json"}
 FILES = {
     "gpu_check_log.txt": "the whole console log (every stage's output, the build's tail)",
     "manifest.md": "this file",
@@ -27,6 +27,8 @@ FILES = {
                     "predictions",
     "counters.json": "tools/gpu_counters.py: each codec kernel's Nsight Compute counters at 256 "
                      "MiB float32 (DRAM bytes, throughput, occupancy, stalls), with ncu's raw CSV",
+    "triage.json": "tools/gpu_triage.py: each codec's encode and decode alone per size, and "
+                   "compute-sanitizer's report of the smallest failing case of each",
     "build.log": "the build's full output",
 }
 
