@@ -39,6 +39,10 @@ class Mutant:
     new: str
     cases: str  # gtest filter over the test
     target: str = TARGET
+    # The build it runs in: the race checker's, or the plain emulated one for a bug only blocks
+    # running at once show (the concurrent schedule runs blocks on several host threads, which
+    # the race checker cannot watch).
+    config: str = CONFIG
 
 
 def deferred(case):
@@ -443,6 +447,24 @@ MUTANTS = [
            "const int take = first_prefix < first_missing ? first_prefix + 1 : first_missing;",
            "const int take = first_prefix < first_missing ? first_prefix : first_missing;",
            "CudaIdentityEbTest.*"),
+    Mutant("eb-lookback-lane-wait", "a lane-dependent loop around a warp collective",
+           "codecs/cuda/eb_kernels.cu",
+           "    if (lane == 0) {\n"
+           "      for (int spin = 0; spin < kLookBackSpins && flag_m == 0; ++spin) {\n"
+           "        words = LoadState(&state[2 * m]);\n"
+           "        outliers = LoadState(&state[2 * m + 1]);\n"
+           "        flag_m = FlagOf(words, outliers);\n"
+           "      }\n"
+           "    }\n"
+           "    words = __shfl_sync(kFullMask, words, 0);\n"
+           "    outliers = __shfl_sync(kFullMask, outliers, 0);\n"
+           "    flag_m = FlagOf(words, outliers);\n",
+           "    for (int spin = 0; spin < kLookBackSpins && flag_m == 0; ++spin) {\n"
+           "      words = LoadState(&state[2 * m]);\n"
+           "      outliers = LoadState(&state[2 * m + 1]);\n"
+           "      flag_m = FlagOf(words, outliers);\n"
+           "    }\n",
+           "CudaIdentityEbTest.EveryBlockOrder*", config="cudaemu"),
     Mutant("eb-lookback-fallback", "a look-back that skips a chunk with no state",
            "codecs/cuda/eb_kernels.cu", "      words = sums.words << 2 | kAggregate;",
            "      words = kAggregate;", "CudaIdentityEbTest.*"),
@@ -643,7 +665,13 @@ def main():
         print(base.stdout[-3000:] + base.stderr[-3000:])
         print("mutate_kernels: the unmutated emulated suite fails; fix that first")
         return 1
-    testlogs_root = run_bazel(["info", f"--config={CONFIG}", "bazel-testlogs"]).stdout.strip()
+    testlogs = {}  # config: its bazel-testlogs
+
+    def testlogs_root(config):
+        if config not in testlogs:
+            testlogs[config] = run_bazel(["info", f"--config={config}",
+                                          "bazel-testlogs"]).stdout.strip()
+        return testlogs[config]
 
     survived, stale = [], []
     print(f"{'mutant':22} {'kind':48} result")
@@ -659,7 +687,7 @@ def main():
         with open(m.path, "w") as f:
             f.write(text.replace(m.old, m.new))
         try:
-            result = run_bazel(["test", f"--config={CONFIG}", m.target,
+            result = run_bazel(["test", f"--config={m.config}", m.target,
                                 f"--test_filter={m.cases}", "--test_output=errors"])
         finally:
             with open(m.path, "w") as f:
@@ -668,7 +696,7 @@ def main():
         # bazel: 3 = tests failed (killed), 0 = passed (survived), anything else = no verdict.
         if result.returncode == 3:
             print(f"{m.id:22} {m.kind:48} killed ({seconds:.0f} s): "
-                  f"{why_failed(result.stdout + result.stderr, os.path.join(testlogs_root, *m.target[2:].split(':')))}")
+                  f"{why_failed(result.stdout + result.stderr, os.path.join(testlogs_root(m.config), *m.target[2:].split(':')))}")
         elif result.returncode == 0:
             survived.append(m.id)
             print(f"{m.id:22} {m.kind:48} SURVIVED ({seconds:.0f} s)")

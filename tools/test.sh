@@ -77,6 +77,13 @@ bazel test --config=cudaemu_asan --build_tests_only --test_env=CUDAEMU_SCHEDULE=
   --test_env=GTEST_FILTER=-CudaIdentityLargeTest.* \
   //codecs/... //runtime/... //allocator/... //report/... //testing/... ||
   failed+=("asan")
+stage "emulated codec kernels with blocks at once (concurrent:8 schedule)"
+# Blocks on several host threads, lanes taking turns at atomics: what a look-back or a flag
+# between blocks does on a GPU (the race checker and ASan watch one host thread, so its build
+# is the plain emulated one).
+bazel test --config=cudaemu --test_env=CUDAEMU_SCHEDULE=concurrent:8 //codecs:cuda_identity_test \
+  //codecs:eb_test //codecs:deferred_test //testing/cudaemu:executor_test ||
+  failed+=("cudaemu concurrent")
 stage "emulated tests with the race checker (forward schedule), and the kernels' coverage"
 python3 tools/cudaemu_coverage.py || failed+=("cudaemu race and coverage")
 stage "the kernels' memory traffic against codecs/cuda/traffic.tsv"

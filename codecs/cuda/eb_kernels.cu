@@ -359,14 +359,21 @@ __device__ ChunkSums LookBack(const void* __restrict__ input, const Layout& l,
     if (first_prefix < first_missing) break;
     j -= take;
     if (first_missing == 32) continue;  // 32 aggregates: the next window
-    // Chunk j - 1 has no state yet: wait for it a while, then plan it.
+    // Chunk j - 1 has no state yet: wait for it a while, then plan it. Lane 0 waits and the warp
+    // takes what it saw: lanes reading the state themselves can see different values while the
+    // chunk's block publishes it, and would part ways before the warp's next collective.
     const uint64_t m = j - 1;
     uint64_t flag_m = 0;
-    for (int spin = 0; spin < kLookBackSpins && flag_m == 0; ++spin) {
-      words = LoadState(&state[2 * m]);
-      outliers = LoadState(&state[2 * m + 1]);
-      flag_m = FlagOf(words, outliers);
+    if (lane == 0) {
+      for (int spin = 0; spin < kLookBackSpins && flag_m == 0; ++spin) {
+        words = LoadState(&state[2 * m]);
+        outliers = LoadState(&state[2 * m + 1]);
+        flag_m = FlagOf(words, outliers);
+      }
     }
+    words = __shfl_sync(kFullMask, words, 0);
+    outliers = __shfl_sync(kFullMask, outliers, 0);
+    flag_m = FlagOf(words, outliers);
     if (flag_m == 0) {
       const ChunkSums sums = PlanChunk<K>(input, l, qz, m, k, lane);
       words = sums.words << 2 | kAggregate;

@@ -1,4 +1,5 @@
-// The executor: runs a kernel's CUDA threads as fibers on the calling host thread.
+// The executor: runs a kernel's CUDA threads as fibers on the calling host thread (under the
+// concurrent schedule, several blocks at once, each on a host thread of its own).
 //
 // A block's threads are fibers with their own stacks (a guard page below each). The scheduler
 // resumes runnable fibers in the schedule's order; a fiber runs until it finishes or reaches a
@@ -9,12 +10,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/cudaemu/internal.h"
@@ -99,16 +102,28 @@ struct BlockRun {
   uint32_t threads = 0;
 };
 
-// Scheduler state of the one kernel that runs (under DeviceLock()).
-std::vector<Fiber> fibers;
-BlockRun block;
-Fiber* current = nullptr;
-void* scheduler_sp = nullptr;
-ThreadContext context;
+// A host thread's fibers; their stacks go with the thread.
+struct Fibers : std::vector<Fiber> {
+  ~Fibers() {
+    for (Fiber& f : *this) {
+      if (f.stack != nullptr) munmap(f.stack - 4096, f.stack_size + 4096);
+    }
+  }
+};
+
+// Scheduler state of the block this host thread runs (one kernel runs at a time, under
+// DeviceLock(); its blocks run on the launching thread, or on several under the concurrent
+// schedule).
+thread_local Fibers fibers;
+thread_local BlockRun block;
+thread_local Fiber* current = nullptr;
+thread_local void* scheduler_sp = nullptr;
+thread_local ThreadContext context;
+thread_local bool turns_at_atomics = false;
 #ifdef CUDAEMU_ASAN
-void* scheduler_fake_stack = nullptr;
-const void* scheduler_stack_bottom = nullptr;
-size_t scheduler_stack_size = 0;
+thread_local void* scheduler_fake_stack = nullptr;
+thread_local const void* scheduler_stack_bottom = nullptr;
+thread_local size_t scheduler_stack_size = 0;
 #endif
 
 size_t StackSize() {
@@ -378,6 +393,58 @@ void RunBlockFibers(const std::vector<uint32_t>& order) {
   }
 }
 
+// Runs block `b` of `launch` on this host thread.
+void RunBlock(const KernelLaunch& launch, uint64_t b, std::vector<uint32_t>& thread_order,
+              std::mt19937_64* shuffle_threads) {
+  const uint32_t threads = launch.block.x * launch.block.y * launch.block.z;
+  if (fibers.size() < threads) fibers.resize(threads);
+  gridDim = launch.grid;
+  blockDim = launch.block;
+  context.launch = &launch;
+  context.threads = threads;
+  block.launch = &launch;
+  block.linear = b;
+  block.threads = threads;
+  block.index = uint3{static_cast<unsigned>(b % launch.grid.x),
+                      static_cast<unsigned>(b / launch.grid.x % launch.grid.y),
+                      static_cast<unsigned>(b / (uint64_t{launch.grid.x} * launch.grid.y))};
+  blockIdx = block.index;
+  context.block = b;
+  const size_t stack_size = StackSize();
+  for (uint32_t i = 0; i < threads; ++i) {
+    Fiber& f = fibers[i];
+    f.linear = i;
+    f.tid = uint3{i % launch.block.x, i / launch.block.x % launch.block.y,
+                  i / (launch.block.x * launch.block.y)};
+    PrepareFiber(f, stack_size);
+  }
+  if (shuffle_threads != nullptr) {
+    std::shuffle(thread_order.begin(), thread_order.end(), *shuffle_threads);
+  }
+  if (RaceObserver* observer = GetRaceObserver()) observer->BlockBegin(launch, b, threads);
+  RunBlockFibers(thread_order);
+}
+
+// The concurrent schedule: `schedule.blocks` host threads take the blocks in `order` as they
+// finish the last, so that a block that waits on another (a look-back, a flag) sees it run.
+void RunBlocksConcurrently(const KernelLaunch& launch, const std::vector<uint64_t>& order,
+                           uint32_t workers) {
+  const uint32_t threads = launch.block.x * launch.block.y * launch.block.z;
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> running;
+  for (uint32_t w = 0; w < workers; ++w) {
+    running.emplace_back([&] {
+      turns_at_atomics = true;
+      std::vector<uint32_t> thread_order(threads);
+      std::iota(thread_order.begin(), thread_order.end(), 0u);
+      for (size_t k = next++; k < order.size(); k = next++) {
+        RunBlock(launch, order[k], thread_order, nullptr);
+      }
+    });
+  }
+  for (std::thread& t : running) t.join();
+}
+
 }  // namespace
 
 const ThreadContext* CurrentThread() { return current != nullptr ? &context : nullptr; }
@@ -387,8 +454,6 @@ void RunKernel(const KernelLaunch& launch) {
   const uint64_t blocks = uint64_t{launch.grid.x} * launch.grid.y * launch.grid.z;
   const Schedule& schedule = CurrentSchedule();
   std::mt19937_64 rng(schedule.seed * 0x9e3779b97f4a7c15ull + launch.schedule_index);
-  const size_t stack_size = StackSize();
-  if (fibers.size() < threads) fibers.resize(threads);
 
   std::vector<uint64_t> block_order(blocks);
   std::iota(block_order.begin(), block_order.end(), uint64_t{0});
@@ -397,37 +462,27 @@ void RunKernel(const KernelLaunch& launch) {
   if (schedule.kind == ScheduleKind::kReverse) {
     std::reverse(block_order.begin(), block_order.end());
     std::reverse(thread_order.begin(), thread_order.end());
-  } else if (schedule.kind == ScheduleKind::kRandom) {
+  } else if (schedule.kind == ScheduleKind::kRandom ||
+             schedule.kind == ScheduleKind::kConcurrent) {
     std::shuffle(block_order.begin(), block_order.end(), rng);
   }
-
-  gridDim = launch.grid;
-  blockDim = launch.block;
-  context.launch = &launch;
-  context.threads = threads;
   RaceObserver* observer = GetRaceObserver();
-  for (uint64_t b : block_order) {
-    block.launch = &launch;
-    block.linear = b;
-    block.threads = threads;
-    block.index = uint3{static_cast<unsigned>(b % launch.grid.x),
-                        static_cast<unsigned>(b / launch.grid.x % launch.grid.y),
-                        static_cast<unsigned>(b / (uint64_t{launch.grid.x} * launch.grid.y))};
-    blockIdx = block.index;
-    context.block = b;
-    for (uint32_t i = 0; i < threads; ++i) {
-      Fiber& f = fibers[i];
-      f.linear = i;
-      f.tid = uint3{i % launch.block.x, i / launch.block.x % launch.block.y,
-                    i / (launch.block.x * launch.block.y)};
-      PrepareFiber(f, stack_size);
+  if (schedule.kind == ScheduleKind::kConcurrent && blocks > 1) {
+    TrafficRecorder* traffic = GetTrafficRecorder();
+    if (observer != nullptr || (traffic != nullptr && traffic->recording())) {
+      Fatal("the concurrent schedule runs blocks on several host threads; the race checker and "
+            "the traffic recorder watch one: use forward, reverse or random with them");
     }
-    if (schedule.kind == ScheduleKind::kRandom) {
-      std::shuffle(thread_order.begin(), thread_order.end(), rng);
-    }
-    if (observer != nullptr) observer->BlockBegin(launch, b, threads);
-    RunBlockFibers(thread_order);
+    RunBlocksConcurrently(launch, block_order,
+                          static_cast<uint32_t>(std::min<uint64_t>(schedule.blocks, blocks)));
+    return;
   }
+  turns_at_atomics = schedule.kind == ScheduleKind::kConcurrent;
+  for (uint64_t b : block_order) {
+    RunBlock(launch, b, thread_order,
+             schedule.kind == ScheduleKind::kRandom ? &rng : nullptr);
+  }
+  turns_at_atomics = false;
   if (observer != nullptr) observer->KernelEnd();
 }
 
@@ -466,6 +521,15 @@ void MisalignedVectorAccess(const void* address, size_t bytes, bool write) {
                 static_cast<unsigned>(t->block / (uint64_t{g.x} * g.y)), t->thread % b.x,
                 t->thread / b.x % b.y, t->thread / (b.x * b.y));
   internal::Fatal(buf);
+}
+
+void AtomicTurn() {
+  if (internal::current == nullptr || !internal::turns_at_atomics) return;
+  // The other blocks' host threads get the processor (a GPU's blocks move in step; here a poll
+  // would otherwise spin out its whole slice before a block it waits for writes), and the
+  // block's other fibers a turn.
+  std::this_thread::yield();
+  internal::Yield();  // still runnable: the scheduler resumes it after the block's other fibers
 }
 
 void SyncThreads(const Site& site) {

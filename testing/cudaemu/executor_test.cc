@@ -1,5 +1,6 @@
 // The executor: barriers, warp collectives, divergence detection, shared memory, atomics,
-// schedules, built-in variables, launch checks and fiber stacks under AddressSanitizer.
+// schedules (blocks at once under the concurrent one), built-in variables, launch checks and
+// fiber stacks under AddressSanitizer.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -342,6 +343,77 @@ TEST(ScheduleTest, SchedulesOrderThreadsAndBlocksDifferentlyAndReproducibly) {
   EXPECT_NE(random1, reverse);
   EXPECT_NE(random1, random2);
   EXPECT_EQ(RunOrder("random:1"), random1);
+}
+
+// Every block waits until all of the grid's blocks have arrived, so it finishes only where
+// they run at once; each keeps a slice of shared memory of its own meanwhile.
+__global__ void AllAtOnceKernel(unsigned* arrived, unsigned* out) {
+  __shared__ unsigned s[64];
+  s[threadIdx.x] = blockIdx.x * 1000 + threadIdx.x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(arrived, 1u);
+    while (atomicAdd(arrived, 0u) < gridDim.x) {
+    }
+  }
+  __syncthreads();
+  out[blockIdx.x * 64 + threadIdx.x] = s[threadIdx.x] + (blockIdx.x << 20);
+}
+
+TEST(ScheduleTest, TheConcurrentScheduleRunsBlocksAtOnceEachWithItsOwnSharedMemory) {
+  if (cudaemu::RaceCheckerActive()) GTEST_SKIP() << "the race checker watches one host thread";
+  ScheduleGuard guard("concurrent:4");
+  EXPECT_EQ(cudaemu::ScheduleName(), "concurrent:4");
+  DeviceBuffer<unsigned> arrived(1);
+  DeviceBuffer<unsigned> out(4 * 64);
+  LAUNCH(AllAtOnceKernel, 4, 64)(arrived.data, out.data);
+  const std::vector<unsigned> got = out.Read();
+  for (unsigned b = 0; b < 4; ++b) {
+    for (unsigned t = 0; t < 64; ++t) EXPECT_EQ(got[b * 64 + t], b * 1000 + t + (b << 20));
+  }
+  EXPECT_EQ(arrived.Read()[0], 4u);
+}
+
+// Lane 0 of block 0 reads `flag` once, before block 1 may set it (block 1 waits for that read);
+// the other lanes wait until it is set. So the lanes saw different values of one word, and part
+// ways: what a GPU's lanes can do when each reads a word another block is writing.
+__global__ void LanesSeeAWordChangeKernel(unsigned* flag, unsigned* reads) {
+  if (blockIdx.x == 1) {
+    if (threadIdx.x == 0) {
+      while (atomicAdd(reads, 0u) == 0) {
+      }
+      atomicExch(flag, 1u);
+    }
+    return;
+  }
+  unsigned seen = 0;
+  if (threadIdx.x == 0) {
+    seen = atomicAdd(flag, 0u);
+    atomicAdd(reads, 1u);
+  } else {
+    while ((seen = atomicAdd(flag, 0u)) == 0) {
+    }
+  }
+  if (seen != 0) {
+    __syncwarp();
+  } else {
+    __syncwarp();
+  }
+}
+
+TEST(ScheduleDeathTest, LanesThatSawAnotherBlocksWriteDifferentlyStopTheProgram) {
+  if (cudaemu::RaceCheckerActive()) GTEST_SKIP() << "the race checker watches one host thread";
+  EXPECT_DEATH(
+      {
+        ScheduleGuard guard("concurrent:2");
+        DeviceBuffer<unsigned> flag(1);
+        DeviceBuffer<unsigned> reads(1);
+        LAUNCH(LanesSeeAWordChangeKernel, 2, 32)(flag.data, reads.data);
+        cudaDeviceSynchronize();
+      },
+      "divergent warp collective");
+  EXPECT_DEATH(cudaemu::SetSchedule("concurrent:1"),
+               "expected forward, reverse, random:SEED or concurrent:BLOCKS");
 }
 
 __global__ void BuiltinsKernel(unsigned* out) {

@@ -74,10 +74,13 @@ void* DriverEntryPoint(const char* symbol);
 
 // ---- the schedule (runtime.cc) ----
 
-enum class ScheduleKind { kForward, kReverse, kRandom };
+// kConcurrent: `blocks` blocks of a launch run at once, each on a host thread of its own, in an
+// order drawn from the launch number; a warp's lanes take turns at every atomic.
+enum class ScheduleKind { kForward, kReverse, kRandom, kConcurrent };
 struct Schedule {
   ScheduleKind kind = ScheduleKind::kForward;
   uint64_t seed = 0;
+  uint32_t blocks = 1;  // blocks resident at once (kConcurrent)
 };
 const Schedule& CurrentSchedule();
 

@@ -82,7 +82,17 @@ Schedule ParseSchedule(const std::string& text) {
     schedule.seed = text.size() > 7 ? std::strtoull(text.c_str() + 7, nullptr, 10) : 1;
     return schedule;
   }
-  Fatal("CUDAEMU_SCHEDULE is '" + text + "'; expected forward, reverse or random:SEED");
+  if (text.rfind("concurrent:", 0) == 0) {
+    char* end = nullptr;
+    const unsigned long blocks = std::strtoul(text.c_str() + 11, &end, 10);
+    if (end != text.c_str() + 11 && *end == '\0' && blocks >= 2 && blocks <= 64) {
+      schedule.kind = ScheduleKind::kConcurrent;
+      schedule.blocks = static_cast<uint32_t>(blocks);
+      return schedule;
+    }
+  }
+  Fatal("CUDAEMU_SCHEDULE is '" + text +
+        "'; expected forward, reverse, random:SEED or concurrent:BLOCKS (2 to 64)");
 }
 
 struct StreamState;
@@ -636,6 +646,7 @@ std::string ScheduleName() {
     case internal::ScheduleKind::kForward: return "forward";
     case internal::ScheduleKind::kReverse: return "reverse";
     case internal::ScheduleKind::kRandom: return "random:" + std::to_string(s.seed);
+    case internal::ScheduleKind::kConcurrent: return "concurrent:" + std::to_string(s.blocks);
   }
   return "?";
 }

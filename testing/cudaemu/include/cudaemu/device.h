@@ -6,9 +6,10 @@
 // collective that would be undefined on a GPU (lanes at different call sites, different ops or
 // masks, a lane of the mask that exited) stops the program with the block and thread.
 //
-// __shared__ variables are function statics: blocks run one at a time, and a GPU gives a block
-// uninitialised shared memory, so nothing may depend on their content at block start (the race
-// checker reports a read of shared memory the block has not written).
+// __shared__ variables are function statics, one per host thread: a block runs on one host
+// thread (several at once under the concurrent schedule, each with its own shared memory), and a
+// GPU gives a block uninitialised shared memory, so nothing may depend on their content at block
+// start (the race checker reports a read of shared memory the block has not written).
 //
 // Kernels are launched with ACTPACK_LAUNCH (codecs/cuda/launch.cuh), which expands to
 // `kernel<<<grid, block, 0, stream>>>` under nvcc and to cudaemu::Launch(...) here.
@@ -33,7 +34,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __shared__ static thread_local
 #define __constant__ static const
 
 struct uint3 {
@@ -112,12 +113,12 @@ CUDAEMU_MAKE4(uint4, unsigned int)
 #undef CUDAEMU_MAKE2
 #undef CUDAEMU_MAKE4
 
-// The built-in variables: the executor sets them before it resumes a thread's fiber. Plain
-// globals, not thread-locals: one kernel runs at a time (the executor holds the device lock).
-inline uint3 threadIdx;
-inline uint3 blockIdx;
-inline dim3 blockDim;
-inline dim3 gridDim;
+// The built-in variables: the executor sets them before it resumes a thread's fiber. One set
+// per host thread: under the concurrent schedule several blocks run at once, each on its own.
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
 constexpr int warpSize = 32;
 
 namespace cudaemu {
@@ -306,13 +307,21 @@ inline long long max(long long a, long long b) { return a < b ? b : a; }
 inline unsigned long long max(unsigned long long a, unsigned long long b) { return a < b ? b : a; }
 
 // ---- atomics (device scope; relaxed, as CUDA's atomicXxx) ----
-// Built on the __atomic builtins so that the race checker sees them as atomic accesses.
+// Built on the __atomic builtins so that the race checker sees them as atomic accesses. Each
+// first gives the other lanes of the block a turn under the concurrent schedule, so that a warp's
+// lanes read a word other blocks are writing at different moments, as a GPU's lanes can, and
+// the other blocks a turn of the host's processor.
+namespace cudaemu {
+void AtomicTurn();
+}  // namespace cudaemu
 template <class T>
 inline T atomicAdd(T* address, T value) {
+  cudaemu::AtomicTurn();
   static_assert(std::is_integral_v<T>, "integer atomicAdd");
   return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }
 inline float atomicAdd(float* address, float value) {
+  cudaemu::AtomicTurn();
   unsigned int* word = reinterpret_cast<unsigned int*>(address);
   unsigned int old = __atomic_load_n(word, __ATOMIC_RELAXED);
   while (!__atomic_compare_exchange_n(word, &old, __float_as_uint(__uint_as_float(old) + value),
@@ -322,26 +331,32 @@ inline float atomicAdd(float* address, float value) {
 }
 template <class T>
 inline T atomicSub(T* address, T value) {
+  cudaemu::AtomicTurn();
   return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED);
 }
 template <class T>
 inline T atomicOr(T* address, T value) {
+  cudaemu::AtomicTurn();
   return __atomic_fetch_or(address, value, __ATOMIC_RELAXED);
 }
 template <class T>
 inline T atomicAnd(T* address, T value) {
+  cudaemu::AtomicTurn();
   return __atomic_fetch_and(address, value, __ATOMIC_RELAXED);
 }
 template <class T>
 inline T atomicXor(T* address, T value) {
+  cudaemu::AtomicTurn();
   return __atomic_fetch_xor(address, value, __ATOMIC_RELAXED);
 }
 template <class T>
 inline T atomicExch(T* address, T value) {
+  cudaemu::AtomicTurn();
   return __atomic_exchange_n(address, value, __ATOMIC_RELAXED);
 }
 template <class T>
 inline T atomicMax(T* address, T value) {
+  cudaemu::AtomicTurn();
   T old = __atomic_load_n(address, __ATOMIC_RELAXED);
   while (old < value && !__atomic_compare_exchange_n(address, &old, value, false,
                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
@@ -350,6 +365,7 @@ inline T atomicMax(T* address, T value) {
 }
 template <class T>
 inline T atomicMin(T* address, T value) {
+  cudaemu::AtomicTurn();
   T old = __atomic_load_n(address, __ATOMIC_RELAXED);
   while (value < old && !__atomic_compare_exchange_n(address, &old, value, false,
                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
@@ -358,6 +374,7 @@ inline T atomicMin(T* address, T value) {
 }
 template <class T>
 inline T atomicCAS(T* address, T compare, T value) {
+  cudaemu::AtomicTurn();
   __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_RELAXED,
                               __ATOMIC_RELAXED);
   return compare;
