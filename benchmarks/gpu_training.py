@@ -1296,22 +1296,10 @@ def table(result):
 
 
 def git_commit():
-    """HEAD (+changes when tracked files differ from it); where there is no .git (a lent GPU
-    machine gets the working tree without it), what tools/gpu_check.sh was told or computed:
-    ACTPACK_GPU_COMMIT, and the sources' digest."""
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        head = dirty = ""
-    if head:
-        return head + ("+changes" if dirty else "")
-    commit = os.environ.get("ACTPACK_GPU_COMMIT")
-    digest = os.environ.get("ACTPACK_GPU_SOURCE_DIGEST")
-    return " ".join(x for x in (commit, digest and f"sources {digest}") if x) or None
+    """The commit the run is of: tools/gpu_benchmark.py's rule, one home for the GPU scripts."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gpu_benchmark
+    return gpu_benchmark.git_commit()
 
 
 def main(argv=None):

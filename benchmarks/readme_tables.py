@@ -543,8 +543,24 @@ def ci_time_source():
 # CUDA emulator predicts (codecs/cuda/traffic_16MiB.tsv, runtime/testdata/host_waits.txt).
 
 def _gpu_runs():
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(RESULTS, "gpu_*"))
-                  if os.path.isdir(p))
+    """Each run's folder: a gpu_* folder, or the folders in it that hold a tools/gpu_check.sh
+    manifest (one session's several calls)."""
+    runs = []
+    for folder in sorted(glob.glob(os.path.join(RESULTS, "gpu_*"))):
+        if not os.path.isdir(folder):
+            continue
+        calls = sorted(os.path.dirname(p)
+                       for p in glob.glob(os.path.join(folder, "*", "manifest.json")))
+        runs += [os.path.relpath(p, ROOT) for p in calls or [folder]]
+    return runs
+
+
+def _gpu_manifest(run):
+    path = os.path.join(ROOT, run, "manifest.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def _gpu_file(run, name):
@@ -576,9 +592,24 @@ def _table_rows(lines, first_column):
 
 
 def gpu_runs():
-    lines = ["| run | measured | device | GPU tests (`pytest -m gpu`) | the demo on the GPU |",
+    lines = ["| run | measured | device | GPU tests (`pytest -m gpu`; a GPU check's stages) "
+             "| the demo on the GPU |",
              "|---|---|---|---|---|"]
     for run in _gpu_runs():
+        manifest = _gpu_manifest(run)
+        if manifest is not None:  # tools/gpu_check.sh: its stages and their tests
+            meta = manifest.get("meta", {})
+            stages = "; ".join(
+                f"{st['name']} {st['outcome']}" + (
+                    " ({})".format(", ".join(f"{n} {k}" for k, n in st["tests"]["counts"].items()
+                                             if n))
+                    if st.get("tests") else "")
+                for st in manifest.get("stages", []))
+            lines.append(f"| [`{os.path.relpath(run, RESULTS)}`]({_rel(run)}) | "
+                         f"{meta.get('started', NOT_RECORDED)[:10]} | "
+                         f"{meta.get('device', NOT_RECORDED)}, torch {meta.get('torch', '?')} | "
+                         f"{stages} | - |")
+            continue
         tests = _gpu_file(run, "gpu_tests.txt") or []
         summary = next((re.sub(r" in [\d.]+s.*", "", l.strip("= "))
                         for l in reversed(tests) if re.search(r"\d+ (passed|failed)", l)), "-")

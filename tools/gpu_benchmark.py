@@ -279,9 +279,13 @@ def session(mib, dtype, device, repeats, traffic, model):
 
 
 def git_commit():
-    """HEAD (+changes when tracked files differ from it); where there is no .git (a lent GPU
-    machine gets the working tree without it), what tools/gpu_check.sh was told or computed:
-    ACTPACK_GPU_COMMIT, and the sources' digest."""
+    """What tools/gpu_check.sh was told or computed (ACTPACK_GPU_COMMIT, and the sources'
+    digest), which a lent GPU machine's copy of the tree needs (its .git, if any, need not be the
+    tree's); else HEAD (+changes when tracked files differ from it)."""
+    commit = os.environ.get("ACTPACK_GPU_COMMIT")
+    digest = os.environ.get("ACTPACK_GPU_SOURCE_DIGEST")
+    if commit:
+        return " ".join(x for x in (commit, digest and f"sources {digest}") if x)
     try:
         head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
@@ -292,9 +296,7 @@ def git_commit():
         head = dirty = ""
     if head:
         return head + ("+changes" if dirty else "")
-    commit = os.environ.get("ACTPACK_GPU_COMMIT")
-    digest = os.environ.get("ACTPACK_GPU_SOURCE_DIGEST")
-    return " ".join(x for x in (commit, digest and f"sources {digest}") if x) or None
+    return f"sources {digest}" if digest else None
 
 
 def table(rows):

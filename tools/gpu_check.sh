@@ -198,9 +198,15 @@ main() {
   meta deadline "$DEADLINE"
   meta dry "$DRY"
   local commit
-  commit=$(git rev-parse HEAD 2>/dev/null) &&
-    [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit="$commit+changes"
-  commit=${commit:-${ACTPACK_GPU_COMMIT:-unknown (no .git here; ACTPACK_GPU_COMMIT names it)}}
+  # ACTPACK_GPU_COMMIT first: a lent machine's copy of the tree may carry a .git that is not the
+  # tree's (on 2026-12-04 it named the session's first commit for every call).
+  if [[ -n ${ACTPACK_GPU_COMMIT:-} ]]; then
+    commit=$ACTPACK_GPU_COMMIT
+  else
+    commit=$(git rev-parse HEAD 2>/dev/null) &&
+      [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit="$commit+changes"
+    commit=${commit:-unknown (no .git here; ACTPACK_GPU_COMMIT names it)}
+  fi
   DIGEST=$(source_digest)
   meta commit "$commit"
   meta source_digest "$DIGEST"
