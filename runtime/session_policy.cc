@@ -254,7 +254,12 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
         std::all_of(record.candidates.begin(), record.candidates.end(),
                     [](const PolicyCandidate& c) { return std::isfinite(c.error); });
     if (!measured) {
-      unmeasured += record.candidates[std::max(current, 0)].bytes;
+      // Held as stored: a tensor never planned is packed by the harshest codec (PlanAutomatic),
+      // not kept whole. On a GPU a profile step's measurements arrive with the step's status
+      // read, after this plan: counting such tensors whole made the rest of the step larger
+      // than its peak (the GPT under 8 GiB on an H200: 17.13 GiB of a 3.68 GiB peak), and
+      // auto's largest batch fell below plain's.
+      unmeasured += record.candidates[current >= 0 ? current : HarshestCandidate(record)].bytes;
       continue;
     }
     planned.push_back(index);
@@ -274,7 +279,9 @@ absl::Status Session::Replan(uint64_t peak_bytes, bool pool_full) {
     if (smallest_allowed > smallest) cap_cost[record.module] += smallest_allowed - smallest;
     input.items.push_back(std::move(item));
   }
-  input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + unmeasured;
+  // The unmeasured tensors are among those held: what is not planned is the peak less the
+  // planned ones' bytes, never more than the peak.
+  input.other_bytes = (peak_bytes > held ? peak_bytes - held : 0) + std::min(unmeasured, held);
   if (planned.empty()) return absl::OkStatus();
   const PolicyPlan plan = SolvePolicy(input);
   bool changed = false;

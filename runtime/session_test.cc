@@ -642,6 +642,50 @@ TEST(SessionPolicyTest, FragmentationUnderPressureTakesFromThePlannedBudget) {
 }
 
 // One schedule for everything measured: the first three steps, then every profile_every.
+// On a GPU a profile step's measurements arrive with the step's status read, after the step's
+// plan. A tensor whose measurements have not arrived is held as it is stored (packed by the
+// harshest codec until planned), and the rest of the step is its peak less the tensors planned:
+// counted whole, a 256 KiB tensor stored in 16 KiB made the step's other memory 1.25 MiB of a
+// 1.25 MiB peak and the plan impossible under a budget that holds it.
+TEST(SessionPolicyTest, TensorsWhoseMeasurementsHaveNotArrivedCountAsTheyAreStored) {
+  constexpr uint64_t kOtherMemory = 1 << 20;
+  Session session(AutoOptions(kOtherMemory + (200 << 10)), HostFactory());
+  uint64_t peak = 0;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Saved> saved;
+    for (int i = 0; i < 3; ++i) saved.push_back(MakeSaved(64, 256, 300 + i, i));
+    saved.push_back(MakeSaved(256, 256, 310, 9));  // 256 KiB, its measurements still queued
+    std::vector<std::shared_ptr<PackedTensor>> live;
+    uint64_t held = 0;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      saved[i].info.module = "layer" + std::to_string(i);
+      PackPlan plan = session.Plan(saved[i].info);
+      if (i < 3) {
+        for (size_t c = 0; c < plan.measure.size(); ++c) {
+          session.RecordMeasurement(plan.record, c, Measure(saved[i], plan.measure[c]));
+        }
+        if (!plan.measure.empty()) session.ChooseMeasured(plan);
+      }
+      if (plan.action == PackAction::kKeep) {
+        held += saved[i].info.Bytes();
+        continue;
+      }
+      live.push_back(*session.Pack(saved[i].info, plan, saved[i].view(), {}));
+      held += live.back()->stored_bytes();
+    }
+    peak = kOtherMemory + held;
+    const absl::Status status = session.EndStep(peak);
+    ASSERT_TRUE(status.ok()) << "step " << step << ": " << status;
+  }
+  EXPECT_GE(session.Policy().plans, 1u);
+  EXPECT_TRUE(session.Policy().feasible);
+  EXPECT_LE(session.Policy().other_bytes, peak);
+  const std::vector<SavedRecord> records = session.Records();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_LT(records[3].stored_bytes, 32u << 10);  // the unmeasured one: packed, not kept whole
+  EXPECT_GE(session.Policy().other_bytes, kOtherMemory + records[3].stored_bytes);
+}
+
 TEST(SessionPolicyTest, MeasuresOnTheProfileStepsOnly) {
   SessionOptions options = AutoOptions(10 << 20);
   options.profile_every = 4;
