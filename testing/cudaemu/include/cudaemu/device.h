@@ -34,7 +34,19 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+// The race checker (kernels built with -fsanitize=thread) watches one host thread and finds
+// shared memory among the object file's writable statics: there it stays a plain static, and
+// the concurrent schedule is refused.
+#if defined(__SANITIZE_THREAD__)
+#define __shared__ static
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define __shared__ static
+#endif
+#endif
+#ifndef __shared__
 #define __shared__ static thread_local
+#endif
 #define __constant__ static const
 
 struct uint3 {
