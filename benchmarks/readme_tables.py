@@ -605,7 +605,7 @@ def gpu_runs():
                                              if n))
                     if st.get("tests") else "")
                 for st in manifest.get("stages", []))
-            lines.append(f"| [`{os.path.relpath(run, RESULTS)}`]({_rel(run)}) | "
+            lines.append(f"| [`{os.path.relpath(os.path.join(ROOT, run), RESULTS)}`]({_rel(run)}) | "
                          f"{meta.get('started', NOT_RECORDED)[:10]} | "
                          f"{meta.get('device', NOT_RECORDED)}, torch {meta.get('torch', '?')} | "
                          f"{stages} | - |")
