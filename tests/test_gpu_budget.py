@@ -305,6 +305,8 @@ def child(names, install, budget):
     import faulthandler
     import traceback
 
+    # A crash prints where Python was (the H200's oom scenario ended with SIGSEGV and nothing).
+    faulthandler.enable()
     if install:
         import actpack
         if DEVICE == "cuda":
