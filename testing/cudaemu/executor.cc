@@ -469,6 +469,11 @@ void RunKernel(const KernelLaunch& launch) {
   RaceObserver* observer = GetRaceObserver();
   if (schedule.kind == ScheduleKind::kConcurrent && blocks > 1) {
     TrafficRecorder* traffic = GetTrafficRecorder();
+#ifdef CUDAEMU_ASAN
+    Fatal("the concurrent schedule runs blocks on several host threads, which this "
+          "AddressSanitizer build does not support (shared memory is one static): use the plain "
+          "emulated build");
+#endif
     if (observer != nullptr || (traffic != nullptr && traffic->recording())) {
       Fatal("the concurrent schedule runs blocks on several host threads; the race checker and "
             "the traffic recorder watch one: use forward, reverse or random with them");

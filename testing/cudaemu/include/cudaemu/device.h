@@ -35,12 +35,13 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 // The race checker (kernels built with -fsanitize=thread) watches one host thread and finds
-// shared memory among the object file's writable statics: there it stays a plain static, and
-// the concurrent schedule is refused.
-#if defined(__SANITIZE_THREAD__)
+// shared memory among the object file's writable statics, and AddressSanitizer misreads fiber
+// stacks on worker threads: in their builds it stays a plain static (cheaper too), and the
+// concurrent schedule is refused.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define __shared__ static
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
 #define __shared__ static
 #endif
 #endif
