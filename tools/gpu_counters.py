@@ -90,9 +90,9 @@ def child(args):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn()
                 torch.cuda.synchronize()
+            # ncu profiles kernels only: the call's copies and memsets are left out.
             kernels = sorted((e.time_range.start, e.name) for e in prof.events()
-                             if e.device_type == torch.autograd.DeviceType.CUDA
-                             and not getattr(e, "is_user_annotation", False)
+                             if gpu_benchmark.is_device_activity(e)
                              and "memcpy" not in e.name.lower()
                              and "memset" not in e.name.lower())
             sequence.append({"call": label, "kernels": [name for _, name in kernels]})
