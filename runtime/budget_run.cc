@@ -14,9 +14,21 @@ namespace actpack::runtime {
 
 using allocator::FormatBytes;
 
+namespace {
+
+// The steps a run may lift the cap in when its policy starts (re)planning at step `from`: until
+// the end of its first plan, or for a fixed codec (nothing to plan) the one step that measures.
+int64_t UnplannedUntil(int64_t from, bool automatic) {
+  return from + (automatic ? kPlansAfterSteps : 1);
+}
+
+}  // namespace
+
 int64_t CappedFromStep(const BudgetConfig& config) {
-  if (config.Recompute() == RecomputeMode::kAuto) return 2 * kPlansAfterSteps;
-  return config.Automatic() ? kPlansAfterSteps : 1;
+  const int64_t first = UnplannedUntil(0, config.Automatic());
+  // Recomputation switches on at the end of that step at the latest, and plans afresh.
+  if (config.Recompute() == RecomputeMode::kAuto) return UnplannedUntil(first, config.Automatic());
+  return first;
 }
 
 BudgetMemoryFacts HoldingOutside(BudgetMemoryFacts facts, uint64_t held_outside) {
@@ -133,8 +145,7 @@ void BudgetRun::Start() {
 }
 
 int64_t BudgetRun::UnplannedSteps() const {
-  // The policy plans at the end of the second step; a fixed codec has nothing to plan.
-  return recompute_from_step_ + (automatic_ ? kPlansAfterSteps : 1);
+  return UnplannedUntil(recompute_from_step_, automatic_);
 }
 
 uint64_t BudgetRun::LiftedCapBytes() const {

@@ -91,7 +91,7 @@ struct BudgetMemoryFacts {
 // The steps a run of `config` may lift the cap in, counted from its start: those before the
 // policy's first plan (it plans at the end of its kPlansAfterSteps-th step; a fixed codec, or
 // plain training, has nothing to plan and may lift it in its first), and with recompute
-// "auto" the kPlansAfterSteps after a switch to recomputation at the end of the first plan.
+// "auto" as many again after a switch to recomputation at the end of those.
 // The first step (counted from 0) a run is held to the cap from its start: what a
 // largest-batch search judges (actpack.search.capped_from).
 inline constexpr int64_t kPlansAfterSteps = 2;

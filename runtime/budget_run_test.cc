@@ -226,6 +226,8 @@ TEST(BudgetRunTest, UnderRecomputeAutoTheRegionsTakeOverWhereCodecsCannotFit) {
   const json::Value section = run.RunSection({});
   EXPECT_EQ(section["warnings"][0], *warning);
   EXPECT_EQ(section["capped_from_step"], step + 2);
+  // A switch at the first plan: what the configuration's rule allows for, and no more.
+  EXPECT_EQ(section["capped_from_step"], CappedFromStep(config));
 }
 
 // The policy plans at every step's end; the cache is given back only when a plan changes a
@@ -318,6 +320,9 @@ TEST(BudgetRunTest, TheFirstStepHeldToTheCapFollowsThePlan) {
   EXPECT_EQ(CappedFromStep(config), 2);
   config.recompute = "auto";  // a switch at the end of the second step, two more to plan
   EXPECT_EQ(CappedFromStep(config), 4);
+  BudgetConfig fixed_recomputing = Fixed();
+  fixed_recomputing.recompute = "auto";  // a switch at the end of the first, one more
+  EXPECT_EQ(CappedFromStep(fixed_recomputing), 2);
   // A run's report says what the run did: auto under recompute="auto" that never switched is
   // held to the cap from its third step, not the fifth the configuration allows for.
   Session fixed_session(Options("quant2"), HostFactory());

@@ -67,13 +67,17 @@ bool IsBitpackedInteger(codecs::DType dtype) {
 
 }  // namespace
 
-std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
-  // Every built-in codec's AutoSpecs, mildest first: by their bound on a float32 activation of
-  // a typical shape (ties keep the registry's order).
-  struct Rung {
-    codecs::CodecParams params;
-    size_t bound;
-  };
+namespace {
+
+// A spec codec="auto" may choose, with its bound on a float32 activation of a typical shape.
+struct Rung {
+  const codecs::Codec* codec;
+  codecs::CodecParams params;
+  size_t bound;
+};
+
+// Every built-in codec's AutoSpecs, in the registry's order.
+std::vector<Rung> AutoRungs() {
   const codecs::TensorSpec typical{codecs::DType::kFloat32, {32, 64, 56, 56}};
   std::vector<Rung> rungs;
   for (const codecs::Codec* codec : codecs::AllCodecs()) {
@@ -82,14 +86,36 @@ std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
       absl::StatusOr<codecs::CodecParams> params = codecs::ParseCodecSpec(spec);
       if (!params.ok()) continue;
       absl::StatusOr<size_t> bound = codecs::MaxEncodedSize(typical, *params);
-      if (bound.ok()) rungs.push_back({*params, *bound});
+      if (bound.ok()) rungs.push_back({codec, *params, *bound});
     }
   }
+  return rungs;
+}
+
+}  // namespace
+
+std::vector<codecs::CodecParams> SessionOptions::DefaultLadder() {
+  // Mildest first, by bound (ties keep the registry's order).
+  std::vector<Rung> rungs = AutoRungs();
   std::stable_sort(rungs.begin(), rungs.end(),
                    [](const Rung& a, const Rung& b) { return a.bound > b.bound; });
   std::vector<codecs::CodecParams> ladder;
   for (const Rung& rung : rungs) ladder.push_back(rung.params);
   return ladder;
+}
+
+std::vector<std::string> SessionOptions::HarshestPerCodec() {
+  std::vector<Rung> harshest;  // per codec, in the registry's order
+  for (const Rung& rung : AutoRungs()) {
+    if (!harshest.empty() && harshest.back().codec == rung.codec) {
+      if (rung.bound < harshest.back().bound) harshest.back() = rung;
+    } else {
+      harshest.push_back(rung);
+    }
+  }
+  std::vector<std::string> specs;
+  for (const Rung& rung : harshest) specs.push_back(codecs::FormatCodecSpec(rung.params));
+  return specs;
 }
 
 bool IsProfileStep(uint64_t step, int profile_every) {

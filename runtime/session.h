@@ -99,6 +99,10 @@ struct SessionOptions {
 
   // quant8, quant4, quant2, and division and eb where they are built in.
   static std::vector<codecs::CodecParams> DefaultLadder();
+  // Each built-in codec's harshest AutoSpecs (the smallest bound), in the registry's order, as
+  // FormatCodecSpec writes it: quant2, eb:rel=1e-2, division. What actpack.plan compares
+  // besides none and auto.
+  static std::vector<std::string> HarshestPerCodec();
 };
 
 // A tensor saved so that backward can run a region's forward again from it. A codec's error on

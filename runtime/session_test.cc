@@ -25,6 +25,12 @@ TEST(SessionTest, DefaultLadderIsEveryCodecsAutoSpecsMildestFirst) {
                                               "quant2"}));
 }
 
+TEST(SessionTest, HarshestPerCodecIsEachCodecsSmallestBoundInRegistryOrder) {
+  // quant's ladder ends at 2 bits (its mildest, quant8, first in its AutoSpecs).
+  EXPECT_EQ(SessionOptions::HarshestPerCodec(),
+            (std::vector<std::string>{"quant2", "eb:rel=1e-2", "division"}));
+}
+
 TEST(SessionTest, PacksDecodesAndCountsBytes) {
   Session session(Options("quant2"), HostFactory());
   Saved saved = MakeSaved(64, 256, 1);

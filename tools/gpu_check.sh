@@ -198,8 +198,8 @@ main() {
   meta deadline "$DEADLINE"
   meta dry "$DRY"
   local commit
-  # ACTPACK_GPU_COMMIT first: a lent machine's copy of the tree may carry a .git that is not the
-  # tree's (on 2026-12-04 it named the session's first commit for every call).
+  # ACTPACK_GPU_COMMIT first: a lent machine's copy of the tree may carry a .git older than the
+  # tree, which would name a commit the files are not.
   if [[ -n ${ACTPACK_GPU_COMMIT:-} ]]; then
     commit=$ACTPACK_GPU_COMMIT
   else

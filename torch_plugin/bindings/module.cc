@@ -270,5 +270,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     return names;
   });
+  // The codecs actpack.plan compares by default besides none and auto: each one's harshest
+  // spec that codec="auto" may choose.
+  m.def("plan_codecs", [] { return actpack::runtime::SessionOptions::HarshestPerCodec(); });
   actpack::torch_plugin::BindAllocator(m);
 }

@@ -53,9 +53,11 @@ class PythonHooks {
 
   SavedTensorPacker& packer() { return packer_; }
   const SavedTensorPacker& packer() const { return packer_; }
+  StepEndWatch& step_end() { return step_end_; }
 
  private:
   SavedTensorPacker packer_;
+  StepEndWatch step_end_;  // Pack tells it; the Python front end asks it in its unpack hook
   uint64_t hook_nanoseconds_ = 0;  // under the GIL, as the hooks run
   static inline std::atomic<int64_t> live_{0};
 };
@@ -209,6 +211,7 @@ py::dict TotalsDict(const PythonHooks& s) {
 
 PyObject* PythonHooks::Pack(const at::Tensor& tensor, std::string module) {
   const auto start = std::chrono::steady_clock::now();
+  step_end_.Packed();
   SavedTensor saved = packer_.Pack(tensor, std::move(module));
   PyObject* result = nullptr;
   if (at::Tensor* kept = std::get_if<at::Tensor>(&saved)) {
@@ -478,6 +481,10 @@ void BindSavedTensorHooks(py::module_& m) {
       .def("hooks", &MakeHooks,
            "(pack, unpack): the session's saved-tensor hooks as plain functions")
       .def("hook_seconds", &PythonHooks::HookSeconds)
+      .def("queue_end_now", [](PythonHooks& s) { return s.step_end().QueueEndNow(); },
+           "in the unpack hook: whether to queue the step's end now (StepEndWatch)")
+      .def("step_ended", [](PythonHooks& s) { s.step_end().Ended(); },
+           "the queued end of step ran")
       .def_static("live", &PythonHooks::Live,
                   "how many are alive (a budget's is freed when its run closes)")
       .def("relieve", [](PythonHooks& s, size_t needed) { return s.packer().Relieve(needed); },

@@ -139,24 +139,20 @@ struct Budget::State {
             [this](size_t needed) { return packer.Relieve(needed); }) {}
 
   SavedTensor Pack(const at::Tensor& tensor) {
-    // No backward is running: one that raised never ran its queued end of step.
-    if (torch::autograd::get_current_graph_task_id() == -1) end_queued = false;
+    step_end.Packed();
     return packer.Pack(tensor, module_names.empty() ? std::string() : module_names.back());
   }
 
-  // The first unpack of a backward pass queues the end of the step for when that pass
-  // finishes. A backward with create_graph=True (grad mode on) builds a graph a later backward
-  // differentiates: the step goes on until that one. After Close the steps are not the run's.
+  // After Close the steps are not the run's.
   at::Tensor Unpack(const SavedTensor& saved, const std::shared_ptr<State>& self) {
-    if (open && !c10::GradMode::is_enabled() &&
-        torch::autograd::get_current_graph_task_id() != -1 && !end_queued.exchange(true)) {
+    if (open && step_end.QueueEndNow()) {
       torch::autograd::Engine::get_default_engine().queue_callback([self] { self->EndStep(); });
     }
     return packer.Unpack(saved);
   }
 
   void EndStep() {
-    end_queued = false;
+    step_end.Ended();
     if (!open) return;
     // Throws c10::OutOfMemoryError when no plan fits the budget.
     torch_plugin::ThrowIfError(run.EndStep().status());
@@ -191,7 +187,7 @@ struct Budget::State {
   torch_plugin::SavedTensorPacker packer;
   HostMemory memory;
   runtime::BudgetRun run;
-  std::atomic<bool> end_queued{false};
+  torch_plugin::StepEndWatch step_end;
   std::atomic<bool> open{false};
   std::chrono::steady_clock::time_point started;
   json::Value report;

@@ -7,6 +7,7 @@
 #include <ATen/ops/logical_not.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/function.h>  // Node (torch 2.11 has no node.h)
 #include <torch/csrc/autograd/generated/Functions.h>  // ReluBackward0
 #include <torch/csrc/autograd/graph_task.h>
@@ -409,6 +410,15 @@ at::Tensor RestoreStrides(const at::Tensor& dense, const std::vector<int64_t>& s
 
 runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind) {
   return std::exchange(saving_region_inputs, kind);
+}
+
+void StepEndWatch::Packed() {
+  if (torch::autograd::get_current_graph_task_id() == -1) queued_.store(false);
+}
+
+bool StepEndWatch::QueueEndNow() {
+  return !c10::GradMode::is_enabled() && torch::autograd::get_current_graph_task_id() != -1 &&
+         !queued_.exchange(true);
 }
 
 SavedTensorPacker::SavedTensorPacker(const runtime::BudgetConfig& config,

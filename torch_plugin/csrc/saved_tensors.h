@@ -18,6 +18,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -64,6 +65,26 @@ using SavedTensor = std::variant<at::Tensor, PackedHandle>;
 // front end sets it around torch.utils.checkpoint's saving of them (actpack/_checkpoint.py) and
 // around actpack.recompute's (actpack/_recompute.py). Returns the previous value.
 runtime::RegionInput SetSavingRegionInputs(runtime::RegionInput kind);
+
+// When a training step ends, for both front ends: at the end of the first backward pass that
+// unpacks saved tensors (the engine runs queued callbacks once all of its work is done). A
+// backward with create_graph=True (grad mode on) builds a graph that a later backward
+// differentiates: the step goes on until that one. A backward that raised never ran its queued
+// end: the next pack outside a backward forgets it.
+//
+//   watch.Packed();                                    // in the pack hook
+//   if (watch.QueueEndNow()) engine.queue_callback(end_step);  // in the unpack hook
+//   watch.Ended();                                     // first thing in end_step
+class StepEndWatch {
+ public:
+  void Packed();
+  // True once per step, in the backward pass that ends it: the caller queues the step's end.
+  bool QueueEndNow();
+  void Ended() { queued_.store(false); }
+
+ private:
+  std::atomic<bool> queued_{false};
+};
 
 class SavedTensorPacker {
  public:

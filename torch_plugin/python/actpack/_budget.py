@@ -225,7 +225,6 @@ class budget:
         self._modules = ModuleTracker()
         self._pack, self._unpack = self._make_hooks(*self._session_hooks.hooks())
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._end_of_backward_queued = False
         self._profile_every = int(profile_every)
         self._hooks_traced = False
         self.run = Run(self._budget, self._session_hooks)
@@ -291,8 +290,7 @@ class budget:
         """The saved-tensor hooks, over the session's pack and unpack (SavedTensorHooks.hooks()).
         They run for every saved tensor: what they call is looked up here, once."""
         is_compiling = torch.compiler.is_compiling
-        graph_task_id = torch._C._current_graph_task_id
-        is_grad_enabled = torch.is_grad_enabled
+        queue_end_now = self._session_hooks.queue_end_now
         queue_callback = torch.autograd.Variable._execution_engine.queue_callback
         modules = self._modules
 
@@ -305,21 +303,13 @@ class budget:
             if self._watch_devices and tensor.is_cuda and \
                     tensor.get_device() != self._bound_index:
                 self._packed_on(tensor.get_device())
-            if self._end_of_backward_queued and graph_task_id() == -1:
-                # No backward is running: one that raised never ran its queued end of step.
-                self._end_of_backward_queued = False
             return session_pack(tensor, modules.name)
 
         def unpack(handle):
-            # The first unpack of a backward pass queues the end of the step for when that pass
-            # finishes (the engine runs queued callbacks once all of its work is done). A
-            # backward with create_graph=True runs with grad mode on and builds a graph that a
-            # later backward differentiates: the step goes on until that one. A backward after
-            # the context exited still unpacks, but its steps are no longer the run's.
-            if (not self._end_of_backward_queued and self._started is not None
-                    and not is_grad_enabled() and graph_task_id() != -1):
+            # When a step ends is the hooks' StepEndWatch's to say. A backward after the context
+            # exited still unpacks, but its steps are not the run's.
+            if self._started is not None and queue_end_now():
                 queue_callback(self._end_step)
-                self._end_of_backward_queued = True
             return session_unpack(handle)
 
         return pack, unpack
@@ -368,7 +358,7 @@ class budget:
                 raise GradientRunaway(message)
 
     def _close_step(self):
-        self._end_of_backward_queued = False
+        self._session_hooks.step_ended()
         self._check_compiled()
         # Gradient statistics weigh each module's codec error (the policy's sensitivity) and set
         # the error caps, on the steps whose end may re-plan from new measurements.

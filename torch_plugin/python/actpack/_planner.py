@@ -57,7 +57,6 @@ monotone in the batch (221 ran out in fresh processes, 231 trained).
 """
 import collections.abc
 import math
-import re
 import os
 import sys
 import warnings
@@ -72,7 +71,7 @@ from actpack._units import format_bytes, parse_budget
 # "auto+recompute" is auto with budget(recompute="auto"): the regions the model marks with
 # actpack.recompute recompute once codecs alone cannot hold the step. The default plans it
 # when the warm-up step ran such a region.
-CHOICES = (NONE, "quant2", "division", "eb", "auto")
+CHOICES = (NONE, *_C.plan_codecs(), "auto")  # each codec's harshest spec auto may choose
 RECOMPUTE_CHOICE = "auto+recompute"
 ALL_CHOICES = CHOICES + (RECOMPUTE_CHOICE,)
 # The budget's recompute= per choice as a user trains it: the calibration tries, verify's steps
@@ -276,8 +275,8 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         batch_sizes: two (or more) batch sizes to profile at (ints >= 1); small ones are fine.
         verify: search for the largest batch of the best choice with real steps under the cap
             (more runs of `step`; the answer for that choice is what they found).
-        codecs: the choices to plan for (default: none, quant2, division, eb, auto — those
-            built in — and auto+recompute when the warm-up step ran a region marked with
+        codecs: the choices to plan for (default: none, each built-in codec's harshest spec
+            that auto may choose — quant2, eb:rel=1e-2, division — auto, and auto+recompute when the warm-up step ran a region marked with
             actpack.recompute: auto under budget(recompute="auto"), profiled recomputing, its
             tries 5 steps as a user trains it).
         report: a path; the run report with the planner section is written there (read it
@@ -462,11 +461,8 @@ def _codec_of(choice):
 
 
 def _default_choices(regions):
-    """Those built in, and auto+recompute for a model with recompute regions."""
-    available = set(_C.codec_names())
-    codecs = [c for c in CHOICES
-              if c in (NONE, "auto") or re.sub(r"\d+$", "", c) in available]
-    return codecs + ([RECOMPUTE_CHOICE] if regions else [])
+    """CHOICES, and auto+recompute for a model with recompute regions."""
+    return list(CHOICES) + ([RECOMPUTE_CHOICE] if regions else [])
 
 
 def _plan(step, parsed, sizes, verify, codecs, report, progress, gradients, fresh):
