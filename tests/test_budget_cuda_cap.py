@@ -1,8 +1,8 @@
 """actpack.budget's cap on actpack's CUDA allocator, driven on a machine without a GPU.
 
-The second H100 run found that a CUDA budget set no cap at all (the planner's truth search
-called every batch a fit). The budget's memory side (_budget_memory.BudgetMemory, driven by the C++
-budget run) now caps the CUDA allocator as it caps the host pool. Here torch is told a CUDA device exists and actpack's CUDA
+A CUDA budget that set no cap would let a largest-batch search call every batch a fit. The
+budget's memory side (_budget_memory.BudgetMemory, driven by the C++ budget run) caps the CUDA
+allocator as it caps the host pool. Here torch is told a CUDA device exists and actpack's CUDA
 allocator serves it; every allocator call is the real one (the C++ keeps device 0's budget in
 its configuration until the device's stack is built), so what is checked is the cap the
 allocator holds at each point of a run: set at start, lifted by a step that measures, put back,
@@ -105,8 +105,9 @@ def test_the_system_peak_counts_cuda_memory_outside_the_pool(cuda_with_actpack, 
     monkeypatch.setattr(actpack.memory, "memory_reserved", lambda device=None: pool["reserved"])
     monkeypatch.setattr(_C, "_count_system_memory", lambda *args: None)
     monkeypatch.setattr(_C, "_stop_counting_system_memory", lambda *args: None)
+    monkeypatch.setattr(_C, "_take_window_peaks", lambda device: (900 * MiB, 950 * MiB))
     memory = _budget_memory.BudgetMemory(parse_budget("2GiB"), device=0)
     memory.start()
     driver["used"] += 500 * MiB
     pool["reserved"] += 300 * MiB
-    assert memory._system_peak(950 * MiB) == 950 * MiB + 200 * MiB
+    assert memory.take_peaks() == (900 * MiB, 950 * MiB, 950 * MiB + 200 * MiB)

@@ -20,6 +20,7 @@
 #include "runtime/budget_config.h"
 #include "runtime/budget_run.h"
 #include "runtime/session.h"
+#include "torch_plugin/csrc/host_budget_memory.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/bindings/python_json.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
@@ -400,6 +401,23 @@ void BindBudgetConfig(py::module_& m) {
 void BindBudgetRun(py::module_& m) {
   m.attr("_LIFTED_CAP_EXTRA_BYTES") = runtime::kLiftedCapExtraBytes;
   py::class_<runtime::BudgetMemory, PyBudgetMemory>(m, "BudgetMemory").def(py::init<>());
+  // The host pool's memory side (torch_plugin/csrc/host_budget_memory.h), which a BudgetRun
+  // drives without Python; actpack/_budget_memory.py starts, watches and stops it.
+  py::class_<HostBudgetMemory, runtime::BudgetMemory>(m, "HostBudgetMemory")
+      .def(py::init<>())
+      .def_property_readonly_static(
+          "SYSTEM_MEMORY", [](py::object) { return HostBudgetMemory::kSystemMemory; })
+      .def("start", &HostBudgetMemory::Start)
+      .def("resume_counting", &HostBudgetMemory::ResumeCounting)
+      .def("stop_watching", &HostBudgetMemory::StopWatching)
+      .def(
+          "stop",
+          [](HostBudgetMemory& memory, bool snapshot,
+             const std::tuple<uint64_t, uint64_t, uint64_t>& run_peaks, uint64_t budget_bytes) {
+            const auto [allocated, reserved, system] = run_peaks;
+            return ToPython(memory.Stop(snapshot, {allocated, reserved, system}, budget_bytes));
+          },
+          py::arg("snapshot"), py::arg("run_peaks"), py::arg("budget_bytes"));
   using runtime::BudgetRun;
   py::class_<BudgetRun>(m, "BudgetRun",
                         "One run under a memory budget over a session and a BudgetMemory "

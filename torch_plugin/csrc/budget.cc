@@ -26,6 +26,7 @@
 #include "report/writer.h"
 #include "runtime/budget_run.h"
 #include "torch_plugin/csrc/cpu_allocator.h"
+#include "torch_plugin/csrc/host_budget_memory.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
 
@@ -38,66 +39,6 @@ using torch_plugin::SavedTensor;
 // The budgets open on this thread, innermost last, and the module scopes' dotted names.
 thread_local std::vector<std::shared_ptr<Budget::State>> open_budgets;
 thread_local std::vector<std::string> module_names;
-
-// actpack's host pool under torch's CPU allocator, as a budget run measures and caps it.
-class HostMemory final : public runtime::BudgetMemory {
- public:
-  void Start() {
-    installed_here_ = !torch_plugin::CpuAllocatorInstalled();
-    if (installed_here_) torch_plugin::InstallCpuAllocator();
-    // The pool counts against its cap what the resident set holds outside it.
-    torch_plugin::ThrowIfError(allocator::CountSystemMemory(
-        allocator::kHostDevice, allocator::kHostOutsideAllowanceBytes));
-    resident_.Start();
-  }
-
-  runtime::MemoryPeaks TakePeaks() override {
-    // The budget's own window: the peaks a user reads (max_memory_allocated) are left alone.
-    const allocator::WindowPeaks peaks = HostPool().stats().TakeWindowPeaks();
-    return {static_cast<uint64_t>(peaks.allocated_bytes),
-            static_cast<uint64_t>(peaks.reserved_bytes), resident_.TakePeak()};
-  }
-
-  void ReleaseCache() override { HostPool().EmptyCache(); }
-
-  uint64_t Cap() override { return HostPool().budget().budget(); }  // kNoCap: none
-
-  void SetCap(uint64_t bytes) override { HostPool().budget().SetBudget(bytes); }
-
-  void RelievePressureWith(allocator::BudgetAdaptor::PressureCallback relieve) {
-    absl::StatusOr<allocator::PressureCallbackId> id =
-        allocator::RegisterPressureCallback(allocator::kHostDevice, std::move(relieve));
-    torch_plugin::ThrowIfError(id.status());
-    pressure_id_ = *id;
-  }
-
-  void StopWatching() {
-    allocator::StopCountingSystemMemory(allocator::kHostDevice);
-    if (pressure_id_.has_value()) {
-      (void)allocator::UnregisterPressureCallback(*pressure_id_);
-      pressure_id_.reset();
-    }
-  }
-
-  // The report's allocator section (after the run stopped: the cap is back); the CPU
-  // allocator as Start found it.
-  json::Value Stop(bool snapshot, const runtime::MemoryPeaks& run_peaks, uint64_t budget_bytes) {
-    report::AllocatorRun run{"cpu", true, budget_bytes, json::Value::object(),
-                             run_peaks.allocated, run_peaks.reserved, json::Value()};
-    for (const auto& [name, value] : allocator::ToTorchMemoryStats(HostPool().stats().GetStats())) {
-      run.stats[name] = value;
-    }
-    if (snapshot) run.snapshot = allocator::HostSnapshot();
-    if (installed_here_) torch_plugin::UninstallCpuAllocator();
-    installed_here_ = false;
-    return report::AllocatorSection(std::move(run));
-  }
-
- private:
-  bool installed_here_ = false;
-  allocator::ResidentPeakMeter resident_;
-  std::optional<allocator::PressureCallbackId> pressure_id_;
-};
 
 // {module: the norm of its own parameters' gradients}, in the parameters' order, each
 // parameter counted once (a tied weight for its first module); a parameter's module is its name
@@ -175,7 +116,7 @@ struct Budget::State {
     runtime::BudgetRun::RunFacts facts;
     facts.torch = TORCH_VERSION;  // python: none, a C++ program
     facts.device = "cpu";
-    facts.system_memory = "resident set above its size at enter (VmHWM)";
+    facts.system_memory = torch_plugin::HostBudgetMemory::kSystemMemory;
     facts.wall_seconds = wall_seconds;
     return run.RunSection(facts);
   }
@@ -185,7 +126,7 @@ struct Budget::State {
   const runtime::MemoryLimit limit;
   const uint64_t budget_bytes;
   torch_plugin::SavedTensorPacker packer;
-  HostMemory memory;
+  torch_plugin::HostBudgetMemory memory;
   runtime::BudgetRun run;
   torch_plugin::StepEndWatch step_end;
   std::atomic<bool> open{false};

@@ -398,7 +398,8 @@ class budget:
             self._started = time.perf_counter()
             self._memory.start()
             self._run = _C.BudgetRun(
-                self._session_hooks, self._memory, self._config, self._memory.budget_bytes,
+                self._session_hooks, self._memory.runtime_memory, self._config,
+                self._memory.budget_bytes,
                 capped=self._memory.capped,
                 outside_allowance_bytes=self._memory.outside_allowance,
                 lifted_cap_extra_bytes=_budget_memory.LIFTED_CAP_EXTRA)

@@ -1,4 +1,5 @@
-"""The memory side of a budget in Python: actpack's host pool, its CUDA allocator, or torch's
+"""The memory side of a budget in Python: actpack's host pool (its C++ side,
+torch_plugin::HostBudgetMemory, shared with the C++ guard), its CUDA allocator, or torch's
 (measured, not capped), as runtime::BudgetMemory, which the C++ budget run drives."""
 import torch
 
@@ -38,16 +39,20 @@ class BudgetMemory(_C.BudgetMemory):
         self.device_name = "cpu"  # the GPU's name when bound: asking it here would start CUDA
         self.budget_bytes = memory._resolve_budget(parsed_budget,
                                                    share_device(parsed_budget, self.device))
-        self._installed_here = False
+        # The host pool's memory side, the C++ guard's too (None on a machine with CUDA).
+        self._host = None if self._cuda else _C.HostBudgetMemory()
         self._pressure_id = None
         self._actpack_cuda = False
-        # The system's count: the resident set (CPU) or the driver's (CUDA), above its value
-        # at start; None where it cannot be read.
-        self._resident = None
+        # The driver's count above its value at start; None where it cannot be read.
         self._driver_start = None
         self._pool_start = 0
         self._counting = None  # the device whose pool counts the system's memory
         self.system_memory = None
+
+    @property
+    def runtime_memory(self):
+        """What the C++ budget run drives: the host pool's own memory side, or this object."""
+        return self._host or self
 
     @property
     def bound(self):
@@ -66,10 +71,8 @@ class BudgetMemory(_C.BudgetMemory):
             if self.device is not None:
                 self._bind()
             return
-        if not self._mem.cpu_allocator_installed():
-            self._mem.install_cpu_allocator()
-            self._installed_here = True
-        self._start_system_count()
+        self._host.start()
+        self.system_memory = _C.HostBudgetMemory.SYSTEM_MEMORY
 
     def bind(self, device):
         """Makes CUDA device `device` (an index) the budget's, when none is yet: from now on it
@@ -92,15 +95,8 @@ class BudgetMemory(_C.BudgetMemory):
         return not self._cuda or self._actpack_cuda
 
     def _start_system_count(self):
-        # The allocator counts against its cap what the system holds outside it (checked when
-        # it reserves memory), and each step's peak as the system counts it is measured.
-        if not self._cuda:
-            self._counting = _HOST
-            _C._count_system_memory(_HOST, self.outside_allowance)
-            self._resident = _C.ResidentPeakMeter()
-            self._resident.start()
-            self.system_memory = "resident set above its size at enter (VmHWM)"
-            return
+        # The allocator counts against its cap what the driver holds outside it (checked when
+        # it reserves memory), and each step's peak as the driver counts it is measured.
         try:
             self._driver_start = _C._device_used_bytes(self.device)
             # The driver's count is taken above its value at enter; so is the pool's, which
@@ -117,16 +113,16 @@ class BudgetMemory(_C.BudgetMemory):
     def resume_counting(self):
         """Counts the system's memory against the cap again, from now, after a budget nested
         inside this one stopped that count (there is one per device)."""
-        if self._counting is not None:
-            try:
+        try:
+            if self._host is not None:
+                self._host.resume_counting()
+            elif self._counting is not None:
                 _C._count_system_memory(self._counting, self.outside_allowance)
-            except (RuntimeError, NotImplementedError):
-                self._counting = None  # the system's count cannot be read now: the pool's alone
+        except (RuntimeError, NotImplementedError):
+            self._counting = None  # the system's count cannot be read now: the pool's alone
 
     def _system_peak(self, reserved_peak):
-        """The step's peak as the system counts it, above its value at start (0: unknown)."""
-        if self._resident is not None:
-            return self._resident.take_peak()
+        """The step's peak as the driver counts it, above its value at start (0: unknown)."""
         if self._driver_start is None:
             return 0
         # The driver only says what is in use now: the pool's peak plus what is in use outside
@@ -147,7 +143,7 @@ class BudgetMemory(_C.BudgetMemory):
         """Whether torch's own CUDA allocator serves the device (measured, not capped)."""
         return self._cuda and not self._actpack_cuda
 
-    # ---- runtime::BudgetMemory ----
+    # ---- runtime::BudgetMemory, on CUDA (on the host the run drives the host pool's) ----
 
     def take_peaks(self):
         """(allocated, reserved, system) peaks since the last call; restarts measuring. Reserved
@@ -178,12 +174,8 @@ class BudgetMemory(_C.BudgetMemory):
         return None if self.device is None else self._mem.memory_budget(self._pool())
 
     def set_cap(self, budget_bytes):
-        """Caps the pool the budget is on (None: none): the host's, or actpack's CUDA
-        allocator's for the budget's device."""
-        if self._cuda:
-            _C._set_device_budget(self.device, budget_bytes)
-        else:
-            self._mem.set_cpu_budget(budget_bytes)
+        """Caps actpack's CUDA allocator for the budget's device (None: no cap)."""
+        _C._set_device_budget(self.device, budget_bytes)
 
     # ----
 
@@ -198,32 +190,29 @@ class BudgetMemory(_C.BudgetMemory):
         if self._pressure_id is not None:
             self._mem.remove_pressure_callback(self._pressure_id)
             self._pressure_id = None
-        if self._counting is not None:
+        if self._host is not None:
+            self._host.stop_watching()
+        elif self._counting is not None:
             _C._stop_counting_system_memory(self._counting)
-            self._counting = None
+        self._counting = None
 
     def stop(self, snapshot, run_peaks):
         """The report's allocator section, with the run's (allocated, reserved, system) peaks;
         the allocator as start() found it (the run put its cap back)."""
-        try:
-            # backend: the device kind; allocator: whose allocator served it (the CLI's schema).
-            backend = "cuda" if self._cuda else "cpu"
-            ours = self.capped
-            if self.device is None:
-                stats = {}  # no CUDA tensor was packed: no device was measured
-            elif ours:
-                stats = self._mem.memory_stats(self._pool())
-            else:
-                stats = dict(torch.cuda.memory_stats(self.device))
-            section = _C.allocator_section(
-                backend, ours, self.budget_bytes, stats, run_peaks[0], run_peaks[1],
-                self._mem.memory_snapshot(self._pool())
-                if snapshot and ours and self.device is not None else None)
-        finally:
-            if self._installed_here:
-                self._mem.uninstall_cpu_allocator()
-                self._installed_here = False
-        return section
+        if self._host is not None:
+            return self._host.stop(snapshot, tuple(run_peaks), self.budget_bytes)
+        # backend: the device kind; allocator: whose allocator served it (the CLI's schema).
+        ours = self.capped
+        if self.device is None:
+            stats = {}  # no CUDA tensor was packed: no device was measured
+        elif ours:
+            stats = self._mem.memory_stats(self._pool())
+        else:
+            stats = dict(torch.cuda.memory_stats(self.device))
+        return _C.allocator_section(
+            "cuda", ours, self.budget_bytes, stats, run_peaks[0], run_peaks[1],
+            self._mem.memory_snapshot(self._pool())
+            if snapshot and ours and self.device is not None else None)
 
 
 def share_device(parsed_budget, device):
