@@ -379,11 +379,6 @@ void BindBudgetConfig(py::module_& m) {
       py::arg("config"),
       "The first step (from 0) a run of `config` is held to the cap in "
       "(runtime::CappedFromStep)");
-  py::class_<runtime::GradientGuard>(m, "GradientGuard",
-                                     "runtime::GradientGuard: judges each step's gradient norm")
-      .def(py::init<std::string>(), py::arg("codec"))
-      .def("observe", &runtime::GradientGuard::Observe, py::arg("step"), py::arg("norm"),
-           py::arg("modules"));
   m.def(
       "holding_outside",
       [](uint64_t budget_bytes, uint64_t outside_allowance_bytes, uint64_t held_outside) {

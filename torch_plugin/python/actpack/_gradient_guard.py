@@ -21,20 +21,7 @@ this step's gradients are dropped (set to None: the optimizer skips the paramete
 GradScaler's overflow step); a third tightening that does not hold raises. Steps with non-finite
 gradients are not judged (a GradScaler makes them on purpose, and skips them itself).
 """
-from actpack import _C
 
 
 class GradientRunaway(RuntimeError):
     """Raised by actpack.budget when the gradient norm runs away under lossy packing."""
-
-
-class GradientGuard:
-    """runtime::GradientGuard for a codec (as budget's `codec` argument)."""
-
-    def __init__(self, codec):
-        self._guard = _C.GradientGuard(repr(codec))
-
-    def observe(self, step, norm, modules):
-        """Judges `norm`, step `step`'s total gradient norm; `modules` ({name: norm}) names
-        the worst layers. Returns None, or a runaway's description (one sentence)."""
-        return self._guard.observe(step, norm, list(modules.items()))
