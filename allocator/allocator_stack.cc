@@ -78,7 +78,7 @@ MemorySnapshot AllocatorStack::Snapshot() const {
   snapshot.allocator_settings = {
       {"backend", std::string(BackendName(backend_))},
       {"memory", backend_description_},
-      {"budget_bytes", budget_.budget() == kNoCap ? std::string("unlimited")
+      {"budget_bytes", budget_.budget() == kNoCap ? std::string("none")
                                                            : absl::StrCat(budget_.budget())},
   };
   return snapshot;

@@ -527,6 +527,10 @@ TEST(HostPoolTest, ConfiguredOnceThenServesWithBudgetAndStats) {
   EXPECT_THAT(json, HasSubstr("\"action\":\"oom\""));
   pool.EmptyCache();
   EXPECT_EQ(pool.pool().GetUsage().reserved_bytes, 0u);
+  const uint64_t cap = pool.budget().budget();
+  pool.budget().SetBudget(kNoCap);  // no cap: "none", as actpack.memory's summary says
+  EXPECT_THAT(HostSnapshot().dump(), HasSubstr("\"budget_bytes\":\"none\""));
+  pool.budget().SetBudget(cap);
 }
 
 }  // namespace
