@@ -60,9 +60,10 @@ def on_the_host_backend():
             return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
         lib.actpack_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                      ctypes.c_void_p]
-        pool = {"over": _C._call_alloc_fn(address(memory._POOL_ALLOC_FN), 64 * MiB, 0),
+        # The C ABI's allocation functions: a MemPool region's, and install_allocator's.
+        pool = {"over": _C._call_alloc_fn(address("actpack_alloc"), 64 * MiB, 0),
                 "reason": memory.last_allocator_error()}
-        alloc = address(memory._ALLOC_FN)  # what install_allocator hands torch
+        alloc = address("actpack_torch_alloc")
         out = {}
         held = _C._call_alloc_fn(alloc, MiB, 0)
         out["held"] = held != 0

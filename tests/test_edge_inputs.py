@@ -239,7 +239,7 @@ PLAN_ARGUMENTS = {
                            wrong_types), max_size=4),
         st.lists(st.integers(min_value=1, max_value=64), min_size=2, max_size=4).map(tuple),
         values),
-    "codecs": st.one_of(st.lists(st.sampled_from(list(_planner.ALL_CHOICES) + ["quant4", 1, None]),
+    "codecs": st.one_of(st.lists(st.sampled_from(["none", "quant2", "eb", "auto", "auto+recompute", "quant4", 1, None]),
                                  max_size=3), values, st.none()),
     "verify": st.one_of(st.booleans(), values),
     "report": st.one_of(values, st.none(), st.just("plan.json")),
