@@ -529,6 +529,11 @@ void CachingPool::SetOutsideCounter(OutsideCounter counter) {
   outside_counter_ = std::move(counter);
 }
 
+bool CachingPool::CountsOutside() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<bool>(outside_counter_);
+}
+
 size_t CachingPool::DoEmptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t before = reserved_bytes_.load(std::memory_order_relaxed) + UpstreamCachedBytes();

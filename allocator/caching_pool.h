@@ -172,6 +172,8 @@ class CachingPool final : public MemoryResource {
   // empty function stops counting.
   using OutsideCounter = std::function<size_t(size_t pool_reserved_bytes)>;
   void SetOutsideCounter(OutsideCounter counter);
+  // Whether a counter is set.
+  bool CountsOutside() const;
 
   // CheckInvariants
   //

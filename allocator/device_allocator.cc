@@ -199,6 +199,11 @@ void StopCountingSystemMemory(int device) {
   }
 }
 
+bool CountsSystemMemory(int device) {
+  AllocatorStack* stack = device == kHostDevice ? &HostPool() : FindDeviceAllocator(device);
+  return stack != nullptr && stack->pool().CountsOutside();
+}
+
 std::string SystemMemorySource(int device) {
   if (device == kHostDevice || DeviceAllocatorConfig().backend == Backend::kHost) {
     return kResidentSetSource;

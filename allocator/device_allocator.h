@@ -98,6 +98,9 @@ absl::Status CountSystemMemory(int device, size_t allowance_bytes = 0);
 // Undoes CountSystemMemory for `device`; nothing when it was not counting.
 void StopCountingSystemMemory(int device);
 
+// Whether the pool of `device` counts what the system holds now (false for a stack not built).
+bool CountsSystemMemory(int device);
+
 // SystemMemorySource
 //
 // What CountSystemMemory counts (or would count now) for `device`, in a few words, for reports:

@@ -348,7 +348,9 @@ TEST_P(DeviceAllocatorTest, EmptyCacheHookReleasesEveryDevice) {
 // A budget counts what the system sees: 40 MiB another library holds (a buffer the process
 // touched, or device memory cudaMalloc'ed outside the pool) leave 24 MiB of a 64 MiB budget.
 TEST_P(DeviceAllocatorTest, MemoryTheSystemCountsOutsideThePoolTakesFromTheBudget) {
+  EXPECT_FALSE(CountsSystemMemory(0));
   ASSERT_TRUE(CountSystemMemory(0).ok());
+  EXPECT_TRUE(CountsSystemMemory(0));
   void* outside = nullptr;
   if (GetParam() == Backend::kHost) {
     // Mapped, not malloc'ed: ASan's allocator keeps freed blocks resident in its quarantine.
@@ -376,6 +378,7 @@ TEST_P(DeviceAllocatorTest, MemoryTheSystemCountsOutsideThePoolTakesFromTheBudge
   EXPECT_NE(p, nullptr) << actpack_last_error();
   actpack_free(p, 30_MiB, 0, kStream);
   StopCountingSystemMemory(0);
+  EXPECT_FALSE(CountsSystemMemory(0));
   // Counting again with 12 MiB allowed outside: the same 40 MiB take 28, and 30 + 28 <= 64.
   actpack_empty_cache();
   ASSERT_TRUE(CountSystemMemory(0, 12_MiB).ok());

@@ -17,7 +17,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import actpack
-from actpack import _budget
 from conftest import report_validator
 from test_planner_state import BUDGET as PLAN_BUDGET, differences, state_of, training
 
@@ -193,16 +192,11 @@ def test_a_keyboard_interrupt_inside_plan_restores_the_training(tmp_path, k):
 
 # ---- 3. a budget opened inside another ----
 
-def test_a_budget_opened_inside_another_governs_until_it_exits(tmp_path, monkeypatch):
+def test_a_budget_opened_inside_another_governs_until_it_exits(tmp_path):
     """Nesting works: the inner budget packs and caps (its hooks and cap on top) while it is
     open, and when it exits the outer one is as it was (its hooks, its cap, its module hooks,
     its count of the system's memory against the cap) and goes on packing; each report counts
     its own steps, and training is plain training's."""
-    counting = []  # the system's count against the cap is one per device: who started it
-    count = _budget._C._count_system_memory
-    monkeypatch.setattr(_budget._C, "_count_system_memory",
-                        lambda *args: (counting.append(actpack.budget.open_budgets()),
-                                       count(*args)))
     plain = train(*model_and_data())
     before = process_state()
     model, optimizer, batches = model_and_data()
@@ -211,8 +205,10 @@ def test_a_budget_opened_inside_another_governs_until_it_exits(tmp_path, monkeyp
         losses = train(model, optimizer, batches[:1])
         in_outer = process_state()
         packs = outer.totals()["packs"]
+        assert actpack.memory.counts_system_memory("cpu")
         with lossless(limit="128MiB", report=tmp_path / "inner.json") as inner:
             assert actpack.memory_budget("cpu") == 128 << 20
+            assert actpack.memory.counts_system_memory("cpu")
             assert process_state()["saved_tensors_hooks"] != in_outer["saved_tensors_hooks"]
             losses += train(model, optimizer, batches[1:2])
             assert outer_budget.relieve(1 << 20) == 0  # the inner budget relieves pressure
@@ -220,10 +216,11 @@ def test_a_budget_opened_inside_another_governs_until_it_exits(tmp_path, monkeyp
         assert inner.report["activations"]["totals"]["packs"] > 0
         assert process_state() == in_outer
         # The inner budget stopped the count as it exited; the outer one counts again.
-        assert len(counting) == 3 and counting[2] == [outer_budget], counting
+        assert actpack.memory.counts_system_memory("cpu")
         losses += train(model, optimizer, batches[2:])
         assert outer.totals()["packs"] > packs
     assert process_state() == before
+    assert not actpack.memory.counts_system_memory("cpu")
     assert losses == plain
     assert len(read_report(tmp_path / "outer.json")["activations"]["steps"]) == STEPS - 1
     assert len(read_report(tmp_path / "inner.json")["activations"]["steps"]) == 1

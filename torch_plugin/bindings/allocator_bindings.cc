@@ -303,6 +303,7 @@ void BindAllocator(py::module& m) {
     ThrowIfError(allocator::CountSystemMemory(device, allowance_bytes));
   }, py::arg("device"), py::arg("allowance_bytes") = 0);
   m.def("_stop_counting_system_memory", &allocator::StopCountingSystemMemory, py::arg("device"));
+  m.def("_counts_system_memory", &allocator::CountsSystemMemory, py::arg("device"));
   m.def("_install_cpu_allocator", &InstallCpuAllocator);
   m.def("_uninstall_cpu_allocator", &UninstallCpuAllocator);
   m.def("_cpu_allocator_installed", &CpuAllocatorInstalled);

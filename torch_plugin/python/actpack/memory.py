@@ -289,6 +289,13 @@ def memory_budget(device=None):
     return _C._budget(_device_index(device))
 
 
+def counts_system_memory(device=None):
+    """Whether `device`'s budget counts what the system holds outside the pool (the resident
+    set on the host, the driver's count on CUDA), as it does while an actpack.budget is open on
+    it."""
+    return _C._counts_system_memory(_device_index(device))
+
+
 def memory_snapshot(device=None):
     """The allocator's state as torch.cuda.memory._snapshot() returns it.
 
