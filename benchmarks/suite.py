@@ -207,10 +207,12 @@ class Bench:
         warm_up(step)
         # auto's tries run as many steps as the gradient run at the batch the table claims (6,
         # below): a 3-step try passed ResNet-50's auto at 101 whose 6-step run then ran out.
-        steps = GRADIENT_STEPS if codec == "auto" else 2
-        if recompute == "auto":
-            steps += 2  # the step that switches recomputation on plans afresh
-        return search.trains_under_cap(step, self.budget_bytes, batch, codec=codec or "none",
+        # Under recompute="auto", as many more as the switch to recomputation may lift the cap
+        # in (actpack.search.capped_from, the run's own rule).
+        codec = codec or "none"
+        steps = (GRADIENT_STEPS if codec == "auto" else 2) + (
+            search.capped_from(codec, recompute) - search.capped_from(codec))
+        return search.trains_under_cap(step, self.budget_bytes, batch, codec=codec,
                                        steps=steps, recompute=recompute,
                                        **BUDGET_OPTIONS.get(method, {})) is not None
 
