@@ -472,13 +472,7 @@ TEST(CudaIdentityEbTest, EveryBlockOrderWritesTheCpuBytes) {
     absl::StatusOr<std::vector<uint8_t>> expected = cpu.Encode(input, dtype, shape, params);
     ASSERT_TRUE(expected.ok()) << expected.status();
     std::vector<std::string> schedules = {"forward", "reverse", "random:1", "random:2"};
-    // The race checker watches one host thread, and AddressSanitizer misreads fiber stacks on
-    // the concurrent schedule's worker threads: the plain emulated build runs it.
-    bool concurrent = !cudaemu::RaceCheckerActive();
-#if defined(__SANITIZE_ADDRESS__)
-    concurrent = false;
-#endif
-    if (concurrent) {
+    if (cudaemu::ConcurrentScheduleAvailable()) {
       for (int run = 0; run < 4; ++run) schedules.push_back("concurrent:8");
       schedules.push_back("concurrent:3");
     }

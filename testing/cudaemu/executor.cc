@@ -545,4 +545,12 @@ void SyncThreads(const Site& site) {
   internal::Yield();
 }
 
+bool ConcurrentScheduleAvailable() {
+#ifdef CUDAEMU_ASAN
+  return false;
+#else
+  return !RaceCheckerActive();
+#endif
+}
+
 }  // namespace cudaemu

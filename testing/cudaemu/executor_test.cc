@@ -361,10 +361,9 @@ __global__ void AllAtOnceKernel(unsigned* arrived, unsigned* out) {
 }
 
 TEST(ScheduleTest, TheConcurrentScheduleRunsBlocksAtOnceEachWithItsOwnSharedMemory) {
-  if (cudaemu::RaceCheckerActive()) GTEST_SKIP() << "the race checker watches one host thread";
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "the concurrent schedule runs on the plain emulated build";
-#endif
+  if (!cudaemu::ConcurrentScheduleAvailable()) {
+    GTEST_SKIP() << "the concurrent schedule runs on the plain emulated build";
+  }
   ScheduleGuard guard("concurrent:4");
   EXPECT_EQ(cudaemu::ScheduleName(), "concurrent:4");
   DeviceBuffer<unsigned> arrived(1);
@@ -405,10 +404,9 @@ __global__ void LanesSeeAWordChangeKernel(unsigned* flag, unsigned* reads) {
 }
 
 TEST(ScheduleDeathTest, LanesThatSawAnotherBlocksWriteDifferentlyStopTheProgram) {
-  if (cudaemu::RaceCheckerActive()) GTEST_SKIP() << "the race checker watches one host thread";
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "the concurrent schedule runs on the plain emulated build";
-#endif
+  if (!cudaemu::ConcurrentScheduleAvailable()) {
+    GTEST_SKIP() << "the concurrent schedule runs on the plain emulated build";
+  }
   EXPECT_DEATH(
       {
         ScheduleGuard guard("concurrent:2");

@@ -118,6 +118,10 @@ void SetSchedule(const std::string& spelling);
 // Whether this binary runs the race checker (kernels built with --config=cudaemu_race).
 bool RaceCheckerActive();
 
+// Whether this binary can run the concurrent schedule: not under the race checker (it watches
+// one host thread) nor under AddressSanitizer (it misreads the worker threads' fiber stacks).
+bool ConcurrentScheduleAvailable();
+
 // ---- the host's calls, as a profiler's API trace counts them ----
 //
 // A host wait is a call that returns only once queued device work is done: cudaStreamSynchronize,
