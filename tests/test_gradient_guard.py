@@ -2,9 +2,10 @@
 norm that runs away from its recent median for two steps stops the run from that backward, with
 the weights still finite (the decision's own cases, a runaway whose norms dip between two high
 steps among them, are runtime/budget_run_test.cc's GradientGuardTest); a single spike, lossless
-packing, non-finite steps (GradScaler's) and gradient_guard=False do not; under auto it tightens the fidelity floor and drops the step before
-it stops the run. The runaway is made here by scaling the loss; the real one (2-bit attention
-inputs in a small GPT, benchmarks/diverging_lm.py) is the last test here."""
+packing, non-finite steps (GradScaler's) and gradient_guard=False do not; under auto it tightens
+the fidelity floor and drops the step before it stops the run. The runaway is made here by
+scaling the loss; the real one (2-bit attention inputs in a small GPT, benchmarks/diverging_lm.py)
+is the last test here."""
 import json
 import os
 import sys

@@ -17,15 +17,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/device_allocator.h"
-#include "allocator/host_pool.h"
-#include "allocator/pressure_callbacks.h"
-#include "allocator/statistics_adaptor.h"
 #include "allocator/system_memory.h"
-#include "allocator/units.h"
 #include "report/writer.h"
 #include "runtime/budget_run.h"
-#include "torch_plugin/csrc/cpu_allocator.h"
 #include "torch_plugin/csrc/host_budget_memory.h"
 #include "torch_plugin/csrc/saved_tensors.h"
 #include "torch_plugin/csrc/tensor_adapter.h"
@@ -33,7 +27,6 @@
 namespace actpack {
 namespace {
 
-using allocator::HostPool;
 using torch_plugin::SavedTensor;
 
 // The budgets open on this thread, innermost last, and the module scopes' dotted names.

@@ -276,9 +276,10 @@ def plan(step, budget, batch_sizes=(8, 16), verify=False, codecs=None, report=No
         verify: search for the largest batch of the best choice with real steps under the cap
             (more runs of `step`; the answer for that choice is what they found).
         codecs: the choices to plan for (default: none, each built-in codec's harshest spec
-            that auto may choose — quant2, eb:rel=1e-2, division — auto, and auto+recompute when the warm-up step ran a region marked with
-            actpack.recompute: auto under budget(recompute="auto"), profiled recomputing, its
-            tries 5 steps as a user trains it).
+            that auto may choose — quant2, eb:rel=1e-2, division — auto, and auto+recompute
+            when the warm-up step ran a region marked with actpack.recompute: auto under
+            budget(recompute="auto"), profiled recomputing, its tries 5 steps as a user trains
+            it).
         report: a path; the run report with the planner section is written there (read it
             with `actpack plan run.json --budget ...`). When the plan raises or is interrupted
             (a KeyboardInterrupt) after a step ran, what is written there is the run report of
